@@ -1,0 +1,184 @@
+//! Running one assigned cell: provision a cluster, run the workload, collect
+//! the environment, tear the cluster down — on every path.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde_json::{Value as Json, json};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::{Cluster, ClusterSpec, RunAs};
+use crate::pgbin::PgBin;
+use crate::workload::{self, CellContext, Output};
+use crate::{Error, Result, host};
+use pgfleet_proto::v1::{
+    AgentMessage, Assign, CellProgress, CellResult, CellStatus, Point, agent_message::Msg,
+};
+
+/// What the agent was started with, needed to provision clusters.
+#[derive(Debug, Clone)]
+pub struct AgentEnv {
+    pub pg: std::result::Result<PgBin, String>,
+    pub run_as: std::result::Result<Option<RunAs>, String>,
+    pub data_root: PathBuf,
+    pub storage_profile: String,
+    pub emulated: bool,
+}
+
+impl AgentEnv {
+    pub fn clusters_dir(&self) -> PathBuf {
+        self.data_root.join("clusters")
+    }
+}
+
+/// Runs the cell to its end and returns its result. Never panics on workload
+/// errors: they become a FAILED result with the error text.
+pub async fn run(
+    env: &AgentEnv,
+    assign: Assign,
+    events: mpsc::Sender<AgentMessage>,
+    cancel: CancellationToken,
+) -> CellResult {
+    let cell_id = assign.cell_id.clone();
+    let mut environment = Json::Null;
+    let outcome = run_inner(env, &assign, &events, &cancel, &mut environment).await;
+    let (status, error, points) = match outcome {
+        Ok(out) => (CellStatus::Succeeded, String::new(), out.points),
+        Err(Error::Cancelled(why)) => (CellStatus::Cancelled, why, Vec::new()),
+        Err(e) => (CellStatus::Failed, e.to_string(), Vec::new()),
+    };
+    CellResult {
+        cell_id,
+        status: status as i32,
+        error,
+        points: points
+            .into_iter()
+            .map(|p| Point {
+                params: Some(pgfleet_proto::json_to_struct(&p.params)),
+                metrics: Some(pgfleet_proto::json_to_struct(&p.metrics)),
+            })
+            .collect(),
+        environment: Some(pgfleet_proto::json_to_struct(&environment)),
+    }
+}
+
+async fn run_inner(
+    env: &AgentEnv,
+    assign: &Assign,
+    events: &mpsc::Sender<AgentMessage>,
+    cancel: &CancellationToken,
+    environment: &mut Json,
+) -> Result<Output> {
+    let builtin = workload::find(&assign.workload).ok_or_else(|| Error::Workload {
+        workload: assign.workload.clone(),
+        message: format!(
+            "this agent does not know it (known: {})",
+            workload::BUILTINS
+                .iter()
+                .map(|b| b.name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    })?;
+    let pg = env.pg.clone().map_err(Error::PgBin)?;
+    let run_as = env.run_as.clone().map_err(Error::Provision)?;
+    let params = assign
+        .params
+        .as_ref()
+        .map(pgfleet_proto::struct_to_json)
+        .unwrap_or(Json::Null);
+    let spec = ClusterSpec {
+        pg,
+        clusters_dir: env.clusters_dir(),
+        name: assign.cell_id.clone(),
+        run_as,
+        settings: assign
+            .settings
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect::<BTreeMap<_, _>>(),
+    };
+    let _ = events.try_send(progress(&assign.cell_id, "provision", "initdb and start"));
+    let cluster = tokio::select! {
+        c = Cluster::provision(&spec) => c?,
+        _ = cancel.cancelled() => return Err(Error::Cancelled("cancelled while provisioning".into())),
+    };
+    // From here the cluster is torn down on every path: explicitly below, or
+    // by its Drop if this future is dropped.
+    let outcome = async {
+        *environment = collect_environment(env, &cluster, &spec).await?;
+        let mut ctx = CellContext {
+            cell_id: assign.cell_id.clone(),
+            cluster: &cluster,
+            events: events.clone(),
+            cancel: cancel.clone(),
+        };
+        tokio::select! {
+            r = (builtin.run)(&mut ctx, &params) => r,
+            _ = cancel.cancelled() => Err(Error::Cancelled("cancelled while running".into())),
+        }
+    }
+    .await;
+    let _ = events.try_send(progress(
+        &assign.cell_id,
+        "teardown",
+        "stopping the cluster",
+    ));
+    let teardown = cluster.teardown().await;
+    let out = outcome?;
+    teardown?;
+    Ok(out)
+}
+
+fn progress(cell_id: &str, phase: &str, message: &str) -> AgentMessage {
+    AgentMessage {
+        msg: Some(Msg::Progress(CellProgress {
+            cell_id: cell_id.to_string(),
+            phase: phase.to_string(),
+            done: 0,
+            total: 0,
+            message: message.to_string(),
+        })),
+    }
+}
+
+/// PostgreSQL version and the settings that matter, storage, host.
+async fn collect_environment(
+    env: &AgentEnv,
+    cluster: &Cluster,
+    spec: &ClusterSpec,
+) -> Result<Json> {
+    let client = cluster.connect().await?;
+    let version: String = client.query_one("SHOW server_version", &[]).await?.get(0);
+    let mut names: Vec<String> = [
+        "shared_buffers",
+        "effective_cache_size",
+        "work_mem",
+        "max_wal_size",
+        "default_toast_compression",
+        "block_size",
+        "wal_level",
+        "fsync",
+        "synchronous_commit",
+        "track_io_timing",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    names.extend(spec.settings.keys().cloned());
+    names.sort();
+    names.dedup();
+    let rows = client
+        .query("SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY($1) ORDER BY name", &[&names])
+        .await?;
+    let settings: serde_json::Map<String, Json> = rows
+        .iter()
+        .map(|r| (r.get::<_, String>(0), Json::String(r.get::<_, String>(1))))
+        .collect();
+    Ok(json!({
+        "postgres": {"version": version, "settings": settings, "bin_dir": cluster.pg.dir},
+        "storage": {"profile": env.storage_profile, "emulated": env.emulated, "data_root": env.data_root},
+        "host": {"hostname": host::hostname(), "cores": host::cores(), "memory_bytes": host::memory_bytes()},
+    }))
+}

@@ -1,0 +1,489 @@
+//! Provisioning PostgreSQL clusters: initdb into the agent's data root, start
+//! the postmaster as an unprivileged OS user, apply settings, listen on
+//! loopback on a free port, and tear down on every path.
+//!
+//! Lifetime rules (the invariants the tests check):
+//! - The postmaster is started directly (not through `pg_ctl`) as the agent's
+//!   child, in its own process group, with a parent-death signal (SIGQUIT,
+//!   PostgreSQL's immediate shutdown): if the agent is SIGKILLed the cluster
+//!   goes with it.
+//! - `Cluster::teardown` stops the server (fast, then immediate, then kill) and
+//!   removes its directory; `Drop` does the same, synchronously, for paths that
+//!   never reach `teardown` (panics, cancelled futures).
+//! - Everything a cluster owns lives under `<data_root>/clusters/<name>/`, so a
+//!   restarted agent (or `pgfleet-agent cleanup`) can remove stale clusters.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::{Pid, User};
+use tokio::process::{Child, Command};
+
+use crate::pgbin::PgBin;
+use crate::{Error, Result};
+
+/// Settings pgfleet itself controls; a scenario may not override them.
+pub const RESERVED_SETTINGS: &[&str] = &[
+    "port",
+    "listen_addresses",
+    "unix_socket_directories",
+    "data_directory",
+    "hba_file",
+    "ident_file",
+    "config_file",
+];
+
+const SUPERUSER: &str = "pgfleet";
+
+/// Who the server runs as: the agent's own user, or (when the agent is root)
+/// an unprivileged account such as `postgres`.
+#[derive(Debug, Clone)]
+pub struct RunAs {
+    pub uid: u32,
+    pub gid: u32,
+    pub name: String,
+}
+
+impl RunAs {
+    /// Root cannot run PostgreSQL: pick `pg_user` then. Otherwise run as self.
+    pub fn resolve(pg_user: &str) -> Result<Option<RunAs>> {
+        if !nix::unistd::geteuid().is_root() {
+            return Ok(None);
+        }
+        let user = User::from_name(pg_user)
+            .map_err(|e| Error::Provision(format!("looking up user `{pg_user}`: {e}")))?
+            .ok_or_else(|| {
+                Error::Provision(format!(
+                    "the agent runs as root and PostgreSQL refuses to; user `{pg_user}` does not \
+                     exist: create it (useradd --system {pg_user}) or pass --pg-user NAME"
+                ))
+            })?;
+        if user.uid.is_root() {
+            return Err(Error::Provision(format!(
+                "--pg-user `{pg_user}` is root; PostgreSQL refuses to run as root"
+            )));
+        }
+        Ok(Some(RunAs {
+            uid: user.uid.as_raw(),
+            gid: user.gid.as_raw(),
+            name: pg_user.to_string(),
+        }))
+    }
+}
+
+/// What to provision.
+#[derive(Debug, Clone)]
+pub struct ClusterSpec {
+    pub pg: PgBin,
+    /// `<data_root>/clusters`
+    pub clusters_dir: PathBuf,
+    /// Directory name under `clusters_dir` (the cell id).
+    pub name: String,
+    pub run_as: Option<RunAs>,
+    pub settings: BTreeMap<String, String>,
+}
+
+/// A running cluster. Dropping it stops the server and removes its files.
+pub struct Cluster {
+    dir: PathBuf,
+    data: PathBuf,
+    port: u16,
+    password: String,
+    child: Option<Child>,
+    pub pg: PgBin,
+}
+
+impl Cluster {
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+    pub fn data_dir(&self) -> &Path {
+        &self.data
+    }
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(|c| c.id())
+    }
+
+    /// initdb, configure, start, wait until it accepts connections.
+    pub async fn provision(spec: &ClusterSpec) -> Result<Cluster> {
+        for name in spec.settings.keys() {
+            if RESERVED_SETTINGS.contains(&name.as_str()) {
+                return Err(Error::Provision(format!(
+                    "setting `{name}` is managed by pgfleet and cannot be set"
+                )));
+            }
+        }
+        let dir = spec.clusters_dir.join(&spec.name);
+        if dir.exists() {
+            remove_tree(&dir)?;
+        }
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+        let mut cluster = Cluster {
+            data: dir.join("data"),
+            dir,
+            port: 0,
+            password: random_hex(16)?,
+            child: None,
+            pg: spec.pg.clone(),
+        };
+        // From here on, Drop removes the directory on any error.
+        std::fs::set_permissions(&cluster.dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| Error::io("chmod cluster dir", e))?;
+        if let Some(u) = &spec.run_as {
+            nix::unistd::chown(&cluster.dir, Some(u.uid.into()), Some(u.gid.into())).map_err(
+                |e| {
+                    Error::Provision(format!(
+                        "chown {} to {}: {e}",
+                        cluster.dir.display(),
+                        u.name
+                    ))
+                },
+            )?;
+            check_reachable(&cluster.dir, u)?;
+        }
+        cluster.initdb(spec).await?;
+        // A free port can be taken between probing and binding: retry.
+        let mut last = String::new();
+        for _ in 0..5 {
+            cluster.port = free_port()?;
+            cluster.write_config(spec)?;
+            match cluster.start(spec).await {
+                Ok(()) => return Ok(cluster),
+                Err(Error::Provision(msg))
+                    if msg.contains("could not bind") || msg.contains("Address already in use") =>
+                {
+                    last = msg;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Provision(format!(
+            "no free port after 5 tries: {last}"
+        )))
+    }
+
+    async fn initdb(&self, spec: &ClusterSpec) -> Result<()> {
+        let pwfile = self.dir.join("pwfile");
+        std::fs::write(&pwfile, format!("{}\n", self.password))
+            .map_err(|e| Error::io("writing pwfile", e))?;
+        if let Some(u) = &spec.run_as {
+            nix::unistd::chown(&pwfile, Some(u.uid.into()), Some(u.gid.into()))
+                .map_err(|e| Error::Provision(format!("chown pwfile: {e}")))?;
+        }
+        let mut cmd = Command::new(spec.pg.tool("initdb"));
+        cmd.arg("-D")
+            .arg(&self.data)
+            .args(["-U", SUPERUSER, "-E", "UTF8", "--locale=C", "--no-sync"])
+            .arg("--auth-host=scram-sha-256")
+            .arg("--auth-local=peer")
+            .arg(format!("--pwfile={}", pwfile.display()))
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        apply_identity(&mut cmd, spec.run_as.as_ref());
+        let out = cmd
+            .output()
+            .await
+            .map_err(|e| Error::Provision(format!("running initdb: {e}")))?;
+        let _ = std::fs::remove_file(&pwfile);
+        if !out.status.success() {
+            return Err(Error::Provision(format!(
+                "initdb failed ({}): {}",
+                out.status,
+                tail(&String::from_utf8_lossy(&out.stderr), 10)
+            )));
+        }
+        Ok(())
+    }
+
+    fn write_config(&self, spec: &ClusterSpec) -> Result<()> {
+        let mut conf =
+            String::from("# written by pgfleet; settings below override postgresql.conf\n");
+        conf += "listen_addresses = '127.0.0.1'\n";
+        conf += &format!("port = {}\n", self.port);
+        conf += "unix_socket_directories = ''\n";
+        conf += "logging_collector = off\n";
+        for (k, v) in &spec.settings {
+            conf += &format!("{k} = '{}'\n", v.replace('\\', "\\\\").replace('\'', "''"));
+        }
+        let path = self.data.join("pgfleet.conf");
+        std::fs::write(&path, conf).map_err(|e| Error::io("writing pgfleet.conf", e))?;
+        let main = self.data.join("postgresql.conf");
+        let text =
+            std::fs::read_to_string(&main).map_err(|e| Error::io("reading postgresql.conf", e))?;
+        if !text.contains("include 'pgfleet.conf'") {
+            std::fs::write(&main, text + "\ninclude 'pgfleet.conf'\n")
+                .map_err(|e| Error::io("writing postgresql.conf", e))?;
+        }
+        if let Some(u) = &spec.run_as {
+            nix::unistd::chown(&path, Some(u.uid.into()), Some(u.gid.into()))
+                .map_err(|e| Error::Provision(format!("chown pgfleet.conf: {e}")))?;
+        }
+        Ok(())
+    }
+
+    async fn start(&mut self, spec: &ClusterSpec) -> Result<()> {
+        let log_path = self.dir.join("postgres.log");
+        let log =
+            std::fs::File::create(&log_path).map_err(|e| Error::io("creating postgres.log", e))?;
+        let mut cmd = Command::new(spec.pg.tool("postgres"));
+        cmd.arg("-D")
+            .arg(&self.data)
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| Error::io("log fd", e))?)
+            .stderr(log)
+            .process_group(0);
+        apply_identity(&mut cmd, spec.run_as.as_ref());
+        let parent = std::process::id();
+        // SAFETY: only async-signal-safe calls (prctl, getppid, _exit).
+        // The death signal is set after the uid switch, which clears it.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGQUIT as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() as u32 != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| Error::Provision(format!("starting postgres: {e}")))?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child = None;
+                let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+                return Err(Error::Provision(format!(
+                    "postgres exited during start-up ({status}): {}",
+                    tail(&text, 10)
+                )));
+            }
+            match self.connect().await {
+                Ok(_) => return Ok(()),
+                Err(_) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Err(e) => {
+                    return Err(Error::Provision(format!(
+                        "postgres did not accept connections within 60 s: {e}"
+                    )));
+                }
+            }
+        }
+    }
+
+    /// A new connection as the superuser over loopback TCP.
+    pub async fn connect(&self) -> Result<tokio_postgres::Client> {
+        let mut cfg = tokio_postgres::Config::new();
+        cfg.host("127.0.0.1")
+            .port(self.port)
+            .user(SUPERUSER)
+            .password(&self.password)
+            .dbname("postgres")
+            .application_name("pgfleet-agent")
+            .connect_timeout(Duration::from_secs(5));
+        let (client, conn) = cfg.connect(tokio_postgres::NoTls).await?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(client)
+    }
+
+    /// A libpq connection string (for standard tools such as pgbench/psql).
+    pub fn conninfo(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} user={} password={} dbname=postgres",
+            self.port, SUPERUSER, self.password
+        )
+    }
+
+    /// Stops the server (fast shutdown, then immediate, then SIGKILL) and
+    /// removes the cluster's directory.
+    pub async fn teardown(mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            let steps = [
+                (Signal::SIGINT, Duration::from_secs(30)),
+                (Signal::SIGQUIT, Duration::from_secs(10)),
+                (Signal::SIGKILL, Duration::from_secs(10)),
+            ];
+            for (sig, wait) in steps {
+                if let Some(pid) = child.id() {
+                    let _ = kill(Pid::from_raw(pid as i32), sig);
+                }
+                if tokio::time::timeout(wait, child.wait()).await.is_ok() {
+                    break;
+                }
+            }
+        }
+        let dir = std::mem::take(&mut self.dir);
+        remove_tree(&dir)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            stop_blocking(&mut child);
+        }
+        if !self.dir.as_os_str().is_empty() {
+            let _ = remove_tree(&self.dir);
+        }
+    }
+}
+
+/// Immediate shutdown, synchronously (for Drop).
+fn stop_blocking(child: &mut Child) {
+    let Some(pid) = child.id() else { return };
+    for (sig, wait) in [(Signal::SIGQUIT, 10), (Signal::SIGKILL, 5)] {
+        let _ = kill(Pid::from_raw(pid as i32), sig);
+        let deadline = Instant::now() + Duration::from_secs(wait);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn apply_identity(cmd: &mut Command, run_as: Option<&RunAs>) {
+    if let Some(u) = run_as {
+        cmd.uid(u.uid).gid(u.gid);
+        cmd.env("HOME", "/")
+            .env("USER", &u.name)
+            .env("LOGNAME", &u.name);
+    }
+    // Never let a caller's PG* environment leak into our tools.
+    for (k, _) in std::env::vars_os() {
+        if k.to_str().is_some_and(|k| k.starts_with("PG")) {
+            cmd.env_remove(k);
+        }
+    }
+}
+
+/// The server's user must be able to reach its directory: every ancestor
+/// needs the execute bit for it.
+fn check_reachable(dir: &Path, u: &RunAs) -> Result<()> {
+    let mut p = dir.parent();
+    while let Some(d) = p {
+        if let Ok(meta) = std::fs::metadata(d) {
+            use std::os::unix::fs::MetadataExt;
+            let mode = meta.mode();
+            let ok = (meta.uid() == u.uid && mode & 0o100 != 0)
+                || (meta.gid() == u.gid && mode & 0o010 != 0)
+                || mode & 0o001 != 0;
+            if !ok {
+                return Err(Error::Provision(format!(
+                    "user `{}` cannot reach {} ({} is mode {:o}); choose a --data-root under a \
+                     directory others can traverse (e.g. /tmp or /var/lib/pgfleet)",
+                    u.name,
+                    dir.display(),
+                    d.display(),
+                    mode & 0o7777
+                )));
+            }
+        }
+        p = d.parent();
+    }
+    Ok(())
+}
+
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| Error::io("probing a free port", e))?;
+    Ok(l.local_addr()
+        .map_err(|e| Error::io("probing a free port", e))?
+        .port())
+}
+
+fn random_hex(bytes: usize) -> Result<String> {
+    use std::io::Read;
+    let mut buf = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .map_err(|e| Error::io("reading /dev/urandom", e))?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let v: Vec<&str> = text.lines().collect();
+    v[v.len().saturating_sub(lines)..].join("\n")
+}
+
+fn remove_tree(dir: &Path) -> Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(format!("removing {}", dir.display()), e)),
+    }
+}
+
+/// Removes every cluster left under `clusters_dir` by an earlier agent that
+/// died: stops its postmaster (by the pid in `postmaster.pid`, if that process
+/// still runs `postgres`) and deletes the directory. Returns how many were
+/// removed.
+pub fn reap_stale(clusters_dir: &Path) -> Result<usize> {
+    let entries = match std::fs::read_dir(clusters_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(Error::io(format!("reading {}", clusters_dir.display()), e)),
+    };
+    let mut n = 0;
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        if let Some(pid) = postmaster_pid(&dir.join("data")) {
+            stop_pid(pid);
+        }
+        remove_tree(&dir)?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+fn postmaster_pid(data: &Path) -> Option<i32> {
+    let text = std::fs::read_to_string(data.join("postmaster.pid")).ok()?;
+    let pid: i32 = text.lines().next()?.trim().parse().ok()?;
+    // Only signal a process that is a postgres server using this data dir.
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let cmdline = String::from_utf8_lossy(&cmdline);
+    (cmdline.contains("postgres") && cmdline.contains(&*data.to_string_lossy())).then_some(pid)
+}
+
+fn stop_pid(pid: i32) {
+    let alive = |pid| kill(Pid::from_raw(pid), None).is_ok();
+    for (sig, wait) in [(Signal::SIGQUIT, 10), (Signal::SIGKILL, 5)] {
+        let _ = kill(Pid::from_raw(pid), sig);
+        let deadline = Instant::now() + Duration::from_secs(wait);
+        while Instant::now() < deadline && alive(pid) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !alive(pid) {
+            return;
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! pgfleet-agent: provisions PostgreSQL clusters on the storage it was given,
+//! runs workloads in them, and streams progress, samples and results back to
+//! the controller over one gRPC session.
+//!
+//! Architecture invariant: the agent never decides scheduling. It runs what it
+//! is assigned, one cell at a time, and reports; the controller decides.
+
+pub mod cell;
+pub mod cluster;
+pub mod host;
+pub mod pgbin;
+pub mod session;
+pub mod workload;
+
+/// Errors of the agent library. `main` turns them into `anyhow` at the edge.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("PostgreSQL binaries: {0}")]
+    PgBin(String),
+    #[error("provisioning the cluster failed: {0}")]
+    Provision(String),
+    #[error("PostgreSQL error: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("I/O error: {context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+    #[error("workload `{workload}`: {message}")]
+    Workload { workload: String, message: String },
+    #[error("cancelled: {0}")]
+    Cancelled(String),
+    #[error("session with the controller: {0}")]
+    Session(String),
+}
+
+impl Error {
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// A short stable label for metrics and the store.
+    pub fn class(&self) -> &'static str {
+        match self {
+            Error::PgBin(_) => "pg_bin",
+            Error::Provision(_) => "provision",
+            Error::Postgres(_) => "postgres",
+            Error::Io { .. } => "io",
+            Error::Workload { .. } => "workload",
+            Error::Cancelled(_) => "cancelled",
+            Error::Session(_) => "session",
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

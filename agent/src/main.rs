@@ -1,0 +1,160 @@
+//! `pgfleet-agent`: the agent binary. Normally started by the controller
+//! (`pgfleet run` spawns one per fleet instance, or a Kubernetes pod runs it).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use pgfleet_agent::cell::AgentEnv;
+use pgfleet_agent::cluster::{self, RunAs};
+use pgfleet_agent::pgbin::PgBin;
+use pgfleet_agent::{session, workload};
+
+/// pgfleet agent: provisions PostgreSQL clusters on the storage it was given
+/// and runs the workloads the controller assigns, streaming results back.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Connect to a controller and run assigned cells until told to stop.
+    Run(RunArgs),
+    /// Remove clusters left in a data root by an agent that died (stops their
+    /// servers first). Safe to run at any time the owning agent is not running.
+    Cleanup {
+        /// The agent's data root.
+        #[arg(long)]
+        data_root: PathBuf,
+    },
+    /// List the built-in workloads.
+    Workloads,
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// Controller address, e.g. http://127.0.0.1:7070
+    #[arg(long, env = "PGFLEET_CONTROLLER")]
+    controller: String,
+    /// This agent's id; unique in the fleet.
+    #[arg(long, env = "PGFLEET_AGENT_ID")]
+    agent_id: String,
+    /// The instance class (fleet entry name) this agent stands for.
+    #[arg(long, env = "PGFLEET_INSTANCE_CLASS", default_value = "local")]
+    instance_class: String,
+    /// Storage profile of the data root: nvme (the local disk as is).
+    #[arg(long, env = "PGFLEET_STORAGE_PROFILE", default_value = "nvme")]
+    storage_profile: String,
+    /// Where clusters are created. Must be reachable by --pg-user.
+    /// Default: $TMPDIR/pgfleet/agents/<agent-id>
+    #[arg(long, env = "PGFLEET_DATA_ROOT")]
+    data_root: Option<PathBuf>,
+    /// Directory with initdb and postgres. Default: `pg_config --bindir`,
+    /// then the newest /usr/lib/postgresql/*/bin.
+    #[arg(long, env = "PGFLEET_PG_BIN")]
+    pg_bin: Option<PathBuf>,
+    /// OS user to run PostgreSQL as when the agent runs as root.
+    #[arg(long, env = "PGFLEET_PG_USER", default_value = "postgres")]
+    pg_user: String,
+    /// Exit (after tearing down) when the controller is unreachable this many seconds.
+    #[arg(long, default_value_t = 30)]
+    give_up_after_s: u64,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PGFLEET_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match cli.command {
+        Command::Workloads => {
+            for b in workload::BUILTINS {
+                println!("{:<14} {}", b.name, b.description);
+            }
+            Ok(())
+        }
+        Command::Cleanup { data_root } => {
+            let n = cluster::reap_stale(&data_root.join("clusters"))?;
+            let _ = std::fs::remove_dir(data_root.join("clusters"));
+            let _ = std::fs::remove_dir(&data_root);
+            eprintln!("removed {n} stale cluster(s) under {}", data_root.display());
+            Ok(())
+        }
+        Command::Run(args) => {
+            // Processes this agent starts must be spawned from threads that
+            // live as long as the agent (the parent-death signal follows the
+            // spawning thread), so the runtime's worker threads do it.
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            rt.block_on(run(args))
+        }
+    }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let data_root = args.data_root.clone().unwrap_or_else(|| {
+        std::env::temp_dir()
+            .join("pgfleet/agents")
+            .join(&args.agent_id)
+    });
+    std::fs::create_dir_all(data_root.join("clusters"))
+        .with_context(|| format!("creating data root {}", data_root.display()))?;
+    for d in data_root
+        .ancestors()
+        .take_while(|d| d.starts_with(std::env::temp_dir().join("pgfleet")))
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755));
+    }
+    let stale = cluster::reap_stale(&data_root.join("clusters"))?;
+    if stale > 0 {
+        tracing::warn!(stale, "removed stale clusters left by an earlier agent");
+    }
+    let env = Arc::new(AgentEnv {
+        pg: PgBin::find(args.pg_bin.as_deref()).map_err(|e| e.to_string()),
+        run_as: RunAs::resolve(&args.pg_user).map_err(|e| e.to_string()),
+        data_root: data_root.clone(),
+        storage_profile: args.storage_profile.clone(),
+        emulated: false,
+    });
+    if let Err(e) = &env.pg {
+        tracing::error!("{e}");
+    }
+    let shutdown = CancellationToken::new();
+    let sig = shutdown.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: tearing down"),
+            _ = int.recv() => tracing::info!("SIGINT: tearing down"),
+        }
+        sig.cancel();
+    });
+    let cfg = session::SessionConfig {
+        controller: args.controller,
+        agent_id: args.agent_id,
+        instance_class: args.instance_class,
+        give_up_after: Duration::from_secs(args.give_up_after_s),
+    };
+    let result = session::run(cfg, env, shutdown).await;
+    // Whatever happened, leave nothing behind.
+    let _ = cluster::reap_stale(&data_root.join("clusters"));
+    let _ = std::fs::remove_dir(data_root.join("clusters"));
+    let _ = std::fs::remove_dir(&data_root);
+    result.map_err(Into::into)
+}

@@ -1,0 +1,288 @@
+//! The agent's session with the controller: dial, register, heartbeat, run
+//! assigned cells, forward their events, and reconnect (re-registering with
+//! the cells still running and replaying results not yet acknowledged).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::Streaming;
+
+use crate::cell::{self, AgentEnv};
+use crate::{Error, Result, host};
+use pgfleet_proto::v1::{
+    AgentMessage, CellResult, CellStatus, ControllerMessage, Heartbeat, Register, StorageProfile,
+    agent_message::Msg, agent_session_client::AgentSessionClient, controller_message::Msg as CMsg,
+};
+
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// e.g. `http://127.0.0.1:7070`
+    pub controller: String,
+    pub agent_id: String,
+    pub instance_class: String,
+    /// Give up (tear down, exit non-zero) when the controller has been
+    /// unreachable this long.
+    pub give_up_after: Duration,
+}
+
+struct Running {
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+/// Why a connected session ended.
+enum End {
+    Reconnect(String),
+    Shutdown,
+}
+
+pub async fn run(
+    cfg: SessionConfig,
+    env: Arc<AgentEnv>,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let (ev_tx, mut ev_rx) = mpsc::channel::<AgentMessage>(1024);
+    let mut cells: HashMap<String, Running> = HashMap::new();
+    let mut unacked: HashMap<String, CellResult> = HashMap::new();
+    let mut last_ok = Instant::now();
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        if shutdown.is_cancelled() {
+            stop_cells(&mut cells, &mut ev_rx, None).await;
+            return Ok(());
+        }
+        let connected = tokio::select! {
+            c = connect(&cfg, &env, &cells) => c,
+            _ = shutdown.cancelled() => continue,
+        };
+        let (out_tx, inbound, heartbeat) = match connected {
+            Ok(c) => c,
+            Err(e) => {
+                if last_ok.elapsed() > cfg.give_up_after {
+                    stop_cells(&mut cells, &mut ev_rx, None).await;
+                    return Err(Error::Session(format!(
+                        "controller {} unreachable for {:?}: {e}",
+                        cfg.controller, cfg.give_up_after
+                    )));
+                }
+                tracing::debug!(error = %e, "connecting to the controller");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(100);
+        tracing::info!(controller = %cfg.controller, "registered");
+        for r in unacked.values() {
+            let _ = out_tx.send(msg(Msg::Result(r.clone()))).await;
+        }
+        let end = connected_loop(
+            &env,
+            &out_tx,
+            inbound,
+            heartbeat,
+            &ev_tx,
+            &mut ev_rx,
+            &mut cells,
+            &mut unacked,
+            &shutdown,
+        )
+        .await;
+        last_ok = Instant::now();
+        match end {
+            End::Shutdown => {
+                stop_cells(&mut cells, &mut ev_rx, Some(&out_tx)).await;
+                return Ok(());
+            }
+            End::Reconnect(why) => tracing::warn!(%why, "session lost; reconnecting"),
+        }
+    }
+}
+
+async fn connect(
+    cfg: &SessionConfig,
+    env: &AgentEnv,
+    cells: &HashMap<String, Running>,
+) -> Result<(
+    mpsc::Sender<AgentMessage>,
+    Streaming<ControllerMessage>,
+    Duration,
+)> {
+    let mut client = AgentSessionClient::connect(cfg.controller.clone())
+        .await
+        .map_err(|e| Error::Session(e.to_string()))?;
+    let (out_tx, out_rx) = mpsc::channel(1024);
+    let (pg_version, pg_dir) = match &env.pg {
+        Ok(pg) => (pg.version.clone(), pg.dir.display().to_string()),
+        Err(_) => (String::new(), String::new()),
+    };
+    let register = Register {
+        agent_id: cfg.agent_id.clone(),
+        instance_class: cfg.instance_class.clone(),
+        storage: Some(StorageProfile {
+            profile: env.storage_profile.clone(),
+            emulated: env.emulated,
+            data_root: env.data_root.display().to_string(),
+        }),
+        cores: host::cores(),
+        memory_bytes: host::memory_bytes(),
+        postgres_version: pg_version,
+        postgres_bin_dir: pg_dir,
+        hostname: host::hostname(),
+        agent_version: env!("CARGO_PKG_VERSION").to_string(),
+        running_cells: cells.keys().cloned().collect(),
+    };
+    out_tx
+        .send(msg(Msg::Register(register)))
+        .await
+        .map_err(|_| Error::Session("stream closed".into()))?;
+    let mut inbound = client
+        .session(ReceiverStream::new(out_rx))
+        .await
+        .map_err(|e| Error::Session(e.message().to_string()))?
+        .into_inner();
+    match inbound.message().await {
+        Ok(Some(ControllerMessage {
+            msg: Some(CMsg::Registered(r)),
+        })) => Ok((
+            out_tx,
+            inbound,
+            Duration::from_millis(r.heartbeat_interval_ms.max(100) as u64),
+        )),
+        Ok(other) => Err(Error::Session(format!(
+            "expected `registered`, got {other:?}"
+        ))),
+        Err(status) => Err(Error::Session(format!(
+            "registration refused: {}",
+            status.message()
+        ))),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn connected_loop(
+    env: &Arc<AgentEnv>,
+    out_tx: &mpsc::Sender<AgentMessage>,
+    mut inbound: Streaming<ControllerMessage>,
+    heartbeat: Duration,
+    ev_tx: &mpsc::Sender<AgentMessage>,
+    ev_rx: &mut mpsc::Receiver<AgentMessage>,
+    cells: &mut HashMap<String, Running>,
+    unacked: &mut HashMap<String, CellResult>,
+    shutdown: &CancellationToken,
+) -> End {
+    let mut tick = tokio::time::interval(heartbeat);
+    let mut seq = 0;
+    loop {
+        tokio::select! {
+            m = inbound.message() => match m {
+                Ok(Some(ControllerMessage { msg: Some(m) })) => match m {
+                    CMsg::Assign(a) => {
+                        if let Some(busy) = cells.keys().next() {
+                            let r = failed(&a.cell_id, format!("agent busy with cell {busy}"));
+                            unacked.insert(a.cell_id.clone(), r.clone());
+                            let _ = out_tx.send(msg(Msg::Result(r))).await;
+                            continue;
+                        }
+                        tracing::info!(cell = %a.cell_id, workload = %a.workload, "assigned");
+                        let cancel = CancellationToken::new();
+                        let (env, ev, c, id) = (env.clone(), ev_tx.clone(), cancel.clone(), a.cell_id.clone());
+                        let task = tokio::spawn(async move {
+                            let r = cell::run(&env, a, ev.clone(), c).await;
+                            let _ = ev.send(msg(Msg::Result(r))).await;
+                        });
+                        cells.insert(id, Running { cancel, task });
+                    }
+                    CMsg::Cancel(c) => {
+                        if let Some(r) = cells.get(&c.cell_id) {
+                            tracing::info!(cell = %c.cell_id, reason = %c.reason, "cancel");
+                            r.cancel.cancel();
+                        }
+                    }
+                    CMsg::ResultAck(a) => {
+                        unacked.remove(&a.cell_id);
+                    }
+                    CMsg::Shutdown(s) => {
+                        tracing::info!(reason = %s.reason, "shutdown requested");
+                        return End::Shutdown;
+                    }
+                    CMsg::Registered(_) => {}
+                },
+                Ok(Some(ControllerMessage { msg: None })) => {}
+                Ok(None) => return End::Reconnect("controller closed the stream".into()),
+                Err(s) => return End::Reconnect(s.message().to_string()),
+            },
+            _ = tick.tick() => {
+                seq += 1;
+                if out_tx.send(msg(Msg::Heartbeat(Heartbeat { seq }))).await.is_err() {
+                    return End::Reconnect("outbound stream closed".into());
+                }
+            }
+            Some(ev) = ev_rx.recv() => {
+                if let Some(Msg::Result(r)) = &ev.msg {
+                    cells.remove(&r.cell_id);
+                    unacked.insert(r.cell_id.clone(), r.clone());
+                }
+                if out_tx.send(ev).await.is_err() {
+                    return End::Reconnect("outbound stream closed".into());
+                }
+            }
+            _ = shutdown.cancelled() => return End::Shutdown,
+        }
+    }
+}
+
+/// Cancels every running cell and waits (bounded) for them to tear down,
+/// forwarding their last events when a stream is still open.
+async fn stop_cells(
+    cells: &mut HashMap<String, Running>,
+    ev_rx: &mut mpsc::Receiver<AgentMessage>,
+    out: Option<&mpsc::Sender<AgentMessage>>,
+) {
+    for r in cells.values() {
+        r.cancel.cancel();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    for (_, r) in cells.drain() {
+        let mut task = r.task;
+        loop {
+            tokio::select! {
+                _ = &mut task => break,
+                Some(ev) = ev_rx.recv() => {
+                    if let Some(out) = out {
+                        let _ = out.send(ev).await;
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    task.abort();
+                    let _ = task.await;
+                    break;
+                }
+            }
+        }
+    }
+    while let Ok(ev) = ev_rx.try_recv() {
+        if let Some(out) = out {
+            let _ = out.send(ev).await;
+        }
+    }
+}
+
+fn failed(cell_id: &str, error: String) -> CellResult {
+    CellResult {
+        cell_id: cell_id.to_string(),
+        status: CellStatus::Failed as i32,
+        error,
+        points: Vec::new(),
+        environment: None,
+    }
+}
+
+fn msg(m: Msg) -> AgentMessage {
+    AgentMessage { msg: Some(m) }
+}

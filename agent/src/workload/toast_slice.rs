@@ -1,0 +1,449 @@
+//! `toast-slice`: read `slice_bytes` from the middle of one large bytea value
+//! stored three ways (seeds/000, SPEC Experiment 2).
+//!
+//! Per cell (one dataset, one value size, on a fresh cluster):
+//! 1. Setup: one table per storage mode (`toast_external`, `toast_pglz`,
+//!    `toast_lz4`), `ALTER TABLE ... SET STORAGE / SET COMPRESSION` (PostgreSQL
+//!    15 lacks `CREATE TABLE ... STORAGE`), and row `id = 2` generated
+//!    server-side by an expression, so every table compresses from an
+//!    uncompressed datum (copying a value between tables would copy its
+//!    compressed form as-is).
+//! 2. Verify: per value, stored bytes (`pg_column_size`), compression method
+//!    (`pg_column_compression`, NULL = none) and whether it lives in the TOAST
+//!    table (its chunks are counted there; each table holds one value).
+//! 3. Explain: `EXPLAIN (ANALYZE, BUFFERS)` of the slice query per point,
+//!    warm, read by primary key: shared hit / read.
+//! 4. Measure: the prepared query
+//!    `SELECT octet_length(substring(payload FROM $1 FOR $2)) FROM t WHERE id = $3`
+//!    in a closed loop for `duration_s`, one HDR histogram per repeat; repeats
+//!    are interleaved across points so drift hits every point alike. A point's
+//!    figure is the median over its repeats.
+
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use hdrhistogram::Histogram;
+use serde::Deserialize;
+use serde_json::{Value as Json, json};
+
+use super::{CellContext, Output, Point, median};
+use crate::{Error, Result};
+
+const ROW_ID: i64 = 2;
+pub const QUERY: &str =
+    "SELECT octet_length(substring(payload FROM $1 FOR $2)) FROM {table} WHERE id = $3";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StorageMode {
+    External,
+    Pglz,
+    Lz4,
+}
+
+impl StorageMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            StorageMode::External => "external",
+            StorageMode::Pglz => "pglz",
+            StorageMode::Lz4 => "lz4",
+        }
+    }
+    pub fn table(self) -> String {
+        format!("toast_{}", self.name())
+    }
+    fn ddl(self) -> String {
+        let t = self.table();
+        let alter = match self {
+            StorageMode::External => "ALTER COLUMN payload SET STORAGE EXTERNAL".to_string(),
+            StorageMode::Pglz | StorageMode::Lz4 => format!(
+                "ALTER COLUMN payload SET STORAGE EXTENDED, ALTER COLUMN payload SET COMPRESSION {}",
+                self.name()
+            ),
+        };
+        format!(
+            "DROP TABLE IF EXISTS {t}; CREATE TABLE {t} (id bigint PRIMARY KEY, payload bytea); ALTER TABLE {t} {alter};"
+        )
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dataset {
+    /// Repeating `ABCD`: extremely compressible.
+    Abcd,
+    /// 64-byte blocks: 32 repeating ASCII bytes + the 32 hex chars of an md5.
+    Mixed,
+    /// Concatenated binary md5 digests: does not compress.
+    Incompressible,
+}
+
+impl Dataset {
+    pub fn name(self) -> &'static str {
+        match self {
+            Dataset::Abcd => "abcd",
+            Dataset::Mixed => "mixed",
+            Dataset::Incompressible => "incompressible",
+        }
+    }
+    /// A SQL expression of one bytea of exactly `$1` (bigint) bytes, built
+    /// in memory (never compressed) from generate_series.
+    pub fn sql(self) -> &'static str {
+        match self {
+            Dataset::Abcd => {
+                "SELECT substring(convert_to(repeat('ABCD', ($1::bigint / 4 + 1)::int), 'UTF8') FROM 1 FOR $1::bigint::int)"
+            }
+            Dataset::Mixed => {
+                "SELECT substring(convert_to(string_agg(repeat(chr(65 + (i % 26)::int), 32) || md5(i::text), '' ORDER BY i), 'UTF8') FROM 1 FOR $1::bigint::int) \
+                 FROM generate_series(0, $1::bigint / 64) AS i"
+            }
+            Dataset::Incompressible => {
+                "SELECT substring(string_agg(decode(md5(i::text), 'hex'), ''::bytea ORDER BY i) FROM 1 FOR $1::bigint::int) \
+                 FROM generate_series(0, $1::bigint / 16) AS i"
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Offset {
+    /// As the scenario wrote it ("50%" or "5242881").
+    pub label: String,
+    /// 1-based byte position, as substring() takes it.
+    pub byte: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    pub storage_modes: Vec<StorageMode>,
+    pub dataset: Dataset,
+    pub value_bytes: u64,
+    pub offsets: Vec<Offset>,
+    pub slice_bytes: u32,
+    pub duration_s: f64,
+    pub repeats: u32,
+    #[serde(default = "default_warmup")]
+    pub warmup_s: f64,
+}
+
+fn default_warmup() -> f64 {
+    0.5
+}
+
+/// Physical storage of one value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stored {
+    pub stored_bytes: i64,
+    pub raw_bytes: i64,
+    pub compression: Option<String>,
+    pub external: bool,
+    pub toast_chunks: i64,
+}
+
+pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Json) -> BoxFuture<'a, Result<Output>> {
+    async move {
+        let p: Params = serde_json::from_value(params.clone()).map_err(|e| werr(format!("bad parameters: {e}")))?;
+        if p.storage_modes.is_empty() || p.offsets.is_empty() || p.repeats == 0 {
+            return Err(werr("storage_modes, offsets and repeats must not be empty".into()));
+        }
+        if p.value_bytes > i32::MAX as u64 || p.value_bytes == 0 {
+            return Err(werr(format!("value_bytes {} is outside 1..=2^31-1", p.value_bytes)));
+        }
+        for o in &p.offsets {
+            if o.byte == 0 || o.byte > p.value_bytes {
+                return Err(werr(format!("offset {} (byte {}) is outside the value (1..={})", o.label, o.byte, p.value_bytes)));
+            }
+        }
+        let client = ctx.cluster.connect().await?;
+
+        ctx.progress("load", 0, p.storage_modes.len() as u64, format!("{} x {} B", p.dataset.name(), p.value_bytes));
+        setup(&client, &p).await?;
+        ctx.check_cancel()?;
+
+        let mut stored = Vec::new();
+        for (i, mode) in p.storage_modes.iter().enumerate() {
+            let s = verify(&client, *mode).await?;
+            ctx.sample(
+                "storage",
+                &json!({
+                    "storage_mode": mode.name(), "dataset": p.dataset.name(), "value_bytes": p.value_bytes,
+                    "stored_bytes": s.stored_bytes, "raw_bytes": s.raw_bytes, "compression": s.compression,
+                    "external": s.external, "toast_chunks": s.toast_chunks,
+                }),
+            )
+            .await?;
+            ctx.progress("verify", i as u64 + 1, p.storage_modes.len() as u64, mode.name());
+            stored.push(s);
+        }
+
+        // Read by primary key, as the article does (a one-row table would
+        // otherwise be read by a sequential scan).
+        client.batch_execute("SET enable_seqscan = off; SET enable_bitmapscan = off").await?;
+
+        let mut buffers = Vec::new();
+        for mode in &p.storage_modes {
+            let mut per_offset = Vec::new();
+            for o in &p.offsets {
+                ctx.check_cancel()?;
+                let b = explain(&client, *mode, o.byte, p.slice_bytes).await?;
+                ctx.sample(
+                    "explain",
+                    &json!({"storage_mode": mode.name(), "offset": o.byte, "offset_label": o.label,
+                            "shared_hit": b.0, "shared_read": b.1, "node": b.2, "execution_ms": b.3}),
+                )
+                .await?;
+                per_offset.push(b);
+            }
+            buffers.push(per_offset);
+        }
+
+        let mut stmts = Vec::new();
+        for mode in &p.storage_modes {
+            stmts.push(client.prepare(&QUERY.replace("{table}", &mode.table())).await?);
+        }
+        // Warm-up: each point briefly, not recorded.
+        let warm = Duration::from_secs_f64(p.warmup_s.max(0.0) / (stmts.len() * p.offsets.len()) as f64);
+        for stmt in &stmts {
+            for o in &p.offsets {
+                timed_loop(ctx, &client, stmt, o.byte, &p, warm).await?;
+            }
+        }
+
+        let total = (p.repeats as usize * stmts.len() * p.offsets.len()) as u64;
+        let mut done = 0;
+        // repeats[mode][offset] = per-repeat summaries
+        let mut summaries = vec![vec![Vec::<RepeatSummary>::new(); p.offsets.len()]; stmts.len()];
+        let dur = Duration::from_secs_f64(p.duration_s);
+        for r in 0..p.repeats {
+            for (mi, mode) in p.storage_modes.iter().enumerate() {
+                for (oi, o) in p.offsets.iter().enumerate() {
+                    ctx.progress(
+                        "measure",
+                        done,
+                        total,
+                        format!("{} @{} repeat {}/{}", mode.name(), o.label, r + 1, p.repeats),
+                    );
+                    let s = timed_loop(ctx, &client, &stmts[mi], o.byte, &p, dur).await?;
+                    ctx.sample(
+                        "repeat",
+                        &json!({"storage_mode": mode.name(), "offset": o.byte, "offset_label": o.label,
+                                "repeat": r + 1, "calls": s.calls, "latency_ms_mean": s.mean_ms,
+                                "latency_ms_p50": s.p50_ms, "latency_ms_p99": s.p99_ms, "latency_ms_max": s.max_ms}),
+                    )
+                    .await?;
+                    summaries[mi][oi].push(s);
+                    done += 1;
+                }
+            }
+        }
+        ctx.progress("measure", total, total, "done");
+
+        let mut points = Vec::new();
+        for (mi, mode) in p.storage_modes.iter().enumerate() {
+            for (oi, o) in p.offsets.iter().enumerate() {
+                let reps = &summaries[mi][oi];
+                let pick = |f: fn(&RepeatSummary) -> f64| median(&reps.iter().map(f).collect::<Vec<_>>());
+                let (hit, read, _, _) = &buffers[mi][oi];
+                let s = &stored[mi];
+                points.push(Point {
+                    params: json!({
+                        "storage_mode": mode.name(), "dataset": p.dataset.name(), "value_bytes": p.value_bytes,
+                        "offset": o.byte, "offset_label": o.label, "slice_bytes": p.slice_bytes,
+                    }),
+                    metrics: json!({
+                        "stored_bytes": s.stored_bytes, "compression": s.compression, "external": s.external,
+                        "toast_chunks": s.toast_chunks,
+                        "buffers_shared_hit": hit, "buffers_shared_read": read,
+                        "latency_ms_p50": pick(|r| r.p50_ms), "latency_ms_p99": pick(|r| r.p99_ms),
+                        "latency_ms_mean": pick(|r| r.mean_ms),
+                        "calls": reps.iter().map(|r| r.calls).sum::<u64>(), "repeats": reps.len(),
+                    }),
+                });
+            }
+        }
+        Ok(Output { points })
+    }
+    .boxed()
+}
+
+fn werr(message: String) -> Error {
+    Error::Workload {
+        workload: "toast-slice".into(),
+        message,
+    }
+}
+
+async fn setup(client: &tokio_postgres::Client, p: &Params) -> Result<()> {
+    for mode in &p.storage_modes {
+        client.batch_execute(&mode.ddl()).await.map_err(|e| {
+            werr(format!(
+                "creating {} failed: {} (does this server support {} compression?)",
+                mode.table(),
+                db_message(&e),
+                mode.name()
+            ))
+        })?;
+        let insert = format!(
+            "INSERT INTO {} (id, payload) {}",
+            mode.table(),
+            p.dataset
+                .sql()
+                .replacen("SELECT ", &format!("SELECT {ROW_ID}, "), 1)
+        );
+        client.execute(&insert, &[&(p.value_bytes as i64)]).await?;
+    }
+    // Every table must hold the same bytes, or the comparison is meaningless.
+    let mut digests = Vec::new();
+    for mode in &p.storage_modes {
+        let row = client
+            .query_one(
+                &format!("SELECT md5(payload), octet_length(payload)::bigint FROM {} WHERE id = {ROW_ID}", mode.table()),
+                &[],
+            )
+            .await?;
+        let len: i64 = row.get(1);
+        if len as u64 != p.value_bytes {
+            return Err(werr(format!(
+                "{} holds {len} bytes, expected {}",
+                mode.table(),
+                p.value_bytes
+            )));
+        }
+        digests.push(row.get::<_, String>(0));
+    }
+    if digests.windows(2).any(|w| w[0] != w[1]) {
+        return Err(werr("the tables hold different values".into()));
+    }
+    client.batch_execute("VACUUM ANALYZE").await?;
+    client.batch_execute("CHECKPOINT").await?;
+    Ok(())
+}
+
+/// Reads how the value of row `id = 2` is physically stored.
+pub async fn verify(client: &tokio_postgres::Client, mode: StorageMode) -> Result<Stored> {
+    let t = mode.table();
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT pg_column_size(payload)::bigint, octet_length(payload)::bigint, pg_column_compression(payload) \
+                 FROM {t} WHERE id = {ROW_ID}"
+            ),
+            &[],
+        )
+        .await?;
+    // PostgreSQL 15 has no pg_column_toast_chunk_id(): each table holds one
+    // value, so its TOAST table's chunks are that value's.
+    let toast: String = client
+        .query_one(
+            &format!(
+                "SELECT reltoastrelid::regclass::text FROM pg_class WHERE oid = '{t}'::regclass"
+            ),
+            &[],
+        )
+        .await?
+        .get(0);
+    let chunks: i64 = client
+        .query_one(&format!("SELECT count(*) FROM {toast}"), &[])
+        .await?
+        .get(0);
+    Ok(Stored {
+        stored_bytes: row.get(0),
+        raw_bytes: row.get(1),
+        compression: row.get(2),
+        external: chunks > 0,
+        toast_chunks: chunks,
+    })
+}
+
+/// Warm `EXPLAIN (ANALYZE, BUFFERS)` of one point: (shared hit, shared read,
+/// plan node type, execution ms).
+pub async fn explain(
+    client: &tokio_postgres::Client,
+    mode: StorageMode,
+    offset: u64,
+    slice: u32,
+) -> Result<(i64, i64, String, f64)> {
+    let sql = format!(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT octet_length(substring(payload FROM {offset} FOR {slice})) FROM {} WHERE id = {ROW_ID}",
+        mode.table()
+    );
+    let mut last = None;
+    // The first run warms the cache; the second is recorded.
+    for _ in 0..2 {
+        let row = client.query_one(&sql, &[]).await?;
+        let text: Json = row.get(0);
+        last = Some(text);
+    }
+    let doc = last.unwrap_or(Json::Null);
+    let top = &doc[0];
+    let plan = &top["Plan"];
+    let num = |v: &Json| v.as_i64().unwrap_or(0);
+    Ok((
+        num(&plan["Shared Hit Blocks"]),
+        num(&plan["Shared Read Blocks"]),
+        plan["Node Type"].as_str().unwrap_or("").to_string(),
+        top["Execution Time"].as_f64().unwrap_or(f64::NAN),
+    ))
+}
+
+#[derive(Debug, Clone, Default)]
+struct RepeatSummary {
+    calls: u64,
+    mean_ms: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+}
+
+/// The closed loop: execute the prepared slice query until `dur` elapses,
+/// recording each call's latency (ns) in an HDR histogram.
+async fn timed_loop(
+    ctx: &CellContext<'_>,
+    client: &tokio_postgres::Client,
+    stmt: &tokio_postgres::Statement,
+    offset: u64,
+    p: &Params,
+    dur: Duration,
+) -> Result<RepeatSummary> {
+    let mut hist = Histogram::<u64>::new_with_bounds(1_000, 600_000_000_000, 3)
+        .map_err(|e| werr(format!("histogram: {e}")))?;
+    let expected = (p.slice_bytes as u64).min(p.value_bytes - offset + 1) as i32;
+    let (off, len, id) = (offset as i32, p.slice_bytes as i32, ROW_ID);
+    let mut sum_ns: u128 = 0;
+    let start = Instant::now();
+    loop {
+        ctx.check_cancel()?;
+        let t = Instant::now();
+        let row = client.query_one(stmt, &[&off, &len, &id]).await?;
+        let ns = t.elapsed().as_nanos();
+        let got: i32 = row.get(0);
+        if got != expected {
+            return Err(werr(format!(
+                "slice at {offset} returned {got} bytes, expected {expected}"
+            )));
+        }
+        hist.saturating_record(ns as u64);
+        sum_ns += ns;
+        if start.elapsed() >= dur {
+            break;
+        }
+    }
+    let n = hist.len();
+    let ms = |ns: u64| ns as f64 / 1e6;
+    Ok(RepeatSummary {
+        calls: n,
+        mean_ms: sum_ns as f64 / n.max(1) as f64 / 1e6,
+        p50_ms: ms(hist.value_at_quantile(0.5)),
+        p99_ms: ms(hist.value_at_quantile(0.99)),
+        max_ms: ms(hist.max()),
+    })
+}
+
+fn db_message(e: &tokio_postgres::Error) -> String {
+    e.as_db_error()
+        .map(|d| d.message().to_string())
+        .unwrap_or_else(|| e.to_string())
+}

@@ -1,0 +1,166 @@
+//! Real PostgreSQL: provisioning, teardown on every path, and the toast-slice
+//! workload's deterministic facts. Needs PostgreSQL server binaries (and, when
+//! run as root, a `postgres` OS user).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use pgfleet_agent::cluster::{Cluster, ClusterSpec, RunAs, reap_stale};
+use pgfleet_agent::pgbin::PgBin;
+use pgfleet_agent::workload::{self, CellContext};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pgfleet-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+fn spec(root: &Path, name: &str) -> ClusterSpec {
+    ClusterSpec {
+        pg: PgBin::find(
+            std::env::var_os("PGFLEET_PG_BIN")
+                .map(PathBuf::from)
+                .as_deref(),
+        )
+        .unwrap(),
+        clusters_dir: root.join("clusters"),
+        name: name.into(),
+        run_as: RunAs::resolve("postgres").unwrap(),
+        settings: BTreeMap::from([("shared_buffers".into(), "32MB".into())]),
+    }
+}
+
+fn pid_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provision_applies_settings_and_teardown_removes_everything() {
+    let root = scratch("teardown");
+    let cluster = Cluster::provision(&spec(&root, "c1")).await.unwrap();
+    let client = cluster.connect().await.unwrap();
+    let sb: String = client
+        .query_one("SHOW shared_buffers", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(sb, "32MB");
+    let listen: String = client
+        .query_one("SHOW listen_addresses", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(listen, "127.0.0.1");
+    let pid = cluster.pid().unwrap();
+    let port = cluster.port();
+    let dir = cluster.dir().to_path_buf();
+    drop(client);
+    cluster.teardown().await.unwrap();
+    assert!(!pid_alive(pid), "postmaster {pid} survived teardown");
+    assert!(!dir.exists(), "{} survived teardown", dir.display());
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "port {port} still open"
+    );
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_cluster_stops_it_and_reap_removes_leftovers() {
+    let root = scratch("drop");
+    let cluster = Cluster::provision(&spec(&root, "c1")).await.unwrap();
+    let pid = cluster.pid().unwrap();
+    let dir = cluster.dir().to_path_buf();
+    drop(cluster);
+    assert!(!pid_alive(pid));
+    assert!(!dir.exists());
+    // A leftover directory (as an agent killed mid-provisioning would leave).
+    std::fs::create_dir_all(root.join("clusters/stale/data")).unwrap();
+    assert_eq!(reap_stale(&root.join("clusters")).unwrap(), 1);
+    assert!(!root.join("clusters/stale").exists());
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserved_settings_are_refused() {
+    let root = scratch("reserved");
+    let mut s = spec(&root, "c1");
+    s.settings.insert("port".into(), "5432".into());
+    let err = Cluster::provision(&s).await.err().unwrap().to_string();
+    assert!(err.contains("`port` is managed by pgfleet"), "{err}");
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn toast_slice_reproduces_the_articles_storage_and_buffer_facts() {
+    let root = scratch("toast");
+    let cluster = Cluster::provision(&spec(&root, "c1")).await.unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
+    tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    let mut ctx = CellContext {
+        cell_id: "c1".into(),
+        cluster: &cluster,
+        events: tx,
+        cancel: CancellationToken::new(),
+    };
+    let run = |dataset: &'static str| {
+        json!({
+            "storage_modes": ["external", "pglz", "lz4"], "dataset": dataset, "value_bytes": 10485760,
+            "offsets": [{"label": "0%", "byte": 1}, {"label": "90%", "byte": 9437185}],
+            "slice_bytes": 100, "duration_s": 0.2, "repeats": 1, "warmup_s": 0.1,
+        })
+    };
+    let builtin = workload::find("toast-slice").unwrap();
+    let out = (builtin.run)(&mut ctx, &run("mixed")).await.unwrap();
+    let get = |mode: &str, off: u64| {
+        out.points
+            .iter()
+            .find(|p| p.params["storage_mode"] == mode && p.params["offset"] == off)
+            .unwrap()
+            .metrics
+            .clone()
+    };
+    let hit = |mode, off| get(mode, off)["buffers_shared_hit"].as_i64().unwrap();
+    assert!(hit("external", 1) < 20 && hit("external", 9437185) < 20);
+    assert!(hit("pglz", 1) < 20, "pglz start: {}", hit("pglz", 1));
+    assert!(
+        hit("pglz", 9437185) > 300,
+        "pglz 90%: {}",
+        hit("pglz", 9437185)
+    );
+    assert!(hit("lz4", 1) > 300, "lz4 start: {}", hit("lz4", 1));
+    assert_eq!(get("external", 1)["compression"], serde_json::Value::Null);
+    assert_eq!(get("pglz", 1)["compression"], "pglz");
+    assert_eq!(get("lz4", 1)["compression"], "lz4");
+    for m in ["external", "pglz", "lz4"] {
+        assert_eq!(get(m, 1)["external"], true, "{m}");
+        assert!(get(m, 1)["calls"].as_u64().unwrap() > 0);
+    }
+    // mixed compresses to roughly 5.8 MiB with both methods (article).
+    for m in ["pglz", "lz4"] {
+        let stored = get(m, 1)["stored_bytes"].as_i64().unwrap();
+        assert!((5_000_000..7_000_000).contains(&stored), "{m}: {stored}");
+    }
+    let out = (builtin.run)(&mut ctx, &run("incompressible"))
+        .await
+        .unwrap();
+    for p in &out.points {
+        assert_eq!(
+            p.metrics["compression"],
+            serde_json::Value::Null,
+            "{:?}",
+            p.params
+        );
+        assert!(p.metrics["stored_bytes"].as_i64().unwrap() >= 10485760);
+    }
+    drop(ctx);
+    cluster.teardown().await.unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+}
