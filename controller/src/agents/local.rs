@@ -1,0 +1,223 @@
+//! The local agent source: one `pgfleet-agent` child process per fleet
+//! instance, each with its own data root.
+//!
+//! Children run in their own process group (a terminal's Ctrl-C reaches only
+//! the controller, which then shuts them down in order) with a parent-death
+//! signal (SIGTERM), so a killed controller does not leave agents behind.
+//! After a child exits, `pgfleet-agent cleanup` removes whatever it left
+//! (a SIGKILLed agent's clusters), then its data root is deleted.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::Command;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::{AgentSource, Launched};
+use crate::api::Event;
+use crate::scenario::Scenario;
+use crate::{Error, Result};
+
+#[derive(Debug, Clone)]
+pub struct LocalOptions {
+    pub agent_bin: PathBuf,
+    pub pg_bin: Option<PathBuf>,
+    pub pg_user: Option<String>,
+    /// Agents' data roots go under `<data_dir>/<run_id>/<agent_id>`.
+    pub data_dir: PathBuf,
+    /// Agents' logs go here as `<agent_id>.log`.
+    pub log_dir: PathBuf,
+}
+
+struct Child {
+    launched: Launched,
+    pid: Option<u32>,
+    data_root: PathBuf,
+    wait: Option<JoinHandle<()>>,
+}
+
+pub struct LocalAgents {
+    opts: LocalOptions,
+    run_dir: PathBuf,
+    children: Vec<Child>,
+}
+
+/// The `pgfleet-agent` next to the running `pgfleet`, else from PATH.
+pub fn default_agent_bin() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("pgfleet-agent")))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("pgfleet-agent"))
+}
+
+impl LocalAgents {
+    pub async fn launch(
+        scenario: &Scenario,
+        run_id: &str,
+        controller: &str,
+        opts: LocalOptions,
+        events: mpsc::Sender<Event>,
+    ) -> Result<LocalAgents> {
+        let run_dir = opts.data_dir.join(run_id);
+        create_traversable(&run_dir)?;
+        std::fs::create_dir_all(&opts.log_dir)
+            .map_err(|e| Error::Agents(format!("creating {}: {e}", opts.log_dir.display())))?;
+        let mut me = LocalAgents {
+            opts,
+            run_dir,
+            children: Vec::new(),
+        };
+        for f in &scenario.fleet.value {
+            for i in 0..f.count() {
+                let agent_id = format!("{}-{i}", f.name.value);
+                let data_root = me.run_dir.join(&agent_id);
+                let log_path = me.opts.log_dir.join(format!("{agent_id}.log"));
+                let log = std::fs::File::create(&log_path)
+                    .map_err(|e| Error::Agents(format!("creating {}: {e}", log_path.display())))?;
+                let mut cmd = Command::new(&me.opts.agent_bin);
+                cmd.arg("run")
+                    .args(["--controller", controller])
+                    .args(["--agent-id", &agent_id])
+                    .args(["--instance-class", &f.name.value])
+                    .args(["--storage-profile", &f.profile()])
+                    .arg("--data-root")
+                    .arg(&data_root)
+                    .stdin(Stdio::null())
+                    .stdout(log.try_clone().map_err(|e| Error::Agents(e.to_string()))?)
+                    .stderr(log)
+                    .process_group(0);
+                if let Some(p) = &me.opts.pg_bin {
+                    cmd.arg("--pg-bin").arg(p);
+                }
+                if let Some(u) = &me.opts.pg_user {
+                    cmd.args(["--pg-user", u]);
+                }
+                let parent = std::process::id();
+                // SAFETY: only async-signal-safe calls in the child.
+                unsafe {
+                    cmd.pre_exec(move || {
+                        if libc::prctl(
+                            libc::PR_SET_PDEATHSIG,
+                            libc::SIGTERM as libc::c_ulong,
+                            0,
+                            0,
+                            0,
+                        ) != 0
+                        {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        if libc::getppid() as u32 != parent {
+                            libc::_exit(1);
+                        }
+                        Ok(())
+                    });
+                }
+                let mut child = match cmd.spawn() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        me.shutdown().await;
+                        return Err(Error::Agents(format!(
+                            "starting {}: {e}; build it (cargo build) or pass --agent-bin PATH",
+                            me.opts.agent_bin.display()
+                        )));
+                    }
+                };
+                let launched = Launched {
+                    agent_id: agent_id.clone(),
+                    instance_class: f.name.value.clone(),
+                };
+                let pid = child.id();
+                let ev = events.clone();
+                let wait = tokio::spawn(async move {
+                    let status = child
+                        .wait()
+                        .await
+                        .map(|s| s.to_string())
+                        .unwrap_or_else(|e| e.to_string());
+                    let _ = ev.send(Event::Exited { agent_id, status }).await;
+                });
+                me.children.push(Child {
+                    launched,
+                    pid,
+                    data_root,
+                    wait: Some(wait),
+                });
+            }
+        }
+        Ok(me)
+    }
+
+    async fn stop_all(&mut self) {
+        // Told to shut down by the scheduler; give them time to tear down.
+        for c in &mut self.children {
+            if let Some(w) = c.wait.as_mut() {
+                let steps = [
+                    (None, 60),
+                    (Some(Signal::SIGTERM), 30),
+                    (Some(Signal::SIGKILL), 10),
+                ];
+                for (sig, secs) in steps {
+                    if let (Some(sig), Some(pid)) = (sig, c.pid) {
+                        let _ = kill(Pid::from_raw(pid as i32), sig);
+                    }
+                    if tokio::time::timeout(Duration::from_secs(secs), &mut *w)
+                        .await
+                        .is_ok()
+                    {
+                        break;
+                    }
+                }
+                c.wait = None;
+            }
+            cleanup(&self.opts.agent_bin, &c.data_root).await;
+        }
+        let _ = std::fs::remove_dir(&self.run_dir);
+    }
+}
+
+/// Runs `pgfleet-agent cleanup` for a dead agent's data root (stopping
+/// clusters a SIGKILLed agent left), then removes the directory.
+async fn cleanup(agent_bin: &Path, data_root: &Path) {
+    if data_root.exists() {
+        let _ = Command::new(agent_bin)
+            .arg("cleanup")
+            .arg("--data-root")
+            .arg(data_root)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .await;
+        let _ = std::fs::remove_dir_all(data_root);
+    }
+}
+
+impl AgentSource for LocalAgents {
+    fn launched(&self) -> Vec<Launched> {
+        self.children.iter().map(|c| c.launched.clone()).collect()
+    }
+
+    fn shutdown(&mut self) -> BoxFuture<'_, ()> {
+        self.stop_all().boxed()
+    }
+}
+
+/// Creates `dir` (and its parent, the data dir) readable and traversable by
+/// others, so an unprivileged PostgreSQL user can reach the agents' data
+/// roots below. Directories above are left alone: the agent reports clearly
+/// if one of them is closed.
+fn create_traversable(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::Agents(format!("creating {}: {e}", dir.display())))?;
+    for p in [Some(dir), dir.parent()].into_iter().flatten() {
+        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755));
+    }
+    Ok(())
+}

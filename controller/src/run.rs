@@ -1,0 +1,124 @@
+//! `pgfleet run`: validate, store, serve, launch agents, schedule, shut
+//! down, report. The one place that advances a run's status.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::agents::AgentSource;
+use crate::agents::local::{LocalAgents, LocalOptions};
+use crate::scheduler::{self, Scheduler};
+use crate::store::{RunStatus, Store};
+use crate::{Result, api, report, scenario};
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub scenario: PathBuf,
+    pub out: PathBuf,
+    pub store: PathBuf,
+    pub lease: Duration,
+    pub registration_timeout: Duration,
+    pub bind: SocketAddr,
+    pub local: LocalOptions,
+}
+
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    pub run_id: String,
+    pub status: RunStatus,
+    pub report_dir: PathBuf,
+}
+
+/// A new run id: UTC time plus random bits, sortable and unique enough.
+pub fn new_run_id() -> String {
+    let mut b = [0u8; 3];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut b);
+    }
+    format!(
+        "{}-{:02x}{:02x}{:02x}",
+        chrono::Utc::now().format("%Y%m%d-%H%M%S"),
+        b[0],
+        b[1],
+        b[2]
+    )
+}
+
+pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunSummary> {
+    let sc = scenario::load(&opts.scenario)?;
+    let yaml = std::fs::read_to_string(&opts.scenario).unwrap_or_default();
+    let cells = scenario::plan(&sc);
+    let store = Store::open(&opts.store)?;
+    let run_id = new_run_id();
+    store.create_run(
+        &run_id,
+        &sc.name.value,
+        &opts.scenario.display().to_string(),
+        &yaml,
+    )?;
+    for (i, c) in cells.iter().enumerate() {
+        store.insert_cell(&run_id, i, c)?;
+    }
+    eprintln!(
+        "run {run_id}: scenario {} ({} cells on {} agents), store {}",
+        sc.name.value,
+        cells.len(),
+        sc.fleet.value.iter().map(|f| f.count()).sum::<u32>(),
+        opts.store.display()
+    );
+
+    let (tx, rx) = mpsc::channel(4096);
+    let server = match api::serve(opts.bind, tx.clone(), opts.lease).await {
+        Ok(s) => s,
+        Err(e) => {
+            store.finish_run(&run_id, RunStatus::Failed)?;
+            return Err(e);
+        }
+    };
+    let controller = format!("http://{}", server.addr);
+    let mut local = opts.local.clone();
+    local.log_dir = opts.out.join("logs");
+    let mut source = match LocalAgents::launch(&sc, &run_id, &controller, local, tx.clone()).await {
+        Ok(s) => s,
+        Err(e) => {
+            server.shutdown().await;
+            store.finish_run(&run_id, RunStatus::Failed)?;
+            return Err(e);
+        }
+    };
+    let expected: Vec<(String, String)> = source
+        .launched()
+        .into_iter()
+        .map(|l| (l.agent_id, l.instance_class))
+        .collect();
+    let sched = Scheduler::new(
+        &run_id,
+        store.clone(),
+        scheduler::Options {
+            lease: opts.lease,
+            registration_timeout: opts.registration_timeout,
+            ..Default::default()
+        },
+        cells,
+        &expected,
+    );
+    let status = sched.run(rx, cancel).await;
+    source.shutdown().await;
+    server.shutdown().await;
+    store.finish_run(&run_id, status)?;
+    report::write(&store, &run_id, &opts.out)?;
+    Ok(RunSummary {
+        run_id,
+        status,
+        report_dir: opts.out,
+    })
+}
+
+/// Default store location: `./pgfleet-data/pgfleet.db`.
+pub fn default_store() -> PathBuf {
+    Path::new("pgfleet-data").join("pgfleet.db")
+}

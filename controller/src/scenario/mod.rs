@@ -1,0 +1,238 @@
+//! Scenario files: the YAML model, defaults, validation with
+//! `file:line:column: field: message` errors, and planning into cells.
+//!
+//! Parsing is two-stage. serde (with `deny_unknown_fields`, and
+//! `serde_path_to_error` for the field path) rejects unknown keys and wrong
+//! types with the parser's location; then `validate` checks values and ranges
+//! using the locations `Spanned` kept. Nothing starts before both pass.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+pub mod plan;
+mod validate;
+
+pub use plan::{PlannedCell, plan};
+pub use validate::{TOAST_DATASETS, TOAST_STORAGE_MODES};
+
+/// An invalid scenario: where, which field, what is wrong and what is allowed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScenarioError {
+    pub file: PathBuf,
+    pub line: u64,
+    pub column: u64,
+    /// e.g. `workloads[0].offsets[2]`; empty for the document itself.
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for ScenarioError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if self.line > 0 {
+            write!(f, ":{}:{}", self.line, self.column)?;
+        }
+        if !self.field.is_empty() {
+            write!(f, ": field `{}`", self.field)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for ScenarioError {}
+
+/// A whole scenario file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Short name, used in reports: [a-z0-9-_.].
+    pub name: Spanned<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+    /// Instance classes and how many agents of each.
+    pub fleet: Spanned<Vec<FleetEntry>>,
+    pub workloads: Spanned<Vec<WorkloadSpec>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetEntry {
+    /// The instance class name.
+    pub name: Spanned<String>,
+    #[serde(default)]
+    pub count: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub storage: Option<StorageSpec>,
+    #[serde(default)]
+    pub postgres: Option<PostgresSpec>,
+}
+
+impl FleetEntry {
+    pub fn count(&self) -> u32 {
+        self.count.as_ref().map(|c| c.value).unwrap_or(1)
+    }
+    pub fn profile(&self) -> String {
+        self.storage
+            .as_ref()
+            .map(|s| s.profile.value.clone())
+            .unwrap_or_else(|| "nvme".into())
+    }
+    pub fn settings(&self) -> BTreeMap<String, String> {
+        self.postgres
+            .as_ref()
+            .map(|p| {
+                p.settings
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.value.to_string()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageSpec {
+    pub profile: Spanned<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PostgresSpec {
+    #[serde(default)]
+    pub settings: BTreeMap<String, Spanned<SettingValue>>,
+}
+
+/// A PostgreSQL setting as YAML may write it: `128MB`, `100`, `on`, `0.9`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum SettingValue {
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+}
+
+impl fmt::Display for SettingValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SettingValue::Bool(b) => write!(f, "{}", if *b { "on" } else { "off" }),
+            SettingValue::Int(i) => write!(f, "{i}"),
+            SettingValue::Float(x) => write!(f, "{x}"),
+            SettingValue::Str(s) => write!(f, "{s}"),
+        }
+    }
+}
+
+/// One workload entry. `kind` selects the workload; the other keys are that
+/// kind's parameters (keys of other kinds are rejected by `validate`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadSpec {
+    pub kind: Spanned<String>,
+    /// Instance classes to run on (default: every class in the fleet).
+    #[serde(default)]
+    pub on: Option<Vec<Spanned<String>>>,
+    // ---- toast-slice
+    #[serde(default)]
+    pub storage_modes: Option<Vec<Spanned<String>>>,
+    #[serde(default)]
+    pub datasets: Option<Vec<Spanned<String>>>,
+    #[serde(default)]
+    pub value_bytes: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub offsets: Option<Vec<Spanned<OffsetSpec>>>,
+    #[serde(default)]
+    pub slice_bytes: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub duration_s: Option<Spanned<f64>>,
+    #[serde(default)]
+    pub repeats: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub warmup_s: Option<Spanned<f64>>,
+}
+
+/// `"50%"` (of the value) or an absolute 1-based byte position.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum OffsetSpec {
+    Byte(u64),
+    Text(String),
+}
+
+/// Reads, parses and validates a scenario file.
+pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+        file: path.to_path_buf(),
+        line: 0,
+        column: 0,
+        field: String::new(),
+        message: format!("cannot read the scenario file: {e}"),
+    })?;
+    parse(path, &text)
+}
+
+/// Parses and validates scenario text; `path` is only used in errors.
+pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
+    let mut field = String::new();
+    let parsed: Result<Scenario, serde_saphyr::Error> =
+        serde_saphyr::with_deserializer_from_str(text, |de| {
+            serde_path_to_error::deserialize(de).map_err(|e| {
+                field = clean_path(&e.path().to_string());
+                e.into_inner()
+            })
+        });
+    let scenario = parsed.map_err(|e| {
+        let loc = e.location();
+        ScenarioError {
+            file: path.to_path_buf(),
+            line: loc.map(|l| l.line()).unwrap_or(0),
+            column: loc.map(|l| l.column()).unwrap_or(0),
+            field,
+            message: first_line(&e),
+        }
+    })?;
+    validate::validate(&scenario).map_err(|(loc, field, message)| ScenarioError {
+        file: path.to_path_buf(),
+        line: loc.line(),
+        column: loc.column(),
+        field,
+        message,
+    })?;
+    Ok(scenario)
+}
+
+/// serde_path_to_error writes `?` for the document root and `.value` for the
+/// inside of `Spanned`; users know neither.
+fn clean_path(p: &str) -> String {
+    let p = p.replace(".value", "");
+    if p == "." || p == "?" {
+        String::new()
+    } else {
+        p
+    }
+}
+
+/// serde-saphyr's Display adds a source snippet after the first line; keep
+/// the message and drop its own location prefix (we print ours).
+fn first_line(e: &serde_saphyr::Error) -> String {
+    let text = e.to_string();
+    let line = text.lines().next().unwrap_or("").trim();
+    // e.g. "error: line 3 column 5: unknown field ..." -> "unknown field ..."
+    let msg = match line.find(": ") {
+        Some(i) if line[..i].contains("line") => line[i + 2..].trim(),
+        _ => line,
+    };
+    let msg = msg.strip_prefix("error: ").unwrap_or(msg);
+    let msg = match msg.find("column ") {
+        Some(i) if msg.starts_with("line ") => {
+            msg[i..].split_once(": ").map(|(_, m)| m).unwrap_or(msg)
+        }
+        _ => msg,
+    };
+    msg.to_string()
+}

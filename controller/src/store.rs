@@ -1,0 +1,418 @@
+//! The run store (SQLite): runs, agents, cells and their states, samples and
+//! results. It is the only source for reports.
+//!
+//! Architecture invariant: the controller writes an agent's result here (one
+//! transaction, synchronous=FULL) before acknowledging it, so anything an
+//! agent was told is stored survives a controller crash.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde_json::Value as Json;
+
+use crate::{Error, Result};
+
+/// State of a run. One place advances it: `run::execute`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunStatus {
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::Succeeded => "succeeded",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// State of a cell. One place advances it: the scheduler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CellState {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl CellState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CellState::Pending => "pending",
+            CellState::Running => "running",
+            CellState::Succeeded => "succeeded",
+            CellState::Failed => "failed",
+            CellState::Cancelled => "cancelled",
+        }
+    }
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            CellState::Succeeded | CellState::Failed | CellState::Cancelled
+        )
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RunRow {
+    pub id: String,
+    pub scenario_name: String,
+    pub scenario_path: String,
+    pub status: String,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct CellRow {
+    pub cell_id: String,
+    pub workload: String,
+    pub instance_class: String,
+    pub params: Json,
+    pub state: String,
+    pub agent_id: Option<String>,
+    pub error: Option<String>,
+    pub environment: Option<Json>,
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ResultRow {
+    pub cell_id: String,
+    pub params: Json,
+    pub metrics: Json,
+}
+
+#[derive(Debug, Clone)]
+pub struct AgentRow {
+    pub agent_id: String,
+    pub instance_class: String,
+    pub info: Json,
+    pub lost_at: Option<String>,
+}
+
+/// A handle to the store; cheap to clone. Calls are short and synchronous.
+#[derive(Clone)]
+pub struct Store {
+    conn: Arc<Mutex<Connection>>,
+}
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY,
+    scenario_name TEXT NOT NULL,
+    scenario_path TEXT NOT NULL,
+    scenario_yaml TEXT NOT NULL,
+    status TEXT NOT NULL,
+    started_at TEXT NOT NULL,
+    finished_at TEXT
+);
+CREATE TABLE IF NOT EXISTS agents (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    agent_id TEXT NOT NULL,
+    instance_class TEXT NOT NULL,
+    info TEXT NOT NULL,
+    registered_at TEXT NOT NULL,
+    lost_at TEXT,
+    PRIMARY KEY (run_id, agent_id)
+);
+CREATE TABLE IF NOT EXISTS cells (
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    cell_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    workload TEXT NOT NULL,
+    instance_class TEXT NOT NULL,
+    params TEXT NOT NULL,
+    settings TEXT NOT NULL,
+    state TEXT NOT NULL,
+    agent_id TEXT,
+    error TEXT,
+    environment TEXT,
+    started_at TEXT,
+    finished_at TEXT,
+    PRIMARY KEY (run_id, cell_id)
+);
+CREATE TABLE IF NOT EXISTS samples (
+    id INTEGER PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    cell_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    data TEXT NOT NULL,
+    at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS samples_cell ON samples (run_id, cell_id);
+CREATE TABLE IF NOT EXISTS results (
+    run_id TEXT NOT NULL,
+    cell_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    params TEXT NOT NULL,
+    metrics TEXT NOT NULL,
+    PRIMARY KEY (run_id, cell_id, idx)
+);
+"#;
+
+pub fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+fn js(v: &Json) -> String {
+    v.to_string()
+}
+
+fn parse(s: Option<String>) -> Option<Json> {
+    s.and_then(|s| serde_json::from_str(&s).ok())
+}
+
+impl Store {
+    pub fn open(path: &Path) -> Result<Store> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| Error::Store(format!("creating {}: {e}", dir.display())))?;
+        }
+        let conn = Connection::open(path)
+            .map_err(|e| Error::Store(format!("opening {}: {e}", path.display())))?;
+        conn.execute_batch(
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA busy_timeout=5000;",
+        )?;
+        conn.execute_batch(SCHEMA)?;
+        Ok(Store {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>) -> Result<T> {
+        let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(f(&mut c)?)
+    }
+
+    pub fn create_run(&self, id: &str, name: &str, path: &str, yaml: &str) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO runs (id, scenario_name, scenario_path, scenario_yaml, status, started_at) VALUES (?1, ?2, ?3, ?4, 'running', ?5)",
+                params![id, name, path, yaml, now()],
+            )
+            .map(|_| ())
+        })
+    }
+
+    pub fn finish_run(&self, id: &str, status: RunStatus) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE runs SET status = ?2, finished_at = ?3 WHERE id = ?1",
+                params![id, status.as_str(), now()],
+            )
+            .map(|_| ())
+        })
+    }
+
+    pub fn insert_cell(
+        &self,
+        run: &str,
+        idx: usize,
+        cell: &crate::scenario::PlannedCell,
+    ) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO cells (run_id, cell_id, idx, workload, instance_class, params, settings, state) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending')",
+                params![
+                    run,
+                    cell.cell_id,
+                    idx as i64,
+                    cell.workload,
+                    cell.instance_class,
+                    js(&cell.params),
+                    serde_json::to_string(&cell.settings).unwrap_or_default()
+                ],
+            )
+            .map(|_| ())
+        })
+    }
+
+    pub fn start_cell(&self, run: &str, cell: &str, agent: &str) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE cells SET state = 'running', agent_id = ?3, started_at = ?4 WHERE run_id = ?1 AND cell_id = ?2",
+                params![run, cell, agent, now()],
+            )
+            .map(|_| ())
+        })
+    }
+
+    /// Ends a cell: state, error, environment and its points, atomically.
+    pub fn finish_cell(
+        &self,
+        run: &str,
+        cell: &str,
+        state: CellState,
+        error: Option<&str>,
+        environment: Option<&Json>,
+        points: &[(Json, Json)],
+    ) -> Result<()> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            tx.execute(
+                "UPDATE cells SET state = ?3, error = ?4, environment = ?5, finished_at = ?6 WHERE run_id = ?1 AND cell_id = ?2",
+                params![run, cell, state.as_str(), error, environment.map(js), now()],
+            )?;
+            for (i, (p, m)) in points.iter().enumerate() {
+                tx.execute(
+                    "INSERT OR REPLACE INTO results (run_id, cell_id, idx, params, metrics) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![run, cell, i as i64, js(p), js(m)],
+                )?;
+            }
+            tx.commit()
+        })
+    }
+
+    pub fn add_sample(&self, run: &str, cell: &str, kind: &str, data: &Json) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO samples (run_id, cell_id, kind, data, at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![run, cell, kind, js(data), now()],
+            )
+            .map(|_| ())
+        })
+    }
+
+    pub fn register_agent(&self, run: &str, agent: &str, class: &str, info: &Json) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO agents (run_id, agent_id, instance_class, info, registered_at) VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (run_id, agent_id) DO UPDATE SET info = excluded.info, lost_at = NULL",
+                params![run, agent, class, js(info), now()],
+            )
+            .map(|_| ())
+        })
+    }
+
+    pub fn agent_lost(&self, run: &str, agent: &str) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE agents SET lost_at = ?3 WHERE run_id = ?1 AND agent_id = ?2",
+                params![run, agent, now()],
+            )
+            .map(|_| ())
+        })
+    }
+
+    pub fn run(&self, id: &str) -> Result<Option<RunRow>> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT id, scenario_name, scenario_path, status, started_at, finished_at FROM runs WHERE id = ?1",
+                params![id],
+                |r| {
+                    Ok(RunRow {
+                        id: r.get(0)?,
+                        scenario_name: r.get(1)?,
+                        scenario_path: r.get(2)?,
+                        status: r.get(3)?,
+                        started_at: r.get(4)?,
+                        finished_at: r.get(5)?,
+                    })
+                },
+            )
+            .optional()
+        })
+    }
+
+    pub fn runs(&self) -> Result<Vec<RunRow>> {
+        self.with(|c| {
+            let mut st = c.prepare(
+                "SELECT id, scenario_name, scenario_path, status, started_at, finished_at FROM runs ORDER BY started_at",
+            )?;
+            let rows = st.query_map([], |r| {
+                Ok(RunRow {
+                    id: r.get(0)?,
+                    scenario_name: r.get(1)?,
+                    scenario_path: r.get(2)?,
+                    status: r.get(3)?,
+                    started_at: r.get(4)?,
+                    finished_at: r.get(5)?,
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
+    pub fn cells(&self, run: &str) -> Result<Vec<CellRow>> {
+        self.with(|c| {
+            let mut st = c.prepare(
+                "SELECT cell_id, workload, instance_class, params, state, agent_id, error, environment, started_at, finished_at
+                 FROM cells WHERE run_id = ?1 ORDER BY idx",
+            )?;
+            let rows = st.query_map(params![run], |r| {
+                Ok(CellRow {
+                    cell_id: r.get(0)?,
+                    workload: r.get(1)?,
+                    instance_class: r.get(2)?,
+                    params: parse(r.get(3)?).unwrap_or(Json::Null),
+                    state: r.get(4)?,
+                    agent_id: r.get(5)?,
+                    error: r.get(6)?,
+                    environment: parse(r.get(7)?),
+                    started_at: r.get(8)?,
+                    finished_at: r.get(9)?,
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
+    pub fn results(&self, run: &str) -> Result<Vec<ResultRow>> {
+        self.with(|c| {
+            let mut st = c.prepare(
+                "SELECT r.cell_id, r.params, r.metrics FROM results r JOIN cells c ON c.run_id = r.run_id AND c.cell_id = r.cell_id
+                 WHERE r.run_id = ?1 ORDER BY c.idx, r.idx",
+            )?;
+            let rows = st.query_map(params![run], |r| {
+                Ok(ResultRow {
+                    cell_id: r.get(0)?,
+                    params: parse(r.get(1)?).unwrap_or(Json::Null),
+                    metrics: parse(r.get(2)?).unwrap_or(Json::Null),
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
+    pub fn agents(&self, run: &str) -> Result<Vec<AgentRow>> {
+        self.with(|c| {
+            let mut st = c.prepare(
+                "SELECT agent_id, instance_class, info, lost_at FROM agents WHERE run_id = ?1 ORDER BY agent_id",
+            )?;
+            let rows = st.query_map(params![run], |r| {
+                Ok(AgentRow {
+                    agent_id: r.get(0)?,
+                    instance_class: r.get(1)?,
+                    info: parse(r.get(2)?).unwrap_or(Json::Null),
+                    lost_at: r.get(3)?,
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
+    pub fn samples(&self, run: &str, kind: &str) -> Result<Vec<(String, Json)>> {
+        self.with(|c| {
+            let mut st = c.prepare(
+                "SELECT cell_id, data FROM samples WHERE run_id = ?1 AND kind = ?2 ORDER BY id",
+            )?;
+            let rows = st.query_map(params![run, kind], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    parse(r.get(1)?).unwrap_or(Json::Null),
+                ))
+            })?;
+            rows.collect()
+        })
+    }
+}
