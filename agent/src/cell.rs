@@ -177,7 +177,7 @@ async fn collect_environment(
         .map(|r| (r.get::<_, String>(0), Json::String(r.get::<_, String>(1))))
         .collect();
     Ok(json!({
-        "postgres": {"version": version, "settings": settings, "bin_dir": cluster.pg.dir},
+        "postgres": {"version": version, "settings": settings, "bin_dir": cluster.pg.dir, "port": cluster.port()},
         "storage": {"profile": env.storage_profile, "emulated": env.emulated, "data_root": env.data_root},
         "host": {"hostname": host::hostname(), "cores": host::cores(), "memory_bytes": host::memory_bytes()},
     }))

@@ -234,5 +234,212 @@ fn first_line(e: &serde_saphyr::Error) -> String {
         }
         _ => msg,
     };
-    msg.to_string()
+    // serde's terse type errors, in words.
+    match msg {
+        "invalid u32" | "invalid u64" => "expected a whole number, 0 or more".to_string(),
+        "invalid f64" => "expected a number".to_string(),
+        "invalid bool" => "expected true or false".to_string(),
+        m => m.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! One test per class of bad input: each asserts the line and the field.
+    use super::*;
+
+    fn err(yaml: &str) -> ScenarioError {
+        parse(Path::new("bad.yaml"), yaml).expect_err("should be rejected")
+    }
+
+    const GOOD: &str = "name: t
+fleet:
+  - name: local
+    count: 1
+    storage: { profile: nvme }
+    postgres: { settings: { shared_buffers: 128MB, max_connections: 50 } }
+workloads:
+  - kind: toast-slice
+    storage_modes: [external, pglz, lz4]
+    datasets: [mixed]
+    value_bytes: 10485760
+    offsets: [\"0%\", \"50%\", 9437185]
+    slice_bytes: 100
+    duration_s: 5
+    repeats: 5
+";
+
+    fn with(from: &str, to: &str) -> String {
+        assert!(GOOD.contains(from), "{from}");
+        GOOD.replacen(from, to, 1)
+    }
+
+    #[test]
+    fn the_good_scenario_plans_resolved_offsets_and_settings() {
+        let s = parse(Path::new("good.yaml"), GOOD).unwrap();
+        let cells = plan(&s);
+        assert_eq!(cells.len(), 1);
+        let bytes: Vec<u64> = cells[0].params["offsets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["byte"].as_u64().unwrap())
+            .collect();
+        assert_eq!(bytes, vec![1, 5_242_881, 9_437_185]);
+        assert_eq!(cells[0].settings["max_connections"], "50");
+        assert_eq!(cells[0].settings["shared_buffers"], "128MB");
+    }
+
+    #[test]
+    fn shipped_scenarios_are_valid() {
+        for f in ["quickstart.yaml", "toast-slice.yaml"] {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../scenarios")
+                .join(f);
+            load(&path).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+
+    #[test]
+    fn unknown_key() {
+        let e = err(&with("    slice_bytes: 100", "    slice_byte: 100"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (13, "workloads[0].slice_byte"),
+            "{e}"
+        );
+        assert!(e.to_string().starts_with("bad.yaml:13:"), "{e}");
+        assert!(
+            e.message.contains("unknown field") && e.message.contains("slice_bytes"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_top_level_key() {
+        let e = err(&format!("{GOOD}extra: 1\n"));
+        assert_eq!(e.line, 16, "{e}");
+        assert!(e.message.contains("extra"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type() {
+        let e = err(&with("repeats: 5", "repeats: five"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (15, "workloads[0].repeats"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn negative_number_for_unsigned() {
+        let e = err(&with("count: 1", "count: -1"));
+        assert_eq!((e.line, e.field.as_str()), (4, "fleet[0].count"), "{e}");
+    }
+
+    #[test]
+    fn out_of_range() {
+        let e = err(&with("repeats: 5", "repeats: 0"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (15, "workloads[0].repeats"),
+            "{e}"
+        );
+        assert!(e.message.contains("allowed 1..=1000"), "{e}");
+        let e = err(&with("duration_s: 5", "duration_s: 0"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (14, "workloads[0].duration_s"),
+            "{e}"
+        );
+        let e = err(&with("slice_bytes: 100", "slice_bytes: 20000000"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (13, "workloads[0].slice_bytes"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_enum_value() {
+        let e = err(&with("[external, pglz, lz4]", "[external, zstd, lz4]"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (9, "workloads[0].storage_modes[1]"),
+            "{e}"
+        );
+        assert!(e.message.contains("allowed external, pglz, lz4"), "{e}");
+        let e = err(&with("datasets: [mixed]", "datasets: [random]"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (10, "workloads[0].datasets[0]"),
+            "{e}"
+        );
+        let e = err(&with("kind: toast-slice", "kind: toast-slicer"));
+        assert_eq!((e.line, e.field.as_str()), (8, "workloads[0].kind"), "{e}");
+    }
+
+    #[test]
+    fn bad_offsets() {
+        let e = err(&with("\"50%\"", "\"150%\""));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (12, "workloads[0].offsets[1]"),
+            "{e}"
+        );
+        let e = err(&with("9437185", "99999999"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (12, "workloads[0].offsets[2]"),
+            "{e}"
+        );
+        assert!(e.message.contains("outside the value"), "{e}");
+        let e = err(&with("\"50%\"", "\"half\""));
+        assert_eq!(e.field, "workloads[0].offsets[1]", "{e}");
+    }
+
+    #[test]
+    fn fleet_errors() {
+        let e = err(&with("profile: nvme", "profile: gp3"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (5, "fleet[0].storage.profile"),
+            "{e}"
+        );
+        assert!(e.message.contains("allowed nvme"), "{e}");
+        let e = err(&with("shared_buffers: 128MB", "port: 5433"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (6, "fleet[0].postgres.settings.port"),
+            "{e}"
+        );
+        let e = err(&with("name: local", "name: Local Box"));
+        assert_eq!((e.line, e.field.as_str()), (3, "fleet[0].name"), "{e}");
+        let e = err(&with("count: 1", "count: 1000"));
+        assert_eq!((e.line, e.field.as_str()), (4, "fleet[0].count"), "{e}");
+    }
+
+    #[test]
+    fn missing_required_field() {
+        let e = err(&with("name: t\n", ""));
+        assert!(e.message.contains("name"), "{e}");
+        assert!(e.line >= 1, "{e}");
+    }
+
+    #[test]
+    fn yaml_syntax_error() {
+        let e = err(&with("datasets: [mixed]", "datasets: [mixed"));
+        assert!(e.line >= 10, "{e}");
+    }
+
+    #[test]
+    fn unreadable_file_names_it() {
+        let e = load(Path::new("/nonexistent/x.yaml")).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("/nonexistent/x.yaml: cannot read"),
+            "{e}"
+        );
+    }
 }

@@ -1,0 +1,139 @@
+//! Helpers for the cross-process tests: real `pgfleet` and `pgfleet-agent`
+//! binaries, real PostgreSQL clusters, each test in its own scratch dir.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub struct Scratch {
+    pub dir: PathBuf,
+}
+
+impl Scratch {
+    pub fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("pgfleet-e2e-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Scratch { dir }
+    }
+    pub fn store(&self) -> PathBuf {
+        self.dir.join("store/pgfleet.db")
+    }
+    pub fn data(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+    pub fn out(&self) -> PathBuf {
+        self.dir.join("out")
+    }
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+    /// `pgfleet run` with this scratch's store, data dir and out dir.
+    pub fn run_cmd(&self, scenario: &Path, extra: &[&str]) -> Command {
+        let mut c = Command::new(pgfleet());
+        c.arg("--store")
+            .arg(self.store())
+            .arg("run")
+            .arg(scenario)
+            .arg("--out")
+            .arg(self.out())
+            .arg("--data-dir")
+            .arg(self.data())
+            .arg("--agent-bin")
+            .arg(agent_bin())
+            .args(extra);
+        c
+    }
+    pub fn report(&self) -> serde_json::Value {
+        let text = std::fs::read_to_string(self.out().join("report.json")).expect("report.json");
+        serde_json::from_str(&text).unwrap()
+    }
+    /// Asserts nothing pgfleet created for this test is left: no process
+    /// mentions the data dir, the data dir holds nothing, no cluster port listens.
+    pub fn assert_clean(&self, ports: &[u16]) {
+        let procs = processes_mentioning(&self.data());
+        assert!(procs.is_empty(), "processes left behind: {procs:?}");
+        let left: Vec<_> = std::fs::read_dir(self.data())
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "data left behind: {left:?}");
+        for p in ports {
+            assert!(
+                std::net::TcpStream::connect(("127.0.0.1", *p)).is_err(),
+                "port {p} still listening"
+            );
+        }
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+pub fn pgfleet() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_pgfleet"))
+}
+
+/// `pgfleet-agent` is built into the same target directory.
+pub fn agent_bin() -> PathBuf {
+    let p = pgfleet().with_file_name("pgfleet-agent");
+    assert!(
+        p.is_file(),
+        "{} missing: build the workspace (cargo build --workspace)",
+        p.display()
+    );
+    p
+}
+
+/// (pid, cmdline) of live processes whose command line mentions `needle`.
+pub fn processes_mentioning(needle: &Path) -> Vec<(u32, String)> {
+    let needle = needle.to_string_lossy().to_string();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        let zombie = std::fs::read_to_string(e.path().join("stat"))
+            .unwrap_or_default()
+            .contains(") Z ");
+        if cmd.contains(&needle) && !zombie {
+            out.push((pid, cmd));
+        }
+    }
+    out
+}
+
+pub fn ports(report: &serde_json::Value) -> Vec<u16> {
+    // Cells record their cluster's port in the store's environment; the
+    // report keeps the first per class, the store has them all.
+    let mut v = Vec::new();
+    if let Some(classes) = report["environment"]["instance_classes"].as_object() {
+        for c in classes.values() {
+            if let Some(p) = c["postgres"]["port"].as_u64() {
+                v.push(p as u16);
+            }
+        }
+    }
+    v
+}
+
+pub fn show(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}

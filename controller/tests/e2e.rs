@@ -1,0 +1,324 @@
+//! End to end: the real `pgfleet` binary, real agent processes, real
+//! PostgreSQL clusters (run as the `postgres` OS user when tests run as root).
+
+mod common;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::{Scratch, ports, processes_mentioning, show};
+use pgfleet_controller::store::Store;
+
+fn toast_scenario(count: u32, duration_s: f64, repeats: u32) -> String {
+    format!(
+        "name: e2e
+fleet:
+  - name: local
+    count: {count}
+    postgres: {{ settings: {{ shared_buffers: 64MB }} }}
+workloads:
+  - kind: toast-slice
+    storage_modes: [external, pglz, lz4]
+    datasets: [mixed, incompressible]
+    value_bytes: 10485760
+    offsets: [\"0%\", \"90%\"]
+    slice_bytes: 100
+    duration_s: {duration_s}
+    repeats: {repeats}
+    warmup_s: 0.1
+"
+    )
+}
+
+#[test]
+fn two_agents_reproduce_the_articles_deterministic_facts() {
+    let s = Scratch::new("facts");
+    let sc = s.write("e2e.yaml", &toast_scenario(2, 0.3, 2));
+    let out = s.run_cmd(&sc, &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let r = s.report();
+    assert_eq!(r["status"], "succeeded");
+    assert_eq!(r["scenario"], "e2e");
+    for k in ["run_id", "started_at", "finished_at"] {
+        assert!(r[k].is_string(), "{k}");
+    }
+    let env = &r["environment"]["instance_classes"]["local"];
+    assert!(
+        env["postgres"]["version"]
+            .as_str()
+            .unwrap()
+            .starts_with(char::is_numeric)
+    );
+    assert_eq!(env["postgres"]["settings"]["shared_buffers"], "64MB");
+    assert_eq!(env["storage"]["profile"], "nvme");
+    assert_eq!(env["storage"]["emulated"], false);
+    assert!(env["host"]["cores"].as_u64().unwrap() >= 1);
+    assert!(env["host"]["memory_bytes"].as_u64().unwrap() > 0);
+
+    let results = r["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2 * 3 * 2, "datasets x modes x offsets");
+    let get = |ds: &str, mode: &str, label: &str| {
+        results
+            .iter()
+            .find(|x| {
+                x["params"]["dataset"] == ds
+                    && x["params"]["storage_mode"] == mode
+                    && x["params"]["offset_label"] == label
+            })
+            .unwrap_or_else(|| panic!("no point {ds} {mode} {label}"))
+    };
+    for x in results {
+        assert_eq!(x["workload"], "toast-slice");
+        assert_eq!(x["instance_class"], "local");
+        assert!(x["agent"].as_str().unwrap().starts_with("local-"));
+        assert_eq!(x["params"]["value_bytes"], 10485760);
+        assert_eq!(x["params"]["slice_bytes"], 100);
+        let m = &x["metrics"];
+        for k in [
+            "stored_bytes",
+            "buffers_shared_hit",
+            "buffers_shared_read",
+            "calls",
+        ] {
+            assert!(m[k].is_u64(), "{k}: {m}");
+        }
+        for k in ["latency_ms_p50", "latency_ms_p99", "latency_ms_mean"] {
+            assert!(m[k].as_f64().unwrap() > 0.0, "{k}: {m}");
+        }
+        assert!(
+            m["external"].is_boolean()
+                && (m["compression"].is_null() || m["compression"].is_string())
+        );
+    }
+    let hits = |ds, mode, label| {
+        let m = &get(ds, mode, label)["metrics"];
+        m["buffers_shared_hit"].as_u64().unwrap() + m["buffers_shared_read"].as_u64().unwrap()
+    };
+    // EXTERNAL reads few buffers at every offset.
+    assert!(hits("mixed", "external", "0%") < 20);
+    assert!(hits("mixed", "external", "90%") < 20);
+    // pglz: few at the start, hundreds at 90 %.
+    assert!(hits("mixed", "pglz", "0%") < 20);
+    assert!(
+        hits("mixed", "pglz", "90%") > 300,
+        "{}",
+        hits("mixed", "pglz", "90%")
+    );
+    // lz4: hundreds even at the start.
+    assert!(
+        hits("mixed", "lz4", "0%") > 300,
+        "{}",
+        hits("mixed", "lz4", "0%")
+    );
+    // Stored as the article says: compressed mixed, uncompressed incompressible.
+    assert_eq!(get("mixed", "pglz", "0%")["metrics"]["compression"], "pglz");
+    assert_eq!(get("mixed", "lz4", "0%")["metrics"]["compression"], "lz4");
+    for mode in ["pglz", "lz4"] {
+        let m = &get("incompressible", mode, "0%")["metrics"];
+        assert!(m["compression"].is_null(), "{mode}: {m}");
+        assert!(m["stored_bytes"].as_u64().unwrap() >= 10485760);
+        assert_eq!(m["external"], true);
+    }
+
+    let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
+    assert!(
+        md.contains("| PGLZ |") && md.contains("90% (byte 9437185)"),
+        "{md}"
+    );
+    assert!(
+        md.contains(
+            "![latency against offset per storage mode](toast-slice-local-mixed-10MiB.svg)"
+        )
+    );
+    let svg = std::fs::read_to_string(s.out().join("toast-slice-local-mixed-10MiB.svg")).unwrap();
+    assert_eq!(svg.matches("<polyline").count(), 3);
+
+    // The report is rendered from the store alone: regenerate and compare.
+    let again = s.dir.join("again");
+    let out2 = std::process::Command::new(common::pgfleet())
+        .arg("--store")
+        .arg(s.store())
+        .args(["report", r["run_id"].as_str().unwrap(), "--out"])
+        .arg(&again)
+        .output()
+        .unwrap();
+    assert!(out2.status.success(), "{}", show(&out2));
+    let r2: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(again.join("report.json")).unwrap()).unwrap();
+    assert_eq!(r, r2);
+
+    // Samples were stored: per value storage, per point EXPLAIN, per repeat.
+    let store = Store::open(&s.store()).unwrap();
+    let id = r["run_id"].as_str().unwrap();
+    assert_eq!(store.samples(id, "storage").unwrap().len(), 6);
+    assert_eq!(store.samples(id, "explain").unwrap().len(), 12);
+    assert_eq!(store.samples(id, "repeat").unwrap().len(), 24);
+    let all_ports: Vec<u16> = store
+        .cells(id)
+        .unwrap()
+        .iter()
+        .filter_map(|c| {
+            c.environment.as_ref()?["postgres"]["port"]
+                .as_u64()
+                .map(|p| p as u16)
+        })
+        .collect();
+    assert_eq!(all_ports.len(), 2);
+    s.assert_clean(&all_ports);
+}
+
+#[test]
+fn sigkill_of_an_agent_fails_its_cell_within_the_lease_and_the_rest_completes() {
+    let s = Scratch::new("loss");
+    let sc = s.write("loss.yaml", &toast_scenario(2, 4.0, 2));
+    let lease = 3.0;
+    let mut child = s
+        .run_cmd(&sc, &["--lease-s", &lease.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until both cells run (each on its own agent) and are measuring.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (victim_cell, victim_agent) = loop {
+        assert!(Instant::now() < deadline, "cells never both started");
+        std::thread::sleep(Duration::from_millis(300));
+        let Ok(store) = Store::open(&s.store()) else {
+            continue;
+        };
+        let Some(run) = store.runs().unwrap().pop() else {
+            continue;
+        };
+        let cells = store.cells(&run.id).unwrap();
+        let measuring = store.samples(&run.id, "explain").unwrap().len();
+        if cells.iter().all(|c| c.state == "running") && measuring >= 12 {
+            let c = &cells[0];
+            break (c.cell_id.clone(), c.agent_id.clone().unwrap());
+        }
+    };
+    let procs = processes_mentioning(&s.data());
+    let agent = procs
+        .iter()
+        .find(|(_, cmd)| {
+            cmd.contains("pgfleet-agent run")
+                && cmd.contains(&format!("--agent-id {victim_agent} "))
+        })
+        .unwrap_or_else(|| panic!("agent {victim_agent} not found in {procs:?}"));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent.0 as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let killed_at = chrono::Utc::now();
+
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let r = s.report();
+    assert_eq!(r["status"], "failed");
+    let cells = r["cells"].as_array().unwrap();
+    let victim = cells
+        .iter()
+        .find(|c| c["cell_id"] == victim_cell.as_str())
+        .unwrap();
+    assert_eq!(victim["state"], "failed");
+    let err = victim["error"].as_str().unwrap();
+    assert!(err.contains(&format!("agent {victim_agent} lost")), "{err}");
+    let failed_at =
+        chrono::DateTime::parse_from_rfc3339(victim["finished_at"].as_str().unwrap()).unwrap();
+    let took =
+        (failed_at.with_timezone(&chrono::Utc) - killed_at).num_milliseconds() as f64 / 1000.0;
+    assert!(
+        took <= lease + 1.5,
+        "failed {took:.1}s after the kill; lease {lease}s"
+    );
+    let other = cells
+        .iter()
+        .find(|c| c["cell_id"] != victim_cell.as_str())
+        .unwrap();
+    assert_eq!(other["state"], "succeeded", "{other}");
+    assert_eq!(
+        r["results"].as_array().unwrap().len(),
+        6,
+        "the surviving cell's points"
+    );
+    s.assert_clean(&ports(&r));
+}
+
+#[test]
+fn a_failed_cell_fails_the_run_and_leaves_nothing_behind() {
+    let s = Scratch::new("failed");
+    let sc = s.write(
+        "bad-setting.yaml",
+        "name: failing
+fleet:
+  - name: local
+    postgres: { settings: { shared_buffers: banana } }
+workloads:
+  - kind: toast-slice
+    value_bytes: 1048576
+    duration_s: 0.1
+    repeats: 1
+",
+    );
+    let out = s.run_cmd(&sc, &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let r = s.report();
+    assert_eq!(r["status"], "failed");
+    let err = r["cells"][0]["error"].as_str().unwrap();
+    assert!(err.contains("shared_buffers"), "{err}");
+    s.assert_clean(&[]);
+}
+
+#[test]
+fn an_invalid_scenario_exits_2_naming_line_and_field_before_starting_anything() {
+    let s = Scratch::new("invalid");
+    let sc = s.write(
+        "bad.yaml",
+        &toast_scenario(1, 1.0, 1).replace("repeats: 1", "repeats: 0"),
+    );
+    let out = s.run_cmd(&sc, &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.yaml:14:") && err.contains("workloads[0].repeats"),
+        "{err}"
+    );
+    assert!(
+        !s.store().exists(),
+        "nothing should be stored for an invalid scenario"
+    );
+    assert!(!s.data().exists());
+}
+
+#[test]
+fn help_teaches_the_commands_and_exit_codes() {
+    let out = std::process::Command::new(common::pgfleet())
+        .arg("--help")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "run",
+        "report",
+        "list",
+        "validate",
+        "Exit codes",
+        "2 invalid scenario",
+    ] {
+        assert!(text.contains(needle), "--help lacks {needle}:\n{text}");
+    }
+    let out = std::process::Command::new(common::pgfleet())
+        .args(["run", "--help"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "--out",
+        "--lease-s",
+        "--data-dir",
+        "--pg-bin",
+        "Example: pgfleet run",
+    ] {
+        assert!(text.contains(needle), "run --help lacks {needle}:\n{text}");
+    }
+}
