@@ -75,7 +75,7 @@ fn newest_debian_bindirs() -> Vec<PathBuf> {
             Some((major, e.path().join("bin")))
         })
         .collect();
-    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.sort_by_key(|f| std::cmp::Reverse(f.0));
     found.into_iter().map(|(_, p)| p).collect()
 }
 

@@ -172,7 +172,7 @@ fn sigkill_of_an_agent_fails_its_cell_within_the_lease_and_the_rest_completes() 
     let s = Scratch::new("loss");
     let sc = s.write("loss.yaml", &toast_scenario(2, 4.0, 2));
     let lease = 3.0;
-    let mut child = s
+    let child = s
         .run_cmd(&sc, &["--lease-s", &lease.to_string()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

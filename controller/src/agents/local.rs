@@ -179,6 +179,8 @@ impl LocalAgents {
             cleanup(&self.opts.agent_bin, &c.data_root).await;
         }
         let _ = std::fs::remove_dir(&self.run_dir);
+        // The data dir itself goes too when no other run uses it.
+        let _ = std::fs::remove_dir(&self.opts.data_dir);
     }
 }
 
