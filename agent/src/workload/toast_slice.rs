@@ -276,7 +276,8 @@ fn werr(message: String) -> Error {
     }
 }
 
-async fn setup(client: &tokio_postgres::Client, p: &Params) -> Result<()> {
+/// Creates the tables and their values, and checks they hold the same bytes.
+pub async fn setup(client: &tokio_postgres::Client, p: &Params) -> Result<()> {
     for mode in &p.storage_modes {
         client.batch_execute(&mode.ddl()).await.map_err(|e| {
             werr(format!(
@@ -390,16 +391,15 @@ pub async fn explain(
 }
 
 #[derive(Debug, Clone, Default)]
-struct RepeatSummary {
-    calls: u64,
-    mean_ms: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-    max_ms: f64,
+pub struct RepeatSummary {
+    pub calls: u64,
+    pub mean_ms: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
 }
 
-/// The closed loop: execute the prepared slice query until `dur` elapses,
-/// recording each call's latency (ns) in an HDR histogram.
+/// The closed loop of a cell: `measure`, stopping when the cell is cancelled.
 async fn timed_loop(
     ctx: &CellContext<'_>,
     client: &tokio_postgres::Client,
@@ -408,22 +408,37 @@ async fn timed_loop(
     p: &Params,
     dur: Duration,
 ) -> Result<RepeatSummary> {
+    measure(client, stmt, offset, p.slice_bytes, p.value_bytes, dur, &ctx.cancel).await
+}
+
+/// Executes the prepared slice query (`QUERY`) until `dur` elapses,
+/// recording each call's latency (ns) in an HDR histogram, and checks every
+/// answer's length.
+pub async fn measure(
+    client: &tokio_postgres::Client,
+    stmt: &tokio_postgres::Statement,
+    offset: u64,
+    slice_bytes: u32,
+    value_bytes: u64,
+    dur: Duration,
+    cancel: &tokio_util::sync::CancellationToken,
+) -> Result<RepeatSummary> {
     let mut hist = Histogram::<u64>::new_with_bounds(1_000, 600_000_000_000, 3)
         .map_err(|e| werr(format!("histogram: {e}")))?;
-    let expected = (p.slice_bytes as u64).min(p.value_bytes - offset + 1) as i32;
-    let (off, len, id) = (offset as i32, p.slice_bytes as i32, ROW_ID);
+    let expected = (slice_bytes as u64).min(value_bytes - offset + 1) as i32;
+    let (off, len, id) = (offset as i32, slice_bytes as i32, ROW_ID);
     let mut sum_ns: u128 = 0;
     let start = Instant::now();
     loop {
-        ctx.check_cancel()?;
+        if cancel.is_cancelled() {
+            return Err(Error::Cancelled("cell cancelled".into()));
+        }
         let t = Instant::now();
         let row = client.query_one(stmt, &[&off, &len, &id]).await?;
         let ns = t.elapsed().as_nanos();
         let got: i32 = row.get(0);
         if got != expected {
-            return Err(werr(format!(
-                "slice at {offset} returned {got} bytes, expected {expected}"
-            )));
+            return Err(werr(format!("slice at {offset} returned {got} bytes, expected {expected}")));
         }
         hist.saturating_record(ns as u64);
         sum_ns += ns;
