@@ -32,7 +32,9 @@ fn main() -> anyhow::Result<()> {
     let secs: f64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(5.0);
     let rounds: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(5);
     // One thread, so this process's CPU is the measuring client's.
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(run(secs, rounds))
 }
 
@@ -41,7 +43,11 @@ async fn run(secs: f64, rounds: usize) -> anyhow::Result<()> {
     std::fs::create_dir_all(root.join("clusters"))?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755))?;
-    let pg = PgBin::find(std::env::var_os("PGFLEET_PG_BIN").map(PathBuf::from).as_deref())?;
+    let pg = PgBin::find(
+        std::env::var_os("PGFLEET_PG_BIN")
+            .map(PathBuf::from)
+            .as_deref(),
+    )?;
     let spec = ClusterSpec {
         pg: pg.clone(),
         clusters_dir: root.join("clusters"),
@@ -64,7 +70,13 @@ async fn bench(cluster: &Cluster, pg: &PgBin, secs: f64, rounds: usize) -> anyho
         storage_modes: modes.to_vec(),
         dataset: Dataset::Mixed,
         value_bytes,
-        offsets: offsets.iter().map(|(l, b)| Offset { label: l.to_string(), byte: *b }).collect(),
+        offsets: offsets
+            .iter()
+            .map(|(l, b)| Offset {
+                label: l.to_string(),
+                byte: *b,
+            })
+            .collect(),
         slice_bytes: 100,
         duration_s: secs,
         repeats: rounds as u32,
@@ -72,18 +84,27 @@ async fn bench(cluster: &Cluster, pg: &PgBin, secs: f64, rounds: usize) -> anyho
     };
     let client = cluster.connect().await?;
     toast_slice::setup(&client, &params).await?;
-    client.batch_execute("SET enable_seqscan = off; SET enable_bitmapscan = off").await?;
+    client
+        .batch_execute("SET enable_seqscan = off; SET enable_bitmapscan = off")
+        .await?;
     let cancel = CancellationToken::new();
     let dur = Duration::from_secs_f64(secs);
-    let script_dir = std::env::temp_dir().join(format!("pgfleet-bench-scripts-{}", std::process::id()));
+    let script_dir =
+        std::env::temp_dir().join(format!("pgfleet-bench-scripts-{}", std::process::id()));
     std::fs::create_dir_all(&script_dir)?;
 
-    println!("pgfleet toast-slice loop vs pgbench -M prepared: mixed 10 MiB, 100 bytes, {secs} s x {rounds} rounds per point, alternating\n");
-    println!("| point | pgfleet ms | pgbench ms | ratio pgfleet/pgbench | pgfleet CPU µs/call | pgbench CPU µs/call |");
+    println!(
+        "pgfleet toast-slice loop vs pgbench -M prepared: mixed 10 MiB, 100 bytes, {secs} s x {rounds} rounds per point, alternating\n"
+    );
+    println!(
+        "| point | pgfleet ms | pgbench ms | ratio pgfleet/pgbench | pgfleet CPU µs/call | pgbench CPU µs/call |"
+    );
     println!("|---|---|---|---|---|---|");
     let mut ratios = Vec::new();
     for mode in modes {
-        let stmt = client.prepare(&QUERY.replace("{table}", &mode.table())).await?;
+        let stmt = client
+            .prepare(&QUERY.replace("{table}", &mode.table()))
+            .await?;
         let script = script_dir.join(format!("{}.sql", mode.name()));
         std::fs::write(
             &script,
@@ -94,11 +115,22 @@ async fn bench(cluster: &Cluster, pg: &PgBin, secs: f64, rounds: usize) -> anyho
         )?;
         for (label, byte) in offsets {
             // Warm both paths once.
-            toast_slice::measure(&client, &stmt, byte, 100, value_bytes, Duration::from_millis(300), &cancel).await?;
-            let (mut ours, mut theirs, mut our_cpu, mut their_cpu) = (vec![], vec![], vec![], vec![]);
+            toast_slice::measure(
+                &client,
+                &stmt,
+                byte,
+                100,
+                value_bytes,
+                Duration::from_millis(300),
+                &cancel,
+            )
+            .await?;
+            let (mut ours, mut theirs, mut our_cpu, mut their_cpu) =
+                (vec![], vec![], vec![], vec![]);
             for _ in 0..rounds {
                 let c0 = cpu_seconds(libc::RUSAGE_SELF);
-                let s = toast_slice::measure(&client, &stmt, byte, 100, value_bytes, dur, &cancel).await?;
+                let s = toast_slice::measure(&client, &stmt, byte, 100, value_bytes, dur, &cancel)
+                    .await?;
                 our_cpu.push((cpu_seconds(libc::RUSAGE_SELF) - c0) / s.calls as f64 * 1e6);
                 ours.push(s.mean_ms);
 
@@ -112,12 +144,20 @@ async fn bench(cluster: &Cluster, pg: &PgBin, secs: f64, rounds: usize) -> anyho
                     .arg(format!("off={byte}"))
                     .arg(cluster.conninfo())
                     // Same plan as pgfleet (read by primary key), without an extra statement.
-                    .env("PGOPTIONS", "-c enable_seqscan=off -c enable_bitmapscan=off")
+                    .env(
+                        "PGOPTIONS",
+                        "-c enable_seqscan=off -c enable_bitmapscan=off",
+                    )
                     .output()
                     .await?;
                 let text = String::from_utf8_lossy(&out.stdout);
-                anyhow::ensure!(out.status.success(), "pgbench failed: {}", String::from_utf8_lossy(&out.stderr));
-                let lat = grab(&text, "latency average = ").ok_or_else(|| anyhow::anyhow!("no latency in {text}"))?;
+                anyhow::ensure!(
+                    out.status.success(),
+                    "pgbench failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let lat = grab(&text, "latency average = ")
+                    .ok_or_else(|| anyhow::anyhow!("no latency in {text}"))?;
                 let n = grab(&text, "number of transactions actually processed: ").unwrap_or(1.0);
                 their_cpu.push((cpu_seconds(libc::RUSAGE_CHILDREN) - c0) / n * 1e6);
                 theirs.push(lat);

@@ -168,6 +168,17 @@ fn js(v: &Json) -> String {
     v.to_string()
 }
 
+fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
+    Ok(RunRow {
+        id: r.get(0)?,
+        scenario_name: r.get(1)?,
+        scenario_path: r.get(2)?,
+        status: r.get(3)?,
+        started_at: r.get(4)?,
+        finished_at: r.get(5)?,
+    })
+}
+
 fn parse(s: Option<String>) -> Option<Json> {
     s.and_then(|s| serde_json::from_str(&s).ok())
 }
@@ -309,16 +320,7 @@ impl Store {
             c.query_row(
                 "SELECT id, scenario_name, scenario_path, status, started_at, finished_at FROM runs WHERE id = ?1",
                 params![id],
-                |r| {
-                    Ok(RunRow {
-                        id: r.get(0)?,
-                        scenario_name: r.get(1)?,
-                        scenario_path: r.get(2)?,
-                        status: r.get(3)?,
-                        started_at: r.get(4)?,
-                        finished_at: r.get(5)?,
-                    })
-                },
+                run_row,
             )
             .optional()
         })
@@ -329,16 +331,7 @@ impl Store {
             let mut st = c.prepare(
                 "SELECT id, scenario_name, scenario_path, status, started_at, finished_at FROM runs ORDER BY started_at",
             )?;
-            let rows = st.query_map([], |r| {
-                Ok(RunRow {
-                    id: r.get(0)?,
-                    scenario_name: r.get(1)?,
-                    scenario_path: r.get(2)?,
-                    status: r.get(3)?,
-                    started_at: r.get(4)?,
-                    finished_at: r.get(5)?,
-                })
-            })?;
+            let rows = st.query_map([], run_row)?;
             rows.collect()
         })
     }

@@ -26,17 +26,6 @@ use tokio::process::{Child, Command};
 use crate::pgbin::PgBin;
 use crate::{Error, Result};
 
-/// Settings pgfleet itself controls; a scenario may not override them.
-pub const RESERVED_SETTINGS: &[&str] = &[
-    "port",
-    "listen_addresses",
-    "unix_socket_directories",
-    "data_directory",
-    "hba_file",
-    "ident_file",
-    "config_file",
-];
-
 const SUPERUSER: &str = "pgfleet";
 
 /// Who the server runs as: the agent's own user, or (when the agent is root)
@@ -114,7 +103,7 @@ impl Cluster {
     /// initdb, configure, start, wait until it accepts connections.
     pub async fn provision(spec: &ClusterSpec) -> Result<Cluster> {
         for name in spec.settings.keys() {
-            if RESERVED_SETTINGS.contains(&name.as_str()) {
+            if pgfleet_proto::RESERVED_SETTINGS.contains(&name.as_str()) {
                 return Err(Error::Provision(format!(
                     "setting `{name}` is managed by pgfleet and cannot be set"
                 )));

@@ -408,7 +408,16 @@ async fn timed_loop(
     p: &Params,
     dur: Duration,
 ) -> Result<RepeatSummary> {
-    measure(client, stmt, offset, p.slice_bytes, p.value_bytes, dur, &ctx.cancel).await
+    measure(
+        client,
+        stmt,
+        offset,
+        p.slice_bytes,
+        p.value_bytes,
+        dur,
+        &ctx.cancel,
+    )
+    .await
 }
 
 /// Executes the prepared slice query (`QUERY`) until `dur` elapses,
@@ -438,7 +447,9 @@ pub async fn measure(
         let ns = t.elapsed().as_nanos();
         let got: i32 = row.get(0);
         if got != expected {
-            return Err(werr(format!("slice at {offset} returned {got} bytes, expected {expected}")));
+            return Err(werr(format!(
+                "slice at {offset} returned {got} bytes, expected {expected}"
+            )));
         }
         hist.saturating_record(ns as u64);
         sum_ns += ns;

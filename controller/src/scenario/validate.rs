@@ -12,16 +12,6 @@ pub const TOAST_STORAGE_MODES: &[&str] = &["external", "pglz", "lz4"];
 pub const TOAST_DATASETS: &[&str] = &["abcd", "mixed", "incompressible"];
 pub const WORKLOAD_KINDS: &[&str] = &["toast-slice"];
 pub const STORAGE_PROFILES: &[&str] = &["nvme"];
-/// Settings pgfleet manages itself (kept in sync with the agent's list).
-const RESERVED_SETTINGS: &[&str] = &[
-    "port",
-    "listen_addresses",
-    "unix_socket_directories",
-    "data_directory",
-    "hba_file",
-    "ident_file",
-    "config_file",
-];
 /// PostgreSQL's bytea limit.
 const MAX_VALUE_BYTES: u64 = 1 << 30;
 
@@ -122,7 +112,7 @@ pub fn validate(s: &Scenario) -> Result<(), Invalid> {
                         format!("`{k}` is not a PostgreSQL setting name"),
                     );
                 }
-                if RESERVED_SETTINGS.contains(&k.as_str()) {
+                if pgfleet_proto::RESERVED_SETTINGS.contains(&k.as_str()) {
                     return err(
                         v.referenced,
                         field,
