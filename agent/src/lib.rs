@@ -41,19 +41,6 @@ impl Error {
             source,
         }
     }
-
-    /// A short stable label for metrics and the store.
-    pub fn class(&self) -> &'static str {
-        match self {
-            Error::PgBin(_) => "pg_bin",
-            Error::Provision(_) => "provision",
-            Error::Postgres(_) => "postgres",
-            Error::Io { .. } => "io",
-            Error::Workload { .. } => "workload",
-            Error::Cancelled(_) => "cancelled",
-            Error::Session(_) => "session",
-        }
-    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -77,8 +77,6 @@ async fn dispatch(cli: Cli) -> Result<u8, Error> {
             Ok(0)
         }
         Command::Run(args) => {
-            // Validate first so a bad file exits 2 before anything starts.
-            scenario::load(&args.scenario)?;
             let cancel = CancellationToken::new();
             let c = cancel.clone();
             tokio::spawn(async move {
@@ -108,7 +106,6 @@ async fn dispatch(cli: Cli) -> Result<u8, Error> {
                     data_dir: args
                         .data_dir
                         .unwrap_or_else(|| std::env::temp_dir().join("pgfleet")),
-                    log_dir: Default::default(),
                 },
             };
             let summary = execute(opts, cancel).await?;

@@ -49,8 +49,8 @@ pub fn new_run_id() -> String {
 }
 
 pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunSummary> {
-    let sc = scenario::load(&opts.scenario)?;
-    let yaml = std::fs::read_to_string(&opts.scenario).unwrap_or_default();
+    let yaml = scenario::read(&opts.scenario)?;
+    let sc = scenario::parse(&opts.scenario, &yaml)?;
     let cells = scenario::plan(&sc);
     let store = Store::open(&opts.store)?;
     let run_id = new_run_id();
@@ -80,9 +80,17 @@ pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunS
         }
     };
     let controller = format!("http://{}", server.addr);
-    let mut local = opts.local.clone();
-    local.log_dir = opts.out.join("logs");
-    let mut source = match LocalAgents::launch(&sc, &run_id, &controller, local, tx.clone()).await {
+    let log_dir = opts.out.join("logs");
+    let mut source = match LocalAgents::launch(
+        &sc,
+        &run_id,
+        &controller,
+        opts.local.clone(),
+        &log_dir,
+        tx.clone(),
+    )
+    .await
+    {
         Ok(s) => s,
         Err(e) => {
             server.shutdown().await;

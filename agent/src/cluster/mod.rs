@@ -90,9 +90,6 @@ impl Cluster {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
-    pub fn data_dir(&self) -> &Path {
-        &self.data
-    }
     pub fn port(&self) -> u16 {
         self.port
     }

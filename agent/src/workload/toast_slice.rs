@@ -208,7 +208,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Json) -> BoxFuture<'a, 
         let warm = Duration::from_secs_f64(p.warmup_s.max(0.0) / (stmts.len() * p.offsets.len()) as f64);
         for stmt in &stmts {
             for o in &p.offsets {
-                timed_loop(ctx, &client, stmt, o.byte, &p, warm).await?;
+                measure(&client, stmt, o.byte, p.slice_bytes, p.value_bytes, warm, &ctx.cancel).await?;
             }
         }
 
@@ -226,7 +226,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Json) -> BoxFuture<'a, 
                         total,
                         format!("{} @{} repeat {}/{}", mode.name(), o.label, r + 1, p.repeats),
                     );
-                    let s = timed_loop(ctx, &client, &stmts[mi], o.byte, &p, dur).await?;
+                    let s = measure(&client, &stmts[mi], o.byte, p.slice_bytes, p.value_bytes, dur, &ctx.cancel).await?;
                     ctx.sample(
                         "repeat",
                         &json!({"storage_mode": mode.name(), "offset": o.byte, "offset_label": o.label,
@@ -397,27 +397,6 @@ pub struct RepeatSummary {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
-}
-
-/// The closed loop of a cell: `measure`, stopping when the cell is cancelled.
-async fn timed_loop(
-    ctx: &CellContext<'_>,
-    client: &tokio_postgres::Client,
-    stmt: &tokio_postgres::Statement,
-    offset: u64,
-    p: &Params,
-    dur: Duration,
-) -> Result<RepeatSummary> {
-    measure(
-        client,
-        stmt,
-        offset,
-        p.slice_bytes,
-        p.value_bytes,
-        dur,
-        &ctx.cancel,
-    )
-    .await
 }
 
 /// Executes the prepared slice query (`QUERY`) until `dur` elapses,

@@ -31,8 +31,6 @@ pub struct LocalOptions {
     pub pg_user: Option<String>,
     /// Agents' data roots go under `<data_dir>/<run_id>/<agent_id>`.
     pub data_dir: PathBuf,
-    /// Agents' logs go here as `<agent_id>.log`.
-    pub log_dir: PathBuf,
 }
 
 struct Child {
@@ -63,12 +61,13 @@ impl LocalAgents {
         run_id: &str,
         controller: &str,
         opts: LocalOptions,
+        log_dir: &Path,
         events: mpsc::Sender<Event>,
     ) -> Result<LocalAgents> {
         let run_dir = opts.data_dir.join(run_id);
         create_traversable(&run_dir)?;
-        std::fs::create_dir_all(&opts.log_dir)
-            .map_err(|e| Error::Agents(format!("creating {}: {e}", opts.log_dir.display())))?;
+        std::fs::create_dir_all(log_dir)
+            .map_err(|e| Error::Agents(format!("creating {}: {e}", log_dir.display())))?;
         let mut me = LocalAgents {
             opts,
             run_dir,
@@ -78,7 +77,7 @@ impl LocalAgents {
             for i in 0..f.count() {
                 let agent_id = format!("{}-{i}", f.name.value);
                 let data_root = me.run_dir.join(&agent_id);
-                let log_path = me.opts.log_dir.join(format!("{agent_id}.log"));
+                let log_path = log_dir.join(format!("{agent_id}.log"));
                 let log = std::fs::File::create(&log_path)
                     .map_err(|e| Error::Agents(format!("creating {}: {e}", log_path.display())))?;
                 let mut cmd = Command::new(&me.opts.agent_bin);

@@ -166,14 +166,18 @@ pub enum OffsetSpec {
 
 /// Reads, parses and validates a scenario file.
 pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+    parse(path, &read(path)?)
+}
+
+/// Reads a scenario file's text (errors name the file).
+pub fn read(path: &Path) -> Result<String, ScenarioError> {
+    std::fs::read_to_string(path).map_err(|e| ScenarioError {
         file: path.to_path_buf(),
         line: 0,
         column: 0,
         field: String::new(),
         message: format!("cannot read the scenario file: {e}"),
-    })?;
-    parse(path, &text)
+    })
 }
 
 /// Parses and validates scenario text; `path` is only used in errors.
