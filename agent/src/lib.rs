@@ -7,6 +7,7 @@
 
 pub mod cell;
 pub mod cluster;
+pub mod driver;
 pub mod host;
 pub mod pgbin;
 pub mod session;
@@ -19,7 +20,7 @@ pub enum Error {
     PgBin(String),
     #[error("provisioning the cluster failed: {0}")]
     Provision(String),
-    #[error("PostgreSQL error: {0}")]
+    #[error("PostgreSQL error: {}", pg_text(.0))]
     Postgres(#[from] tokio_postgres::Error),
     #[error("I/O error: {context}: {source}")]
     Io {
@@ -40,6 +41,14 @@ impl Error {
             context: context.into(),
             source,
         }
+    }
+}
+
+/// tokio-postgres prints only "db error"; say what the server said.
+fn pg_text(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => format!("{} (SQLSTATE {})", d.message(), d.code().code()),
+        None => e.to_string(),
     }
 }
 

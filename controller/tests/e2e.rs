@@ -322,3 +322,80 @@ fn help_teaches_the_commands_and_exit_codes() {
         assert!(text.contains(needle), "run --help lacks {needle}:\n{text}");
     }
 }
+
+#[test]
+fn pgbench_runs_per_class_and_the_report_compares_classes() {
+    let s = Scratch::new("pgbench");
+    let sc = s.write(
+        "pgb.yaml",
+        "name: pgb
+fleet:
+  - name: a
+  - name: b
+workloads:
+  - kind: pgbench-init
+    scale: 1
+    on: [a]
+  - kind: pgbench
+    scale: 1
+    script: random-update
+    clients: 2
+    threads: 1
+    duration_s: 2
+",
+    );
+    let out = s.run_cmd(&sc, &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let r = s.report();
+    let results = r["results"].as_array().unwrap();
+    assert_eq!(results.len(), 3);
+    let init = results
+        .iter()
+        .find(|x| x["workload"] == "pgbench-init")
+        .unwrap();
+    assert_eq!(init["metrics"]["rows_loaded"], 100_011);
+    for k in ["load_seconds", "rows_per_second"] {
+        assert!(init["metrics"][k].as_f64().unwrap() > 0.0);
+    }
+    for class in ["a", "b"] {
+        let x = results
+            .iter()
+            .find(|x| x["workload"] == "pgbench" && x["instance_class"] == class)
+            .unwrap();
+        let m = &x["metrics"];
+        for k in [
+            "tps",
+            "latency_ms_p50",
+            "latency_ms_p90",
+            "latency_ms_p99",
+            "latency_ms_max",
+        ] {
+            assert!(m[k].as_f64().unwrap() > 0.0, "{k}: {m}");
+        }
+        assert!(m["transactions"].as_u64().unwrap() > 0);
+        assert_eq!(m["failures"], 0);
+        assert!(
+            m.get("page_read_ms_avg").is_some() && m["wal_sync_ms_avg"].is_number(),
+            "{m}"
+        );
+        let series = r["timeseries"][x["cell_id"].as_str().unwrap()]
+            .as_array()
+            .unwrap();
+        assert!(series.len() >= 2, "{series:?}");
+    }
+    let cmp = r["comparisons"].as_array().unwrap();
+    let tps = cmp
+        .iter()
+        .find(|c| c["metric"] == "tps")
+        .expect("a tps comparison");
+    assert_eq!(
+        (tps["baseline_class"].as_str(), tps["class"].as_str()),
+        (Some("a"), Some("b"))
+    );
+    assert!(tps["ratio"].as_f64().unwrap() > 0.0);
+    let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
+    assert!(md.contains("TPS ratio: b / a = **"), "{md}");
+    assert!(md.contains("## pgbench-init: loading"));
+    assert!(s.out().join("pgbench-0-random-update-tps.svg").is_file());
+    s.assert_clean(&[]);
+}

@@ -285,6 +285,16 @@ impl Cluster {
 
     /// A new connection as the superuser over loopback TCP.
     pub async fn connect(&self) -> Result<tokio_postgres::Client> {
+        let (client, conn) = self.pg_config().connect(tokio_postgres::NoTls).await?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(client)
+    }
+
+    /// Connection settings (superuser, loopback TCP), for callers that open
+    /// connections on their own runtime (the driver's client threads).
+    pub fn pg_config(&self) -> tokio_postgres::Config {
         let mut cfg = tokio_postgres::Config::new();
         cfg.host("127.0.0.1")
             .port(self.port)
@@ -293,11 +303,7 @@ impl Cluster {
             .dbname("postgres")
             .application_name("pgfleet-agent")
             .connect_timeout(Duration::from_secs(5));
-        let (client, conn) = cfg.connect(tokio_postgres::NoTls).await?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        Ok(client)
+        cfg
     }
 
     /// A libpq connection string (for standard tools such as pgbench/psql).

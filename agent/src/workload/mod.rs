@@ -25,6 +25,8 @@ use crate::cluster::Cluster;
 use crate::{Error, Result};
 use pgfleet_proto::v1::{AgentMessage, CellProgress, CellSample, agent_message::Msg};
 
+pub mod pgbench;
+pub mod pgbench_init;
 pub mod toast_slice;
 
 pub type RunFn = for<'a> fn(&'a mut CellContext<'_>, &'a Json) -> BoxFuture<'a, Result<Output>>;
@@ -35,11 +37,23 @@ pub struct Builtin {
     pub run: RunFn,
 }
 
-pub const BUILTINS: &[Builtin] = &[Builtin {
-    name: "toast-slice",
-    description: "substring() of a large bytea value stored EXTERNAL / pglz / lz4: storage, buffers, latency",
-    run: toast_slice::run,
-}];
+pub const BUILTINS: &[Builtin] = &[
+    Builtin {
+        name: "toast-slice",
+        description: "substring() of a large bytea value stored EXTERNAL / pglz / lz4: storage, buffers, latency",
+        run: toast_slice::run,
+    },
+    Builtin {
+        name: "pgbench-init",
+        description: "load the pgbench schema at a scale, in parallel: rows, seconds, rows/s",
+        run: pgbench_init::run,
+    },
+    Builtin {
+        name: "pgbench",
+        description: "load, then run a pgbench-style script: tps, latency percentiles, failures, page read and WAL sync time",
+        run: pgbench::run,
+    },
+];
 
 pub fn find(name: &str) -> Option<&'static Builtin> {
     BUILTINS.iter().find(|b| b.name == name)

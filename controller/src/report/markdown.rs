@@ -77,6 +77,8 @@ pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
 
     let results: Vec<&Json> = doc["results"].as_array().into_iter().flatten().collect();
     toast_slice(&mut md, &mut plots, &results);
+    loader(&mut md, &results);
+    driver(&mut md, &mut plots, doc);
     (md, plots)
 }
 
@@ -233,5 +235,173 @@ fn toast_slice(md: &mut String, plots: &mut Vec<(String, String)>, results: &[&J
         );
         let _ = writeln!(md, "\n![latency against offset per storage mode]({name})");
         plots.push((name, svg));
+    }
+}
+
+fn num(v: &Json, digits: usize) -> String {
+    v.as_f64()
+        .map(|x| format!("{x:.digits$}"))
+        .unwrap_or_else(|| "–".into())
+}
+
+fn loader(md: &mut String, results: &[&Json]) {
+    let rs: Vec<&&Json> = results
+        .iter()
+        .filter(|r| r["workload"] == "pgbench-init")
+        .collect();
+    if rs.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\n## pgbench-init: loading\n\n| cell | agent | scale | connections | rows | seconds | rows/s |\n|---|---|---|---|---|---|---|"
+    );
+    for r in rs {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            r["cell_id"].as_str().unwrap_or(""),
+            r["agent"].as_str().unwrap_or(""),
+            r["params"]["scale"],
+            r["params"]["load_connections"],
+            r["metrics"]["rows_loaded"],
+            num(&r["metrics"]["load_seconds"], 2),
+            num(&r["metrics"]["rows_per_second"], 0)
+        );
+    }
+}
+
+/// pgbench: every cell's figures, per-class medians, ratios, TPS over time.
+fn driver(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json) {
+    let rs: Vec<&Json> = doc["results"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["workload"] == "pgbench")
+        .collect();
+    if rs.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\n## pgbench: transactions\n\nLatency from each transaction's (scheduled) start, ms. Page read time is \
+         pg_stat_database's blk_read_time per block read; WAL sync time is pg_stat_wal's per sync, over the measured window.\n\n\
+         | cell | agent | script | clients/threads | tps | p50 | p90 | p99 | max | transactions | failures | page read ms | WAL sync ms |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for r in &rs {
+        let m = &r["metrics"];
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r["cell_id"].as_str().unwrap_or(""),
+            r["agent"].as_str().unwrap_or(""),
+            r["params"]["script"].as_str().unwrap_or(""),
+            r["params"]["clients"],
+            r["params"]["threads"],
+            num(&m["tps"], 1),
+            num(&m["latency_ms_p50"], 3),
+            num(&m["latency_ms_p90"], 3),
+            num(&m["latency_ms_p99"], 3),
+            num(&m["latency_ms_max"], 3),
+            m["transactions"],
+            m["failures"],
+            num(&m["page_read_ms_avg"], 3),
+            num(&m["wal_sync_ms_avg"], 3)
+        );
+    }
+    for (gi, sm) in doc["summaries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let script = sm["script"].as_str().unwrap_or("");
+        let _ = writeln!(
+            md,
+            "\n### {script}: per instance class (median over clusters, min–max)\n\n\
+             | class | clusters | tps | latency p50 ms | page read ms | WAL sync ms |\n|---|---|---|---|---|---|"
+        );
+        let Some(classes) = sm["classes"].as_object() else {
+            continue;
+        };
+        let cell = |c: &Json, k: &str, d: usize| {
+            let x = &c[k];
+            if x.is_null() {
+                "–".to_string()
+            } else {
+                format!(
+                    "{} ({}–{})",
+                    num(&x["median"], d),
+                    num(&x["min"], d),
+                    num(&x["max"], d)
+                )
+            }
+        };
+        for (name, c) in classes {
+            let _ = writeln!(
+                md,
+                "| {name} | {} | {} | {} | {} | {} |",
+                c["cells"],
+                cell(c, "tps", 1),
+                cell(c, "latency_ms_p50", 3),
+                cell(c, "page_read_ms_avg", 3),
+                cell(c, "wal_sync_ms_avg", 3)
+            );
+        }
+        let ratios: Vec<String> = doc["comparisons"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["script"] == script && c["metric"] == "tps")
+            .map(|c| {
+                format!(
+                    "{} / {} = **{}x**",
+                    c["class"].as_str().unwrap_or(""),
+                    c["baseline_class"].as_str().unwrap_or(""),
+                    num(&c["ratio"], 2)
+                )
+            })
+            .collect();
+        if !ratios.is_empty() {
+            let _ = writeln!(md, "\nTPS ratio: {}", ratios.join(", "));
+        }
+        // TPS over time: per class, the mean over its cells of each second.
+        let series: Vec<Series> = classes
+            .keys()
+            .map(|class| {
+                let mut sums: BTreeMap<u64, (f64, u32)> = BTreeMap::new();
+                for r in rs.iter().filter(|r| {
+                    r["instance_class"] == class.as_str() && r["params"]["script"] == script
+                }) {
+                    let id = r["cell_id"].as_str().unwrap_or("");
+                    for p in doc["timeseries"][id].as_array().into_iter().flatten() {
+                        let e = sums.entry(p["second"].as_u64().unwrap_or(0)).or_default();
+                        e.0 += p["tps"].as_f64().unwrap_or(0.0);
+                        e.1 += 1;
+                    }
+                }
+                Series {
+                    name: class.clone(),
+                    points: sums
+                        .into_iter()
+                        .map(|(s, (t, n))| (s as f64, t / n as f64))
+                        .collect(),
+                }
+            })
+            .collect();
+        if series.iter().any(|s| !s.points.is_empty()) {
+            let name = format!("pgbench-{gi}-{script}-tps.svg");
+            plots.push((
+                name.clone(),
+                line_chart(
+                    &format!("{script}: TPS over time per class"),
+                    "second",
+                    "transactions per second",
+                    &series,
+                ),
+            ));
+            let _ = writeln!(md, "\n![TPS over time per instance class]({name})");
+        }
     }
 }

@@ -7,7 +7,13 @@
 //!   environment: {instance_classes: {<class>: {postgres: {version, settings},
 //!                 storage: {profile, emulated}, host: {cores, memory_bytes, hostname}, agents}}},
 //!   cells: [{cell_id, workload, instance_class, agent, state, error, started_at, finished_at}],
-//!   results: [{workload, instance_class, agent, cell_id, params, metrics}]}`
+//!   results: [{workload, instance_class, agent, cell_id, params, metrics}],
+//!   summaries: [{workload, script, params, classes: {<class>: {<metric>: {median, min, max, values}, cells}}}],
+//!   comparisons: [{workload, script, metric, baseline_class, class, ratio}],
+//!   timeseries: {<cell_id>: [{second, tps, latency_ms_mean}]}}`
+//!
+//! Comparisons divide each class's median by the first class's (in fleet
+//! order) for tps, latency p50/p99, page read time and WAL sync time.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -74,6 +80,14 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
             })
         })
         .collect();
+    let (summaries, comparisons) = summarize(&results);
+    let mut timeseries = serde_json::Map::new();
+    for (cell, data) in store.samples(run_id, "second")? {
+        let e = timeseries.entry(cell).or_insert_with(|| json!([]));
+        if let Some(a) = e.as_array_mut() {
+            a.push(json!({"second": data["second"], "tps": data["tps"], "latency_ms_mean": data["latency_ms_mean"]}));
+        }
+    }
     Ok(json!({
         "run_id": run.id,
         "scenario": run.scenario_name,
@@ -88,7 +102,108 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
             "started_at": c.started_at, "finished_at": c.finished_at,
         })).collect::<Vec<_>>(),
         "results": results,
+        "summaries": summaries,
+        "comparisons": comparisons,
+        "timeseries": timeseries,
     }))
+}
+
+/// Metrics summarized per instance class (median, min, max over cells) and
+/// compared between classes.
+const COMPARED: &[&str] = &[
+    "tps",
+    "latency_ms_p50",
+    "latency_ms_p99",
+    "page_read_ms_avg",
+    "wal_sync_ms_avg",
+];
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Groups driver results of the same workload entry (same params) by
+/// instance class: per-class medians with min, max and each cell's value;
+/// then each class's median against the first class's (the baseline).
+fn summarize(results: &[Json]) -> (Vec<Json>, Vec<Json>) {
+    let mut groups: Vec<(String, Vec<&Json>)> = Vec::new();
+    for r in results.iter().filter(|r| r["workload"] == "pgbench") {
+        let key = r["params"].to_string();
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.push(r),
+            None => groups.push((key, vec![r])),
+        }
+    }
+    let (mut summaries, mut comparisons) = (Vec::new(), Vec::new());
+    for (_, rs) in groups {
+        let mut classes: Vec<String> = Vec::new();
+        for r in &rs {
+            let c = r["instance_class"].as_str().unwrap_or("").to_string();
+            if !classes.contains(&c) {
+                classes.push(c);
+            }
+        }
+        let mut per_class = serde_json::Map::new();
+        let mut medians: BTreeMap<(String, &str), f64> = BTreeMap::new();
+        for c in &classes {
+            let mine: Vec<&&Json> = rs
+                .iter()
+                .filter(|r| r["instance_class"] == c.as_str())
+                .collect();
+            let mut m = serde_json::Map::new();
+            for metric in COMPARED {
+                let mut vals: Vec<f64> = mine
+                    .iter()
+                    .filter_map(|r| r["metrics"][*metric].as_f64())
+                    .collect();
+                if vals.is_empty() {
+                    continue;
+                }
+                let values = vals.clone();
+                let med = median(&mut vals);
+                medians.insert((c.clone(), metric), med);
+                m.insert(
+                    metric.to_string(),
+                    json!({"median": med, "min": vals.first(), "max": vals.last(), "values": values}),
+                );
+            }
+            m.insert("cells".into(), json!(mine.len()));
+            per_class.insert(c.clone(), Json::Object(m));
+        }
+        let first = &rs[0];
+        summaries.push(json!({
+            "workload": first["workload"],
+            "script": first["params"]["script"],
+            "params": first["params"],
+            "classes": per_class,
+        }));
+        let Some(base) = classes.first() else {
+            continue;
+        };
+        for c in classes.iter().skip(1) {
+            for metric in COMPARED {
+                if let (Some(b), Some(x)) = (
+                    medians.get(&(base.clone(), metric)),
+                    medians.get(&(c.clone(), metric)),
+                ) && *b != 0.0
+                {
+                    comparisons.push(json!({
+                        "workload": first["workload"], "script": first["params"]["script"],
+                        "metric": metric, "baseline_class": base, "class": c, "ratio": x / b,
+                    }));
+                }
+            }
+        }
+    }
+    (summaries, comparisons)
 }
 
 /// Writes report.json, report.md and the plots into `dir`.

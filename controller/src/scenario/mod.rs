@@ -11,7 +11,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use serde_saphyr::Spanned;
+use serde_saphyr::{Location, Spanned};
 
 pub mod plan;
 mod validate;
@@ -154,6 +154,86 @@ pub struct WorkloadSpec {
     pub repeats: Option<Spanned<u32>>,
     #[serde(default)]
     pub warmup_s: Option<Spanned<f64>>,
+    /// Cells per instance class: each runs on its own cluster (its own
+    /// agent when the class has that many), for medians across clusters.
+    #[serde(default)]
+    pub replicas: Option<Spanned<u32>>,
+    // ---- pgbench-init and pgbench
+    #[serde(default)]
+    pub scale: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub fillfactor: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub partitions: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub load_connections: Option<Spanned<u32>>,
+    // ---- pgbench
+    #[serde(default)]
+    pub script: Option<Spanned<String>>,
+    #[serde(default)]
+    pub script_text: Option<Spanned<String>>,
+    #[serde(default)]
+    pub clients: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub threads: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub transactions: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub rate: Option<Spanned<f64>>,
+    #[serde(default)]
+    pub latency_limit_ms: Option<Spanned<f64>>,
+    #[serde(default)]
+    pub max_tries: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub defines: Option<BTreeMap<String, Spanned<SettingValue>>>,
+    #[serde(default)]
+    pub seed: Option<Spanned<u64>>,
+}
+
+impl WorkloadSpec {
+    /// The parameter keys this entry sets, with where (for kind checks).
+    pub fn keys(&self) -> Vec<(&'static str, Location)> {
+        fn at<T>(v: &Option<Spanned<T>>) -> Option<Location> {
+            v.as_ref().map(|s| s.referenced)
+        }
+        fn first<T>(v: &Option<Vec<Spanned<T>>>, fallback: Location) -> Option<Location> {
+            v.as_ref()
+                .map(|l| l.first().map(|s| s.referenced).unwrap_or(fallback))
+        }
+        let k = self.kind.referenced;
+        let defines = self
+            .defines
+            .as_ref()
+            .map(|d| d.values().next().map(|v| v.referenced).unwrap_or(k));
+        [
+            ("storage_modes", first(&self.storage_modes, k)),
+            ("datasets", first(&self.datasets, k)),
+            ("value_bytes", at(&self.value_bytes)),
+            ("offsets", first(&self.offsets, k)),
+            ("slice_bytes", at(&self.slice_bytes)),
+            ("duration_s", at(&self.duration_s)),
+            ("repeats", at(&self.repeats)),
+            ("warmup_s", at(&self.warmup_s)),
+            ("replicas", at(&self.replicas)),
+            ("scale", at(&self.scale)),
+            ("fillfactor", at(&self.fillfactor)),
+            ("partitions", at(&self.partitions)),
+            ("load_connections", at(&self.load_connections)),
+            ("script", at(&self.script)),
+            ("script_text", at(&self.script_text)),
+            ("clients", at(&self.clients)),
+            ("threads", at(&self.threads)),
+            ("transactions", at(&self.transactions)),
+            ("rate", at(&self.rate)),
+            ("latency_limit_ms", at(&self.latency_limit_ms)),
+            ("max_tries", at(&self.max_tries)),
+            ("defines", defines),
+            ("seed", at(&self.seed)),
+        ]
+        .into_iter()
+        .filter_map(|(name, loc)| loc.map(|l| (name, l)))
+        .collect()
+    }
 }
 
 /// `"50%"` (of the value) or an absolute 1-based byte position.
@@ -296,7 +376,7 @@ workloads:
 
     #[test]
     fn shipped_scenarios_are_valid() {
-        for f in ["quickstart.yaml", "toast-slice.yaml"] {
+        for f in ["quickstart.yaml", "toast-slice.yaml", "random-update.yaml"] {
             let path = Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../scenarios")
                 .join(f);
@@ -435,6 +515,100 @@ workloads:
     fn yaml_syntax_error() {
         let e = err(&with("datasets: [mixed]", "datasets: [mixed"));
         assert!(e.line >= 10, "{e}");
+    }
+
+    const PGBENCH: &str = "name: p
+fleet:
+  - name: local
+    count: 2
+workloads:
+  - kind: pgbench
+    scale: 2
+    script: random-update
+    clients: 4
+    threads: 2
+    duration_s: 10
+    replicas: 2
+";
+
+    #[test]
+    fn pgbench_plans_replicas_with_the_driver_parameters() {
+        let s = parse(Path::new("p.yaml"), PGBENCH).unwrap();
+        let cells = plan(&s);
+        let ids: Vec<&str> = cells.iter().map(|c| c.cell_id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["w0-local-random-update-r1", "w0-local-random-update-r2"]
+        );
+        let p = &cells[0].params;
+        assert_eq!(
+            (
+                p["scale"].as_u64(),
+                p["clients"].as_u64(),
+                p["threads"].as_u64()
+            ),
+            (Some(2), Some(4), Some(2))
+        );
+        assert_eq!(p["duration_s"], 10.0);
+        assert_eq!(p["max_tries"], 10);
+    }
+
+    #[test]
+    fn keys_of_another_kind_are_rejected() {
+        let e = err(&PGBENCH.replace("    clients: 4", "    repeats: 4"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (9, "workloads[0].repeats"),
+            "{e}"
+        );
+        assert!(e.message.contains("does not apply to kind pgbench"), "{e}");
+        let e = err(&with("    repeats: 5", "    scale: 5"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (15, "workloads[0].scale"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn pgbench_errors() {
+        let e = err(&PGBENCH.replace("random-update", "random-upd"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (8, "workloads[0].script"),
+            "{e}"
+        );
+        assert!(e.message.contains("allowed tpcb-like"), "{e}");
+        let e = err(&PGBENCH.replace("threads: 2", "threads: 8"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (10, "workloads[0].threads"),
+            "{e}"
+        );
+        let e = err(&PGBENCH.replace("    scale: 2\n", ""));
+        assert_eq!(e.field, "workloads[0].scale", "{e}");
+        let e = err(&PGBENCH.replace("duration_s: 10", "duration_s: 10\n    transactions: 5"));
+        assert!(e.message.contains("not both"), "{e}");
+        let e = err(&PGBENCH.replace(
+            "script: random-update",
+            "script_text: \"\\\\set aid rnd(1, 2)\\nSELECT :aid;\"",
+        ));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (8, "workloads[0].script_text"),
+            "{e}"
+        );
+        assert!(
+            e.message
+                .contains("line 1 of the script: unknown function `rnd`"),
+            "{e}"
+        );
+        let e = err(&PGBENCH.replace("replicas: 2", "replicas: 0"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (12, "workloads[0].replicas"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use super::{OffsetSpec, Scenario, WorkloadSpec};
 
 pub const TOAST_STORAGE_MODES: &[&str] = &["external", "pglz", "lz4"];
 pub const TOAST_DATASETS: &[&str] = &["abcd", "mixed", "incompressible"];
-pub const WORKLOAD_KINDS: &[&str] = &["toast-slice"];
+pub const WORKLOAD_KINDS: &[&str] = &["toast-slice", "pgbench-init", "pgbench"];
 pub const STORAGE_PROFILES: &[&str] = &["nvme"];
 /// PostgreSQL's bytea limit.
 const MAX_VALUE_BYTES: u64 = 1 << 30;
@@ -151,6 +151,66 @@ fn one_of(v: &Spanned<String>, field: String, allowed: &[&str], what: &str) -> R
     }
 }
 
+/// The keys each workload kind takes (besides `kind`, `on`, `replicas`).
+pub const KIND_KEYS: &[(&str, &[&str])] = &[
+    (
+        "toast-slice",
+        &[
+            "storage_modes",
+            "datasets",
+            "value_bytes",
+            "offsets",
+            "slice_bytes",
+            "duration_s",
+            "repeats",
+            "warmup_s",
+        ],
+    ),
+    (
+        "pgbench-init",
+        &["scale", "fillfactor", "partitions", "load_connections"],
+    ),
+    (
+        "pgbench",
+        &[
+            "scale",
+            "fillfactor",
+            "partitions",
+            "load_connections",
+            "script",
+            "script_text",
+            "clients",
+            "threads",
+            "duration_s",
+            "transactions",
+            "warmup_s",
+            "rate",
+            "latency_limit_ms",
+            "max_tries",
+            "defines",
+            "seed",
+        ],
+    ),
+];
+
+/// `v` (when given) must lie in `lo..=hi`.
+fn in_range<T: PartialOrd + std::fmt::Display + Copy>(
+    v: &Option<Spanned<T>>,
+    field: String,
+    lo: T,
+    hi: T,
+    unit: &str,
+) -> Result<(), Invalid> {
+    match v {
+        Some(x) if !(x.value >= lo && x.value <= hi) => err(
+            x.referenced,
+            field,
+            format!("{} is out of range: allowed {lo}..={hi}{unit}", x.value),
+        ),
+        _ => Ok(()),
+    }
+}
+
 fn validate_workload(
     i: usize,
     w: &WorkloadSpec,
@@ -173,24 +233,46 @@ fn validate_workload(
             }
         }
     }
-    // toast-slice (the only kind so far).
+    let allowed = KIND_KEYS
+        .iter()
+        .find(|(k, _)| *k == w.kind.value)
+        .map(|(_, keys)| *keys)
+        .unwrap_or(&[]);
+    for (key, loc) in w.keys() {
+        if key != "replicas" && !allowed.contains(&key) {
+            return err(
+                loc,
+                at(key),
+                format!(
+                    "`{key}` does not apply to kind {}: its keys are {}",
+                    w.kind.value,
+                    allowed.join(", ")
+                ),
+            );
+        }
+    }
+    in_range(&w.replicas, at("replicas"), 1, 64, "")?;
+    in_range(&w.duration_s, at("duration_s"), 0.001, 86_400.0, " seconds")?;
+    in_range(&w.warmup_s, at("warmup_s"), 0.0, 3_600.0, " seconds")?;
+    match w.kind.value.as_str() {
+        "toast-slice" => validate_toast_slice(w, &at),
+        _ => validate_pgbench(w, &at),
+    }
+}
+
+fn validate_toast_slice(w: &WorkloadSpec, at: &dyn Fn(&str) -> String) -> Result<(), Invalid> {
+    in_range(
+        &w.value_bytes,
+        at("value_bytes"),
+        1024,
+        MAX_VALUE_BYTES,
+        " (bytea's limit)",
+    )?;
     let value_bytes = w
         .value_bytes
         .as_ref()
         .map(|v| v.value)
         .unwrap_or(10 * 1024 * 1024);
-    if let Some(v) = &w.value_bytes
-        && !(1024..=MAX_VALUE_BYTES).contains(&v.value)
-    {
-        return err(
-            v.referenced,
-            at("value_bytes"),
-            format!(
-                "{} is out of range: allowed 1024..={MAX_VALUE_BYTES} (bytea's limit)",
-                v.value
-            ),
-        );
-    }
     for (key, list, allowed, what) in [
         (
             "storage_modes",
@@ -230,47 +312,113 @@ fn validate_workload(
                 .or_else(|m| err(o.referenced, at(&format!("offsets[{j}]")), m))?;
         }
     }
-    if let Some(v) = &w.slice_bytes
-        && !(1..=value_bytes).contains(&v.value)
-    {
+    in_range(
+        &w.slice_bytes,
+        at("slice_bytes"),
+        1,
+        value_bytes,
+        " (value_bytes)",
+    )?;
+    in_range(&w.repeats, at("repeats"), 1, 1000, "")
+}
+
+fn validate_pgbench(w: &WorkloadSpec, at: &dyn Fn(&str) -> String) -> Result<(), Invalid> {
+    if w.scale.is_none() {
         return err(
-            v.referenced,
-            at("slice_bytes"),
-            format!(
-                "{} is out of range: allowed 1..={value_bytes} (value_bytes)",
-                v.value
-            ),
+            w.kind.referenced,
+            at("scale"),
+            "is required: the pgbench scale (100,000 accounts each)",
         );
     }
-    if let Some(v) = &w.duration_s
-        && !(v.value > 0.0 && v.value <= 86_400.0)
-    {
+    in_range(&w.scale, at("scale"), 1, 1_000_000, "")?;
+    in_range(&w.fillfactor, at("fillfactor"), 10, 100, "")?;
+    in_range(&w.partitions, at("partitions"), 0, 10_000, "")?;
+    in_range(
+        &w.load_connections,
+        at("load_connections"),
+        0,
+        256,
+        " (0: one per core)",
+    )?;
+    if w.kind.value != "pgbench" {
+        return Ok(());
+    }
+    in_range(&w.clients, at("clients"), 1, 10_000, "")?;
+    let clients = w.clients.as_ref().map(|c| c.value).unwrap_or(1);
+    in_range(
+        &w.threads,
+        at("threads"),
+        1,
+        clients,
+        " (no more threads than clients)",
+    )?;
+    in_range(&w.transactions, at("transactions"), 1, u64::MAX, "")?;
+    in_range(&w.rate, at("rate"), 0.001, 1e9, " transactions per second")?;
+    in_range(
+        &w.latency_limit_ms,
+        at("latency_limit_ms"),
+        0.001,
+        3.6e6,
+        " ms",
+    )?;
+    in_range(&w.max_tries, at("max_tries"), 1, 1000, "")?;
+    if let (Some(d), Some(_)) = (&w.duration_s, &w.transactions) {
         return err(
-            v.referenced,
+            d.referenced,
             at("duration_s"),
+            "give duration_s or transactions, not both",
+        );
+    }
+    if let (Some(s), Some(_)) = (&w.script, &w.script_text) {
+        return err(
+            s.referenced,
+            at("script"),
+            "give script (a built-in) or script_text, not both",
+        );
+    }
+    if let Some(s) = &w.script
+        && pgfleet_agent::driver::builtin(&s.value).is_none()
+    {
+        let names: Vec<&str> = pgfleet_agent::driver::BUILTIN_SCRIPTS
+            .iter()
+            .map(|b| b.0)
+            .collect();
+        return err(
+            s.referenced,
+            at("script"),
             format!(
-                "{} is out of range: allowed more than 0 and at most 86400 seconds",
-                v.value
+                "unknown built-in script `{}`: allowed {}",
+                s.value,
+                names.join(", ")
             ),
         );
     }
-    if let Some(v) = &w.warmup_s
-        && !(v.value >= 0.0 && v.value <= 3_600.0)
-    {
-        return err(
-            v.referenced,
-            at("warmup_s"),
-            format!("{} is out of range: allowed 0..=3600 seconds", v.value),
-        );
+    if let Some(t) = &w.script_text {
+        pgfleet_agent::driver::script::Script::parse("script_text", &t.value).or_else(|e| {
+            err(
+                t.referenced,
+                at("script_text"),
+                format!("line {} of the script: {}", e.line, e.message),
+            )
+        })?;
     }
-    if let Some(v) = &w.repeats
-        && !(1..=1000).contains(&v.value)
-    {
-        return err(
-            v.referenced,
-            at("repeats"),
-            format!("{} is out of range: allowed 1..=1000", v.value),
-        );
+    if let Some(d) = &w.defines {
+        for (k, v) in d {
+            if !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') || k.is_empty() {
+                return err(
+                    v.referenced,
+                    at(&format!("defines.{k}")),
+                    format!("`{k}` is not a variable name (letters, digits, _)"),
+                );
+            }
+            if let super::SettingValue::Str(s) = &v.value {
+                return err(
+                    v.referenced,
+                    at(&format!("defines.{k}")),
+                    format!("`{s}` is not a number or boolean"),
+                );
+            }
+        }
     }
     Ok(())
 }

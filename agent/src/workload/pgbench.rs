@@ -1,0 +1,239 @@
+//! `pgbench`: load the pgbench schema (`pgbench_init::load`), then run a
+//! pgbench-style script with the built-in driver (`crate::driver`) and report
+//! pgbench's figures, plus what PostgreSQL itself saw during the measured
+//! window: average page read time (pg_stat_database, `track_io_timing`) and
+//! WAL sync time per sync (pg_stat_wal, `track_wal_io_timing`).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde::Deserialize;
+use serde_json::{Value as Json, json};
+
+use super::pgbench_init::{self, InitParams};
+use super::{CellContext, Output, Point};
+use crate::driver::script::{Script, Value};
+use crate::driver::{self, DriverConfig};
+use crate::{Error, Result};
+use pgfleet_proto::v1::{AgentMessage, CellProgress, agent_message::Msg};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    pub scale: u64,
+    #[serde(default = "fillfactor")]
+    pub fillfactor: u32,
+    #[serde(default)]
+    pub partitions: u32,
+    #[serde(default)]
+    pub load_connections: u32,
+    /// A built-in script name; `script_text` wins when given.
+    #[serde(default = "default_script")]
+    pub script: String,
+    #[serde(default)]
+    pub script_text: Option<String>,
+    #[serde(default = "one")]
+    pub clients: u32,
+    #[serde(default = "one")]
+    pub threads: u32,
+    #[serde(default)]
+    pub duration_s: Option<f64>,
+    #[serde(default)]
+    pub transactions: Option<u64>,
+    #[serde(default)]
+    pub warmup_s: f64,
+    #[serde(default)]
+    pub rate: Option<f64>,
+    #[serde(default)]
+    pub latency_limit_ms: Option<f64>,
+    #[serde(default = "max_tries")]
+    pub max_tries: u32,
+    #[serde(default)]
+    pub defines: HashMap<String, Json>,
+    #[serde(default)]
+    pub seed: Option<u64>,
+}
+
+fn fillfactor() -> u32 {
+    100
+}
+fn default_script() -> String {
+    "tpcb-like".into()
+}
+fn one() -> u32 {
+    1
+}
+fn max_tries() -> u32 {
+    10
+}
+
+fn werr(message: String) -> Error {
+    Error::Workload {
+        workload: "pgbench".into(),
+        message,
+    }
+}
+
+pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Json) -> BoxFuture<'a, Result<Output>> {
+    async move {
+        let p: Params = serde_json::from_value(params.clone()).map_err(|e| werr(format!("bad parameters: {e}")))?;
+        let (name, text) = match &p.script_text {
+            Some(t) => ("script".to_string(), t.clone()),
+            None => (
+                p.script.clone(),
+                driver::builtin(&p.script)
+                    .ok_or_else(|| werr(format!("unknown built-in script `{}`", p.script)))?
+                    .to_string(),
+            ),
+        };
+        let script = Script::parse(&name, &text).map_err(|e| werr(e.to_string()))?;
+        if p.duration_s.is_none() == p.transactions.is_none() {
+            return Err(werr("give exactly one of duration_s and transactions".into()));
+        }
+
+        let client = ctx.cluster.connect().await?;
+        let wal_timing = ctx.cluster.pg.major >= 14;
+        // Timing of reads and WAL syncs, for page_read_ms_avg / wal_sync_ms_avg.
+        client.batch_execute("ALTER SYSTEM SET track_io_timing = on").await?;
+        if wal_timing {
+            client.batch_execute("ALTER SYSTEM SET track_wal_io_timing = on").await?;
+        }
+        client.batch_execute("SELECT pg_reload_conf()").await?;
+        let init = InitParams {
+            scale: p.scale,
+            fillfactor: p.fillfactor,
+            partitions: p.partitions,
+            load_connections: p.load_connections,
+        };
+        let loaded = pgbench_init::load(ctx, &init).await?;
+        client.batch_execute("CHECKPOINT").await?;
+
+        let mut vars = HashMap::from([
+            ("scale".to_string(), Value::Int(p.scale as i64)),
+            ("naccounts".to_string(), Value::Int((p.scale * 100_000) as i64)),
+        ]);
+        for (k, v) in &p.defines {
+            let val = match v {
+                Json::Number(n) if n.is_i64() => Value::Int(n.as_i64().unwrap_or(0)),
+                Json::Number(n) => Value::Double(n.as_f64().unwrap_or(0.0)),
+                Json::Bool(b) => Value::Bool(*b),
+                other => return Err(werr(format!("define `{k}`: {other} is not a number or boolean"))),
+            };
+            vars.insert(k.clone(), val);
+        }
+        let seed = p.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+        });
+        let cfg = DriverConfig {
+            script,
+            clients: p.clients.max(1),
+            threads: p.threads.max(1),
+            duration: p.duration_s.map(Duration::from_secs_f64),
+            transactions: p.transactions,
+            warmup: Duration::from_secs_f64(p.warmup_s.max(0.0)),
+            rate: p.rate,
+            latency_limit: p.latency_limit_ms.map(|ms| Duration::from_secs_f64(ms / 1000.0)),
+            max_tries: p.max_tries.max(1),
+            vars,
+            seed,
+        };
+
+        let before = stats(&client, wal_timing).await?;
+        let (events, cell_id) = (ctx.events.clone(), ctx.cell_id.clone());
+        let progress = move |done: f64, total: f64| {
+            let _ = events.try_send(AgentMessage {
+                msg: Some(Msg::Progress(CellProgress {
+                    cell_id: cell_id.clone(),
+                    phase: "measure".into(),
+                    done: done as u64,
+                    total: total as u64,
+                    message: format!("{done:.0}/{total:.0} s"),
+                })),
+            });
+        };
+        let (pg, cancel) = (ctx.cluster.pg_config(), ctx.cancel.clone());
+        let result = tokio::task::spawn_blocking(move || driver::run_blocking(cfg, pg, cancel, progress))
+            .await
+            .map_err(|e| werr(format!("driver thread: {e}")))?
+            .map_err(|e| if ctx.cancel.is_cancelled() { Error::Cancelled(e.0) } else { werr(e.0) })?;
+        let after = stats(&client, wal_timing).await?;
+
+        for (i, s) in result.per_second.iter().enumerate() {
+            ctx.sample(
+                "second",
+                &json!({"second": i + 1, "tps": s.transactions,
+                        "latency_ms_mean": if s.transactions > 0 { s.latency_sum_us as f64 / s.transactions as f64 / 1000.0 } else { f64::NAN },
+                        "latency_ms_max": s.latency_max_us as f64 / 1000.0}),
+            )
+            .await?;
+        }
+        let per = |time: f64, n: f64| if n > 0.0 { Json::from(time / n) } else { Json::Null };
+        let h = &result.histogram;
+        Ok(Output {
+            points: vec![Point {
+                params: json!({
+                    "script": name, "scale": p.scale, "clients": p.clients.max(1), "threads": p.threads.max(1),
+                    "duration_s": p.duration_s, "transactions_per_client": p.transactions,
+                    "rate": p.rate, "latency_limit_ms": p.latency_limit_ms, "warmup_s": p.warmup_s,
+                }),
+                metrics: json!({
+                    "tps": result.tps(),
+                    "latency_ms_mean": h.mean() / 1000.0,
+                    "latency_ms_p50": result.latency_ms(0.5),
+                    "latency_ms_p90": result.latency_ms(0.9),
+                    "latency_ms_p99": result.latency_ms(0.99),
+                    "latency_ms_p999": result.latency_ms(0.999),
+                    "latency_ms_max": h.max() as f64 / 1000.0,
+                    "transactions": result.transactions,
+                    "failures": result.failures_total(),
+                    "failures_by_class": result.failures,
+                    "retries": result.retries,
+                    "skipped": result.skipped,
+                    "late": result.late,
+                    "page_read_ms_avg": per(after.read_ms - before.read_ms, after.reads - before.reads),
+                    "blocks_read": after.reads - before.reads,
+                    "wal_sync_ms_avg": per(after.wal_sync_ms - before.wal_sync_ms, after.wal_syncs - before.wal_syncs),
+                    "wal_syncs": after.wal_syncs - before.wal_syncs,
+                    "rows_loaded": loaded.rows,
+                    "load_seconds": loaded.seconds,
+                }),
+            }],
+        })
+    }
+    .boxed()
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Stats {
+    reads: f64,
+    read_ms: f64,
+    wal_syncs: f64,
+    wal_sync_ms: f64,
+}
+
+async fn stats(client: &tokio_postgres::Client, wal: bool) -> Result<Stats> {
+    let db = client
+        .query_one(
+            "SELECT blks_read::float8, blk_read_time::float8 FROM pg_stat_database WHERE datname = current_database()",
+            &[],
+        )
+        .await?;
+    let mut s = Stats {
+        reads: db.get(0),
+        read_ms: db.get(1),
+        ..Default::default()
+    };
+    if wal {
+        let w = client
+            .query_one(
+                "SELECT wal_sync::float8, wal_sync_time::float8 FROM pg_stat_wal",
+                &[],
+            )
+            .await?;
+        s.wal_syncs = w.get(0);
+        s.wal_sync_ms = w.get(1);
+    }
+    Ok(s)
+}

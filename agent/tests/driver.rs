@@ -1,0 +1,227 @@
+//! Real PostgreSQL: the pgbench loader and the pgbench-compatible driver.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use pgfleet_agent::cluster::{Cluster, ClusterSpec, RunAs};
+use pgfleet_agent::pgbin::PgBin;
+use pgfleet_agent::workload::{self, CellContext, Output};
+use serde_json::{Value as Json, json};
+use tokio_util::sync::CancellationToken;
+
+async fn cluster(name: &str) -> (Cluster, PathBuf) {
+    let root = std::env::temp_dir().join(format!("pgfleet-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&root).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let spec = ClusterSpec {
+        pg: PgBin::find(
+            std::env::var_os("PGFLEET_PG_BIN")
+                .map(PathBuf::from)
+                .as_deref(),
+        )
+        .unwrap(),
+        clusters_dir: root.join("clusters"),
+        name: "c".into(),
+        run_as: RunAs::resolve("postgres").unwrap(),
+        settings: BTreeMap::from([("shared_buffers".into(), "64MB".into())]),
+    };
+    (Cluster::provision(&spec).await.unwrap(), root)
+}
+
+async fn run(cluster: &Cluster, kind: &str, params: Json) -> pgfleet_agent::Result<Output> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
+    tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    let mut ctx = CellContext {
+        cell_id: "c".into(),
+        cluster,
+        events: tx,
+        cancel: CancellationToken::new(),
+    };
+    (workload::find(kind).unwrap().run)(&mut ctx, &params).await
+}
+
+async fn one(c: &tokio_postgres::Client, sql: &str) -> i64 {
+    c.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loader_matches_pgbench_row_counts_and_key_ranges() {
+    let (cl, root) = cluster("init").await;
+    let out = run(
+        &cl,
+        "pgbench-init",
+        json!({"scale": 3, "load_connections": 2}),
+    )
+    .await
+    .unwrap();
+    let m = &out.points[0].metrics;
+    assert_eq!(m["rows_loaded"], 300_033);
+    assert!(m["rows_per_second"].as_f64().unwrap() > 0.0);
+    let c = cl.connect().await.unwrap();
+    assert_eq!(one(&c, "SELECT count(*) FROM pgbench_branches").await, 3);
+    assert_eq!(one(&c, "SELECT count(*) FROM pgbench_tellers").await, 30);
+    assert_eq!(
+        one(&c, "SELECT count(*) FROM pgbench_accounts").await,
+        300_000
+    );
+    assert_eq!(one(&c, "SELECT count(*) FROM pgbench_history").await, 0);
+    assert_eq!(
+        one(&c, "SELECT min(aid)::int8 FROM pgbench_accounts").await,
+        1
+    );
+    assert_eq!(
+        one(&c, "SELECT max(aid)::int8 FROM pgbench_accounts").await,
+        300_000
+    );
+    assert_eq!(
+        one(&c, "SELECT count(DISTINCT aid) FROM pgbench_accounts").await,
+        300_000
+    );
+    // bid = (aid - 1) / 100000 + 1; tellers: bid = (tid - 1) / 10 + 1; all balances 0.
+    assert_eq!(
+        one(
+            &c,
+            "SELECT count(*) FROM pgbench_accounts WHERE bid <> (aid - 1) / 100000 + 1"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        one(
+            &c,
+            "SELECT count(*) FROM pgbench_tellers WHERE bid <> (tid - 1) / 10 + 1"
+        )
+        .await,
+        0
+    );
+    assert_eq!(one(&c, "SELECT sum(abalance) + (SELECT sum(bbalance) FROM pgbench_branches) FROM pgbench_accounts").await, 0);
+    assert_eq!(
+        one(&c, "SELECT count(*) FROM pg_constraint WHERE contype = 'p' AND conrelid::regclass::text LIKE 'pgbench_%'").await,
+        3
+    );
+    assert_eq!(one(&c, "SELECT count(*) FROM pg_attribute WHERE attrelid = 'pgbench_accounts'::regclass AND attname = 'aid' AND atttypid = 'int4'::regtype").await, 1);
+    // Partitioned, as pgbench --partitions.
+    run(&cl, "pgbench-init", json!({"scale": 1, "partitions": 3}))
+        .await
+        .unwrap();
+    assert_eq!(
+        one(
+            &c,
+            "SELECT count(*) FROM pg_inherits WHERE inhparent = 'pgbench_accounts'::regclass"
+        )
+        .await,
+        3
+    );
+    assert_eq!(
+        one(&c, "SELECT count(*) FROM pgbench_accounts").await,
+        100_000
+    );
+    drop(c);
+    cl.teardown().await.unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_update_commits_exactly_what_it_counts() {
+    let (cl, root) = cluster("driver").await;
+    let out = run(
+        &cl,
+        "pgbench",
+        json!({"scale": 1, "script": "random-update", "clients": 4, "threads": 2, "duration_s": 2.0}),
+    )
+    .await
+    .unwrap();
+    let m = &out.points[0].metrics;
+    let n = m["transactions"].as_i64().unwrap();
+    assert!(n > 100, "{m}");
+    assert_eq!(m["failures"], 0);
+    let c = cl.connect().await.unwrap();
+    assert_eq!(
+        one(&c, "SELECT sum(abalance)::int8 FROM pgbench_accounts").await,
+        n
+    );
+    for k in [
+        "tps",
+        "latency_ms_p50",
+        "latency_ms_p90",
+        "latency_ms_p99",
+        "latency_ms_max",
+    ] {
+        assert!(m[k].as_f64().unwrap() > 0.0, "{k}: {m}");
+    }
+    assert!(m["wal_sync_ms_avg"].is_number(), "{m}");
+
+    // Transaction-count mode, tpcb-like: every transaction writes one history row.
+    let out = run(
+        &cl,
+        "pgbench",
+        json!({"scale": 1, "script": "tpcb-like", "clients": 3, "threads": 1, "transactions": 40, "seed": 7}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.points[0].metrics["transactions"], 120);
+    assert_eq!(one(&c, "SELECT count(*) FROM pgbench_history").await, 120);
+    assert_eq!(
+        one(&c, "SELECT (SELECT sum(abalance) FROM pgbench_accounts) - (SELECT sum(delta) FROM pgbench_history)").await,
+        0
+    );
+    drop(c);
+    cl.teardown().await.unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_errors_name_the_line() {
+    let (cl, root) = cluster("badscript").await;
+    let bad = |text: &str| json!({"scale": 1, "script_text": text, "transactions": 1});
+    let e = run(&cl, "pgbench", bad("\\set aid rnd(1, 10)\nSELECT :aid;"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("script:1: unknown function `rnd`"), "{e}");
+    let e = run(
+        &cl,
+        "pgbench",
+        bad("\\set aid random(1, 10)\nSELECT * FROM no_such_table WHERE x = :aid;"),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("script:2") && e.contains("no_such_table"), "{e}");
+    let e = run(&cl, "pgbench", bad("\\set x 1 / 0\nSELECT :x;"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("script:1: division by zero"), "{e}");
+    cl.teardown().await.unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn bigint_aid_from_scale_20000_as_pgbench() {
+    use pgfleet_agent::workload::pgbench_init::{InitParams, ddl};
+    let p = |scale| InitParams {
+        scale,
+        fillfactor: 90,
+        partitions: 0,
+        load_connections: 1,
+    };
+    assert!(
+        ddl(&p(19_999))
+            .iter()
+            .any(|s| s.contains("aid int NOT NULL"))
+    );
+    assert!(
+        ddl(&p(20_000))
+            .iter()
+            .any(|s| s.contains("aid bigint NOT NULL"))
+    );
+    assert!(
+        ddl(&p(33_000))
+            .iter()
+            .any(|s| s.contains("pgbench_history") && s.contains("aid bigint"))
+    );
+    assert!(ddl(&p(1)).iter().any(|s| s.contains("fillfactor = 90")));
+    let _ = Path::new("");
+}
