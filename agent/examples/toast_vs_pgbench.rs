@@ -54,6 +54,7 @@ async fn run(secs: f64, rounds: usize) -> anyhow::Result<()> {
         name: "bench".into(),
         run_as: RunAs::resolve("postgres")?,
         settings: BTreeMap::from([("shared_buffers".into(), "128MB".into())]),
+        caps: Default::default(),
     };
     let cluster = Cluster::provision(&spec).await?;
     let result = bench(&cluster, &pg, secs, rounds).await;

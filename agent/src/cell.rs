@@ -8,6 +8,7 @@ use serde_json::{Value as Json, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::cluster::throttle::Caps;
 use crate::cluster::{Cluster, ClusterSpec, RunAs};
 use crate::pgbin::PgBin;
 use crate::workload::{self, CellContext, Output};
@@ -23,6 +24,10 @@ pub struct AgentEnv {
     pub run_as: std::result::Result<Option<RunAs>, String>,
     pub data_root: PathBuf,
     pub storage_profile: String,
+    /// The profile's caps (uncapped for `nvme`).
+    pub caps: Caps,
+    /// Whether the caps are applied (block-I/O throttling). A capped
+    /// profile with `emulate: false` runs uncapped and says so.
     pub emulated: bool,
 }
 
@@ -98,6 +103,11 @@ async fn run_inner(
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect::<BTreeMap<_, _>>(),
+        caps: if env.emulated {
+            env.caps
+        } else {
+            Caps::default()
+        },
     };
     let _ = events.try_send(progress(&assign.cell_id, "provision", "initdb and start"));
     let cluster = tokio::select! {
@@ -178,7 +188,12 @@ async fn collect_environment(
         .collect();
     Ok(json!({
         "postgres": {"version": version, "settings": settings, "bin_dir": cluster.pg.dir, "port": cluster.port()},
-        "storage": {"profile": env.storage_profile, "emulated": env.emulated, "data_root": env.data_root},
+        "storage": {
+            "profile": env.storage_profile, "emulated": env.emulated, "data_root": env.data_root,
+            "caps": {"read_iops": env.caps.read_iops, "write_iops": env.caps.write_iops,
+                     "read_mbps": env.caps.read_mbps, "write_mbps": env.caps.write_mbps},
+            "cgroup": cluster.cgroup(),
+        },
         "host": {"hostname": host::hostname(), "cores": host::cores(), "memory_bytes": host::memory_bytes()},
     }))
 }

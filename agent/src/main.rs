@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use pgfleet_agent::cell::AgentEnv;
+use pgfleet_agent::cluster::throttle::Caps;
 use pgfleet_agent::cluster::{self, RunAs};
 use pgfleet_agent::pgbin::PgBin;
 use pgfleet_agent::{session, workload};
@@ -49,9 +50,25 @@ struct RunArgs {
     /// The instance class (fleet entry name) this agent stands for.
     #[arg(long, env = "PGFLEET_INSTANCE_CLASS", default_value = "local")]
     instance_class: String,
-    /// Storage profile of the data root: nvme (the local disk as is).
+    /// Storage profile name of the data root (nvme, gp3, custom); reported as is.
     #[arg(long, env = "PGFLEET_STORAGE_PROFILE", default_value = "nvme")]
     storage_profile: String,
+    /// Cap read IOPS of the clusters' processes (0: uncapped). Emulated by
+    /// block-I/O throttling of the device behind the data root; needs root.
+    #[arg(long, default_value_t = 0)]
+    read_iops: u64,
+    /// Cap write IOPS (0: uncapped).
+    #[arg(long, default_value_t = 0)]
+    write_iops: u64,
+    /// Cap read MiB/s (0: uncapped).
+    #[arg(long, default_value_t = 0)]
+    read_mbps: u64,
+    /// Cap write MiB/s (0: uncapped).
+    #[arg(long, default_value_t = 0)]
+    write_mbps: u64,
+    /// Do not apply the caps: run uncapped and report the profile as not emulated.
+    #[arg(long)]
+    no_emulate: bool,
     /// Where clusters are created. Must be reachable by --pg-user.
     /// Default: $TMPDIR/pgfleet/agents/<agent-id>
     #[arg(long, env = "PGFLEET_DATA_ROOT")]
@@ -123,12 +140,19 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     if stale > 0 {
         tracing::warn!(stale, "removed stale clusters left by an earlier agent");
     }
+    let caps = Caps {
+        read_iops: args.read_iops,
+        write_iops: args.write_iops,
+        read_mbps: args.read_mbps,
+        write_mbps: args.write_mbps,
+    };
     let env = Arc::new(AgentEnv {
         pg: PgBin::find(args.pg_bin.as_deref()).map_err(|e| e.to_string()),
         run_as: RunAs::resolve(&args.pg_user).map_err(|e| e.to_string()),
         data_root: data_root.clone(),
         storage_profile: args.storage_profile.clone(),
-        emulated: false,
+        caps,
+        emulated: caps.is_capped() && !args.no_emulate,
     });
     if let Err(e) = &env.pg {
         tracing::error!("{e}");

@@ -31,6 +31,7 @@ fn spec(root: &Path, name: &str) -> ClusterSpec {
         name: name.into(),
         run_as: RunAs::resolve("postgres").unwrap(),
         settings: BTreeMap::from([("shared_buffers".into(), "32MB".into())]),
+        caps: Default::default(),
     }
 }
 

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use pgfleet_agent::cluster::throttle::{self, Caps};
 use pgfleet_agent::cluster::{Cluster, ClusterSpec, RunAs};
 use pgfleet_agent::pgbin::PgBin;
 use pgfleet_agent::workload::{self, CellContext, Output};
@@ -10,6 +11,10 @@ use serde_json::{Value as Json, json};
 use tokio_util::sync::CancellationToken;
 
 async fn cluster(name: &str) -> (Cluster, PathBuf) {
+    capped_cluster(name, Caps::default()).await
+}
+
+async fn capped_cluster(name: &str, caps: Caps) -> (Cluster, PathBuf) {
     let root = std::env::temp_dir().join(format!("pgfleet-test-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&root).unwrap();
     use std::os::unix::fs::PermissionsExt;
@@ -25,6 +30,7 @@ async fn cluster(name: &str) -> (Cluster, PathBuf) {
         name: "c".into(),
         run_as: RunAs::resolve("postgres").unwrap(),
         settings: BTreeMap::from([("shared_buffers".into(), "64MB".into())]),
+        caps,
     };
     (Cluster::provision(&spec).await.unwrap(), root)
 }
@@ -224,4 +230,42 @@ fn bigint_aid_from_scale_20000_as_pgbench() {
     );
     assert!(ddl(&p(1)).iter().any(|s| s.contains("fillfactor = 90")));
     let _ = Path::new("");
+}
+
+/// Storage emulation: the same random-update workload with a 300 IOPS cap
+/// (each commit's WAL flush is a write) runs clearly slower than uncapped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_low_iops_cap_clearly_lowers_tps() {
+    let params = json!({"scale": 1, "script": "random-update", "clients": 2, "threads": 1, "duration_s": 3.0});
+    let tps = |o: &Output| o.points[0].metrics["tps"].as_f64().unwrap();
+
+    let (free, root1) = cluster("uncapped").await;
+    let uncapped = run(&free, "pgbench", params.clone()).await.unwrap();
+    free.teardown().await.unwrap();
+
+    let caps = Caps {
+        read_iops: 300,
+        write_iops: 300,
+        read_mbps: 0,
+        write_mbps: 0,
+    };
+    let (capped, root2) = capped_cluster("capped", caps).await;
+    let cg = capped.cgroup().expect("a throttling cgroup").to_path_buf();
+    // Every server process is in it, from the postmaster down.
+    let procs = throttle::pids(&cg);
+    assert!(procs.contains(&capped.pid().unwrap()), "{procs:?}");
+    assert!(procs.len() >= 4, "postmaster and its children: {procs:?}");
+    let limited = run(&capped, "pgbench", params).await.unwrap();
+    capped.teardown().await.unwrap();
+    assert!(!cg.exists(), "cgroup {} left behind", cg.display());
+
+    let (a, b) = (tps(&uncapped), tps(&limited));
+    eprintln!("uncapped {a:.0} tps, capped at 300 IOPS {b:.0} tps");
+    assert!(b < 400.0, "capped at 300 write IOPS yet {b:.0} tps");
+    assert!(
+        b < a * 0.6,
+        "capped {b:.0} tps is not clearly below uncapped {a:.0} tps"
+    );
+    std::fs::remove_dir_all(&root1).unwrap();
+    std::fs::remove_dir_all(&root2).unwrap();
 }

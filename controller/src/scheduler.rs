@@ -236,7 +236,10 @@ impl Scheduler {
         let class = info.instance_class.clone();
         let json = json!({
             "agent_id": info.agent_id, "instance_class": info.instance_class,
-            "storage": info.storage.as_ref().map(|s| json!({"profile": s.profile, "emulated": s.emulated, "data_root": s.data_root})),
+            "storage": info.storage.as_ref().map(|s| json!({
+                "profile": s.profile, "emulated": s.emulated, "data_root": s.data_root,
+                "caps": {"read_iops": s.read_iops, "write_iops": s.write_iops, "read_mbps": s.read_mbps, "write_mbps": s.write_mbps},
+            })),
             "cores": info.cores, "memory_bytes": info.memory_bytes, "postgres_version": info.postgres_version,
             "postgres_bin_dir": info.postgres_bin_dir, "hostname": info.hostname, "agent_version": info.agent_version,
         });

@@ -332,6 +332,7 @@ fn pgbench_runs_per_class_and_the_report_compares_classes() {
 fleet:
   - name: a
   - name: b
+    storage: { profile: custom, write_iops: 5000 }
 workloads:
   - kind: pgbench-init
     scale: 1
@@ -383,6 +384,18 @@ workloads:
             .unwrap();
         assert!(series.len() >= 2, "{series:?}");
     }
+    // Each class says whether its storage was real or emulated, and the caps.
+    let env = &r["environment"]["instance_classes"];
+    assert_eq!(env["a"]["storage"]["emulated"], false);
+    assert_eq!(env["b"]["storage"]["emulated"], true);
+    assert_eq!(env["b"]["storage"]["caps"]["write_iops"], 5000);
+    let cgroup = env["b"]["storage"]["cgroup"]
+        .as_str()
+        .expect("b ran in a throttling cgroup");
+    assert!(
+        !std::path::Path::new(cgroup).exists(),
+        "cgroup {cgroup} left behind"
+    );
     let cmp = r["comparisons"].as_array().unwrap();
     let tps = cmp
         .iter()
@@ -397,5 +410,43 @@ workloads:
     assert!(md.contains("TPS ratio: b / a = **"), "{md}");
     assert!(md.contains("## pgbench-init: loading"));
     assert!(s.out().join("pgbench-0-random-update-tps.svg").is_file());
+    s.assert_clean(&[]);
+}
+
+#[test]
+fn a_capped_profile_without_root_fails_clearly_and_leaves_nothing() {
+    let s = Scratch::new("nonroot");
+    let sc = s.write(
+        "gp3.yaml",
+        "name: gp3
+fleet:
+  - name: ebs
+    storage: { profile: gp3 }
+workloads:
+  - kind: pgbench-init
+    scale: 1
+",
+    );
+    let mut cmd = s.run_cmd(&sc, &[]);
+    if nix::unistd::geteuid().is_root() {
+        // Run the whole thing as an unprivileged user.
+        let user = nix::unistd::User::from_name("postgres")
+            .unwrap()
+            .expect("a postgres user");
+        nix::unistd::chown(&s.dir, Some(user.uid), Some(user.gid)).unwrap();
+        use std::os::unix::process::CommandExt;
+        cmd.uid(user.uid.as_raw())
+            .gid(user.gid.as_raw())
+            .env("HOME", &s.dir);
+    }
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let r = s.report();
+    assert_eq!(r["status"], "failed");
+    let err = r["cells"][0]["error"].as_str().unwrap();
+    assert!(
+        err.contains("needs root") && err.contains("emulate: false"),
+        "{err}"
+    );
     s.assert_clean(&[]);
 }

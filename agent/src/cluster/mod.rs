@@ -26,6 +26,9 @@ use tokio::process::{Child, Command};
 use crate::pgbin::PgBin;
 use crate::{Error, Result};
 
+pub mod throttle;
+use throttle::Caps;
+
 const SUPERUSER: &str = "pgfleet";
 
 /// Who the server runs as: the agent's own user, or (when the agent is root)
@@ -74,6 +77,8 @@ pub struct ClusterSpec {
     pub name: String,
     pub run_as: Option<RunAs>,
     pub settings: BTreeMap<String, String>,
+    /// Storage caps to emulate (block-I/O throttling); uncapped = as is.
+    pub caps: Caps,
 }
 
 /// A running cluster. Dropping it stops the server and removes its files.
@@ -83,6 +88,8 @@ pub struct Cluster {
     port: u16,
     password: String,
     child: Option<Child>,
+    /// The throttling cgroup, when the storage profile is emulated.
+    cgroup: Option<throttle::Cgroup>,
     pub pg: PgBin,
 }
 
@@ -92,6 +99,10 @@ impl Cluster {
     }
     pub fn port(&self) -> u16 {
         self.port
+    }
+    /// The block-I/O cgroup the server runs in, if its storage is emulated.
+    pub fn cgroup(&self) -> Option<&Path> {
+        self.cgroup.as_ref().map(|c| c.path.as_path())
     }
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().and_then(|c| c.id())
@@ -118,6 +129,7 @@ impl Cluster {
             port: 0,
             password: random_hex(16)?,
             child: None,
+            cgroup: None,
             pg: spec.pg.clone(),
         };
         // From here on, Drop removes the directory on any error.
@@ -136,6 +148,17 @@ impl Cluster {
             check_reachable(&cluster.dir, u)?;
         }
         cluster.initdb(spec).await?;
+        if spec.caps.is_capped() {
+            let name = format!("{}-{:016x}", spec.name, path_hash(&cluster.dir));
+            let cg = throttle::create(&name, &cluster.dir, spec.caps, spec.run_as.as_ref())?;
+            // Recorded so a later `reap_stale` can remove it.
+            std::fs::write(
+                cluster.dir.join("cgroup"),
+                cg.path.to_string_lossy().as_bytes(),
+            )
+            .map_err(|e| Error::io("recording the cgroup", e))?;
+            cluster.cgroup = Some(cg);
+        }
         // A free port can be taken between probing and binding: retry.
         let mut last = String::new();
         for _ in 0..5 {
@@ -231,8 +254,18 @@ impl Cluster {
             .process_group(0);
         apply_identity(&mut cmd, spec.run_as.as_ref());
         let parent = std::process::id();
-        // SAFETY: only async-signal-safe calls (prctl, getppid, _exit).
-        // The death signal is set after the uid switch, which clears it.
+        let join = self
+            .cgroup
+            .as_ref()
+            .filter(|c| c.self_join)
+            .map(|c| {
+                std::ffi::CString::new(c.path.join("cgroup.procs").as_os_str().as_encoded_bytes())
+            })
+            .transpose()
+            .map_err(|e| Error::Provision(format!("cgroup path: {e}")))?;
+        // SAFETY: only async-signal-safe calls (prctl, getppid, open, write,
+        // close, _exit). The death signal is set after the uid switch, which
+        // clears it.
         unsafe {
             cmd.pre_exec(move || {
                 if libc::prctl(
@@ -248,12 +281,25 @@ impl Cluster {
                 if libc::getppid() as u32 != parent {
                     libc::_exit(1);
                 }
+                if let Some(procs) = &join {
+                    // "0" moves the writing process into the cgroup.
+                    let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                    if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    libc::close(fd);
+                }
                 Ok(())
             });
         }
         let child = cmd
             .spawn()
             .map_err(|e| Error::Provision(format!("starting postgres: {e}")))?;
+        if let (Some(cg), Some(pid)) = (self.cgroup.as_ref().filter(|c| !c.self_join), child.id()) {
+            std::fs::write(cg.path.join("cgroup.procs"), pid.to_string()).map_err(|e| {
+                Error::Provision(format!("moving postgres into {}: {e}", cg.path.display()))
+            })?;
+        }
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -332,6 +378,9 @@ impl Cluster {
                 }
             }
         }
+        if let Some(cg) = self.cgroup.take() {
+            throttle::remove_path(&cg.path)?;
+        }
         let dir = std::mem::take(&mut self.dir);
         remove_tree(&dir)
     }
@@ -341,6 +390,9 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
             stop_blocking(&mut child);
+        }
+        if let Some(cg) = self.cgroup.take() {
+            let _ = throttle::remove_path(&cg.path);
         }
         if !self.dir.as_os_str().is_empty() {
             let _ = remove_tree(&self.dir);
@@ -405,6 +457,17 @@ fn check_reachable(dir: &Path, u: &RunAs) -> Result<()> {
     Ok(())
 }
 
+/// A short stable hash of a path (FNV-1a), to keep cgroup names unique
+/// across agents and runs.
+fn path_hash(p: &Path) -> u64 {
+    p.as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+}
+
 fn free_port() -> Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")
         .map_err(|e| Error::io("probing a free port", e))?;
@@ -450,6 +513,9 @@ pub fn reap_stale(clusters_dir: &Path) -> Result<usize> {
         let dir = entry.path();
         if let Some(pid) = postmaster_pid(&dir.join("data")) {
             stop_pid(pid);
+        }
+        if let Ok(cg) = std::fs::read_to_string(dir.join("cgroup")) {
+            throttle::remove_path(Path::new(cg.trim()))?;
         }
         remove_tree(&dir)?;
         n += 1;

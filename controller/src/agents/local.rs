@@ -92,6 +92,14 @@ impl LocalAgents {
                     .stdout(log.try_clone().map_err(|e| Error::Agents(e.to_string()))?)
                     .stderr(log)
                     .process_group(0);
+                let caps = f.caps();
+                cmd.args(["--read-iops", &caps.read_iops.to_string()])
+                    .args(["--write-iops", &caps.write_iops.to_string()])
+                    .args(["--read-mbps", &caps.read_mbps.to_string()])
+                    .args(["--write-mbps", &caps.write_mbps.to_string()]);
+                if !f.emulate() {
+                    cmd.arg("--no-emulate");
+                }
                 if let Some(p) = &me.opts.pg_bin {
                     cmd.arg("--pg-bin").arg(p);
                 }

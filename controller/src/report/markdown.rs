@@ -42,10 +42,17 @@ pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
                 .as_object()
                 .map(|m| m.iter().map(|(k, v)| format!("{k}={}", s(v))).collect())
                 .unwrap_or_default();
-            let emulated = if c["storage"]["emulated"].as_bool().unwrap_or(false) {
-                "emulated"
-            } else {
-                "real"
+            let caps = &c["storage"]["caps"];
+            let capped = ["read_iops", "write_iops", "read_mbps", "write_mbps"]
+                .iter()
+                .any(|k| caps[*k].as_u64().unwrap_or(0) > 0);
+            let emulated = match (c["storage"]["emulated"].as_bool().unwrap_or(false), capped) {
+                (true, _) => format!(
+                    "emulated: {}/{} IOPS, {}/{} MiB/s read/write",
+                    caps["read_iops"], caps["write_iops"], caps["read_mbps"], caps["write_mbps"]
+                ),
+                (false, true) => "caps NOT applied (emulate: false), the disk as is".to_string(),
+                (false, false) => "real".to_string(),
             };
             let mem = c["host"]["memory_bytes"].as_f64().unwrap_or(0.0) / (1u64 << 30) as f64;
             let _ = writeln!(

@@ -42,7 +42,8 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
         let e = classes.entry(a.instance_class.clone()).or_insert_with(|| {
             json!({
                 "postgres": {"version": a.info["postgres_version"], "settings": {}},
-                "storage": {"profile": a.info["storage"]["profile"], "emulated": a.info["storage"]["emulated"]},
+                "storage": {"profile": a.info["storage"]["profile"], "emulated": a.info["storage"]["emulated"],
+                            "caps": a.info["storage"]["caps"]},
                 "host": {"cores": a.info["cores"], "memory_bytes": a.info["memory_bytes"], "hostname": a.info["hostname"]},
                 "agents": [],
             })

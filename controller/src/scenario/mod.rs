@@ -81,6 +81,35 @@ impl FleetEntry {
             .map(|s| s.profile.value.clone())
             .unwrap_or_else(|| "nvme".into())
     }
+    /// The caps of this class's storage profile.
+    pub fn caps(&self) -> StorageCaps {
+        let Some(s) = &self.storage else {
+            return StorageCaps::default();
+        };
+        let v = |x: &Option<Spanned<u64>>| x.as_ref().map(|x| x.value).unwrap_or(0);
+        match s.profile.value.as_str() {
+            // EBS gp3's baseline, as in seeds/002.
+            "gp3" => StorageCaps {
+                read_iops: 3000,
+                write_iops: 3000,
+                read_mbps: 125,
+                write_mbps: 125,
+            },
+            "custom" => StorageCaps {
+                read_iops: v(&s.read_iops),
+                write_iops: v(&s.write_iops),
+                read_mbps: v(&s.read_mbps),
+                write_mbps: v(&s.write_mbps),
+            },
+            _ => StorageCaps::default(),
+        }
+    }
+    pub fn emulate(&self) -> bool {
+        self.storage
+            .as_ref()
+            .and_then(|s| s.emulate.as_ref())
+            .is_none_or(|e| e.value)
+    }
     pub fn settings(&self) -> BTreeMap<String, String> {
         self.postgres
             .as_ref()
@@ -97,7 +126,29 @@ impl FleetEntry {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StorageSpec {
+    /// nvme (the disk as is), gp3 (3,000 IOPS, 125 MiB/s), custom (the caps below).
     pub profile: Spanned<String>,
+    #[serde(default)]
+    pub read_iops: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub write_iops: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub read_mbps: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub write_mbps: Option<Spanned<u64>>,
+    /// Apply the caps by block-I/O throttling (default). `false` runs
+    /// uncapped, and reports say the profile was not emulated.
+    #[serde(default)]
+    pub emulate: Option<Spanned<bool>>,
+}
+
+/// A storage profile's caps (0 = uncapped), resolved from the scenario.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StorageCaps {
+    pub read_iops: u64,
+    pub write_iops: u64,
+    pub read_mbps: u64,
+    pub write_mbps: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -376,7 +427,13 @@ workloads:
 
     #[test]
     fn shipped_scenarios_are_valid() {
-        for f in ["quickstart.yaml", "toast-slice.yaml", "random-update.yaml"] {
+        for f in [
+            "quickstart.yaml",
+            "toast-slice.yaml",
+            "random-update.yaml",
+            "nvme-vs-gp3.yaml",
+            "at-scale/nvme-vs-ebs.yaml",
+        ] {
             let path = Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../scenarios")
                 .join(f);
@@ -485,13 +542,35 @@ workloads:
 
     #[test]
     fn fleet_errors() {
-        let e = err(&with("profile: nvme", "profile: gp3"));
+        let e = err(&with("profile: nvme", "profile: ebs"));
         assert_eq!(
             (e.line, e.field.as_str()),
             (5, "fleet[0].storage.profile"),
             "{e}"
         );
-        assert!(e.message.contains("allowed nvme"), "{e}");
+        assert!(e.message.contains("allowed nvme, gp3, custom"), "{e}");
+        let e = err(&with("profile: nvme }", "profile: gp3, write_iops: 10 }"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (5, "fleet[0].storage.write_iops"),
+            "{e}"
+        );
+        let e = err(&with("profile: nvme", "profile: custom"));
+        assert!(e.message.contains("needs at least one of"), "{e}");
+        let e = err(&with("profile: nvme }", "profile: custom, write_iops: 0 }"));
+        assert_eq!(e.field, "fleet[0].storage.write_iops", "{e}");
+        let e = err(&with("profile: nvme }", "profile: gp3, emulate: maybe }"));
+        assert_eq!(e.field, "fleet[0].storage.emulate", "{e}");
+        let ok = parse(
+            Path::new("x"),
+            &with(
+                "profile: nvme }",
+                "profile: custom, write_iops: 300, emulate: false }",
+            ),
+        )
+        .unwrap();
+        assert_eq!(ok.fleet.value[0].caps().write_iops, 300);
+        assert!(!ok.fleet.value[0].emulate());
         let e = err(&with("shared_buffers: 128MB", "port: 5433"));
         assert_eq!(
             (e.line, e.field.as_str()),

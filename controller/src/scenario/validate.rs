@@ -11,7 +11,7 @@ use super::{OffsetSpec, Scenario, WorkloadSpec};
 pub const TOAST_STORAGE_MODES: &[&str] = &["external", "pglz", "lz4"];
 pub const TOAST_DATASETS: &[&str] = &["abcd", "mixed", "incompressible"];
 pub const WORKLOAD_KINDS: &[&str] = &["toast-slice", "pgbench-init", "pgbench"];
-pub const STORAGE_PROFILES: &[&str] = &["nvme"];
+pub const STORAGE_PROFILES: &[&str] = &["nvme", "gp3", "custom"];
 /// PostgreSQL's bytea limit.
 const MAX_VALUE_BYTES: u64 = 1 << 30;
 
@@ -80,23 +80,47 @@ pub fn validate(s: &Scenario) -> Result<(), Invalid> {
                 format!("{} is out of range: allowed 1..=64", c.value),
             );
         }
-        if let Some(st) = &f.storage
-            && !STORAGE_PROFILES.contains(&st.profile.value.as_str())
-        {
-            let hint = if ["gp3", "custom"].contains(&st.profile.value.as_str()) {
-                " (throttled profiles need block-I/O emulation, which this version does not have yet)"
-            } else {
-                ""
-            };
-            return err(
-                st.profile.referenced,
+        if let Some(st) = &f.storage {
+            one_of(
+                &st.profile,
                 at("storage.profile"),
-                format!(
-                    "unknown storage profile `{}`{hint}: allowed {}",
-                    st.profile.value,
-                    STORAGE_PROFILES.join(", ")
-                ),
-            );
+                STORAGE_PROFILES,
+                "storage profile",
+            )?;
+            let caps = [
+                ("read_iops", &st.read_iops),
+                ("write_iops", &st.write_iops),
+                ("read_mbps", &st.read_mbps),
+                ("write_mbps", &st.write_mbps),
+            ];
+            for (k, v) in caps {
+                if let Some(v) = v {
+                    if st.profile.value != "custom" {
+                        return err(
+                            v.referenced,
+                            at(&format!("storage.{k}")),
+                            format!(
+                                "caps apply to profile `custom` only; `{}` has fixed caps",
+                                st.profile.value
+                            ),
+                        );
+                    }
+                    in_range(
+                        &Some(v.clone()),
+                        at(&format!("storage.{k}")),
+                        1,
+                        10_000_000,
+                        "",
+                    )?;
+                }
+            }
+            if st.profile.value == "custom" && caps.iter().all(|(_, v)| v.is_none()) {
+                return err(
+                    st.profile.referenced,
+                    at("storage.profile"),
+                    "profile `custom` needs at least one of read_iops, write_iops, read_mbps, write_mbps",
+                );
+            }
         }
         if let Some(pg) = &f.postgres {
             for (k, v) in &pg.settings {

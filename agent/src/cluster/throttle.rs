@@ -1,0 +1,246 @@
+//! Storage emulation: the cluster's server processes go into a block-I/O
+//! throttled cgroup on the device behind the data directory (cgroup v1
+//! `blkio.throttle.*`, or v2 `io.max`), so a local disk behaves like a
+//! capped network volume (gp3: 3,000 IOPS, 125 MiB/s).
+//!
+//! The postmaster joins the cgroup itself, before exec (it writes `0` to
+//! `cgroup.procs`, which the agent made writable for the server's user), so
+//! every process it forks is throttled from the first I/O. The cgroup is
+//! removed after the server stops; its path is kept in the cluster's
+//! directory so `reap_stale` can remove it after an agent died.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::RunAs;
+use crate::{Error, Result};
+
+/// I/O caps; 0 means uncapped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Caps {
+    pub read_iops: u64,
+    pub write_iops: u64,
+    pub read_mbps: u64,
+    pub write_mbps: u64,
+}
+
+impl Caps {
+    /// EBS gp3's baseline, as in seeds/002.
+    pub const GP3: Caps = Caps {
+        read_iops: 3000,
+        write_iops: 3000,
+        read_mbps: 125,
+        write_mbps: 125,
+    };
+
+    pub fn is_capped(&self) -> bool {
+        *self != Caps::default()
+    }
+}
+
+const V1_ROOT: &str = "/sys/fs/cgroup/blkio";
+const V2_ROOT: &str = "/sys/fs/cgroup";
+
+/// A created cgroup; `remove` (or `remove_path`) deletes it once empty.
+#[derive(Debug)]
+pub struct Cgroup {
+    pub path: PathBuf,
+    /// cgroup v1 lets the server join by itself before exec; v2 requires
+    /// write access to a common ancestor, so the agent moves it after spawn.
+    pub self_join: bool,
+}
+
+/// `major:minor` of the whole disk holding `dir` (throttling applies to
+/// disks, not partitions).
+pub fn device_of(dir: &Path) -> Result<String> {
+    let meta =
+        std::fs::metadata(dir).map_err(|e| Error::io(format!("stat {}", dir.display()), e))?;
+    let dev = meta.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    if major == 0 {
+        return Err(Error::Provision(format!(
+            "{} is on a filesystem without a block device (tmpfs, overlay, ...): its I/O cannot be throttled; \
+             put the data dir on a disk (--data-dir) or set `emulate: false`",
+            dir.display()
+        )));
+    }
+    let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    if sys.join("partition").exists()
+        && let Ok(parent) = std::fs::read_to_string(sys.join("../dev"))
+    {
+        return Ok(parent.trim().to_string());
+    }
+    Ok(format!("{major}:{minor}"))
+}
+
+/// Creates `pgfleet/<name>` with the caps on the device behind `data_dir`,
+/// writable for `run_as` so the postmaster can join it.
+pub fn create(name: &str, data_dir: &Path, caps: Caps, run_as: Option<&RunAs>) -> Result<Cgroup> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err(Error::Provision(
+            "emulating a capped storage profile needs root (block-I/O cgroups); run the agent as root, \
+             or set `emulate: false` on the storage profile to run uncapped (the report will say so)"
+                .into(),
+        ));
+    }
+    let dev = device_of(data_dir)?;
+    let v1 = Path::new(V1_ROOT)
+        .join("blkio.throttle.read_iops_device")
+        .exists();
+    let v2 = std::fs::read_to_string(Path::new(V2_ROOT).join("cgroup.controllers"))
+        .is_ok_and(|c| c.split_whitespace().any(|x| x == "io"));
+    let root = if v1 {
+        PathBuf::from(V1_ROOT)
+    } else if v2 {
+        PathBuf::from(V2_ROOT)
+    } else {
+        return Err(Error::Provision(
+            "this host has neither cgroup v1 blkio nor cgroup v2 io: capped storage cannot be emulated; \
+             set `emulate: false` to run uncapped"
+                .into(),
+        ));
+    };
+    let parent = root.join("pgfleet");
+    let path = parent.join(name);
+    if path.exists() {
+        let _ = std::fs::remove_dir(&path);
+    }
+    // Another agent may remove the empty parent between our two mkdirs.
+    let mut made = Err(Error::Provision(format!(
+        "could not create {}",
+        path.display()
+    )));
+    for _ in 0..5 {
+        mkdir(&parent)?;
+        if !v1 {
+            // v2: the io controller must be enabled for pgfleet/'s children.
+            write(&root.join("cgroup.subtree_control"), "+io")?;
+            write(&parent.join("cgroup.subtree_control"), "+io")?;
+        }
+        made = mkdir(&path);
+        if made.is_ok() {
+            break;
+        }
+    }
+    made?;
+    let cg = Cgroup {
+        path,
+        self_join: v1,
+    };
+    let apply = || -> Result<()> {
+        if v1 {
+            let b = 1024 * 1024;
+            for (file, v) in [
+                ("blkio.throttle.read_iops_device", caps.read_iops),
+                ("blkio.throttle.write_iops_device", caps.write_iops),
+                ("blkio.throttle.read_bps_device", caps.read_mbps * b),
+                ("blkio.throttle.write_bps_device", caps.write_mbps * b),
+            ] {
+                if v > 0 {
+                    write(&cg.path.join(file), &format!("{dev} {v}"))?;
+                }
+            }
+        } else {
+            let f = |v: u64, scale: u64| {
+                if v == 0 {
+                    "max".to_string()
+                } else {
+                    (v * scale).to_string()
+                }
+            };
+            write(
+                &cg.path.join("io.max"),
+                &format!(
+                    "{dev} riops={} wiops={} rbps={} wbps={}",
+                    f(caps.read_iops, 1),
+                    f(caps.write_iops, 1),
+                    f(caps.read_mbps, 1 << 20),
+                    f(caps.write_mbps, 1 << 20)
+                ),
+            )?;
+        }
+        if let Some(u) = run_as.filter(|_| v1) {
+            nix::unistd::chown(
+                &cg.path.join("cgroup.procs"),
+                Some(u.uid.into()),
+                Some(u.gid.into()),
+            )
+            .map_err(|e| Error::Provision(format!("chown cgroup.procs: {e}")))?;
+        }
+        Ok(())
+    };
+    match apply() {
+        Ok(()) => Ok(cg),
+        Err(e) => {
+            let _ = remove_path(&cg.path);
+            Err(e)
+        }
+    }
+}
+
+/// Removes a cgroup once its processes are gone (bounded wait), and the
+/// shared `pgfleet` parent when it is left empty.
+pub fn remove_path(path: &Path) -> Result<()> {
+    let removed = (|| {
+        for _ in 0..100 {
+            match std::fs::remove_dir(path) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+        std::fs::remove_dir(path)
+            .map_err(|e| Error::io(format!("removing cgroup {}", path.display()), e))
+    })();
+    if let Some(parent) = path
+        .parent()
+        .filter(|p| p.file_name().is_some_and(|n| n == "pgfleet"))
+    {
+        // Fails harmlessly while other clusters still use it.
+        let _ = std::fs::remove_dir(parent);
+    }
+    removed
+}
+
+/// Pids currently in a cgroup (for tests and diagnostics).
+pub fn pids(path: &Path) -> Vec<u32> {
+    std::fs::read_to_string(path.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+fn mkdir(p: &Path) -> Result<()> {
+    match std::fs::create_dir(p) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(Error::io(format!("creating cgroup {}", p.display()), e)),
+    }
+}
+
+fn write(p: &Path, v: &str) -> Result<()> {
+    std::fs::write(p, v)
+        .map_err(|e| Error::Provision(format!("writing `{v}` to {}: {e}", p.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_of_a_disk_backed_dir_is_a_whole_disk() {
+        let dev = device_of(&std::env::temp_dir()).unwrap_or_default();
+        if let Some((maj, min)) = dev.split_once(':') {
+            assert!(maj.parse::<u32>().unwrap() > 0);
+            assert!(!Path::new(&format!("/sys/dev/block/{maj}:{min}/partition")).exists());
+        }
+        assert!(
+            device_of(Path::new("/proc"))
+                .unwrap_err()
+                .to_string()
+                .contains("without a block device")
+        );
+    }
+}
