@@ -172,6 +172,7 @@ async fn collect_environment(
         "fsync",
         "synchronous_commit",
         "track_io_timing",
+        "track_wal_io_timing",
     ]
     .iter()
     .map(|s| s.to_string())

@@ -157,6 +157,30 @@ async fn random_update_commits_exactly_what_it_counts() {
         assert!(m[k].as_f64().unwrap() > 0.0, "{k}: {m}");
     }
     assert!(m["wal_sync_ms_avg"].is_number(), "{m}");
+    // Sampled internals: checkpoints counted, wait events of active backends.
+    assert!(m["checkpoints"].is_number(), "{m}");
+    let waits = m["top_wait_events"].as_array().unwrap();
+    assert!(!waits.is_empty(), "{m}");
+    assert!(
+        waits
+            .iter()
+            .all(|w| w["event"].as_str().unwrap().contains(':')
+                && w["share"].as_f64().unwrap() > 0.0)
+    );
+
+    // Open loop: a Poisson schedule at 200 tps for 2 s lands near 400 transactions.
+    let out = run(
+        &cl,
+        "pgbench",
+        json!({"scale": 1, "script": "select-only", "clients": 2, "duration_s": 2.0, "rate": 200.0, "latency_limit_ms": 1000.0}),
+    )
+    .await
+    .unwrap();
+    let m = &out.points[0].metrics;
+    let tps = m["tps"].as_f64().unwrap();
+    assert!((140.0..260.0).contains(&tps), "rate 200 gave {tps} tps");
+    assert_eq!(m["skipped"], 0);
+    assert_eq!(m["late"], 0);
 
     // Transaction-count mode, tpcb-like: every transaction writes one history row.
     let out = run(
@@ -268,4 +292,31 @@ async fn a_low_iops_cap_clearly_lowers_tps() {
     );
     std::fs::remove_dir_all(&root1).unwrap();
     std::fs::remove_dir_all(&root2).unwrap();
+}
+
+/// `driver: pgbench` runs the real binary on the same script; its log
+/// becomes the same result schema, and the database agrees with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pgbench_binary_driver_reports_what_it_committed() {
+    let (cl, root) = cluster("pgbench-bin").await;
+    let out = run(
+        &cl,
+        "pgbench",
+        json!({"scale": 1, "script": "random-update", "clients": 2, "threads": 2, "duration_s": 2.0, "driver": "pgbench"}),
+    )
+    .await
+    .unwrap();
+    let m = &out.points[0].metrics;
+    let n = m["transactions"].as_i64().unwrap();
+    assert!(n > 100, "{m}");
+    assert_eq!(out.points[0].params["driver"], "pgbench");
+    let c = cl.connect().await.unwrap();
+    assert_eq!(
+        one(&c, "SELECT sum(abalance)::int8 FROM pgbench_accounts").await,
+        n
+    );
+    assert!(m["latency_ms_p99"].as_f64().unwrap() > 0.0);
+    drop(c);
+    cl.teardown().await.unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
 }

@@ -221,6 +221,12 @@ impl Cluster {
         conf += &format!("port = {}\n", self.port);
         conf += "unix_socket_directories = ''\n";
         conf += "logging_collector = off\n";
+        // PostgreSQL's own view of I/O time (page read and WAL sync time in
+        // reports); a scenario may turn them off again.
+        conf += "track_io_timing = on\n";
+        if spec.pg.major >= 14 {
+            conf += "track_wal_io_timing = on\n";
+        }
         for (k, v) in &spec.settings {
             conf += &format!("{k} = '{}'\n", v.replace('\\', "\\\\").replace('\'', "''"));
         }

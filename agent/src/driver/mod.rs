@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 
+pub mod pgbench_bin;
 pub mod rng;
 pub mod script;
 
@@ -145,33 +146,33 @@ impl std::fmt::Display for DriverError {
     }
 }
 
-/// Runs the driver on its own runtime with `threads` worker threads and
-/// returns the merged result. Blocking: call it from `spawn_blocking`.
+/// Runs the driver and returns the merged result. Blocking: call it from
+/// `spawn_blocking`.
+///
+/// Like pgbench's `-j`, each of `threads` OS threads owns its share of the
+/// clients, on its own single-threaded runtime: a client and its
+/// connection's task run on the same thread, with no cross-thread wakeups
+/// per query.
 pub fn run_blocking(
     cfg: DriverConfig,
     pg: tokio_postgres::Config,
     cancel: tokio_util::sync::CancellationToken,
     progress: impl Fn(f64, f64) + Send + Sync + 'static,
 ) -> Result<DriverResult, DriverError> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cfg.threads.max(1) as usize)
-        .enable_all()
-        .build()
-        .map_err(|e| DriverError(format!("starting driver threads: {e}")))?;
-    rt.block_on(run(cfg, pg, cancel, Arc::new(progress)))
-}
-
-async fn run(
-    cfg: DriverConfig,
-    pg: tokio_postgres::Config,
-    cancel: tokio_util::sync::CancellationToken,
-    progress: Arc<dyn Fn(f64, f64) + Send + Sync>,
-) -> Result<DriverResult, DriverError> {
     let cfg = Arc::new(cfg);
-    let barrier = Arc::new(tokio::sync::Barrier::new(cfg.clients as usize + 1));
+    let clients = cfg.clients.max(1);
+    let threads = cfg.threads.clamp(1, clients);
+    let barrier = Arc::new(tokio::sync::Barrier::new(clients as usize + 1));
     let start = Arc::new(std::sync::OnceLock::<Instant>::new());
-    let mut tasks = Vec::new();
-    for id in 0..cfg.clients {
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| DriverError(format!("starting a driver thread's runtime: {e}")))
+    };
+    let mut handles = Vec::new();
+    for t in 0..threads {
+        let ids: Vec<u32> = (0..clients).filter(|c| c % threads == t).collect();
         let (cfg, pg, barrier, start, cancel) = (
             cfg.clone(),
             pg.clone(),
@@ -179,40 +180,55 @@ async fn run(
             start.clone(),
             cancel.clone(),
         );
-        tasks.push(tokio::spawn(async move {
-            client(id, &cfg, &pg, &barrier, &start, &cancel).await
-        }));
+        let rt = runtime()?;
+        let h = std::thread::Builder::new()
+            .name(format!("pgfleet-driver-{t}"))
+            .spawn(move || {
+                rt.block_on(futures::future::join_all(
+                    ids.into_iter()
+                        .map(|id| client(id, &cfg, &pg, &barrier, &start, &cancel)),
+                ))
+            })
+            .map_err(|e| DriverError(format!("starting driver thread: {e}")))?;
+        handles.push(h);
     }
-    // All clients connected and prepared: start the clock together.
-    barrier.wait().await;
-    let t0 = *start.get_or_init(Instant::now);
+    // All clients connected and prepared: start the clock together, then
+    // report progress until every thread is done.
     let total = cfg.warmup + cfg.duration.unwrap_or_default();
-    let ticker = {
-        let progress = progress.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                progress(t0.elapsed().as_secs_f64(), total.as_secs_f64());
-            }
-        })
-    };
+    let t0 = runtime()?.block_on(async {
+        barrier.wait().await;
+        let t0 = *start.get_or_init(Instant::now);
+        while !handles.iter().all(|h| h.is_finished()) {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            progress(
+                t0.elapsed().as_secs_f64().min(total.as_secs_f64()),
+                total.as_secs_f64(),
+            );
+        }
+        t0
+    });
     let mut merged: Option<ClientStats> = None;
     let mut first_error = None;
-    for t in tasks {
-        match t.await {
-            Ok(Ok(s)) => match &mut merged {
-                None => merged = Some(s),
-                Some(m) => m.merge(s),
-            },
-            Ok(Err(e)) => {
-                first_error.get_or_insert(e);
+    for h in handles {
+        match h.join() {
+            Ok(results) => {
+                for r in results {
+                    match r {
+                        Ok(s) => match &mut merged {
+                            None => merged = Some(s),
+                            Some(m) => m.merge(s),
+                        },
+                        Err(e) => {
+                            first_error.get_or_insert(e);
+                        }
+                    }
+                }
             }
-            Err(e) => {
-                first_error.get_or_insert(DriverError(format!("client task failed: {e}")));
+            Err(_) => {
+                first_error.get_or_insert(DriverError("a driver thread panicked".into()));
             }
         }
     }
-    ticker.abort();
     if cancel.is_cancelled() {
         return Err(DriverError("cancelled".into()));
     }
@@ -434,7 +450,12 @@ async fn transaction(
                     },
                 )
                 .map_err(|e| TxnError::Fatal(format!("{name}:{line}: {e}")))?;
-                vars.insert(var.clone(), v);
+                match vars.get_mut(var) {
+                    Some(slot) => *slot = v,
+                    None => {
+                        vars.insert(var.clone(), v);
+                    }
+                }
             }
             Command::Sleep { amount, unit_us } => {
                 let n = eval(

@@ -16,6 +16,7 @@ use super::pgbench_init::{self, InitParams};
 use super::{CellContext, Output, Point};
 use crate::driver::script::{Script, Value};
 use crate::driver::{self, DriverConfig};
+use crate::sampler::Sampler;
 use crate::{Error, Result};
 use pgfleet_proto::v1::{AgentMessage, CellProgress, agent_message::Msg};
 
@@ -54,6 +55,14 @@ pub struct Params {
     pub defines: HashMap<String, Json>,
     #[serde(default)]
     pub seed: Option<u64>,
+    /// `pgfleet` (the built-in driver) or `pgbench` (the real binary, its
+    /// per-transaction log turned into the same results).
+    #[serde(default = "default_driver")]
+    pub driver: String,
+}
+
+fn default_driver() -> String {
+    "pgfleet".into()
 }
 
 fn fillfactor() -> u32 {
@@ -95,12 +104,6 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Json) -> BoxFuture<'a, 
 
         let client = ctx.cluster.connect().await?;
         let wal_timing = ctx.cluster.pg.major >= 14;
-        // Timing of reads and WAL syncs, for page_read_ms_avg / wal_sync_ms_avg.
-        client.batch_execute("ALTER SYSTEM SET track_io_timing = on").await?;
-        if wal_timing {
-            client.batch_execute("ALTER SYSTEM SET track_wal_io_timing = on").await?;
-        }
-        client.batch_execute("SELECT pg_reload_conf()").await?;
         let init = InitParams {
             scale: p.scale,
             fillfactor: p.fillfactor,
@@ -141,6 +144,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Json) -> BoxFuture<'a, 
         };
 
         let before = stats(&client, wal_timing).await?;
+        let sampler = Sampler::start(ctx.cluster, Duration::from_secs(1), ctx.events.clone(), ctx.cell_id.clone()).await?;
         let (events, cell_id) = (ctx.events.clone(), ctx.cell_id.clone());
         let progress = move |done: f64, total: f64| {
             let _ = events.try_send(AgentMessage {
@@ -153,12 +157,22 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Json) -> BoxFuture<'a, 
                 })),
             });
         };
-        let (pg, cancel) = (ctx.cluster.pg_config(), ctx.cancel.clone());
-        let result = tokio::task::spawn_blocking(move || driver::run_blocking(cfg, pg, cancel, progress))
-            .await
-            .map_err(|e| werr(format!("driver thread: {e}")))?
-            .map_err(|e| if ctx.cancel.is_cancelled() { Error::Cancelled(e.0) } else { werr(e.0) })?;
+        let result = match p.driver.as_str() {
+            "pgbench" => {
+                progress(0.0, (cfg.warmup + cfg.duration.unwrap_or_default()).as_secs_f64());
+                driver::pgbench_bin::run(&cfg, &text, &ctx.cluster.pg, &ctx.cluster.conninfo(), ctx.cluster.dir(), &ctx.cancel).await
+            }
+            "pgfleet" => {
+                let (pg, cancel) = (ctx.cluster.pg_config(), ctx.cancel.clone());
+                tokio::task::spawn_blocking(move || driver::run_blocking(cfg, pg, cancel, progress))
+                    .await
+                    .map_err(|e| werr(format!("driver thread: {e}")))?
+            }
+            other => return Err(werr(format!("unknown driver `{other}`: allowed pgfleet, pgbench"))),
+        }
+        .map_err(|e| if ctx.cancel.is_cancelled() { Error::Cancelled(e.0) } else { werr(e.0) })?;
         let after = stats(&client, wal_timing).await?;
+        let internals = sampler.finish().await?;
 
         for (i, s) in result.per_second.iter().enumerate() {
             ctx.sample(
@@ -174,7 +188,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Json) -> BoxFuture<'a, 
         Ok(Output {
             points: vec![Point {
                 params: json!({
-                    "script": name, "scale": p.scale, "clients": p.clients.max(1), "threads": p.threads.max(1),
+                    "script": name, "driver": p.driver, "scale": p.scale, "clients": p.clients.max(1), "threads": p.threads.max(1),
                     "duration_s": p.duration_s, "transactions_per_client": p.transactions,
                     "rate": p.rate, "latency_limit_ms": p.latency_limit_ms, "warmup_s": p.warmup_s,
                 }),
@@ -196,6 +210,9 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Json) -> BoxFuture<'a, 
                     "blocks_read": after.reads - before.reads,
                     "wal_sync_ms_avg": per(after.wal_sync_ms - before.wal_sync_ms, after.wal_syncs - before.wal_syncs),
                     "wal_syncs": after.wal_syncs - before.wal_syncs,
+                    "checkpoints": internals.checkpoints,
+                    "top_wait_events": internals.top_waits.iter()
+                        .map(|(e, share)| json!({"event": e, "share": share})).collect::<Vec<_>>(),
                     "rows_loaded": loaded.rows,
                     "load_seconds": loaded.seconds,
                 }),

@@ -293,14 +293,14 @@ fn driver(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json) {
         md,
         "\n## pgbench: transactions\n\nLatency from each transaction's (scheduled) start, ms. Page read time is \
          pg_stat_database's blk_read_time per block read; WAL sync time is pg_stat_wal's per sync, over the measured window.\n\n\
-         | cell | agent | script | clients/threads | tps | p50 | p90 | p99 | max | transactions | failures | page read ms | WAL sync ms |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|"
+         | cell | agent | script | clients/threads | tps | p50 | p90 | p99 | max | transactions | failures | page read ms | WAL sync ms | checkpoints | top wait events |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for r in &rs {
         let m = &r["metrics"];
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r["cell_id"].as_str().unwrap_or(""),
             r["agent"].as_str().unwrap_or(""),
             r["params"]["script"].as_str().unwrap_or(""),
@@ -314,7 +314,20 @@ fn driver(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json) {
             m["transactions"],
             m["failures"],
             num(&m["page_read_ms_avg"], 3),
-            num(&m["wal_sync_ms_avg"], 3)
+            num(&m["wal_sync_ms_avg"], 3),
+            m["checkpoints"],
+            m["top_wait_events"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .take(3)
+                .map(|w| format!(
+                    "{} {:.0} %",
+                    w["event"].as_str().unwrap_or(""),
+                    w["share"].as_f64().unwrap_or(0.0) * 100.0
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     for (gi, sm) in doc["summaries"]

@@ -239,6 +239,9 @@ pub struct WorkloadSpec {
     pub defines: Option<BTreeMap<String, Spanned<SettingValue>>>,
     #[serde(default)]
     pub seed: Option<Spanned<u64>>,
+    /// `pgfleet` (built-in driver, default) or `pgbench` (the real binary).
+    #[serde(default)]
+    pub driver: Option<Spanned<String>>,
 }
 
 impl WorkloadSpec {
@@ -280,6 +283,7 @@ impl WorkloadSpec {
             ("max_tries", at(&self.max_tries)),
             ("defines", defines),
             ("seed", at(&self.seed)),
+            ("driver", at(&self.driver)),
         ]
         .into_iter()
         .filter_map(|(name, loc)| loc.map(|l| (name, l)))

@@ -83,6 +83,15 @@ pub fn plan(s: &Scenario) -> Vec<PlannedCell> {
                     json!(w.max_tries.as_ref().map(|v| v.value).unwrap_or(10)),
                 );
                 o.insert("seed".into(), opt(w.seed.as_ref().map(|v| json!(v.value))));
+                o.insert(
+                    "driver".into(),
+                    json!(
+                        w.driver
+                            .as_ref()
+                            .map(|v| v.value.as_str())
+                            .unwrap_or("pgfleet")
+                    ),
+                );
                 let defines: serde_json::Map<String, Json> = w
                     .defines
                     .iter()

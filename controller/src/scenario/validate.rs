@@ -213,6 +213,7 @@ pub const KIND_KEYS: &[(&str, &[&str])] = &[
             "max_tries",
             "defines",
             "seed",
+            "driver",
         ],
     ),
 ];
@@ -386,6 +387,9 @@ fn validate_pgbench(w: &WorkloadSpec, at: &dyn Fn(&str) -> String) -> Result<(),
         " ms",
     )?;
     in_range(&w.max_tries, at("max_tries"), 1, 1000, "")?;
+    if let Some(d) = &w.driver {
+        one_of(d, at("driver"), &["pgfleet", "pgbench"], "driver")?;
+    }
     if let (Some(d), Some(_)) = (&w.duration_s, &w.transactions) {
         return err(
             d.referenced,

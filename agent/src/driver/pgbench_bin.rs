@@ -1,0 +1,219 @@
+//! `driver: pgbench`: the same script run by the real `pgbench` binary, its
+//! per-transaction log (`-l`) turned into the driver's result, so every
+//! figure can be cross-checked against the standard tool.
+//!
+//! Log lines (PostgreSQL 15): `client_id transaction_no time script_no
+//! time_epoch time_us [schedule_lag] [retries]`, `time` being the latency in
+//! microseconds, or `skipped`, `failed`, `serialization`, `deadlock`.
+//! pgbench has no warm-up: it runs warm-up + duration and transactions
+//! started in the first `warmup` seconds are left out, as the built-in
+//! driver does.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+
+use super::{DriverConfig, DriverError, DriverResult, SecondStat};
+use crate::pgbin::PgBin;
+
+pub async fn run(
+    cfg: &DriverConfig,
+    script_text: &str,
+    pg: &PgBin,
+    conninfo: &str,
+    workdir: &Path,
+    cancel: &tokio_util::sync::CancellationToken,
+) -> Result<DriverResult, DriverError> {
+    let e = |m: String| DriverError(m);
+    let script = workdir.join("pgbench-script.sql");
+    std::fs::write(&script, script_text).map_err(|x| e(format!("writing the script: {x}")))?;
+    let prefix = workdir.join("pgbench_log");
+    let mut cmd = tokio::process::Command::new(pg.tool("pgbench"));
+    cmd.args(["-n", "-M", "prepared"])
+        .arg(format!("--client={}", cfg.clients.max(1)))
+        .arg(format!(
+            "--jobs={}",
+            cfg.threads.clamp(1, cfg.clients.max(1))
+        ))
+        .arg(format!("--file={}", script.display()))
+        .arg(format!("--random-seed={}", cfg.seed))
+        .arg("--log")
+        .arg(format!("--log-prefix={}", prefix.display()))
+        .kill_on_drop(true);
+    match (cfg.duration, cfg.transactions) {
+        (Some(d), _) => cmd.arg(format!(
+            "--time={}",
+            (cfg.warmup + d).as_secs_f64().ceil() as u64
+        )),
+        (None, Some(n)) => cmd.arg(format!("--transactions={n}")),
+        (None, None) => return Err(e("give duration_s or transactions".into())),
+    };
+    for (k, v) in &cfg.vars {
+        cmd.arg(format!("--define={k}={}", v.to_text()));
+    }
+    if let Some(r) = cfg.rate {
+        cmd.arg(format!("--rate={r}"));
+    }
+    if let Some(l) = cfg.latency_limit {
+        cmd.arg(format!("--latency-limit={}", l.as_secs_f64() * 1000.0));
+    }
+    if pg.major >= 15 {
+        cmd.arg(format!("--max-tries={}", cfg.max_tries.max(1)))
+            .arg("--failures-detailed");
+    }
+    cmd.arg(conninfo);
+    let out = tokio::select! {
+        o = cmd.output() => o.map_err(|x| e(format!("running {}: {x}", pg.tool("pgbench").display())))?,
+        _ = cancel.cancelled() => return Err(e("cancelled".into())),
+    };
+    if !out.status.success() {
+        return Err(e(format!(
+            "pgbench failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let mut text = String::new();
+    for entry in std::fs::read_dir(workdir)
+        .map_err(|x| e(x.to_string()))?
+        .flatten()
+    {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with("pgbench_log")
+        {
+            text += &std::fs::read_to_string(entry.path()).map_err(|x| e(x.to_string()))?;
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    let _ = std::fs::remove_file(&script);
+    parse_log(&text, cfg.warmup, cfg.duration, cfg.latency_limit)
+}
+
+/// Turns pgbench's per-transaction log into the driver's result.
+pub fn parse_log(
+    text: &str,
+    warmup: Duration,
+    duration: Option<Duration>,
+    latency_limit: Option<Duration>,
+) -> Result<DriverResult, DriverError> {
+    struct Line {
+        latency_us: Option<u64>,
+        outcome: String,
+        end_us: u64,
+    }
+    let mut lines = Vec::new();
+    for (i, l) in text.lines().enumerate() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() < 6 {
+            return Err(DriverError(format!(
+                "pgbench log line {}: `{l}` has fewer than 6 fields",
+                i + 1
+            )));
+        }
+        let num = |s: &str| {
+            s.parse::<u64>().map_err(|_| {
+                DriverError(format!("pgbench log line {}: `{s}` is not a number", i + 1))
+            })
+        };
+        let end_us = num(f[4])? * 1_000_000 + num(f[5])?;
+        let latency_us = f[2].parse::<u64>().ok();
+        lines.push(Line {
+            latency_us,
+            outcome: f[2].to_string(),
+            end_us,
+        });
+    }
+    let start_of = |l: &Line| l.end_us.saturating_sub(l.latency_us.unwrap_or(0));
+    let t0 = lines.iter().map(start_of).min().unwrap_or(0);
+    let from = t0 + warmup.as_micros() as u64;
+    let to = duration
+        .map(|d| from + d.as_micros() as u64)
+        .unwrap_or(u64::MAX);
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3)
+        .map_err(|x| DriverError(x.to_string()))?;
+    let mut failures = BTreeMap::new();
+    let (mut transactions, mut skipped, mut late, mut last_end) = (0u64, 0u64, 0u64, from);
+    let mut per_second: Vec<SecondStat> = Vec::new();
+    for l in &lines {
+        let start = start_of(l);
+        if start < from || start >= to {
+            continue;
+        }
+        match l.latency_us {
+            Some(us) => {
+                transactions += 1;
+                hist.saturating_record(us.max(1));
+                if latency_limit.is_some_and(|lim| u128::from(us) > lim.as_micros()) {
+                    late += 1;
+                }
+                let sec = ((start - from) / 1_000_000) as usize;
+                if per_second.len() <= sec {
+                    per_second.resize(sec + 1, SecondStat::default());
+                }
+                let s = &mut per_second[sec];
+                s.transactions += 1;
+                s.latency_sum_us += us;
+                s.latency_max_us = s.latency_max_us.max(us);
+                last_end = last_end.max(l.end_us);
+            }
+            None if l.outcome == "skipped" => skipped += 1,
+            None => {
+                let class = if l.outcome == "failed" {
+                    "other"
+                } else {
+                    l.outcome.as_str()
+                };
+                *failures.entry(class.to_string()).or_default() += 1;
+            }
+        }
+    }
+    let elapsed_s = match duration {
+        Some(d) => d.as_secs_f64(),
+        None => (last_end.saturating_sub(from)) as f64 / 1e6,
+    };
+    Ok(DriverResult {
+        transactions,
+        elapsed_s,
+        histogram: hist,
+        failures,
+        retries: 0,
+        skipped,
+        late,
+        per_second,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_lines_become_results_with_warmup_left_out() {
+        // client txn latency script epoch us
+        let log = "0 0 500 0 1000 000500\n\
+                   0 1 1000 0 1001 500000\n\
+                   1 0 2000 0 1002 100000\n\
+                   1 1 serialization 0 1002 200000\n\
+                   1 2 skipped 0 1002 300000\n";
+        let r = parse_log(
+            log,
+            Duration::from_secs(1),
+            Some(Duration::from_secs(2)),
+            Some(Duration::from_micros(1500)),
+        )
+        .unwrap();
+        assert_eq!(
+            r.transactions, 2,
+            "the first transaction started in the warm-up"
+        );
+        assert_eq!(r.failures.get("serialization"), Some(&1));
+        assert_eq!(r.skipped, 1);
+        assert_eq!(r.late, 1);
+        assert_eq!(r.histogram.max(), 2000);
+        assert!(parse_log("0 1 2", Duration::ZERO, None, None).is_err());
+    }
+}
