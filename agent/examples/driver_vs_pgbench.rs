@@ -5,25 +5,18 @@
 //!
 //!   cargo run --release -p pgfleet-agent --example driver_vs_pgbench -- [SECONDS] [ROUNDS] [SCALE]
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+mod common;
+
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use pgfleet_agent::cluster::{Cluster, ClusterSpec, RunAs};
+use pgfleet_agent::cluster::Cluster;
 use pgfleet_agent::driver::script::{Script, Value};
 use pgfleet_agent::driver::{self, DriverConfig};
 use pgfleet_agent::pgbin::PgBin;
 use pgfleet_agent::workload::pgbench_init::{self, InitParams};
 use pgfleet_agent::workload::{CellContext, median};
 use tokio_util::sync::CancellationToken;
-
-fn cpu_seconds(who: i32) -> f64 {
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: getrusage fills the struct we own.
-    unsafe { libc::getrusage(who, &mut ru) };
-    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
-    t(ru.ru_utime) + t(ru.ru_stime)
-}
 
 fn main() -> anyhow::Result<()> {
     let a: Vec<String> = std::env::args().collect();
@@ -38,28 +31,13 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(secs: u64, rounds: usize, scale: u64) -> anyhow::Result<()> {
-    let root = std::env::temp_dir().join(format!("pgfleet-bench-{}", std::process::id()));
-    std::fs::create_dir_all(root.join("clusters"))?;
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755))?;
-    let pg = PgBin::find(
-        std::env::var_os("PGFLEET_PG_BIN")
-            .map(PathBuf::from)
-            .as_deref(),
-    )?;
-    let spec = ClusterSpec {
-        pg: pg.clone(),
-        clusters_dir: root.join("clusters"),
-        name: "bench".into(),
-        run_as: RunAs::resolve("postgres")?,
-        settings: BTreeMap::from([
-            ("shared_buffers".into(), "256MB".into()),
-            ("max_wal_size".into(), "4GB".into()),
-            ("max_connections".into(), "50".into()),
-        ]),
-        caps: Default::default(),
-    };
-    let cluster = Cluster::provision(&spec).await?;
+    let (cluster, root) = common::cluster(&[
+        ("shared_buffers", "256MB"),
+        ("max_wal_size", "4GB"),
+        ("max_connections", "50"),
+    ])
+    .await?;
+    let pg = cluster.pg.clone();
     let result = bench(&cluster, &pg, secs, rounds, scale).await;
     cluster.teardown().await?;
     let _ = std::fs::remove_dir_all(&root);
@@ -178,17 +156,19 @@ async fn bench(
                 ]),
                 seed: 42,
             };
-            let c0 = cpu_seconds(libc::RUSAGE_SELF);
+            let c0 = common::cpu_seconds(libc::RUSAGE_SELF);
             let pgc = cluster.pg_config();
             let r = tokio::task::spawn_blocking(move || {
                 driver::run_blocking(cfg, pgc, CancellationToken::new(), |_, _| {})
             })
             .await?
             .map_err(|e| anyhow::anyhow!(e.0))?;
-            ca.push((cpu_seconds(libc::RUSAGE_SELF) - c0) / r.transactions.max(1) as f64 * 1e6);
+            ca.push(
+                (common::cpu_seconds(libc::RUSAGE_SELF) - c0) / r.transactions.max(1) as f64 * 1e6,
+            );
             a.push(r.tps());
 
-            let c0 = cpu_seconds(libc::RUSAGE_CHILDREN);
+            let c0 = common::cpu_seconds(libc::RUSAGE_CHILDREN);
             let out = pgbench(
                 pg,
                 cluster,
@@ -212,7 +192,7 @@ async fn bench(
             )
             .await?;
             let n = grab(&out, "number of transactions actually processed: ").unwrap_or(1.0);
-            cb.push((cpu_seconds(libc::RUSAGE_CHILDREN) - c0) / n * 1e6);
+            cb.push((common::cpu_seconds(libc::RUSAGE_CHILDREN) - c0) / n * 1e6);
             b.push(grab(&out, "tps = ").ok_or_else(|| anyhow::anyhow!("no tps in {out}"))?);
         }
         let _ = std::fs::remove_file(&file);

@@ -9,23 +9,15 @@
 //!
 //!   cargo run --release -p pgfleet-agent --example toast_vs_pgbench -- [SECONDS] [ROUNDS]
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
+mod common;
+
 use std::time::Duration;
 
-use pgfleet_agent::cluster::{Cluster, ClusterSpec, RunAs};
+use pgfleet_agent::cluster::Cluster;
 use pgfleet_agent::pgbin::PgBin;
 use pgfleet_agent::workload::median;
 use pgfleet_agent::workload::toast_slice::{self, Dataset, Offset, Params, QUERY, StorageMode};
 use tokio_util::sync::CancellationToken;
-
-fn cpu_seconds(who: i32) -> f64 {
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: getrusage fills the struct we own.
-    unsafe { libc::getrusage(who, &mut ru) };
-    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
-    t(ru.ru_utime) + t(ru.ru_stime)
-}
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -39,24 +31,8 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(secs: f64, rounds: usize) -> anyhow::Result<()> {
-    let root = std::env::temp_dir().join(format!("pgfleet-bench-{}", std::process::id()));
-    std::fs::create_dir_all(root.join("clusters"))?;
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755))?;
-    let pg = PgBin::find(
-        std::env::var_os("PGFLEET_PG_BIN")
-            .map(PathBuf::from)
-            .as_deref(),
-    )?;
-    let spec = ClusterSpec {
-        pg: pg.clone(),
-        clusters_dir: root.join("clusters"),
-        name: "bench".into(),
-        run_as: RunAs::resolve("postgres")?,
-        settings: BTreeMap::from([("shared_buffers".into(), "128MB".into())]),
-        caps: Default::default(),
-    };
-    let cluster = Cluster::provision(&spec).await?;
+    let (cluster, root) = common::cluster(&[("shared_buffers", "128MB")]).await?;
+    let pg = cluster.pg.clone();
     let result = bench(&cluster, &pg, secs, rounds).await;
     cluster.teardown().await?;
     let _ = std::fs::remove_dir_all(&root);
@@ -129,13 +105,13 @@ async fn bench(cluster: &Cluster, pg: &PgBin, secs: f64, rounds: usize) -> anyho
             let (mut ours, mut theirs, mut our_cpu, mut their_cpu) =
                 (vec![], vec![], vec![], vec![]);
             for _ in 0..rounds {
-                let c0 = cpu_seconds(libc::RUSAGE_SELF);
+                let c0 = common::cpu_seconds(libc::RUSAGE_SELF);
                 let s = toast_slice::measure(&client, &stmt, byte, 100, value_bytes, dur, &cancel)
                     .await?;
-                our_cpu.push((cpu_seconds(libc::RUSAGE_SELF) - c0) / s.calls as f64 * 1e6);
+                our_cpu.push((common::cpu_seconds(libc::RUSAGE_SELF) - c0) / s.calls as f64 * 1e6);
                 ours.push(s.mean_ms);
 
-                let c0 = cpu_seconds(libc::RUSAGE_CHILDREN);
+                let c0 = common::cpu_seconds(libc::RUSAGE_CHILDREN);
                 let out = tokio::process::Command::new(pg.tool("pgbench"))
                     .args(["-n", "-M", "prepared", "-c", "1", "-j", "1", "-T"])
                     .arg(format!("{}", secs.ceil() as u64))
@@ -160,7 +136,7 @@ async fn bench(cluster: &Cluster, pg: &PgBin, secs: f64, rounds: usize) -> anyho
                 let lat = grab(&text, "latency average = ")
                     .ok_or_else(|| anyhow::anyhow!("no latency in {text}"))?;
                 let n = grab(&text, "number of transactions actually processed: ").unwrap_or(1.0);
-                their_cpu.push((cpu_seconds(libc::RUSAGE_CHILDREN) - c0) / n * 1e6);
+                their_cpu.push((common::cpu_seconds(libc::RUSAGE_CHILDREN) - c0) / n * 1e6);
                 theirs.push(lat);
             }
             let (a, b) = (median(&ours), median(&theirs));

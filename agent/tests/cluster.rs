@@ -2,37 +2,21 @@
 //! workload's deterministic facts. Needs PostgreSQL server binaries (and, when
 //! run as root, a `postgres` OS user).
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::path::{Path, PathBuf};
 
-use pgfleet_agent::cluster::{Cluster, ClusterSpec, RunAs, reap_stale};
-use pgfleet_agent::pgbin::PgBin;
+use pgfleet_agent::cluster::{Cluster, ClusterSpec, reap_stale};
 use pgfleet_agent::workload::{self, CellContext};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pgfleet-test-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    dir
+    common::scratch(name)
 }
 
 fn spec(root: &Path, name: &str) -> ClusterSpec {
-    ClusterSpec {
-        pg: PgBin::find(
-            std::env::var_os("PGFLEET_PG_BIN")
-                .map(PathBuf::from)
-                .as_deref(),
-        )
-        .unwrap(),
-        clusters_dir: root.join("clusters"),
-        name: name.into(),
-        run_as: RunAs::resolve("postgres").unwrap(),
-        settings: BTreeMap::from([("shared_buffers".into(), "32MB".into())]),
-        caps: Default::default(),
-    }
+    common::spec(root, name, "32MB", Default::default())
 }
 
 fn pid_alive(pid: u32) -> bool {

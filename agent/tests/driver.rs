@@ -1,11 +1,11 @@
 //! Real PostgreSQL: the pgbench loader and the pgbench-compatible driver.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::path::{Path, PathBuf};
 
+use pgfleet_agent::cluster::Cluster;
 use pgfleet_agent::cluster::throttle::{self, Caps};
-use pgfleet_agent::cluster::{Cluster, ClusterSpec, RunAs};
-use pgfleet_agent::pgbin::PgBin;
 use pgfleet_agent::workload::{self, CellContext, Output};
 use serde_json::{Value as Json, json};
 use tokio_util::sync::CancellationToken;
@@ -15,23 +15,8 @@ async fn cluster(name: &str) -> (Cluster, PathBuf) {
 }
 
 async fn capped_cluster(name: &str, caps: Caps) -> (Cluster, PathBuf) {
-    let root = std::env::temp_dir().join(format!("pgfleet-test-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&root).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let spec = ClusterSpec {
-        pg: PgBin::find(
-            std::env::var_os("PGFLEET_PG_BIN")
-                .map(PathBuf::from)
-                .as_deref(),
-        )
-        .unwrap(),
-        clusters_dir: root.join("clusters"),
-        name: "c".into(),
-        run_as: RunAs::resolve("postgres").unwrap(),
-        settings: BTreeMap::from([("shared_buffers".into(), "64MB".into())]),
-        caps,
-    };
+    let root = common::scratch(name);
+    let spec = common::spec(&root, "c", "64MB", caps);
     (Cluster::provision(&spec).await.unwrap(), root)
 }
 
