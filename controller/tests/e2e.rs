@@ -429,11 +429,20 @@ workloads:
     );
     let mut cmd = s.run_cmd(&sc, &[]);
     if nix::unistd::geteuid().is_root() {
-        // Run the whole thing as an unprivileged user.
+        // Run the whole thing as an unprivileged user, from copies of the
+        // binaries it can reach (the build tree may be closed to others).
         let user = nix::unistd::User::from_name("postgres")
             .unwrap()
             .expect("a postgres user");
-        nix::unistd::chown(&s.dir, Some(user.uid), Some(user.gid)).unwrap();
+        let bin = s.dir.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        for b in [common::pgfleet(), common::agent_bin()] {
+            std::fs::copy(&b, bin.join(b.file_name().unwrap())).unwrap();
+        }
+        cmd = s.run_cmd_with(&bin.join("pgfleet"), &bin.join("pgfleet-agent"), &sc, &[]);
+        for p in [&s.dir, &bin] {
+            nix::unistd::chown(p, Some(user.uid), Some(user.gid)).unwrap();
+        }
         use std::os::unix::process::CommandExt;
         cmd.uid(user.uid.as_raw())
             .gid(user.gid.as_raw())

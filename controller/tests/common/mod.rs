@@ -34,7 +34,17 @@ impl Scratch {
     }
     /// `pgfleet run` with this scratch's store, data dir and out dir.
     pub fn run_cmd(&self, scenario: &Path, extra: &[&str]) -> Command {
-        let mut c = Command::new(pgfleet());
+        self.run_cmd_with(&pgfleet(), &agent_bin(), scenario, extra)
+    }
+    /// `run_cmd` with other `pgfleet` / `pgfleet-agent` binaries.
+    pub fn run_cmd_with(
+        &self,
+        pgfleet: &Path,
+        agent: &Path,
+        scenario: &Path,
+        extra: &[&str],
+    ) -> Command {
+        let mut c = Command::new(pgfleet);
         c.arg("--store")
             .arg(self.store())
             .arg("run")
@@ -44,7 +54,7 @@ impl Scratch {
             .arg("--data-dir")
             .arg(self.data())
             .arg("--agent-bin")
-            .arg(agent_bin())
+            .arg(agent)
             .args(extra);
         c
     }
