@@ -213,6 +213,53 @@ async fn script_errors_name_the_line() {
     std::fs::remove_dir_all(&root).unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serialization_failures_are_retried_or_counted_as_pgbench_does() {
+    let (cl, root) = cluster("retry").await;
+    // Four clients updating one row under REPEATABLE READ: concurrent
+    // updates fail with 40001, which pgbench retries (same random values).
+    let script = "BEGIN ISOLATION LEVEL REPEATABLE READ;\n\
+                  UPDATE pgbench_branches SET bbalance = bbalance + 1 WHERE bid = 1;\n\
+                  END;\n";
+    let c = cl.connect().await.unwrap();
+    for (max_tries, retried) in [(1000, true), (1, false)] {
+        let out = run(
+            &cl,
+            "pgbench",
+            json!({"scale": 1, "script_text": script, "clients": 4, "threads": 2,
+                   "duration_s": 1.5, "max_tries": max_tries}),
+        )
+        .await
+        .unwrap();
+        let m = &out.points[0].metrics;
+        let n = m["transactions"].as_i64().unwrap();
+        assert!(n > 50, "{m}");
+        // Only committed transactions are counted, and each added one.
+        assert_eq!(
+            one(
+                &c,
+                "SELECT bbalance::int8 FROM pgbench_branches WHERE bid = 1"
+            )
+            .await,
+            n,
+            "{m}"
+        );
+        if retried {
+            assert!(m["retries"].as_u64().unwrap() > 0, "{m}");
+            assert_eq!(m["failures"], 0, "{m}");
+        } else {
+            assert_eq!(m["retries"], 0, "{m}");
+            assert!(
+                m["failures_by_class"]["serialization"].as_u64().unwrap() > 0,
+                "{m}"
+            );
+        }
+    }
+    drop(c);
+    cl.teardown().await.unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
 #[test]
 fn bigint_aid_from_scale_20000_as_pgbench() {
     use pgfleet_agent::workload::pgbench_init::{InitParams, ddl};

@@ -18,12 +18,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use hdrhistogram::Histogram;
-use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 
 pub mod pgbench_bin;
 pub mod rng;
 pub mod script;
+pub mod wire;
 
 use rng::Rng;
 use script::{Command, Env, Script, Value, eval};
@@ -184,10 +185,14 @@ pub fn run_blocking(
         let h = std::thread::Builder::new()
             .name(format!("pgfleet-driver-{t}"))
             .spawn(move || {
-                rt.block_on(futures::future::join_all(
+                // FuturesUnordered polls only the client that was woken
+                // (join_all would poll all of them on every wake-up).
+                rt.block_on(
                     ids.into_iter()
-                        .map(|id| client(id, &cfg, &pg, &barrier, &start, &cancel)),
-                ))
+                        .map(|id| client(id, &cfg, &pg, &barrier, &start, &cancel))
+                        .collect::<futures::stream::FuturesUnordered<_>>()
+                        .collect::<Vec<_>>(),
+                )
             })
             .map_err(|e| DriverError(format!("starting driver thread: {e}")))?;
         handles.push(h);
@@ -316,28 +321,29 @@ async fn client(
     cancel: &tokio_util::sync::CancellationToken,
 ) -> Result<ClientStats, DriverError> {
     let connected = async {
-        let (db, conn) = pg
-            .connect(tokio_postgres::NoTls)
+        let mut db = wire::Conn::connect(pg)
             .await
             .map_err(|e| format!("client {id}: connecting: {e}"))?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        let mut stmts = HashMap::new();
         for (line, c) in &cfg.script.commands {
             if let Command::Sql { sql, .. } = c {
-                let st = db.prepare(sql).await.map_err(|e| {
-                    format!("{}:{line}: preparing: {}", cfg.script.name, db_text(&e))
-                })?;
-                stmts.insert(*line, st);
+                db.prepare(&stmt_name(*line), sql)
+                    .await
+                    .map_err(|e| format!("{}:{line}: preparing: {e}", cfg.script.name))?;
             }
         }
-        Ok::<_, String>((db, stmts))
+        Ok::<_, String>(db)
     }
     .await;
     // Reach the barrier even on failure, so the others are not left waiting.
     barrier.wait().await;
-    let (db, stmts) = connected.map_err(DriverError)?;
+    let mut db = connected.map_err(DriverError)?;
+    let names: HashMap<usize, String> = cfg
+        .script
+        .commands
+        .iter()
+        .map(|(line, _)| (*line, stmt_name(*line)))
+        .collect();
+    let mut params = Vec::new();
     let t0 = *start.get_or_init(Instant::now);
     let warm_end = t0 + cfg.warmup;
     let end = cfg.duration.map(|d| warm_end + d);
@@ -382,10 +388,12 @@ async fn client(
         let mut tries = 0;
         let outcome = loop {
             tries += 1;
-            match transaction(cfg, &db, &stmts, &mut vars, &mut rng).await {
+            match transaction(cfg, &mut db, &names, &mut params, &mut vars, &mut rng).await {
                 Ok(()) => break Ok(()),
                 Err(TxnError::Retryable(class, msg)) => {
-                    let _ = db.batch_execute("ROLLBACK").await;
+                    if db.status() != wire::TxStatus::Idle {
+                        let _ = db.simple("ROLLBACK").await;
+                    }
                     if tries < cfg.max_tries {
                         stats.retries += u64::from(scheduled >= warm_end);
                         rng = snapshot;
@@ -432,8 +440,9 @@ async fn client(
 
 async fn transaction(
     cfg: &DriverConfig,
-    db: &tokio_postgres::Client,
-    stmts: &HashMap<usize, tokio_postgres::Statement>,
+    db: &mut wire::Conn,
+    names: &HashMap<usize, String>,
+    params: &mut Vec<Value>,
     vars: &mut HashMap<String, Value>,
     rng: &mut Rng,
 ) -> Result<(), TxnError> {
@@ -476,16 +485,16 @@ async fn transaction(
                 .map_err(|e| TxnError::Fatal(format!("{name}:{line}: {e}")))?;
                 tokio::time::sleep(Duration::from_micros(n * unit_us)).await;
             }
-            Command::Sql { params, .. } => {
-                let mut values = Vec::with_capacity(params.len());
-                for p in params {
-                    values.push(Param(*vars.get(p).ok_or_else(|| {
+            Command::Sql {
+                params: names_of, ..
+            } => {
+                params.clear();
+                for p in names_of {
+                    params.push(*vars.get(p).ok_or_else(|| {
                         TxnError::Fatal(format!("{name}:{line}: undefined variable `{p}`"))
-                    })?));
+                    })?);
                 }
-                let refs: Vec<&(dyn ToSql + Sync)> =
-                    values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
-                if let Err(e) = db.execute(&stmts[line], &refs).await {
+                if let Err(e) = db.execute(&names[line], params).await {
                     return Err(classify(&e, &format!("{name}:{line}")));
                 }
             }
@@ -494,68 +503,15 @@ async fn transaction(
     Ok(())
 }
 
+fn stmt_name(line: usize) -> String {
+    format!("pgfleet_{line}")
+}
+
 /// pgbench's error classes: only serialization failures and deadlocks retry.
-fn classify(e: &tokio_postgres::Error, at: &str) -> TxnError {
-    match e.code().map(|c| c.code()) {
-        Some("40001") => TxnError::Retryable("serialization", format!("{at}: {}", db_text(e))),
-        Some("40P01") => TxnError::Retryable("deadlock", format!("{at}: {}", db_text(e))),
-        _ if e.is_closed() => TxnError::Fatal(format!("{at}: connection lost: {e}")),
-        _ => TxnError::Fatal(format!("{at}: {}", db_text(e))),
+fn classify(e: &wire::WireError, at: &str) -> TxnError {
+    match e.code() {
+        Some("40001") => TxnError::Retryable("serialization", format!("{at}: {e}")),
+        Some("40P01") => TxnError::Retryable("deadlock", format!("{at}: {e}")),
+        _ => TxnError::Fatal(format!("{at}: {e}")),
     }
-}
-
-fn db_text(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(d) => format!("{} ({})", d.message(), d.code().code()),
-        None => e.to_string(),
-    }
-}
-
-/// A script value bound to whatever type the server inferred for its
-/// parameter, as pgbench's text parameters would be.
-#[derive(Debug)]
-struct Param(Value);
-
-impl ToSql for Param {
-    fn to_sql(
-        &self,
-        ty: &Type,
-        out: &mut bytes::BytesMut,
-    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
-        let v = self.0;
-        let int = || -> Result<i64, Box<dyn std::error::Error + Sync + Send>> {
-            match v {
-                Value::Int(i) => Ok(i),
-                Value::Double(d) if d.fract() == 0.0 => Ok(d as i64),
-                _ => Err(format!("{} is not an integer", v.to_text()).into()),
-            }
-        };
-        let dbl = || match v {
-            Value::Int(i) => i as f64,
-            Value::Double(d) => d,
-            Value::Bool(b) => f64::from(u8::from(b)),
-        };
-        match *ty {
-            Type::INT2 => i16::try_from(int()?)?.to_sql(ty, out),
-            Type::INT4 => i32::try_from(int()?)?.to_sql(ty, out),
-            Type::INT8 => int()?.to_sql(ty, out),
-            Type::FLOAT4 => (dbl() as f32).to_sql(ty, out),
-            Type::FLOAT8 => dbl().to_sql(ty, out),
-            Type::BOOL => match v {
-                Value::Bool(b) => b.to_sql(ty, out),
-                _ => (int()? != 0).to_sql(ty, out),
-            },
-            Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN => v.to_text().as_str().to_sql(ty, out),
-            _ => Err(format!(
-                "parameter of type {ty} is not supported: cast it in the script, e.g. :var::text::{ty}"
-            )
-            .into()),
-        }
-    }
-
-    fn accepts(_: &Type) -> bool {
-        true
-    }
-
-    to_sql_checked!();
 }
