@@ -3,7 +3,7 @@
 //! against `pgbench -i` and `pgbench -i -I dtGvp` at the same scale.
 //! Prints markdown tables of medians and ratios.
 //!
-//!   cargo run --release -p pgfleet-agent --example driver_vs_pgbench -- [SECONDS] [ROUNDS] [SCALE]
+//!   cargo run --release -p pgfleet-agent --example driver_vs_pgbench -- [SECONDS] [ROUNDS] [SCALE] [all|loader|driver]
 
 mod common;
 
@@ -23,14 +23,15 @@ fn main() -> anyhow::Result<()> {
     let secs: u64 = a.get(1).and_then(|s| s.parse().ok()).unwrap_or(10);
     let rounds: usize = a.get(2).and_then(|s| s.parse().ok()).unwrap_or(3);
     let scale: u64 = a.get(3).and_then(|s| s.parse().ok()).unwrap_or(10);
+    let only = a.get(4).cloned().unwrap_or_else(|| "all".into());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(run(secs, rounds, scale))
+    rt.block_on(run(secs, rounds, scale, &only))
 }
 
-async fn run(secs: u64, rounds: usize, scale: u64) -> anyhow::Result<()> {
+async fn run(secs: u64, rounds: usize, scale: u64, only: &str) -> anyhow::Result<()> {
     let (cluster, root) = common::cluster(&[
         ("shared_buffers", "256MB"),
         ("max_wal_size", "4GB"),
@@ -38,7 +39,7 @@ async fn run(secs: u64, rounds: usize, scale: u64) -> anyhow::Result<()> {
     ])
     .await?;
     let pg = cluster.pg.clone();
-    let result = bench(&cluster, &pg, secs, rounds, scale).await;
+    let result = bench(&cluster, &pg, secs, rounds, scale, only).await;
     cluster.teardown().await?;
     let _ = std::fs::remove_dir_all(&root);
     result
@@ -69,6 +70,7 @@ async fn bench(
     secs: u64,
     rounds: usize,
     scale: u64,
+    only: &str,
 ) -> anyhow::Result<()> {
     let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
     tokio::spawn(async move { while rx.recv().await.is_some() {} });
@@ -86,44 +88,85 @@ async fn bench(
     };
 
     // ---- loader
-    println!("## Loader: pgfleet pgbench-init vs pgbench -i, scale {scale}, {rounds} rounds\n");
-    let (mut ours, mut client_side, mut server_side) = (vec![], vec![], vec![]);
-    for _ in 0..rounds {
-        let t = Instant::now();
-        pgbench_init::load(&ctx, &init).await?;
-        ours.push(t.elapsed().as_secs_f64());
-        let t = Instant::now();
-        pgbench(
-            pg,
-            cluster,
-            &["-i".into(), "-q".into(), "-s".into(), scale.to_string()],
-        )
-        .await?;
-        client_side.push(t.elapsed().as_secs_f64());
-        let t = Instant::now();
-        pgbench(
-            pg,
-            cluster,
-            &[
-                "-i".into(),
-                "-q".into(),
-                "-I".into(),
-                "dtGvp".into(),
-                "-s".into(),
-                scale.to_string(),
-            ],
-        )
-        .await?;
-        server_side.push(t.elapsed().as_secs_f64());
+    if only != "driver" {
+        println!("## Loader: pgfleet pgbench-init vs pgbench -i, scale {scale}, {rounds} rounds\n");
+        let scale_s = scale.to_string();
+        let pgbench_runs: [(&str, Vec<&str>); 3] = [
+            ("pgbench -i", vec!["-i", "-q", "-s", &scale_s]),
+            (
+                "pgbench -i -I dtGvp",
+                vec!["-i", "-q", "-I", "dtGvp", "-s", &scale_s],
+            ),
+            (
+                "pgbench -i --partitions 2",
+                vec!["-i", "-q", "--partitions", "2", "-s", &scale_s],
+            ),
+        ];
+        let ours_runs = [
+            ("pgfleet, 2 connections", 2, 0),
+            ("pgfleet, 1 connection (COPY FREEZE)", 1, 0),
+            ("pgfleet, 2 partitions (COPY FREEZE each)", 2, 2),
+        ];
+        let verbose = std::env::var_os("VERBOSE").is_some();
+        let mut ours = vec![vec![]; ours_runs.len()];
+        let mut theirs = vec![vec![]; pgbench_runs.len()];
+        for _ in 0..rounds {
+            for (i, (_, conns, partitions)) in ours_runs.iter().enumerate() {
+                let p = InitParams {
+                    load_connections: *conns,
+                    partitions: *partitions,
+                    ..init.clone()
+                };
+                let t = Instant::now();
+                let l = pgbench_init::load(&ctx, &p).await?;
+                ours[i].push(t.elapsed().as_secs_f64());
+                if verbose {
+                    eprintln!("{}: {:?}", ours_runs[i].0, l.steps);
+                }
+            }
+            for (i, (_, args)) in pgbench_runs.iter().enumerate() {
+                let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+                let t = Instant::now();
+                let out = pgbench(pg, cluster, &args).await?;
+                theirs[i].push(t.elapsed().as_secs_f64());
+                if verbose {
+                    eprintln!(
+                        "{}: {}",
+                        pgbench_runs[i].0,
+                        out.lines().last().unwrap_or_default()
+                    );
+                }
+            }
+        }
+        let best_flat = median(&theirs[0]).min(median(&theirs[1]));
+        let part = median(&theirs[2]);
+        println!(
+            "| loader | seconds (median) | min-max | speed-up vs the faster pgbench mode |\n|---|---|---|---|"
+        );
+        let row = |name: &str, v: &[f64], base: f64| {
+            let (lo, hi) = v
+                .iter()
+                .fold((f64::MAX, 0f64), |(a, b), x| (a.min(*x), b.max(*x)));
+            println!(
+                "| {name} | {:.2} | {lo:.2}-{hi:.2} | {:.2}x |",
+                median(v),
+                base / median(v)
+            );
+        };
+        for (i, (name, _, partitions)) in ours_runs.iter().enumerate() {
+            row(
+                name,
+                &ours[i],
+                if *partitions > 0 { part } else { best_flat },
+            );
+        }
+        for (i, (name, _)) in pgbench_runs.iter().enumerate() {
+            row(name, &theirs[i], if i == 2 { part } else { best_flat });
+        }
     }
-    let (o, c, s) = (median(&ours), median(&client_side), median(&server_side));
-    println!("| loader | seconds (median) | speed-up of pgfleet |\n|---|---|---|");
-    println!(
-        "| pgfleet pgbench-init ({} connections) | {o:.2} | 1.00 |",
-        pgfleet_agent::host::cores()
-    );
-    println!("| pgbench -i | {c:.2} | {:.2} |", c / o);
-    println!("| pgbench -i -I dtGvp | {s:.2} | {:.2} |", s / o);
+    if only == "loader" {
+        return Ok(());
+    }
 
     // ---- driver
     pgbench_init::load(&ctx, &init).await?;

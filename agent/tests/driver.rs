@@ -92,10 +92,56 @@ async fn loader_matches_pgbench_row_counts_and_key_ranges() {
         3
     );
     assert_eq!(one(&c, "SELECT count(*) FROM pg_attribute WHERE attrelid = 'pgbench_accounts'::regclass AND attname = 'aid' AND atttypid = 'int4'::regtype").await, 1);
-    // Partitioned, as pgbench --partitions.
+    // pgbench's filler: empty, blank-padded to 84 characters.
+    assert_eq!(
+        one(
+            &c,
+            "SELECT count(*) FROM pgbench_accounts WHERE octet_length(filler) <> 84 OR filler <> ''"
+        )
+        .await,
+        0
+    );
+    // One connection: COPY FREEZE, rows written frozen (no xmin to wait on).
+    run(
+        &cl,
+        "pgbench-init",
+        json!({"scale": 1, "load_connections": 1}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        one(&c, "SELECT count(*) FROM pgbench_accounts").await,
+        100_000
+    );
+    assert_eq!(
+        one(
+            &c,
+            "SELECT (relallvisible = relpages)::int::int8 FROM pg_class WHERE relname = 'pgbench_accounts'"
+        )
+        .await,
+        1
+    );
+    // Partitioned, as pgbench --partitions: each partition loaded and keyed
+    // on its own, the parent's key adopting the partitions' indexes.
     run(&cl, "pgbench-init", json!({"scale": 1, "partitions": 3}))
         .await
         .unwrap();
+    assert_eq!(
+        one(&c, "SELECT count(*) FROM pg_constraint WHERE contype = 'p' AND conrelid::regclass::text LIKE 'pgbench_accounts%'").await,
+        4
+    );
+    assert_eq!(
+        one(&c, "SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'pgbench_accounts_pkey'::regclass AND c.relkind = 'i'").await,
+        3
+    );
+    assert_eq!(
+        one(
+            &c,
+            "SELECT count(DISTINCT aid) FROM pgbench_accounts WHERE bid = 1"
+        )
+        .await,
+        100_000
+    );
     assert_eq!(
         one(
             &c,

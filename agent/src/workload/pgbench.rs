@@ -215,6 +215,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Json) -> BoxFuture<'a, 
                         .map(|(e, share)| json!({"event": e, "share": share})).collect::<Vec<_>>(),
                     "rows_loaded": loaded.rows,
                     "load_seconds": loaded.seconds,
+                    "load_step_seconds": loaded.step_map(),
                 }),
             }],
         })

@@ -6,7 +6,6 @@
 //! Row counts: branches = S, tellers = 10 S, accounts = 100,000 S, history
 //! empty. `aid` is bigint from scale 20,000 up, as in pgbench.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -21,8 +20,6 @@ use crate::{Error, Result};
 /// pgbench's SCALE_32BIT_THRESHOLD.
 pub const SCALE_BIGINT_THRESHOLD: u64 = 20_000;
 const ACCOUNTS_PER_BRANCH: u64 = 100_000;
-/// Rows per INSERT: the unit of work handed to a loading connection.
-const BATCH: u64 = 100_000;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -46,6 +43,18 @@ fn default_fillfactor() -> u32 {
 pub struct Loaded {
     pub rows: u64,
     pub seconds: f64,
+    /// Seconds per step, as pgbench -i reports them: schema, generate
+    /// (COPY), vacuum, primary keys.
+    pub steps: [(&'static str, f64); 4],
+}
+
+impl Loaded {
+    pub fn step_map(&self) -> serde_json::Map<String, Json> {
+        self.steps
+            .iter()
+            .map(|(k, v)| (k.to_string(), json!(v)))
+            .collect()
+    }
 }
 
 pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Json) -> BoxFuture<'a, Result<Output>> {
@@ -57,7 +66,8 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Json) -> BoxFuture<'a, 
                 params: json!({"scale": p.scale, "fillfactor": p.fillfactor, "partitions": p.partitions,
                                "load_connections": connections(&p)}),
                 metrics: json!({"rows_loaded": loaded.rows, "load_seconds": loaded.seconds,
-                                "rows_per_second": loaded.rows as f64 / loaded.seconds.max(1e-9)}),
+                                "rows_per_second": loaded.rows as f64 / loaded.seconds.max(1e-9),
+                                "load_step_seconds": loaded.step_map()}),
             }],
         })
     }
@@ -128,6 +138,130 @@ pub fn ddl(p: &InitParams) -> Vec<String> {
     v
 }
 
+/// One COPY of a contiguous `aid` range into `table` (the accounts table
+/// or one of its partitions). `freeze`: the table is truncated in the same
+/// transaction and loaded with `COPY ... FREEZE`, so its rows are written
+/// frozen and visible and the vacuum after has nothing to do.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unit {
+    pub table: String,
+    pub lo: u64,
+    pub hi: u64,
+    pub freeze: bool,
+}
+
+/// How pgbench_accounts is split over `conns` loading connections.
+///
+/// - partitioned: one unit per partition, each `COPY FREEZE` (a partition
+///   truncated in its own transaction), partitions shared out over the
+///   connections;
+/// - one connection: the whole table in one `COPY FREEZE` (pgbench's way);
+/// - several connections: one range per connection, plain `COPY` (FREEZE
+///   needs the table truncated in the loading transaction, which only one
+///   connection can do), and the vacuum after sets the visibility map.
+pub fn plan(p: &InitParams, conns: u32) -> Vec<Unit> {
+    let n = p.scale * ACCOUNTS_PER_BRANCH;
+    let split = |parts: u64, table: &dyn Fn(u64) -> String, freeze: bool| {
+        let size = n.div_ceil(parts);
+        (0..parts)
+            .map(|i| Unit {
+                table: table(i + 1),
+                lo: i * size + 1,
+                hi: ((i + 1) * size).min(n),
+                freeze,
+            })
+            .filter(|u| u.lo <= u.hi)
+            .collect()
+    };
+    if p.partitions > 0 {
+        split(
+            u64::from(p.partitions),
+            &|i| format!("pgbench_accounts_{i}"),
+            true,
+        )
+    } else {
+        split(
+            u64::from(conns.max(1)),
+            &|_| "pgbench_accounts".to_string(),
+            conns <= 1,
+        )
+    }
+}
+
+/// COPY text of accounts `lo..=hi` as pgbench writes it: aid, bid, abalance
+/// 0 and an empty filler (blank-padded by char(84)).
+fn account_rows(lo: u64, hi: u64, out: &mut bytes::BytesMut) {
+    use std::fmt::Write as _;
+    for aid in lo..=hi {
+        let _ = writeln!(out, "{aid}\t{}\t0\t", (aid - 1) / ACCOUNTS_PER_BRANCH + 1);
+    }
+}
+
+/// Rows per COPY message.
+const CHUNK: u64 = 10_000;
+
+async fn copy_unit(c: &tokio_postgres::Client, u: &Unit, done: &AtomicU64) -> Result<()> {
+    use futures::SinkExt;
+    if u.freeze {
+        c.batch_execute(&format!("BEGIN; TRUNCATE {}", u.table))
+            .await?;
+    }
+    let freeze = if u.freeze { " (FREEZE)" } else { "" };
+    let sink = c
+        .copy_in::<_, bytes::Bytes>(&format!(
+            "COPY {} (aid, bid, abalance, filler) FROM STDIN{freeze}",
+            u.table
+        ))
+        .await?;
+    futures::pin_mut!(sink);
+    let mut buf = bytes::BytesMut::with_capacity(CHUNK as usize * 24);
+    let mut lo = u.lo;
+    while lo <= u.hi {
+        let hi = (lo + CHUNK - 1).min(u.hi);
+        account_rows(lo, hi, &mut buf);
+        sink.send(buf.split().freeze()).await?;
+        done.fetch_add(hi - lo + 1, Ordering::Relaxed);
+        lo = hi + 1;
+    }
+    sink.as_mut().finish().await?;
+    if u.freeze {
+        c.batch_execute("COMMIT").await?;
+    }
+    Ok(())
+}
+
+/// Loads `units` over the connections, each taking the next unit when free.
+async fn copy_all(
+    conns: &[tokio_postgres::Client],
+    units: &[Unit],
+    done: &AtomicU64,
+) -> Result<()> {
+    let next = AtomicU64::new(0);
+    let next = &next;
+    futures::future::try_join_all(conns.iter().map(|c| async move {
+        while let Some(u) = units.get(next.fetch_add(1, Ordering::Relaxed) as usize) {
+            copy_unit(c, u, done).await?;
+        }
+        Ok::<_, Error>(())
+    }))
+    .await?;
+    Ok(())
+}
+
+/// Runs the statements over the connections, each taking the next when free.
+async fn sql_all(conns: &[tokio_postgres::Client], stmts: &[String]) -> Result<()> {
+    let next = AtomicU64::new(0);
+    let next = &next;
+    futures::future::try_join_all(conns.iter().map(|c| async move {
+        while let Some(sql) = stmts.get(next.fetch_add(1, Ordering::Relaxed) as usize) {
+            c.batch_execute(sql).await?;
+        }
+        Ok::<_, Error>(())
+    }))
+    .await?;
+    Ok(())
+}
+
 /// Drops and creates the schema, loads it in parallel, vacuums, adds keys.
 pub async fn load(ctx: &CellContext<'_>, p: &InitParams) -> Result<Loaded> {
     if p.scale == 0 {
@@ -146,31 +280,16 @@ pub async fn load(ctx: &CellContext<'_>, p: &InitParams) -> Result<Loaded> {
             t = 10 * p.scale
         ))
         .await?;
+    let schema_s = started.elapsed().as_secs_f64();
     let accounts = p.scale * ACCOUNTS_PER_BRANCH;
-    let next = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(AtomicU64::new(0));
-    let batches = accounts.div_ceil(BATCH);
-    let mut workers = Vec::new();
-    for _ in 0..connections(p) {
-        let (next, done) = (next.clone(), done.clone());
-        let conn = ctx.cluster.connect().await?;
-        workers.push(async move {
-            loop {
-                let b = next.fetch_add(1, Ordering::Relaxed);
-                if b >= batches {
-                    return Ok::<_, Error>(());
-                }
-                let (lo, hi) = (b * BATCH + 1, ((b + 1) * BATCH).min(accounts));
-                conn.batch_execute(&format!(
-                    "INSERT INTO pgbench_accounts (aid, bid, abalance, filler) \
-                     SELECT aid, (aid - 1) / {ACCOUNTS_PER_BRANCH} + 1, 0, '' FROM generate_series({lo}, {hi}) AS aid"
-                ))
-                .await?;
-                done.fetch_add(hi - lo + 1, Ordering::Relaxed);
-            }
-        });
+    let n_conns = connections(p);
+    let units = plan(p, n_conns);
+    let mut conns = Vec::new();
+    for _ in 0..n_conns.min(units.len() as u32).max(1) {
+        conns.push(ctx.cluster.connect().await?);
     }
-    let load = futures::future::try_join_all(workers);
+    let done = AtomicU64::new(0);
+    let load = copy_all(&conns, &units, &done);
     tokio::pin!(load);
     let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
     loop {
@@ -186,36 +305,53 @@ pub async fn load(ctx: &CellContext<'_>, p: &InitParams) -> Result<Loaded> {
             _ = ctx.cancel.cancelled() => return Err(Error::Cancelled("cancelled while loading".into())),
         }
     }
+    let generate_s = started.elapsed().as_secs_f64() - schema_s;
+    // pgbench's "v" step. Partitions are vacuumed in parallel, then one
+    // ANALYZE of the parent gathers its statistics and each partition's.
     ctx.progress("load", accounts, accounts, "vacuum analyze");
-    // pgbench's "v" step, then "p": primary keys, built in parallel.
-    let tables = [
-        "pgbench_branches",
-        "pgbench_tellers",
-        "pgbench_accounts",
-        "pgbench_history",
-    ];
-    let mut vacs = Vec::new();
-    for t in tables {
-        let c = ctx.cluster.connect().await?;
-        vacs.push(async move { c.batch_execute(&format!("VACUUM ANALYZE {t}")).await });
+    let accounts_tables: Vec<String> = if p.partitions > 0 {
+        (1..=p.partitions)
+            .map(|i| format!("pgbench_accounts_{i}"))
+            .collect()
+    } else {
+        vec!["pgbench_accounts".into()]
+    };
+    let analyze = if p.partitions > 0 { "" } else { " ANALYZE" };
+    let vacuum: Vec<String> = accounts_tables
+        .iter()
+        .map(|t| format!("VACUUM{analyze} {t}"))
+        .chain(
+            ["pgbench_branches", "pgbench_tellers", "pgbench_history"]
+                .map(|t| format!("VACUUM ANALYZE {t}")),
+        )
+        .collect();
+    sql_all(&conns, &vacuum).await?;
+    if p.partitions > 0 {
+        client.batch_execute("ANALYZE pgbench_accounts").await?;
     }
-    futures::future::try_join_all(vacs).await?;
+    let vacuum_s = started.elapsed().as_secs_f64() - schema_s - generate_s;
     ctx.progress("load", accounts, accounts, "primary keys");
-    let mut keys = Vec::new();
-    for (t, k) in [
-        ("pgbench_branches", "bid"),
-        ("pgbench_tellers", "tid"),
-        ("pgbench_accounts", "aid"),
-    ] {
-        let c = ctx.cluster.connect().await?;
-        keys.push(async move {
-            c.batch_execute(&format!("ALTER TABLE {t} ADD PRIMARY KEY ({k})"))
-                .await
-        });
+    let mut keys: Vec<String> = accounts_tables
+        .iter()
+        .map(|t| format!("ALTER TABLE {t} ADD PRIMARY KEY (aid)"))
+        .collect();
+    keys.push("ALTER TABLE pgbench_branches ADD PRIMARY KEY (bid)".into());
+    keys.push("ALTER TABLE pgbench_tellers ADD PRIMARY KEY (tid)".into());
+    sql_all(&conns, &keys).await?;
+    if p.partitions > 0 {
+        client
+            .batch_execute("ALTER TABLE pgbench_accounts ADD PRIMARY KEY (aid)")
+            .await?;
     }
-    futures::future::try_join_all(keys).await?;
+    let seconds = started.elapsed().as_secs_f64();
     Ok(Loaded {
         rows: accounts + 11 * p.scale,
-        seconds: started.elapsed().as_secs_f64(),
+        seconds,
+        steps: [
+            ("schema", schema_s),
+            ("generate", generate_s),
+            ("vacuum", vacuum_s),
+            ("primary_keys", seconds - schema_s - generate_s - vacuum_s),
+        ],
     })
 }
