@@ -174,7 +174,7 @@ async fn bench(
         "\n## Driver: pgfleet vs pgbench -M prepared, 8 clients, 2 threads, {secs} s x {rounds} rounds\n"
     );
     println!(
-        "| script | pgfleet tps | pgbench tps | ratio | pgfleet CPU µs/txn | pgbench CPU µs/txn |\n|---|---|---|---|---|---|"
+        "| script | pgfleet tps | pgbench tps | ratio (median of rounds) | ratio min-max | pgfleet CPU µs/txn | pgbench CPU µs/txn |\n|---|---|---|---|---|---|---|"
     );
     for name in ["select-only", "random-update"] {
         let text = driver::builtin(name).unwrap_or_default();
@@ -239,10 +239,17 @@ async fn bench(
             b.push(grab(&out, "tps = ").ok_or_else(|| anyhow::anyhow!("no tps in {out}"))?);
         }
         let _ = std::fs::remove_file(&file);
-        let (x, y) = (median(&a), median(&b));
+        // Rounds alternate the two tools, so each round's ratio is a
+        // paired comparison under the same machine conditions.
+        let ratios: Vec<f64> = a.iter().zip(&b).map(|(x, y)| x / y).collect();
+        let (lo, hi) = ratios
+            .iter()
+            .fold((f64::MAX, 0f64), |(l, h), r| (l.min(*r), h.max(*r)));
         println!(
-            "| {name} | {x:.0} | {y:.0} | {:.3} | {:.1} | {:.1} |",
-            x / y,
+            "| {name} | {:.0} | {:.0} | {:.3} | {lo:.3}-{hi:.3} | {:.1} | {:.1} |",
+            median(&a),
+            median(&b),
+            median(&ratios),
             median(&ca),
             median(&cb)
         );

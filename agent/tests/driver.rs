@@ -268,12 +268,18 @@ async fn serialization_failures_are_retried_or_counted_as_pgbench_does() {
                   UPDATE pgbench_branches SET bbalance = bbalance + 1 WHERE bid = 1;\n\
                   END;\n";
     let c = cl.connect().await.unwrap();
-    for (max_tries, retried) in [(1000, true), (1, false)] {
+    // The same with the real pgbench binary (`driver: pgbench`), whose log
+    // carries the retries.
+    for (max_tries, retried, driver) in [
+        (1000, true, "pgfleet"),
+        (1, false, "pgfleet"),
+        (1000, true, "pgbench"),
+    ] {
         let out = run(
             &cl,
             "pgbench",
             json!({"scale": 1, "script_text": script, "clients": 4, "threads": 2,
-                   "duration_s": 1.5, "max_tries": max_tries}),
+                   "duration_s": 2.0, "max_tries": max_tries, "driver": driver}),
         )
         .await
         .unwrap();

@@ -16,6 +16,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -171,15 +172,18 @@ pub fn run_blocking(
             .build()
             .map_err(|e| DriverError(format!("starting a driver thread's runtime: {e}")))
     };
+    // Clients check this flag between transactions (a CancellationToken's
+    // check takes a lock); the progress loop below raises it on cancel.
+    let stop = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
     for t in 0..threads {
         let ids: Vec<u32> = (0..clients).filter(|c| c % threads == t).collect();
-        let (cfg, pg, barrier, start, cancel) = (
+        let (cfg, pg, barrier, start, stop) = (
             cfg.clone(),
             pg.clone(),
             barrier.clone(),
             start.clone(),
-            cancel.clone(),
+            stop.clone(),
         );
         let rt = runtime()?;
         let h = std::thread::Builder::new()
@@ -189,7 +193,7 @@ pub fn run_blocking(
                 // (join_all would poll all of them on every wake-up).
                 rt.block_on(
                     ids.into_iter()
-                        .map(|id| client(id, &cfg, &pg, &barrier, &start, &cancel))
+                        .map(|id| client(id, &cfg, &pg, &barrier, &start, &stop))
                         .collect::<futures::stream::FuturesUnordered<_>>()
                         .collect::<Vec<_>>(),
                 )
@@ -204,7 +208,12 @@ pub fn run_blocking(
         barrier.wait().await;
         let t0 = *start.get_or_init(Instant::now);
         while !handles.iter().all(|h| h.is_finished()) {
-            tokio::time::sleep(Duration::from_millis(250)).await;
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                _ = cancel.cancelled(), if !stop.load(Ordering::Relaxed) => {
+                    stop.store(true, Ordering::Relaxed);
+                }
+            }
             progress(
                 t0.elapsed().as_secs_f64().min(total.as_secs_f64()),
                 total.as_secs_f64(),
@@ -318,7 +327,7 @@ async fn client(
     pg: &tokio_postgres::Config,
     barrier: &tokio::sync::Barrier,
     start: &std::sync::OnceLock<Instant>,
-    cancel: &tokio_util::sync::CancellationToken,
+    stop: &AtomicBool,
 ) -> Result<ClientStats, DriverError> {
     let connected = async {
         let mut db = wire::Conn::connect(pg)
@@ -355,7 +364,7 @@ async fn client(
     let mut next_due = t0;
     let mut done: u64 = 0;
     loop {
-        if cancel.is_cancelled() {
+        if stop.load(Ordering::Relaxed) {
             break;
         }
         let now = Instant::now();

@@ -5,7 +5,7 @@
 //! Log lines (PostgreSQL 15): `client_id transaction_no time script_no
 //! time_epoch time_us [schedule_lag] [retries]`, `time` being the latency in
 //! microseconds, or `skipped`, `failed`, `serialization`, `deadlock`.
-//! pgbench has no warm-up: it runs warm-up + duration and transactions
+//! `retries` is summed into the result's retries. pgbench has no warm-up: it runs warm-up + duration and transactions
 //! started in the first `warmup` seconds are left out, as the built-in
 //! driver does.
 
@@ -90,7 +90,17 @@ pub async fn run(
         }
     }
     let _ = std::fs::remove_file(&script);
-    parse_log(&text, cfg.warmup, cfg.duration, cfg.latency_limit)
+    // pgbench logs `schedule_lag` with --rate, then `retries` unless
+    // --max-tries is 1.
+    let retries_field = (pg.major >= 15 && cfg.max_tries.max(1) != 1)
+        .then_some(6 + usize::from(cfg.rate.is_some()));
+    parse_log(
+        &text,
+        cfg.warmup,
+        cfg.duration,
+        cfg.latency_limit,
+        retries_field,
+    )
 }
 
 /// Turns pgbench's per-transaction log into the driver's result.
@@ -99,11 +109,13 @@ pub fn parse_log(
     warmup: Duration,
     duration: Option<Duration>,
     latency_limit: Option<Duration>,
+    retries_field: Option<usize>,
 ) -> Result<DriverResult, DriverError> {
     struct Line {
         latency_us: Option<u64>,
         outcome: String,
         end_us: u64,
+        retries: u64,
     }
     let mut lines = Vec::new();
     for (i, l) in text.lines().enumerate() {
@@ -121,10 +133,20 @@ pub fn parse_log(
         };
         let end_us = num(f[4])? * 1_000_000 + num(f[5])?;
         let latency_us = f[2].parse::<u64>().ok();
+        let retries = match retries_field {
+            Some(k) => num(f.get(k).ok_or_else(|| {
+                DriverError(format!(
+                    "pgbench log line {}: `{l}` has no retries field",
+                    i + 1
+                ))
+            })?)?,
+            None => 0,
+        };
         lines.push(Line {
             latency_us,
             outcome: f[2].to_string(),
             end_us,
+            retries,
         });
     }
     let start_of = |l: &Line| l.end_us.saturating_sub(l.latency_us.unwrap_or(0));
@@ -137,12 +159,14 @@ pub fn parse_log(
         .map_err(|x| DriverError(x.to_string()))?;
     let mut failures = BTreeMap::new();
     let (mut transactions, mut skipped, mut late, mut last_end) = (0u64, 0u64, 0u64, from);
+    let mut retries = 0;
     let mut per_second: Vec<SecondStat> = Vec::new();
     for l in &lines {
         let start = start_of(l);
         if start < from || start >= to {
             continue;
         }
+        retries += l.retries;
         match l.latency_us {
             Some(us) => {
                 transactions += 1;
@@ -180,7 +204,7 @@ pub fn parse_log(
         elapsed_s,
         histogram: hist,
         failures,
-        retries: 0,
+        retries,
         skipped,
         late,
         per_second,
@@ -204,6 +228,7 @@ mod tests {
             Duration::from_secs(1),
             Some(Duration::from_secs(2)),
             Some(Duration::from_micros(1500)),
+            None,
         )
         .unwrap();
         assert_eq!(
@@ -214,6 +239,25 @@ mod tests {
         assert_eq!(r.skipped, 1);
         assert_eq!(r.late, 1);
         assert_eq!(r.histogram.max(), 2000);
-        assert!(parse_log("0 1 2", Duration::ZERO, None, None).is_err());
+        assert_eq!(r.retries, 0);
+        assert!(parse_log("0 1 2", Duration::ZERO, None, None, None).is_err());
+    }
+
+    #[test]
+    fn retries_are_read_after_the_schedule_lag() {
+        // With --rate: ... time_us schedule_lag retries.
+        let log = "0 0 500 0 1000 000500 40 2\n\
+                   0 1 serialization 0 1000 900000 10 9\n";
+        let r = parse_log(log, Duration::ZERO, None, None, Some(7)).unwrap();
+        assert_eq!(r.retries, 11);
+        assert_eq!(r.transactions, 1);
+        let e = parse_log(
+            "0 0 500 0 1000 000500\n",
+            Duration::ZERO,
+            None,
+            None,
+            Some(6),
+        );
+        assert!(e.unwrap_err().0.contains("no retries field"));
     }
 }
