@@ -106,6 +106,7 @@ async fn bench(
             ("pgfleet, 2 connections", 2, 0),
             ("pgfleet, 1 connection (COPY FREEZE)", 1, 0),
             ("pgfleet, 2 partitions (COPY FREEZE each)", 2, 2),
+            ("pgfleet, 2 partitions, 1 connection", 1, 2),
         ];
         let verbose = std::env::var_os("VERBOSE").is_some();
         let mut ours = vec![vec![]; ours_runs.len()];

@@ -1,10 +1,16 @@
 //! PostgreSQL's own statistics, sampled at a fixed interval during measured
 //! phases: pg_stat_database (commits, blocks read/hit, read time),
-//! pg_stat_bgwriter (checkpoints, buffers), pg_stat_wal (PostgreSQL 14+:
-//! records, bytes, writes, syncs, sync time) and the wait events of active
+//! checkpoints (pg_stat_bgwriter; pg_stat_checkpointer from PostgreSQL 17),
+//! WAL (pg_stat_wal, 14+; its write/sync counters come from pg_stat_io from
+//! 18 on), relation I/O by pg_stat_io (16+) and the wait events of active
 //! client backends from pg_stat_activity. Each tick sends a `pg_stat` sample
-//! of per-interval deltas; `finish` returns what a cell reports: checkpoints
-//! and the top wait events. (pg_stat_io, PostgreSQL 16+, is not sampled yet.)
+//! of per-interval deltas; `finish` takes a last snapshot and returns what a
+//! cell reports: totals over the whole window, checkpoints and the top wait
+//! events.
+//!
+//! Every group reports the same names whatever the version (e.g.
+//! `bgwriter.checkpoints_timed` is pg_stat_checkpointer's `num_timed` on 17+),
+//! so reports and dashboards do not depend on the server's version.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -18,29 +24,67 @@ use crate::cluster::Cluster;
 use crate::{Error, Result};
 use pgfleet_proto::v1::{AgentMessage, CellSample, agent_message::Msg};
 
-const DATABASE: &str = "SELECT xact_commit::float8, xact_rollback::float8, blks_read::float8, blks_hit::float8, \
-     blk_read_time::float8, blk_write_time::float8 FROM pg_stat_database WHERE datname = current_database()";
-const DATABASE_COLS: &[&str] = &[
-    "xact_commit",
-    "xact_rollback",
-    "blks_read",
-    "blks_hit",
-    "blk_read_time_ms",
-    "blk_write_time_ms",
-];
-const BGWRITER: &str = "SELECT checkpoints_timed::float8, checkpoints_req::float8, checkpoint_write_time::float8, \
-     checkpoint_sync_time::float8, buffers_checkpoint::float8, buffers_clean::float8, buffers_backend::float8 FROM pg_stat_bgwriter";
-const BGWRITER_COLS: &[&str] = &[
+/// One query of cumulative counters and the names of its columns.
+#[derive(Debug, Clone)]
+pub struct Group {
+    pub name: &'static str,
+    pub sql: &'static str,
+    pub cols: &'static [&'static str],
+}
+
+const DATABASE: Group = Group {
+    name: "database",
+    sql: "SELECT xact_commit::float8, xact_rollback::float8, blks_read::float8, blks_hit::float8, \
+          blk_read_time::float8, blk_write_time::float8 FROM pg_stat_database WHERE datname = current_database()",
+    cols: &[
+        "xact_commit",
+        "xact_rollback",
+        "blks_read",
+        "blks_hit",
+        "blk_read_time_ms",
+        "blk_write_time_ms",
+    ],
+};
+
+const BGWRITER_UP_TO_16: Group = Group {
+    name: "bgwriter",
+    sql: "SELECT checkpoints_timed::float8, checkpoints_req::float8, checkpoint_write_time::float8, \
+          checkpoint_sync_time::float8, buffers_checkpoint::float8, buffers_clean::float8 FROM pg_stat_bgwriter",
+    cols: CHECKPOINT_COLS,
+};
+
+const BGWRITER_FROM_17: Group = Group {
+    name: "bgwriter",
+    sql: "SELECT c.num_timed::float8, c.num_requested::float8, c.write_time::float8, c.sync_time::float8, \
+          c.buffers_written::float8, b.buffers_clean::float8 FROM pg_stat_checkpointer c, pg_stat_bgwriter b",
+    cols: CHECKPOINT_COLS,
+};
+
+const CHECKPOINT_COLS: &[&str] = &[
     "checkpoints_timed",
     "checkpoints_req",
     "checkpoint_write_time_ms",
     "checkpoint_sync_time_ms",
     "buffers_checkpoint",
     "buffers_clean",
-    "buffers_backend",
 ];
-const WAL: &str = "SELECT wal_records::float8, wal_bytes::float8, wal_write::float8, wal_sync::float8, \
-     wal_write_time::float8, wal_sync_time::float8 FROM pg_stat_wal";
+
+const WAL_14_TO_17: Group = Group {
+    name: "wal",
+    sql: "SELECT wal_records::float8, wal_bytes::float8, wal_write::float8, wal_sync::float8, \
+          wal_write_time::float8, wal_sync_time::float8 FROM pg_stat_wal",
+    cols: WAL_COLS,
+};
+
+const WAL_FROM_18: Group = Group {
+    name: "wal",
+    sql: "SELECT w.wal_records::float8, w.wal_bytes::float8, i.writes, i.fsyncs, i.write_time, i.fsync_time \
+          FROM pg_stat_wal w, (SELECT coalesce(sum(writes), 0)::float8 AS writes, coalesce(sum(fsyncs), 0)::float8 AS fsyncs, \
+          coalesce(sum(write_time), 0)::float8 AS write_time, coalesce(sum(fsync_time), 0)::float8 AS fsync_time \
+          FROM pg_stat_io WHERE object = 'wal') i",
+    cols: WAL_COLS,
+};
+
 const WAL_COLS: &[&str] = &[
     "wal_records",
     "wal_bytes",
@@ -49,6 +93,48 @@ const WAL_COLS: &[&str] = &[
     "wal_write_time_ms",
     "wal_sync_time_ms",
 ];
+
+/// Relation I/O of all backends (client backends, checkpointer, bgwriter,
+/// autovacuum), PostgreSQL 16+.
+const IO_FROM_16: Group = Group {
+    name: "io",
+    sql: "SELECT coalesce(sum(reads), 0)::float8, coalesce(sum(read_time), 0)::float8, \
+          coalesce(sum(writes), 0)::float8, coalesce(sum(write_time), 0)::float8, \
+          coalesce(sum(extends), 0)::float8, coalesce(sum(hits), 0)::float8, \
+          coalesce(sum(evictions), 0)::float8, coalesce(sum(fsyncs), 0)::float8, \
+          coalesce(sum(fsync_time), 0)::float8 FROM pg_stat_io WHERE object = 'relation'",
+    cols: &[
+        "reads",
+        "read_time_ms",
+        "writes",
+        "write_time_ms",
+        "extends",
+        "hits",
+        "evictions",
+        "fsyncs",
+        "fsync_time_ms",
+    ],
+};
+
+/// The counter groups a server of this major version has.
+pub fn groups(major: u32) -> Vec<Group> {
+    let mut g = vec![DATABASE];
+    g.push(if major >= 17 {
+        BGWRITER_FROM_17
+    } else {
+        BGWRITER_UP_TO_16
+    });
+    match major {
+        18.. => g.push(WAL_FROM_18),
+        14..=17 => g.push(WAL_14_TO_17),
+        _ => {}
+    }
+    if major >= 16 {
+        g.push(IO_FROM_16);
+    }
+    g
+}
+
 const WAITS: &str = "SELECT coalesce(wait_event_type, 'CPU') || ':' || coalesce(wait_event, 'running'), count(*)::float8 \
      FROM pg_stat_activity WHERE state = 'active' AND backend_type = 'client backend' AND pid <> pg_backend_pid() GROUP BY 1";
 
@@ -64,6 +150,23 @@ pub struct Summary {
     pub checkpoints: f64,
     /// (wait event, share of sampled active backends), most frequent first.
     pub top_waits: Vec<(String, f64)>,
+    /// Every counter's change from `start` to `finish`, as `group.column`.
+    pub totals: BTreeMap<String, f64>,
+}
+
+impl Summary {
+    /// The change of `group.column` over the window; None if this server
+    /// version does not have it.
+    pub fn total(&self, key: &str) -> Option<f64> {
+        self.totals.get(key).copied()
+    }
+
+    /// `time / count` over the window (e.g. ms per page read), None when
+    /// the server has neither or nothing was counted.
+    pub fn per(&self, time: &str, count: &str) -> Option<f64> {
+        let (t, n) = (self.total(time)?, self.total(count)?);
+        (n > 0.0).then_some(t / n)
+    }
 }
 
 impl Sampler {
@@ -74,13 +177,14 @@ impl Sampler {
         cell_id: String,
     ) -> Result<Sampler> {
         let client = cluster.connect().await?;
-        let wal = cluster.pg.major >= 14;
+        let groups = groups(cluster.pg.major);
         let stop = CancellationToken::new();
         let s = stop.clone();
+        // The first snapshot before returning, so the window starts here.
+        let first = snapshot(&client, &groups).await?;
+        let started = Instant::now();
         let task = tokio::spawn(async move {
-            let started = Instant::now();
-            let mut prev = snapshot(&client, wal).await?;
-            let first = prev.clone();
+            let mut prev = first.clone();
             let mut waits: BTreeMap<String, f64> = BTreeMap::new();
             let mut samples = 0;
             let mut tick = tokio::time::interval(interval);
@@ -90,24 +194,19 @@ impl Sampler {
                     _ = tick.tick() => {}
                     _ = s.cancelled() => break,
                 }
-                let now = snapshot(&client, wal).await?;
+                let now = snapshot(&client, &groups).await?;
                 let mut data = serde_json::Map::new();
                 data.insert("t".into(), json!(started.elapsed().as_secs_f64()));
-                for (group, cols) in [
-                    ("database", DATABASE_COLS),
-                    ("bgwriter", BGWRITER_COLS),
-                    ("wal", WAL_COLS),
-                ] {
-                    let delta: serde_json::Map<String, Json> = cols
+                for g in &groups {
+                    let delta: serde_json::Map<String, Json> = g
+                        .cols
                         .iter()
                         .filter_map(|c| {
-                            let key = format!("{group}.{c}");
+                            let key = format!("{}.{c}", g.name);
                             Some((c.to_string(), json!(now.get(&key)? - prev.get(&key)?)))
                         })
                         .collect();
-                    if !delta.is_empty() {
-                        data.insert(group.into(), Json::Object(delta));
-                    }
+                    data.insert(g.name.into(), Json::Object(delta));
                 }
                 let w: BTreeMap<String, f64> = client
                     .query(WAITS, &[])
@@ -131,12 +230,12 @@ impl Sampler {
                 samples += 1;
                 prev = now;
             }
-            let d = |k: &str| {
-                prev.get(k)
-                    .zip(first.get(k))
-                    .map(|(a, b)| a - b)
-                    .unwrap_or(0.0)
-            };
+            let last = snapshot(&client, &groups).await?;
+            let totals: BTreeMap<String, f64> = last
+                .iter()
+                .filter_map(|(k, v)| Some((k.clone(), v - first.get(k)?)))
+                .collect();
+            let d = |k: &str| totals.get(k).copied().unwrap_or(0.0);
             let total: f64 = waits.values().sum();
             let mut top: Vec<(String, f64)> = waits
                 .into_iter()
@@ -148,6 +247,7 @@ impl Sampler {
                 samples,
                 checkpoints: d("bgwriter.checkpoints_timed") + d("bgwriter.checkpoints_req"),
                 top_waits: top,
+                totals,
             })
         });
         Ok(Sampler { stop, task })
@@ -162,19 +262,15 @@ impl Sampler {
 }
 
 /// Cumulative counters as `group.column` -> value.
-async fn snapshot(client: &tokio_postgres::Client, wal: bool) -> Result<BTreeMap<String, f64>> {
+async fn snapshot(
+    client: &tokio_postgres::Client,
+    groups: &[Group],
+) -> Result<BTreeMap<String, f64>> {
     let mut m = BTreeMap::new();
-    let mut groups = vec![
-        ("database", DATABASE, DATABASE_COLS),
-        ("bgwriter", BGWRITER, BGWRITER_COLS),
-    ];
-    if wal {
-        groups.push(("wal", WAL, WAL_COLS));
-    }
-    for (group, sql, cols) in groups {
-        let row = client.query_one(sql, &[]).await?;
-        for (i, c) in cols.iter().enumerate() {
-            m.insert(format!("{group}.{c}"), row.get::<_, f64>(i));
+    for g in groups {
+        let row = client.query_one(g.sql, &[]).await?;
+        for (i, c) in g.cols.iter().enumerate() {
+            m.insert(format!("{}.{c}", g.name), row.get::<_, f64>(i));
         }
     }
     Ok(m)

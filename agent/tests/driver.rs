@@ -312,6 +312,86 @@ async fn serialization_failures_are_retried_or_counted_as_pgbench_does() {
     std::fs::remove_dir_all(&root).unwrap();
 }
 
+/// Run with `PGFLEET_PG_BIN` set to another version's bin dir to check the
+/// version-specific queries (pg_stat_checkpointer from 17, WAL counters in
+/// pg_stat_io from 18, pg_stat_io from 16).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn internals_have_the_same_names_on_every_version() {
+    use pgfleet_proto::v1::agent_message::Msg;
+    let (cl, root) = cluster("internals").await;
+    let major = cl.pg.major;
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<pgfleet_proto::v1::AgentMessage>(4096);
+    let samples = tokio::spawn(async move {
+        let mut v = Vec::new();
+        while let Some(m) = rx.recv().await {
+            if let Some(Msg::Sample(s)) = m.msg
+                && s.kind == "pg_stat"
+            {
+                v.push(pgfleet_proto::struct_to_json(&s.data.unwrap()));
+            }
+        }
+        v
+    });
+    let mut ctx = CellContext {
+        cell_id: "c".into(),
+        cluster: &cl,
+        events: tx,
+        cancel: CancellationToken::new(),
+    };
+    let params = json!({"scale": 1, "script": "tpcb-like", "clients": 2, "duration_s": 2.5});
+    let out = (workload::find("pgbench").unwrap().run)(&mut ctx, &params)
+        .await
+        .unwrap();
+    drop(ctx);
+    let samples = samples.await.unwrap();
+    assert!(samples.len() >= 2, "{samples:?}");
+    let m = &out.points[0].metrics;
+    assert!(m["wal_syncs"].as_f64().unwrap() > 0.0, "PG {major}: {m}");
+    assert!(
+        m["wal_sync_ms_avg"].as_f64().unwrap() > 0.0,
+        "PG {major}: {m}"
+    );
+    assert!(m["checkpoints"].is_number(), "{m}");
+    let mut expect = vec![
+        (
+            "database",
+            vec!["xact_commit", "blks_read", "blk_read_time_ms"],
+        ),
+        (
+            "bgwriter",
+            vec!["checkpoints_timed", "checkpoints_req", "buffers_checkpoint"],
+        ),
+        ("wal", vec!["wal_bytes", "wal_sync", "wal_sync_time_ms"]),
+    ];
+    if major >= 16 {
+        expect.push((
+            "io",
+            vec!["reads", "read_time_ms", "writes", "extends", "hits"],
+        ));
+    }
+    for s in &samples {
+        for (group, cols) in &expect {
+            for c in cols {
+                assert!(s[group][c].is_number(), "PG {major}: {group}.{c} in {s}");
+            }
+        }
+    }
+    let commits: f64 = samples
+        .iter()
+        .map(|s| s["database"]["xact_commit"].as_f64().unwrap())
+        .sum();
+    assert!(commits > 0.0, "{samples:?}");
+    if major >= 16 {
+        let hits: f64 = samples
+            .iter()
+            .map(|s| s["io"]["hits"].as_f64().unwrap())
+            .sum();
+        assert!(hits > 0.0, "PG {major}: {samples:?}");
+    }
+    cl.teardown().await.unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
 #[test]
 fn bigint_aid_from_scale_20000_as_pgbench() {
     use pgfleet_agent::workload::pgbench_init::{InitParams, ddl};

@@ -28,7 +28,7 @@ pub mod script;
 pub mod wire;
 
 use rng::Rng;
-use script::{Command, Env, Script, Value, eval};
+use script::{Command, Env, Script, Value, Vars, eval};
 
 /// pgbench's built-in scripts, plus the seeds' random UPDATE.
 pub const BUILTIN_SCRIPTS: &[(&str, &str, &str)] = &[
@@ -346,11 +346,11 @@ async fn client(
     // Reach the barrier even on failure, so the others are not left waiting.
     barrier.wait().await;
     let mut db = connected.map_err(DriverError)?;
-    let names: HashMap<usize, String> = cfg
+    let names: Vec<String> = cfg
         .script
         .commands
         .iter()
-        .map(|(line, _)| (*line, stmt_name(*line)))
+        .map(|(line, _)| stmt_name(*line))
         .collect();
     let mut params = Vec::new();
     let t0 = *start.get_or_init(Instant::now);
@@ -358,7 +358,7 @@ async fn client(
     let end = cfg.duration.map(|d| warm_end + d);
     let mut stats = ClientStats::new();
     let mut rng = Rng::seeded(cfg.seed ^ (u64::from(id) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let mut vars = cfg.vars.clone();
+    let mut vars: Vars = cfg.vars.iter().map(|(k, v)| (k.clone(), *v)).collect();
     vars.insert("client_id".into(), Value::Int(id as i64));
     let per_client_rate = cfg.rate.map(|r| r / cfg.clients as f64);
     let mut next_due = t0;
@@ -450,13 +450,13 @@ async fn client(
 async fn transaction(
     cfg: &DriverConfig,
     db: &mut wire::Conn,
-    names: &HashMap<usize, String>,
+    names: &[String],
     params: &mut Vec<Value>,
-    vars: &mut HashMap<String, Value>,
+    vars: &mut Vars,
     rng: &mut Rng,
 ) -> Result<(), TxnError> {
     let name = &cfg.script.name;
-    for (line, c) in &cfg.script.commands {
+    for (i, (line, c)) in cfg.script.commands.iter().enumerate() {
         match c {
             Command::Set { var, expr } => {
                 let v = eval(
@@ -503,7 +503,7 @@ async fn transaction(
                         TxnError::Fatal(format!("{name}:{line}: undefined variable `{p}`"))
                     })?);
                 }
-                if let Err(e) = db.execute(&names[line], params).await {
+                if let Err(e) = db.execute(&names[i], params).await {
                     return Err(classify(&e, &format!("{name}:{line}")));
                 }
             }

@@ -103,7 +103,6 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Json) -> BoxFuture<'a, 
         }
 
         let client = ctx.cluster.connect().await?;
-        let wal_timing = ctx.cluster.pg.major >= 14;
         let init = InitParams {
             scale: p.scale,
             fillfactor: p.fillfactor,
@@ -143,7 +142,6 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Json) -> BoxFuture<'a, 
             seed,
         };
 
-        let before = stats(&client, wal_timing).await?;
         let sampler = Sampler::start(ctx.cluster, Duration::from_secs(1), ctx.events.clone(), ctx.cell_id.clone()).await?;
         let (events, cell_id) = (ctx.events.clone(), ctx.cell_id.clone());
         let progress = move |done: f64, total: f64| {
@@ -171,7 +169,6 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Json) -> BoxFuture<'a, 
             other => return Err(werr(format!("unknown driver `{other}`: allowed pgfleet, pgbench"))),
         }
         .map_err(|e| if ctx.cancel.is_cancelled() { Error::Cancelled(e.0) } else { werr(e.0) })?;
-        let after = stats(&client, wal_timing).await?;
         let internals = sampler.finish().await?;
 
         for (i, s) in result.per_second.iter().enumerate() {
@@ -183,7 +180,6 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Json) -> BoxFuture<'a, 
             )
             .await?;
         }
-        let per = |time: f64, n: f64| if n > 0.0 { Json::from(time / n) } else { Json::Null };
         let h = &result.histogram;
         Ok(Output {
             points: vec![Point {
@@ -206,10 +202,10 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Json) -> BoxFuture<'a, 
                     "retries": result.retries,
                     "skipped": result.skipped,
                     "late": result.late,
-                    "page_read_ms_avg": per(after.read_ms - before.read_ms, after.reads - before.reads),
-                    "blocks_read": after.reads - before.reads,
-                    "wal_sync_ms_avg": per(after.wal_sync_ms - before.wal_sync_ms, after.wal_syncs - before.wal_syncs),
-                    "wal_syncs": after.wal_syncs - before.wal_syncs,
+                    "page_read_ms_avg": internals.per("database.blk_read_time_ms", "database.blks_read"),
+                    "blocks_read": internals.total("database.blks_read"),
+                    "wal_sync_ms_avg": internals.per("wal.wal_sync_time_ms", "wal.wal_sync"),
+                    "wal_syncs": internals.total("wal.wal_sync"),
                     "checkpoints": internals.checkpoints,
                     "top_wait_events": internals.top_waits.iter()
                         .map(|(e, share)| json!({"event": e, "share": share})).collect::<Vec<_>>(),
@@ -221,37 +217,4 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Json) -> BoxFuture<'a, 
         })
     }
     .boxed()
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-struct Stats {
-    reads: f64,
-    read_ms: f64,
-    wal_syncs: f64,
-    wal_sync_ms: f64,
-}
-
-async fn stats(client: &tokio_postgres::Client, wal: bool) -> Result<Stats> {
-    let db = client
-        .query_one(
-            "SELECT blks_read::float8, blk_read_time::float8 FROM pg_stat_database WHERE datname = current_database()",
-            &[],
-        )
-        .await?;
-    let mut s = Stats {
-        reads: db.get(0),
-        read_ms: db.get(1),
-        ..Default::default()
-    };
-    if wal {
-        let w = client
-            .query_one(
-                "SELECT wal_sync::float8, wal_sync_time::float8 FROM pg_stat_wal",
-                &[],
-            )
-            .await?;
-        s.wal_syncs = w.get(0);
-        s.wal_sync_ms = w.get(1);
-    }
-    Ok(s)
 }
