@@ -383,6 +383,13 @@ workloads:
             .as_array()
             .unwrap();
         assert!(series.len() >= 2, "{series:?}");
+        for p in series {
+            let (p50, p99) = (&p["latency_ms_p50"], &p["latency_ms_p99"]);
+            assert!(
+                p50.as_f64().unwrap() > 0.0 && p99.as_f64().unwrap() >= p50.as_f64().unwrap(),
+                "{p}"
+            );
+        }
     }
     // Each class says whether its storage was real or emulated, and the caps.
     let env = &r["environment"]["instance_classes"];
@@ -410,6 +417,8 @@ workloads:
     assert!(md.contains("TPS ratio: b / a = **"), "{md}");
     assert!(md.contains("## pgbench-init: loading"));
     assert!(s.out().join("pgbench-0-random-update-tps.svg").is_file());
+    assert!(s.out().join("pgbench-0-random-update-p99.svg").is_file());
+    assert!(md.contains("](pgbench-0-random-update-p99.svg)"), "{md}");
     s.assert_clean(&[]);
 }
 

@@ -104,11 +104,68 @@ pub struct DriverConfig {
     pub seed: u64,
 }
 
+/// One second of the measured window (by scheduled start).
 #[derive(Debug, Clone, Default)]
 pub struct SecondStat {
     pub transactions: u64,
     pub latency_sum_us: u64,
     pub latency_max_us: u64,
+    /// Latency histogram of the second: log buckets, `BUCKETS_PER_OCTAVE`
+    /// per power of two (±9 % resolution), empty until the first record.
+    pub buckets: Vec<u32>,
+}
+
+pub const BUCKETS_PER_OCTAVE: u32 = 4;
+const BUCKETS: usize = (BUCKETS_PER_OCTAVE * 40) as usize;
+
+impl SecondStat {
+    pub fn record(&mut self, us: u64) {
+        self.transactions += 1;
+        self.latency_sum_us += us;
+        self.latency_max_us = self.latency_max_us.max(us);
+        if self.buckets.is_empty() {
+            self.buckets = vec![0; BUCKETS];
+        }
+        let us = us.max(1) as f64;
+        let b = (us.log2() * f64::from(BUCKETS_PER_OCTAVE)) as usize;
+        self.buckets[b.min(BUCKETS - 1)] += 1;
+    }
+
+    fn merge(&mut self, o: &SecondStat) {
+        self.transactions += o.transactions;
+        self.latency_sum_us += o.latency_sum_us;
+        self.latency_max_us = self.latency_max_us.max(o.latency_max_us);
+        if self.buckets.is_empty() {
+            self.buckets = o.buckets.clone();
+        } else {
+            for (a, b) in self.buckets.iter_mut().zip(&o.buckets) {
+                *a += b;
+            }
+        }
+    }
+
+    /// Latency quantile `q` in microseconds (the geometric middle of its
+    /// bucket, capped at the second's maximum; the last rank is the
+    /// maximum); None without transactions.
+    pub fn quantile_us(&self, q: f64) -> Option<f64> {
+        let total: u64 = self.buckets.iter().map(|&c| u64::from(c)).sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+        if rank == total {
+            return Some(self.latency_max_us as f64);
+        }
+        let mut seen = 0;
+        for (i, &c) in self.buckets.iter().enumerate() {
+            seen += u64::from(c);
+            if seen >= rank {
+                let mid = (i as f64 + 0.5) / f64::from(BUCKETS_PER_OCTAVE);
+                return Some(mid.exp2().min(self.latency_max_us as f64));
+            }
+        }
+        None
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -306,11 +363,8 @@ impl ClientStats {
             self.per_second
                 .resize(o.per_second.len(), SecondStat::default());
         }
-        for (i, s) in o.per_second.into_iter().enumerate() {
-            let d = &mut self.per_second[i];
-            d.transactions += s.transactions;
-            d.latency_sum_us += s.latency_sum_us;
-            d.latency_max_us = d.latency_max_us.max(s.latency_max_us);
+        for (i, s) in o.per_second.iter().enumerate() {
+            self.per_second[i].merge(s);
         }
         self.last_end = self.last_end.max(o.last_end);
     }
@@ -435,10 +489,7 @@ async fn client(
                 if stats.per_second.len() <= sec {
                     stats.per_second.resize(sec + 1, SecondStat::default());
                 }
-                let s = &mut stats.per_second[sec];
-                s.transactions += 1;
-                s.latency_sum_us += us;
-                s.latency_max_us = s.latency_max_us.max(us);
+                stats.per_second[sec].record(us);
                 stats.last_end = Some(finished);
             }
             Err((class, _)) => *stats.failures.entry(class.to_string()).or_default() += 1,
@@ -522,5 +573,32 @@ fn classify(e: &wire::WireError, at: &str) -> TxnError {
         Some("40001") => TxnError::Retryable("serialization", format!("{at}: {e}")),
         Some("40P01") => TxnError::Retryable("deadlock", format!("{at}: {e}")),
         _ => TxnError::Fatal(format!("{at}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_second_quantiles_are_within_a_bucket_and_merge() {
+        let mut a = SecondStat::default();
+        assert_eq!(a.quantile_us(0.5), None);
+        // 1,000 transactions at 1..=1000 µs.
+        for us in 1..=1000 {
+            a.record(us);
+        }
+        let p50 = a.quantile_us(0.5).unwrap();
+        let p99 = a.quantile_us(0.99).unwrap();
+        // Four buckets per octave: within 2^(1/4) (19 %) of the exact value.
+        assert!((500.0 / 1.19..=500.0 * 1.19).contains(&p50), "{p50}");
+        assert!((990.0 / 1.19..=1000.0).contains(&p99), "{p99}");
+        assert_eq!(a.quantile_us(1.0), Some(1000.0), "capped at the maximum");
+        let mut b = SecondStat::default();
+        b.record(1_000_000);
+        a.merge(&b);
+        assert_eq!(a.transactions, 1001);
+        assert_eq!(a.latency_max_us, 1_000_000);
+        assert_eq!(a.quantile_us(1.0), Some(1_000_000.0));
     }
 }

@@ -178,10 +178,7 @@ pub fn parse_log(
                 if per_second.len() <= sec {
                     per_second.resize(sec + 1, SecondStat::default());
                 }
-                let s = &mut per_second[sec];
-                s.transactions += 1;
-                s.latency_sum_us += us;
-                s.latency_max_us = s.latency_max_us.max(us);
+                per_second[sec].record(us);
                 last_end = last_end.max(l.end_us);
             }
             None if l.outcome == "skipped" => skipped += 1,

@@ -176,6 +176,8 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Json) -> BoxFuture<'a, 
                 "second",
                 &json!({"second": i + 1, "tps": s.transactions,
                         "latency_ms_mean": if s.transactions > 0 { s.latency_sum_us as f64 / s.transactions as f64 / 1000.0 } else { f64::NAN },
+                        "latency_ms_p50": s.quantile_us(0.5).map(|us| us / 1000.0),
+                        "latency_ms_p99": s.quantile_us(0.99).map(|us| us / 1000.0),
                         "latency_ms_max": s.latency_max_us as f64 / 1000.0}),
             )
             .await?;

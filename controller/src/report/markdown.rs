@@ -386,42 +386,60 @@ fn driver(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json) {
         if !ratios.is_empty() {
             let _ = writeln!(md, "\nTPS ratio: {}", ratios.join(", "));
         }
-        // TPS over time: per class, the mean over its cells of each second.
-        let series: Vec<Series> = classes
-            .keys()
-            .map(|class| {
-                let mut sums: BTreeMap<u64, (f64, u32)> = BTreeMap::new();
-                for r in rs.iter().filter(|r| {
-                    r["instance_class"] == class.as_str() && r["params"]["script"] == script
-                }) {
-                    let id = r["cell_id"].as_str().unwrap_or("");
-                    for p in doc["timeseries"][id].as_array().into_iter().flatten() {
-                        let e = sums.entry(p["second"].as_u64().unwrap_or(0)).or_default();
-                        e.0 += p["tps"].as_f64().unwrap_or(0.0);
-                        e.1 += 1;
+        // TPS and p99 latency over time: per class, the mean over its
+        // cells of each second.
+        let over_time = |field: &str| -> Vec<Series> {
+            classes
+                .keys()
+                .map(|class| {
+                    let mut sums: BTreeMap<u64, (f64, u32)> = BTreeMap::new();
+                    for r in rs.iter().filter(|r| {
+                        r["instance_class"] == class.as_str() && r["params"]["script"] == script
+                    }) {
+                        let id = r["cell_id"].as_str().unwrap_or("");
+                        for p in doc["timeseries"][id].as_array().into_iter().flatten() {
+                            if let Some(v) = p[field].as_f64() {
+                                let e = sums.entry(p["second"].as_u64().unwrap_or(0)).or_default();
+                                e.0 += v;
+                                e.1 += 1;
+                            }
+                        }
                     }
-                }
-                Series {
-                    name: class.clone(),
-                    points: sums
-                        .into_iter()
-                        .map(|(s, (t, n))| (s as f64, t / n as f64))
-                        .collect(),
-                }
-            })
-            .collect();
-        if series.iter().any(|s| !s.points.is_empty()) {
-            let name = format!("pgbench-{gi}-{script}-tps.svg");
-            plots.push((
-                name.clone(),
-                line_chart(
-                    &format!("{script}: TPS over time per class"),
-                    "second",
-                    "transactions per second",
-                    &series,
-                ),
-            ));
-            let _ = writeln!(md, "\n![TPS over time per instance class]({name})");
+                    Series {
+                        name: class.clone(),
+                        points: sums
+                            .into_iter()
+                            .map(|(s, (t, n))| (s as f64, t / n as f64))
+                            .collect(),
+                    }
+                })
+                .collect()
+        };
+        for (field, file, title, y, alt) in [
+            (
+                "tps",
+                "tps",
+                "TPS over time per class",
+                "transactions per second",
+                "TPS over time per instance class",
+            ),
+            (
+                "latency_ms_p99",
+                "p99",
+                "p99 latency over time per class",
+                "p99 latency (ms)",
+                "p99 latency over time per instance class",
+            ),
+        ] {
+            let series = over_time(field);
+            if series.iter().any(|s| !s.points.is_empty()) {
+                let name = format!("pgbench-{gi}-{script}-{file}.svg");
+                plots.push((
+                    name.clone(),
+                    line_chart(&format!("{script}: {title}"), "second", y, &series),
+                ));
+                let _ = writeln!(md, "\n![{alt}]({name})");
+            }
         }
     }
 }

@@ -10,7 +10,7 @@
 //!   results: [{workload, instance_class, agent, cell_id, params, metrics}],
 //!   summaries: [{workload, script, params, classes: {<class>: {<metric>: {median, min, max, values}, cells}}}],
 //!   comparisons: [{workload, script, metric, baseline_class, class, ratio}],
-//!   timeseries: {<cell_id>: [{second, tps, latency_ms_mean}]}}`
+//!   timeseries: {<cell_id>: [{second, tps, latency_ms_mean, latency_ms_p50, latency_ms_p99}]}}`
 //!
 //! Comparisons divide each class's median by the first class's (in fleet
 //! order) for tps, latency p50/p99, page read time and WAL sync time.
@@ -86,7 +86,8 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
     for (cell, data) in store.samples(run_id, "second")? {
         let e = timeseries.entry(cell).or_insert_with(|| json!([]));
         if let Some(a) = e.as_array_mut() {
-            a.push(json!({"second": data["second"], "tps": data["tps"], "latency_ms_mean": data["latency_ms_mean"]}));
+            a.push(json!({"second": data["second"], "tps": data["tps"], "latency_ms_mean": data["latency_ms_mean"],
+                          "latency_ms_p50": data["latency_ms_p50"], "latency_ms_p99": data["latency_ms_p99"]}));
         }
     }
     Ok(json!({
