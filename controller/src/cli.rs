@@ -45,7 +45,9 @@ pub enum Command {
         #[arg(long)]
         out: PathBuf,
     },
-    /// List stored runs.
+    /// List stored runs with their status: running, succeeded, failed,
+    /// cancelled, or interrupted (its controller exited without finishing
+    /// it; its unfinished cells are marked cancelled).
     List,
     /// Check a scenario file and show the cells it plans, without running.
     Validate {

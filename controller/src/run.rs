@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::agents::AgentSource;
-use crate::agents::local::{LocalAgents, LocalOptions};
+use crate::agents::local::{self, LocalAgents, LocalOptions};
 use crate::scheduler::{self, Scheduler};
 use crate::store::{RunStatus, Store};
 use crate::{Result, api, report, scenario};
@@ -53,6 +53,9 @@ pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunS
     let sc = scenario::parse(&opts.scenario, &yaml)?;
     let cells = scenario::plan(&sc);
     let store = Store::open(&opts.store)?;
+    for id in local::reap_finished_runs(&opts.local, &store).await {
+        eprintln!("cleaned up what interrupted run {id} left in the data dir");
+    }
     let run_id = new_run_id();
     store.create_run(
         &run_id,

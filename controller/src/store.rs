@@ -20,6 +20,9 @@ pub enum RunStatus {
     Succeeded,
     Failed,
     Cancelled,
+    /// The controller that ran it exited without finishing it (killed,
+    /// crashed, host restarted); set when the store is next opened.
+    Interrupted,
 }
 
 impl RunStatus {
@@ -29,6 +32,7 @@ impl RunStatus {
             RunStatus::Succeeded => "succeeded",
             RunStatus::Failed => "failed",
             RunStatus::Cancelled => "cancelled",
+            RunStatus::Interrupted => "interrupted",
         }
     }
 }
@@ -160,6 +164,15 @@ CREATE TABLE IF NOT EXISTS results (
 );
 "#;
 
+/// Whether `pid` is a live pgfleet process on this host (a pid reused by
+/// another program does not count).
+fn controller_alive(pid: i64) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmd| {
+        let argv0 = cmd.split(|b| *b == 0).next().unwrap_or_default();
+        String::from_utf8_lossy(argv0).contains("pgfleet")
+    })
+}
+
 pub fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
@@ -195,9 +208,54 @@ impl Store {
             "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA busy_timeout=5000;",
         )?;
         conn.execute_batch(SCHEMA)?;
-        Ok(Store {
+        // Stores made before runs recorded their controller's pid.
+        let has_pid: bool = conn.query_row(
+            "SELECT count(*) > 0 FROM pragma_table_info('runs') WHERE name = 'controller_pid'",
+            [],
+            |r| r.get(0),
+        )?;
+        if !has_pid {
+            conn.execute_batch("ALTER TABLE runs ADD COLUMN controller_pid INTEGER")?;
+        }
+        let store = Store {
             conn: Arc::new(Mutex::new(conn)),
-        })
+        };
+        store.reap_interrupted()?;
+        Ok(store)
+    }
+
+    /// Marks runs still `running` whose controller process is gone as
+    /// `interrupted`, and their unfinished cells `cancelled`, so the store
+    /// never shows a run as running that nothing runs. Returns their ids.
+    pub fn reap_interrupted(&self) -> Result<Vec<String>> {
+        let running: Vec<(String, Option<i64>)> = self.with(|c| {
+            c.prepare("SELECT id, controller_pid FROM runs WHERE status = 'running'")?
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect()
+        })?;
+        let mut reaped = Vec::new();
+        for (id, pid) in running {
+            if pid.is_some_and(controller_alive) {
+                continue;
+            }
+            let at = now();
+            self.with(|c| {
+                let tx = c.transaction()?;
+                tx.execute(
+                    "UPDATE runs SET status = 'interrupted', finished_at = ?2 WHERE id = ?1 AND status = 'running'",
+                    params![id, at],
+                )?;
+                tx.execute(
+                    "UPDATE cells SET state = 'cancelled', finished_at = ?2, \
+                     error = 'the controller exited before this cell finished' \
+                     WHERE run_id = ?1 AND state IN ('pending', 'running')",
+                    params![id, at],
+                )?;
+                tx.commit()
+            })?;
+            reaped.push(id);
+        }
+        Ok(reaped)
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>) -> Result<T> {
@@ -208,8 +266,9 @@ impl Store {
     pub fn create_run(&self, id: &str, name: &str, path: &str, yaml: &str) -> Result<()> {
         self.with(|c| {
             c.execute(
-                "INSERT INTO runs (id, scenario_name, scenario_path, scenario_yaml, status, started_at) VALUES (?1, ?2, ?3, ?4, 'running', ?5)",
-                params![id, name, path, yaml, now()],
+                "INSERT INTO runs (id, scenario_name, scenario_path, scenario_yaml, status, started_at, controller_pid) \
+                 VALUES (?1, ?2, ?3, ?4, 'running', ?5, ?6)",
+                params![id, name, path, yaml, now(), std::process::id()],
             )
             .map(|_| ())
         })
@@ -407,5 +466,67 @@ impl Store {
             })?;
             rows.collect()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_of_a_vanished_controller_become_interrupted_on_open() {
+        let dir = std::env::temp_dir().join(format!("pgfleet-store-{}", std::process::id()));
+        let path = dir.join("s.db");
+        let store = Store::open(&path).unwrap();
+        // This process is a live pgfleet process: its run stays running.
+        store.create_run("live", "s", "s.yaml", "").unwrap();
+        // A run whose controller exited (a pid that is gone), with a
+        // running and a pending cell; and one from a store without pids.
+        store.create_run("gone", "s", "s.yaml", "").unwrap();
+        store.create_run("old", "s", "s.yaml", "").unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        store
+            .with(|c| {
+                c.execute("UPDATE runs SET controller_pid = ?1 WHERE id = 'gone'", [dead])?;
+                c.execute("UPDATE runs SET controller_pid = NULL WHERE id = 'old'", [])?;
+                for (cell, state) in [("c0", "running"), ("c1", "pending"), ("c2", "succeeded")] {
+                    c.execute(
+                        "INSERT INTO cells (run_id, cell_id, idx, workload, instance_class, params, settings, state) \
+                         VALUES ('gone', ?1, 0, 'w', 'a', '{}', '{}', ?2)",
+                        [cell, state],
+                    )?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        drop(store);
+
+        let store = Store::open(&path).unwrap();
+        let status = |id: &str| store.run(id).unwrap().unwrap().status;
+        assert_eq!(status("live"), "running");
+        assert_eq!(status("gone"), "interrupted");
+        assert_eq!(status("old"), "interrupted");
+        assert!(store.run("gone").unwrap().unwrap().finished_at.is_some());
+        let cells = store.cells("gone").unwrap();
+        let state = |id: &str| {
+            cells
+                .iter()
+                .find(|c| c.cell_id == id)
+                .unwrap()
+                .state
+                .clone()
+        };
+        assert_eq!(state("c0"), "cancelled");
+        assert_eq!(state("c1"), "cancelled");
+        assert_eq!(
+            state("c2"),
+            "succeeded",
+            "finished cells are kept as they were"
+        );
+        let c0 = cells.iter().find(|c| c.cell_id == "c0").unwrap();
+        assert!(c0.error.as_deref().unwrap().contains("controller exited"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

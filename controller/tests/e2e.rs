@@ -245,6 +245,72 @@ fn sigkill_of_an_agent_fails_its_cell_within_the_lease_and_the_rest_completes() 
 }
 
 #[test]
+fn a_killed_controller_leaves_an_interrupted_run_and_the_next_run_cleans_up() {
+    let s = Scratch::new("ctlkill");
+    let sc = s.write("long.yaml", &toast_scenario(1, 30.0, 3));
+    let mut child = s.run_cmd(&sc, &[]).stderr(Stdio::null()).spawn().unwrap();
+    // Wait until the cell measures on a running cluster.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let run_id = loop {
+        assert!(
+            Instant::now() < deadline,
+            "the cell never started measuring"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        let Ok(store) = Store::open(&s.store()) else {
+            continue;
+        };
+        let Some(run) = store.runs().unwrap().pop() else {
+            continue;
+        };
+        if !store.samples(&run.id, "explain").unwrap().is_empty() {
+            break run.id;
+        }
+    };
+    child.kill().unwrap(); // SIGKILL: no chance to clean up
+    child.wait().unwrap();
+    // The agent gets SIGTERM (parent-death signal) and stops its cluster.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !processes_mentioning(&s.data()).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "left running after the controller died: {:?}",
+            processes_mentioning(&s.data())
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The store no longer claims it is running.
+    let out = std::process::Command::new(common::pgfleet())
+        .arg("--store")
+        .arg(s.store())
+        .arg("list")
+        .output()
+        .unwrap();
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listing
+            .lines()
+            .any(|l| l.contains(&run_id) && l.contains("interrupted")),
+        "{listing}"
+    );
+    let store = Store::open(&s.store()).unwrap();
+    let cells = store.cells(&run_id).unwrap();
+    assert!(cells.iter().all(|c| c.state == "cancelled"), "{cells:?}");
+    drop(store);
+    // The next run removes what the killed one left in the data dir.
+    assert!(s.data().join(&run_id).exists());
+    let quick = s.write("quick.yaml", &toast_scenario(1, 0.2, 1));
+    let out = s.run_cmd(&quick, &[]).output().unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&format!("interrupted run {run_id}")),
+        "{}",
+        show(&out)
+    );
+    s.assert_clean(&[]);
+}
+
+#[test]
 fn a_failed_cell_fails_the_run_and_leaves_nothing_behind() {
     let s = Scratch::new("failed");
     let sc = s.write(

@@ -191,6 +191,32 @@ impl LocalAgents {
     }
 }
 
+/// Removes the data dirs of this store's runs that are no longer running
+/// (a controller that was killed leaves its agents' data roots: the agents
+/// stop their clusters on the parent-death signal, but only a controller
+/// removes the roots). Each agent root gets `pgfleet-agent cleanup` first.
+/// Returns the runs cleaned up.
+pub async fn reap_finished_runs(opts: &LocalOptions, store: &crate::store::Store) -> Vec<String> {
+    let mut reaped = Vec::new();
+    let Ok(entries) = std::fs::read_dir(&opts.data_dir) else {
+        return reaped;
+    };
+    for e in entries.flatten() {
+        let id = e.file_name().to_string_lossy().to_string();
+        let finished = matches!(store.run(&id), Ok(Some(r)) if r.status != "running");
+        if !finished || !e.path().is_dir() {
+            continue;
+        }
+        for agent in std::fs::read_dir(e.path()).into_iter().flatten().flatten() {
+            cleanup(&opts.agent_bin, &agent.path()).await;
+        }
+        if std::fs::remove_dir_all(e.path()).is_ok() {
+            reaped.push(id);
+        }
+    }
+    reaped
+}
+
 /// Runs `pgfleet-agent cleanup` for a dead agent's data root (stopping
 /// clusters a SIGKILLed agent left), then removes the directory.
 async fn cleanup(agent_bin: &Path, data_root: &Path) {
