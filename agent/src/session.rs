@@ -57,7 +57,7 @@ pub async fn run(
             return Ok(());
         }
         let connected = tokio::select! {
-            c = connect(&cfg, &env, &cells) => c,
+            c = connect(&cfg, &env, &cells, &unacked) => c,
             _ = shutdown.cancelled() => continue,
         };
         let (out_tx, inbound, heartbeat) = match connected {
@@ -78,6 +78,12 @@ pub async fn run(
         };
         backoff = Duration::from_millis(100);
         tracing::info!(controller = %cfg.controller, "registered");
+        if !unacked.is_empty() {
+            tracing::info!(
+                results = unacked.len(),
+                "replaying results the controller has not acknowledged"
+            );
+        }
         for r in unacked.values() {
             let _ = out_tx.send(msg(Msg::Result(r.clone()))).await;
         }
@@ -108,6 +114,7 @@ async fn connect(
     cfg: &SessionConfig,
     env: &AgentEnv,
     cells: &HashMap<String, Running>,
+    unacked: &HashMap<String, CellResult>,
 ) -> Result<(
     mpsc::Sender<AgentMessage>,
     Streaming<ControllerMessage>,
@@ -139,7 +146,10 @@ async fn connect(
         postgres_bin_dir: pg_dir,
         hostname: host::hostname(),
         agent_version: env!("CARGO_PKG_VERSION").to_string(),
-        running_cells: cells.keys().cloned().collect(),
+        // Running, or finished with the result not acknowledged yet (it is
+        // replayed next): the controller re-queues any other cell it thinks
+        // this agent has, as its assignment was lost.
+        running_cells: cells.keys().chain(unacked.keys()).cloned().collect(),
     };
     out_tx
         .send(msg(Msg::Register(register)))

@@ -73,6 +73,10 @@ pub struct RunArgs {
     /// Address the embedded controller listens on (port 0: any free port).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub bind: SocketAddr,
+    /// URL agents dial to reach the controller, when it is not the bound
+    /// address (a proxy or port-forward in between), e.g. http://10.0.0.5:7070.
+    #[arg(long)]
+    pub advertise_url: Option<String>,
     /// The agent binary. Default: pgfleet-agent next to pgfleet, else PATH.
     #[arg(long, env = "PGFLEET_AGENT_BIN")]
     pub agent_bin: Option<PathBuf>,

@@ -99,6 +99,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Error> {
                 lease: Duration::from_secs_f64(args.lease_s.max(0.5)),
                 registration_timeout: Duration::from_secs_f64(args.registration_timeout_s.max(1.0)),
                 bind: args.bind,
+                advertise_url: args.advertise_url,
                 local: LocalOptions {
                     agent_bin: args.agent_bin.unwrap_or_else(default_agent_bin),
                     pg_bin: args.pg_bin,

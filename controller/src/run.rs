@@ -22,6 +22,8 @@ pub struct RunOptions {
     pub lease: Duration,
     pub registration_timeout: Duration,
     pub bind: SocketAddr,
+    /// What agents dial (default: `http://<bound address>`).
+    pub advertise_url: Option<String>,
     pub local: LocalOptions,
 }
 
@@ -82,7 +84,10 @@ pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunS
             return Err(e);
         }
     };
-    let controller = format!("http://{}", server.addr);
+    let controller = opts
+        .advertise_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{}", server.addr));
     let log_dir = opts.out.join("logs");
     let mut source = match LocalAgents::launch(
         &sc,

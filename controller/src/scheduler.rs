@@ -277,6 +277,28 @@ impl Scheduler {
         slot.tx = Some(tx);
         slot.conn = conn;
         slot.last_seen = Instant::now();
+        // An assignment the agent does not report (running, or finished
+        // with its result not yet acknowledged) never reached it: it was
+        // lost with the old connection. The cell goes back to pending and
+        // is assigned again.
+        let lost_assignment = slot.cell.filter(|&idx| {
+            !info
+                .running_cells
+                .contains(&self.cells[idx].planned.cell_id)
+        });
+        if let Some(idx) = lost_assignment {
+            slot.cell = None;
+            let cell = &mut self.cells[idx];
+            cell.state = CellState::Pending;
+            cell.agent = None;
+            if let Some(bar) = cell.bar.take() {
+                bar.abandon_with_message("assignment lost with the connection; reassigning");
+            }
+            if let Err(e) = self.store.requeue_cell(&self.run_id, &cell.planned.cell_id) {
+                self.ui
+                    .line(format!("warning: storing cell requeue failed: {e}"));
+            }
+        }
         if let Err(e) = self.store.register_agent(&self.run_id, &id, &class, &json) {
             self.ui
                 .line(format!("warning: storing agent {id} failed: {e}"));

@@ -307,6 +307,16 @@ impl Store {
         })
     }
 
+    /// Back to pending: its assignment never reached the agent.
+    pub fn requeue_cell(&self, run: &str, cell: &str) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE cells SET state = 'pending', agent_id = NULL, started_at = NULL WHERE run_id = ?1 AND cell_id = ?2",
+                params![run, cell],
+            )
+            .map(|_| ())
+        })
+    }
     pub fn start_cell(&self, run: &str, cell: &str, agent: &str) -> Result<()> {
         self.with(|c| {
             c.execute(

@@ -3,7 +3,11 @@
 
 mod common;
 
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Scratch, ports, processes_mentioning, show};
@@ -308,6 +312,175 @@ fn a_killed_controller_leaves_an_interrupted_run_and_the_next_run_cleans_up() {
         show(&out)
     );
     s.assert_clean(&[]);
+}
+
+/// A TCP proxy on a port of its own to `to` that can hold back what the
+/// controller sends (`mute`) and cut every connection while refusing new
+/// ones (`outage`): network trouble between agent and controller, with both
+/// processes alive.
+struct Proxy {
+    port: u16,
+    down: Arc<AtomicBool>,
+    muted: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+impl Proxy {
+    fn start(to: u16) -> Proxy {
+        let first = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = first.local_addr().unwrap().port();
+        let p = Proxy {
+            port,
+            down: Default::default(),
+            muted: Default::default(),
+            conns: Default::default(),
+        };
+        let (down, muted, conns) = (p.down.clone(), p.muted.clone(), p.conns.clone());
+        std::thread::spawn(move || {
+            let mut listener = Some(first);
+            loop {
+                if down.load(SeqCst) {
+                    listener = None; // refuse connections
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+                let l =
+                    listener.get_or_insert_with(|| TcpListener::bind(("127.0.0.1", port)).unwrap());
+                l.set_nonblocking(true).unwrap();
+                let Ok((client, _)) = l.accept() else {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
+                client.set_nonblocking(false).unwrap();
+                let Ok(server) = TcpStream::connect(("127.0.0.1", to)) else {
+                    continue;
+                };
+                let pipe =
+                    |mut from: TcpStream, mut to: TcpStream, gate: Option<Arc<AtomicBool>>| {
+                        std::thread::spawn(move || {
+                            let mut buf = [0u8; 16384];
+                            loop {
+                                let n = match from.read(&mut buf) {
+                                    Ok(0) | Err(_) => break,
+                                    Ok(n) => n,
+                                };
+                                // Muted: hold what was read; an outage shuts the
+                                // sockets first, so held bytes are dropped.
+                                while gate.as_ref().is_some_and(|g| g.load(SeqCst)) {
+                                    std::thread::sleep(Duration::from_millis(5));
+                                }
+                                if to.write_all(&buf[..n]).is_err() {
+                                    break;
+                                }
+                            }
+                            let _ = to.shutdown(Shutdown::Both);
+                        });
+                    };
+                pipe(
+                    client.try_clone().unwrap(),
+                    server.try_clone().unwrap(),
+                    None,
+                );
+                pipe(
+                    server.try_clone().unwrap(),
+                    client.try_clone().unwrap(),
+                    Some(muted.clone()),
+                );
+                conns.lock().unwrap().extend([client, server]);
+            }
+        });
+        p
+    }
+
+    fn mute(&self, on: bool) {
+        self.muted.store(on, SeqCst);
+    }
+
+    /// Cuts every connection and refuses new ones for `outage`.
+    fn outage(&self, outage: Duration) {
+        self.down.store(true, SeqCst);
+        for c in self.conns.lock().unwrap().drain(..) {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+        self.mute(false);
+        std::thread::sleep(outage);
+        self.down.store(false, SeqCst);
+    }
+}
+
+#[test]
+fn an_agent_cut_off_reconnects_replays_unacknowledged_results_and_nothing_is_lost() {
+    let s = Scratch::new("outage");
+    // One agent, two cells (one per dataset) of 6 points x 0.5 s.
+    let sc = s.write("outage.yaml", &toast_scenario(1, 0.5, 1));
+    let controller_port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let proxy = Proxy::start(controller_port);
+    let bind = format!("127.0.0.1:{controller_port}");
+    let url = format!("http://127.0.0.1:{}", proxy.port);
+    let child = s
+        .run_cmd(
+            &sc,
+            &["--bind", &bind, "--advertise-url", &url, "--lease-s", "30"],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let store_state = || -> Option<(String, Vec<String>, usize)> {
+        let store = Store::open(&s.store()).ok()?;
+        let run = store.runs().ok()?.pop()?;
+        let cells = store.cells(&run.id).ok()?;
+        let explains = store.samples(&run.id, "explain").ok()?.len();
+        Some((
+            run.id,
+            cells.into_iter().map(|c| c.state).collect(),
+            explains,
+        ))
+    };
+    let wait_for = |what: &str, ok: &dyn Fn(&[String], usize) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            if let Some((_, cells, explains)) = store_state()
+                && ok(&cells, explains)
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    // While the first cell measures, hold back everything the controller
+    // sends: its result reaches the store, but the acknowledgement (and the
+    // next assignment) never reach the agent.
+    wait_for("the first cell to measure", &|_, explains| explains > 0);
+    proxy.mute(true);
+    wait_for("the first cell's result", &|cells, _| {
+        cells.iter().any(|c| c == "succeeded")
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    // Then the connection breaks for a while.
+    proxy.outage(Duration::from_secs(3));
+
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    let r = s.report();
+    assert_eq!(r["status"], "succeeded");
+    let cells = r["cells"].as_array().unwrap();
+    assert!(cells.iter().all(|c| c["state"] == "succeeded"), "{cells:?}");
+    // Every point once: the replayed result was acknowledged, not stored twice.
+    assert_eq!(r["results"].as_array().unwrap().len(), 12);
+    let agent = cells[0]["agent"].as_str().unwrap();
+    let log = std::fs::read_to_string(s.out().join(format!("logs/{agent}.log"))).unwrap();
+    assert_eq!(log.matches(" registered").count(), 2, "{log}");
+    assert!(
+        log.contains("replaying results the controller has not acknowledged"),
+        "{log}"
+    );
+    s.assert_clean(&ports(&r));
 }
 
 #[test]
