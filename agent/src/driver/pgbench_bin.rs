@@ -43,10 +43,15 @@ pub async fn run(
         .arg(format!("--log-prefix={}", prefix.display()))
         .kill_on_drop(true);
     match (cfg.duration, cfg.transactions) {
-        (Some(d), _) => cmd.arg(format!(
-            "--time={}",
-            (cfg.warmup + d).as_secs_f64().ceil() as u64
-        )),
+        (Some(d), _) => {
+            let total = (cfg.warmup + d).as_secs_f64();
+            if total.fract() != 0.0 {
+                return Err(e(format!(
+                    "pgbench runs whole seconds (-T): duration + warm-up is {total} s"
+                )));
+            }
+            cmd.arg(format!("--time={}", total as u64))
+        }
         (None, Some(n)) => cmd.arg(format!("--transactions={n}")),
         (None, None) => return Err(e("give duration_s or transactions".into())),
     };

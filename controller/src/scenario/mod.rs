@@ -672,6 +672,9 @@ workloads:
         assert_eq!(e.field, "workloads[0].scale", "{e}");
         let e = err(&PGBENCH.replace("duration_s: 10", "duration_s: 10\n    transactions: 5"));
         assert!(e.message.contains("not both"), "{e}");
+        let e = err(&PGBENCH.replace("duration_s: 10", "duration_s: 2.5\n    driver: pgbench"));
+        assert_eq!(e.field, "workloads[0].duration_s", "{e}");
+        assert!(e.message.contains("whole seconds"), "{e}");
         let e = err(&PGBENCH.replace(
             "script: random-update",
             "script_text: \"\\\\set aid rnd(1, 2)\\nSELECT :aid;\"",

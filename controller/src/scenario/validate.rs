@@ -389,6 +389,21 @@ fn validate_pgbench(w: &WorkloadSpec, at: &dyn Fn(&str) -> String) -> Result<(),
     in_range(&w.max_tries, at("max_tries"), 1, 1000, "")?;
     if let Some(d) = &w.driver {
         one_of(d, at("driver"), &["pgfleet", "pgbench"], "driver")?;
+        let total = w.duration_s.as_ref().map(|x| x.value).unwrap_or(0.0)
+            + w.warmup_s.as_ref().map(|x| x.value).unwrap_or(0.0);
+        if d.value == "pgbench"
+            && let Some(ds) = &w.duration_s
+            && total.fract() != 0.0
+        {
+            return err(
+                ds.referenced,
+                at("duration_s"),
+                format!(
+                    "driver: pgbench runs whole seconds (pgbench -T): duration_s + warmup_s is {total}, make it e.g. {}",
+                    total.ceil()
+                ),
+            );
+        }
     }
     if let (Some(d), Some(_)) = (&w.duration_s, &w.transactions) {
         return err(
