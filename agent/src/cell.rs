@@ -16,6 +16,7 @@ use crate::{Error, Result, host};
 use pgfleet_proto::v1::{
     AgentMessage, Assign, CellProgress, CellResult, CellStatus, Point, agent_message::Msg,
 };
+use pgfleet_proto::workload::{Params, approx_bytes};
 
 /// What the agent was started with, needed to provision clusters.
 #[derive(Debug, Clone)]
@@ -60,11 +61,15 @@ pub async fn run(
         points: points
             .into_iter()
             .map(|p| Point {
-                params: Some(pgfleet_proto::json_to_struct(&p.params)),
-                metrics: Some(pgfleet_proto::json_to_struct(&p.metrics)),
+                params_json: p.params_json,
+                metrics_json: p.metrics_json,
             })
             .collect(),
-        environment: Some(pgfleet_proto::json_to_struct(&environment)),
+        environment_json: if environment.is_null() {
+            String::new()
+        } else {
+            environment.to_string()
+        },
     }
 }
 
@@ -75,24 +80,15 @@ async fn run_inner(
     cancel: &CancellationToken,
     environment: &mut Json,
 ) -> Result<Output> {
-    let builtin = workload::find(&assign.workload).ok_or_else(|| Error::Workload {
-        workload: assign.workload.clone(),
-        message: format!(
-            "this agent does not know it (known: {})",
-            workload::BUILTINS
-                .iter()
-                .map(|b| b.name)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+    let params = Params::from_json(&assign.workload, &assign.params_json).map_err(|message| {
+        Error::Workload {
+            workload: assign.workload.clone(),
+            message,
+        }
     })?;
     let pg = env.pg.clone().map_err(Error::PgBin)?;
     let run_as = env.run_as.clone().map_err(Error::Provision)?;
-    let params = assign
-        .params
-        .as_ref()
-        .map(pgfleet_proto::struct_to_json)
-        .unwrap_or(Json::Null);
+    check_disk(&env.clusters_dir(), &params)?;
     let spec = ClusterSpec {
         pg,
         clusters_dir: env.clusters_dir(),
@@ -125,11 +121,12 @@ async fn run_inner(
             cancel: cancel.clone(),
         };
         tokio::select! {
-            r = (builtin.run)(&mut ctx, &params) => r,
+            r = workload::run(&mut ctx, &params) => r,
             _ = cancel.cancelled() => Err(Error::Cancelled("cancelled while running".into())),
         }
     }
-    .await;
+    .await
+    .map_err(|e| cluster.explain_failure(e));
     let _ = events.try_send(progress(
         &assign.cell_id,
         "teardown",
@@ -139,6 +136,24 @@ async fn run_inner(
     let out = outcome?;
     teardown?;
     Ok(out)
+}
+
+/// Refuses a cell whose estimated disk need exceeds the free space under the
+/// data root, before anything is written.
+fn check_disk(dir: &std::path::Path, params: &Params) -> Result<()> {
+    let need = params.estimate().disk_bytes;
+    let free = host::free_bytes(dir)
+        .map_err(|e| Error::io(format!("free space under {}", dir.display()), e))?;
+    if free < need {
+        return Err(Error::Provision(format!(
+            "this {} cell needs about {} of disk under {} (data, indexes and WAL, estimated from its parameters) but only {} is free: free space there, give the agent a larger data root, or lower the scale / size",
+            params.kind(),
+            approx_bytes(need),
+            dir.display(),
+            approx_bytes(free)
+        )));
+    }
+    Ok(())
 }
 
 fn progress(cell_id: &str, phase: &str, message: &str) -> AgentMessage {

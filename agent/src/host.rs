@@ -1,4 +1,4 @@
-//! Facts about the host the agent runs on: cores, memory, hostname.
+//! Facts about the host the agent runs on: cores, memory, hostname, free disk.
 
 pub fn cores() -> u32 {
     std::thread::available_parallelism()
@@ -25,4 +25,15 @@ pub fn hostname() -> String {
         .ok()
         .and_then(|h| h.into_string().ok())
         .unwrap_or_default()
+}
+
+/// Bytes available to unprivileged users on the filesystem holding `path`
+/// (or its nearest existing ancestor, for a directory not created yet).
+pub fn free_bytes(path: &std::path::Path) -> std::io::Result<u64> {
+    let mut p = path;
+    while !p.exists() {
+        p = p.parent().unwrap_or(std::path::Path::new("/"));
+    }
+    let s = nix::sys::statvfs::statvfs(p).map_err(std::io::Error::from)?;
+    Ok(s.blocks_available() as u64 * s.fragment_size() as u64)
 }

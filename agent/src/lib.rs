@@ -30,6 +30,10 @@ pub enum Error {
     },
     #[error("workload `{workload}`: {message}")]
     Workload { workload: String, message: String },
+    /// A workload error with the server's own reason (see
+    /// `Cluster::explain_failure`).
+    #[error("{cause}; {server}")]
+    ServerFailed { cause: Box<Error>, server: String },
     #[error("cancelled: {0}")]
     Cancelled(String),
     #[error("session with the controller: {0}")]

@@ -13,7 +13,7 @@ use pgfleet_agent::cell::AgentEnv;
 use pgfleet_agent::cluster::throttle::Caps;
 use pgfleet_agent::cluster::{self, RunAs};
 use pgfleet_agent::pgbin::PgBin;
-use pgfleet_agent::{session, workload};
+use pgfleet_agent::session;
 
 /// pgfleet agent: provisions PostgreSQL clusters on the storage it was given
 /// and runs the workloads the controller assigns, streaming results back.
@@ -96,8 +96,8 @@ fn main() -> anyhow::Result<()> {
         .init();
     match cli.command {
         Command::Workloads => {
-            for b in workload::BUILTINS {
-                println!("{:<14} {}", b.name, b.description);
+            for k in pgfleet_proto::workload::KINDS {
+                println!("{:<14} {}", k.name, k.description);
             }
             Ok(())
         }

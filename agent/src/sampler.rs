@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cluster::Cluster;
 use crate::{Error, Result};
 use pgfleet_proto::v1::{AgentMessage, CellSample, agent_message::Msg};
+use pgfleet_proto::workload::{Internals, WaitShare};
 
 /// One query of cumulative counters and the names of its columns.
 #[derive(Debug, Clone)]
@@ -167,6 +168,27 @@ impl Summary {
         let (t, n) = (self.total(time)?, self.total(count)?);
         (n > 0.0).then_some(t / n)
     }
+
+    /// The window's figures as every sampling kind reports them.
+    pub fn internals(&self) -> Internals {
+        let count = |k: &str| self.total(k).map(|v| v.max(0.0) as u64);
+        Internals {
+            page_read_ms_avg: self.per("database.blk_read_time_ms", "database.blks_read"),
+            blocks_read: count("database.blks_read"),
+            wal_sync_ms_avg: self.per("wal.wal_sync_time_ms", "wal.wal_sync"),
+            wal_syncs: count("wal.wal_sync"),
+            checkpoints: self.checkpoints.max(0.0) as u64,
+            wal_bytes: count("wal.wal_bytes"),
+            top_wait_events: self
+                .top_waits
+                .iter()
+                .map(|(event, share)| WaitShare {
+                    event: event.clone(),
+                    share: *share,
+                })
+                .collect(),
+        }
+    }
 }
 
 impl Sampler {
@@ -223,7 +245,7 @@ impl Sampler {
                         msg: Some(Msg::Sample(CellSample {
                             cell_id: cell_id.clone(),
                             kind: "pg_stat".into(),
-                            data: Some(pgfleet_proto::json_to_struct(&Json::Object(data))),
+                            data_json: Json::Object(data).to_string(),
                         })),
                     })
                     .await;

@@ -293,7 +293,7 @@ fn failed(cell_id: &str, error: String) -> CellResult {
         status: CellStatus::Failed as i32,
         error,
         points: Vec::new(),
-        environment: None,
+        environment_json: String::new(),
     }
 }
 

@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 
 use pgfleet_agent::cluster::{Cluster, ClusterSpec, reap_stale};
 use pgfleet_agent::workload::{self, CellContext};
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 fn scratch(name: &str) -> PathBuf {
@@ -95,24 +94,42 @@ async fn toast_slice_reproduces_the_articles_storage_and_buffer_facts() {
         events: tx,
         cancel: CancellationToken::new(),
     };
-    let run = |dataset: &'static str| {
-        json!({
-            "storage_modes": ["external", "pglz", "lz4"], "dataset": dataset, "value_bytes": 10485760,
-            "offsets": [{"label": "0%", "byte": 1}, {"label": "90%", "byte": 9437185}],
-            "slice_bytes": 100, "duration_s": 0.2, "repeats": 1, "warmup_s": 0.1,
+    use pgfleet_agent::workload::toast_slice::{Dataset, Metrics, Offset, Params, StorageMode};
+    use pgfleet_proto::workload::Params as Kind;
+    let params = |dataset| {
+        Kind::ToastSlice(Params {
+            storage_modes: vec![StorageMode::External, StorageMode::Pglz, StorageMode::Lz4],
+            dataset,
+            value_bytes: 10485760,
+            offsets: vec![
+                Offset {
+                    label: "0%".into(),
+                    byte: 1,
+                },
+                Offset {
+                    label: "90%".into(),
+                    byte: 9437185,
+                },
+            ],
+            slice_bytes: 100,
+            duration_s: 0.2,
+            repeats: 1,
+            warmup_s: 0.1,
         })
     };
-    let builtin = workload::find("toast-slice").unwrap();
-    let out = (builtin.run)(&mut ctx, &run("mixed")).await.unwrap();
-    let get = |mode: &str, off: u64| {
-        out.points
+    let out = workload::run(&mut ctx, &params(Dataset::Mixed))
+        .await
+        .unwrap();
+    // Typed from the agent's point to the wire and back.
+    let get = |mode: &str, off: u64| -> Metrics {
+        let p = out
+            .points
             .iter()
-            .find(|p| p.params["storage_mode"] == mode && p.params["offset"] == off)
-            .unwrap()
-            .metrics
-            .clone()
+            .find(|p| p.params()["storage_mode"] == mode && p.params()["offset"] == off)
+            .unwrap();
+        serde_json::from_str(&p.metrics_json).unwrap()
     };
-    let hit = |mode, off| get(mode, off)["buffers_shared_hit"].as_i64().unwrap();
+    let hit = |mode, off| get(mode, off).buffers_shared_hit;
     assert!(hit("external", 1) < 20 && hit("external", 9437185) < 20);
     assert!(hit("pglz", 1) < 20, "pglz start: {}", hit("pglz", 1));
     assert!(
@@ -121,29 +138,31 @@ async fn toast_slice_reproduces_the_articles_storage_and_buffer_facts() {
         hit("pglz", 9437185)
     );
     assert!(hit("lz4", 1) > 300, "lz4 start: {}", hit("lz4", 1));
-    assert_eq!(get("external", 1)["compression"], serde_json::Value::Null);
-    assert_eq!(get("pglz", 1)["compression"], "pglz");
-    assert_eq!(get("lz4", 1)["compression"], "lz4");
+    assert_eq!(get("external", 1).compression, None);
+    assert_eq!(get("pglz", 1).compression.as_deref(), Some("pglz"));
+    assert_eq!(get("lz4", 1).compression.as_deref(), Some("lz4"));
     for m in ["external", "pglz", "lz4"] {
-        assert_eq!(get(m, 1)["external"], true, "{m}");
-        assert!(get(m, 1)["calls"].as_u64().unwrap() > 0);
+        assert!(get(m, 1).external, "{m}");
+        assert!(get(m, 1).calls > 0);
+        // Floats stay floats on the wire.
+        let raw = &out.points[0].metrics_json;
+        assert!(
+            raw.contains("\"latency_ms_p50\":") && !raw.contains("\"calls\":1.0"),
+            "{raw}"
+        );
     }
     // mixed compresses to roughly 5.8 MiB with both methods (article).
     for m in ["pglz", "lz4"] {
-        let stored = get(m, 1)["stored_bytes"].as_i64().unwrap();
+        let stored = get(m, 1).stored_bytes;
         assert!((5_000_000..7_000_000).contains(&stored), "{m}: {stored}");
     }
-    let out = (builtin.run)(&mut ctx, &run("incompressible"))
+    let out = workload::run(&mut ctx, &params(Dataset::Incompressible))
         .await
         .unwrap();
     for p in &out.points {
-        assert_eq!(
-            p.metrics["compression"],
-            serde_json::Value::Null,
-            "{:?}",
-            p.params
-        );
-        assert!(p.metrics["stored_bytes"].as_i64().unwrap() >= 10485760);
+        let m: Metrics = serde_json::from_str(&p.metrics_json).unwrap();
+        assert_eq!(m.compression, None, "{}", p.params_json);
+        assert!(m.stored_bytes >= 10485760);
     }
     drop(ctx);
     cluster.teardown().await.unwrap();

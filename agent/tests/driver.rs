@@ -21,6 +21,15 @@ async fn capped_cluster(name: &str, caps: Caps) -> (Cluster, PathBuf) {
 }
 
 async fn run(cluster: &Cluster, kind: &str, params: Json) -> pgfleet_agent::Result<Output> {
+    run_params(cluster, entry(kind, params)).await
+}
+
+/// Runs a kind's parameters as given (the agent's own checks, without the
+/// scenario's).
+async fn run_params(
+    cluster: &Cluster,
+    params: pgfleet_proto::workload::Params,
+) -> pgfleet_agent::Result<Output> {
     let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
     tokio::spawn(async move { while rx.recv().await.is_some() {} });
     let mut ctx = CellContext {
@@ -29,7 +38,15 @@ async fn run(cluster: &Cluster, kind: &str, params: Json) -> pgfleet_agent::Resu
         events: tx,
         cancel: CancellationToken::new(),
     };
-    (workload::find(kind).unwrap().run)(&mut ctx, &params).await
+    workload::run(&mut ctx, &params).await
+}
+
+/// A kind's parameters as a scenario entry would give them (same checks
+/// and defaults).
+fn entry(kind: &str, mut keys: Json) -> pgfleet_proto::workload::Params {
+    keys["kind"] = json!(kind);
+    let mut units = pgfleet_proto::workload::plan_entry(&keys.to_string()).unwrap();
+    units.remove(0).1
 }
 
 async fn one(c: &tokio_postgres::Client, sql: &str) -> i64 {
@@ -46,7 +63,7 @@ async fn loader_matches_pgbench_row_counts_and_key_ranges() {
     )
     .await
     .unwrap();
-    let m = &out.points[0].metrics;
+    let m = &out.points[0].metrics();
     assert_eq!(m["rows_loaded"], 300_033);
     assert!(m["rows_per_second"].as_f64().unwrap() > 0.0);
     let c = cl.connect().await.unwrap();
@@ -169,7 +186,7 @@ async fn random_update_commits_exactly_what_it_counts() {
     )
     .await
     .unwrap();
-    let m = &out.points[0].metrics;
+    let m = &out.points[0].metrics();
     let n = m["transactions"].as_i64().unwrap();
     assert!(n > 100, "{m}");
     assert_eq!(m["failures"], 0);
@@ -207,7 +224,7 @@ async fn random_update_commits_exactly_what_it_counts() {
     )
     .await
     .unwrap();
-    let m = &out.points[0].metrics;
+    let m = &out.points[0].metrics();
     let tps = m["tps"].as_f64().unwrap();
     assert!((140.0..260.0).contains(&tps), "rate 200 gave {tps} tps");
     assert_eq!(m["skipped"], 0);
@@ -221,7 +238,7 @@ async fn random_update_commits_exactly_what_it_counts() {
     )
     .await
     .unwrap();
-    assert_eq!(out.points[0].metrics["transactions"], 120);
+    assert_eq!(out.points[0].metrics()["transactions"], 120);
     assert_eq!(one(&c, "SELECT count(*) FROM pgbench_history").await, 120);
     assert_eq!(
         one(&c, "SELECT (SELECT sum(abalance) FROM pgbench_accounts) - (SELECT sum(delta) FROM pgbench_history)").await,
@@ -236,10 +253,12 @@ async fn random_update_commits_exactly_what_it_counts() {
 async fn script_errors_name_the_line() {
     let (cl, root) = cluster("badscript").await;
     let bad = |text: &str| json!({"scale": 1, "script_text": text, "transactions": 1});
-    let e = run(&cl, "pgbench", bad("\\set aid rnd(1, 10)\nSELECT :aid;"))
-        .await
-        .unwrap_err()
-        .to_string();
+    // Scenario validation refuses this script; the agent checks again.
+    let mut p = entry("pgbench", bad("SELECT 1;"));
+    if let pgfleet_proto::workload::Params::Pgbench(p) = &mut p {
+        p.drive.script_text = Some("\\set aid rnd(1, 10)\nSELECT :aid;".into());
+    }
+    let e = run_params(&cl, p).await.unwrap_err().to_string();
     assert!(e.contains("script:1: unknown function `rnd`"), "{e}");
     let e = run(
         &cl,
@@ -283,7 +302,7 @@ async fn serialization_failures_are_retried_or_counted_as_pgbench_does() {
         )
         .await
         .unwrap();
-        let m = &out.points[0].metrics;
+        let m = &out.points[0].metrics();
         let n = m["transactions"].as_i64().unwrap();
         assert!(n > 50, "{m}");
         // Only committed transactions are counted, and each added one.
@@ -327,7 +346,7 @@ async fn internals_have_the_same_names_on_every_version() {
             if let Some(Msg::Sample(s)) = m.msg
                 && s.kind == "pg_stat"
             {
-                v.push(pgfleet_proto::struct_to_json(&s.data.unwrap()));
+                v.push(serde_json::from_str::<Json>(&s.data_json).unwrap());
             }
         }
         v
@@ -339,13 +358,12 @@ async fn internals_have_the_same_names_on_every_version() {
         cancel: CancellationToken::new(),
     };
     let params = json!({"scale": 1, "script": "tpcb-like", "clients": 2, "duration_s": 2.5});
-    let out = (workload::find("pgbench").unwrap().run)(&mut ctx, &params)
-        .await
-        .unwrap();
+    let params = entry("pgbench", params);
+    let out = workload::run(&mut ctx, &params).await.unwrap();
     drop(ctx);
     let samples = samples.await.unwrap();
     assert!(samples.len() >= 2, "{samples:?}");
-    let m = &out.points[0].metrics;
+    let m = &out.points[0].metrics();
     assert!(m["wal_syncs"].as_f64().unwrap() > 0.0, "PG {major}: {m}");
     assert!(
         m["wal_sync_ms_avg"].as_f64().unwrap() > 0.0,
@@ -425,7 +443,7 @@ fn bigint_aid_from_scale_20000_as_pgbench() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_low_iops_cap_clearly_lowers_tps() {
     let params = json!({"scale": 1, "script": "random-update", "clients": 2, "threads": 1, "duration_s": 3.0});
-    let tps = |o: &Output| o.points[0].metrics["tps"].as_f64().unwrap();
+    let tps = |o: &Output| o.points[0].metrics()["tps"].as_f64().unwrap();
 
     let (free, root1) = cluster("uncapped").await;
     let uncapped = run(&free, "pgbench", params.clone()).await.unwrap();
@@ -470,10 +488,10 @@ async fn the_pgbench_binary_driver_reports_what_it_committed() {
     )
     .await
     .unwrap();
-    let m = &out.points[0].metrics;
+    let m = &out.points[0].metrics();
     let n = m["transactions"].as_i64().unwrap();
     assert!(n > 100, "{m}");
-    assert_eq!(out.points[0].params["driver"], "pgbench");
+    assert_eq!(out.points[0].params()["driver"], "pgbench");
     let c = cl.connect().await.unwrap();
     assert_eq!(
         one(&c, "SELECT sum(abalance)::int8 FROM pgbench_accounts").await,

@@ -46,10 +46,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Error> {
         Command::Validate { scenario: path } => {
             let sc = scenario::load(&path)?;
             let cells = scenario::plan(&sc);
-            println!("{}: valid; {} cells:", path.display(), cells.len());
-            for c in cells {
-                println!("  {:<40} {} on {}", c.cell_id, c.workload, c.instance_class);
-            }
+            print!("{}", scenario::plan::describe(&sc, &cells, &path));
             Ok(0)
         }
         Command::List => {

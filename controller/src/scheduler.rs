@@ -194,11 +194,7 @@ impl Scheduler {
                         }
                     }
                     Msg::Sample(s) => {
-                        let data = s
-                            .data
-                            .as_ref()
-                            .map(pgfleet_proto::struct_to_json)
-                            .unwrap_or(Json::Null);
+                        let data = parse_json(&s.data_json);
                         if let Err(e) =
                             self.store
                                 .add_sample(&self.run_id, &s.cell_id, &s.kind, &data)
@@ -332,20 +328,9 @@ impl Scheduler {
             let points: Vec<(Json, Json)> = r
                 .points
                 .iter()
-                .map(|p| {
-                    (
-                        p.params
-                            .as_ref()
-                            .map(pgfleet_proto::struct_to_json)
-                            .unwrap_or(Json::Null),
-                        p.metrics
-                            .as_ref()
-                            .map(pgfleet_proto::struct_to_json)
-                            .unwrap_or(Json::Null),
-                    )
-                })
+                .map(|p| (parse_json(&p.params_json), parse_json(&p.metrics_json)))
                 .collect();
-            let env = r.environment.as_ref().map(pgfleet_proto::struct_to_json);
+            let env = (!r.environment_json.is_empty()).then(|| parse_json(&r.environment_json));
             let error = (!r.error.is_empty()).then_some(r.error.as_str());
             if let Err(e) = self.store.finish_cell(
                 &self.run_id,
@@ -432,8 +417,8 @@ impl Scheduler {
         let assign = Assign {
             cell_id: c.cell_id.clone(),
             run_id: self.run_id.clone(),
-            workload: c.workload.clone(),
-            params: Some(pgfleet_proto::json_to_struct(&c.params)),
+            workload: c.workload().to_string(),
+            params_json: c.params.to_json(),
             settings: c.settings.clone().into_iter().collect(),
         };
         let Some(a) = self.agents.get_mut(agent_id) else {
@@ -588,6 +573,12 @@ impl Scheduler {
     fn cell_mut(&mut self, id: &str) -> Option<&mut CellSlot> {
         self.cells.iter_mut().find(|c| c.planned.cell_id == id)
     }
+}
+
+/// JSON from an agent. Kept as text under `unparsed` when it is not JSON,
+/// so nothing the agent sent is lost.
+fn parse_json(text: &str) -> Json {
+    serde_json::from_str(text).unwrap_or_else(|_| json!({ "unparsed": text }))
 }
 
 fn cmsg(m: CMsg) -> ControllerMessage {

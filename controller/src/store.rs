@@ -297,9 +297,9 @@ impl Store {
                     run,
                     cell.cell_id,
                     idx as i64,
-                    cell.workload,
+                    cell.workload(),
                     cell.instance_class,
-                    js(&cell.params),
+                    cell.params.to_json(),
                     serde_json::to_string(&cell.settings).unwrap_or_default()
                 ],
             )

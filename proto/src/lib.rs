@@ -1,15 +1,22 @@
-//! pgfleet-proto: the agent session protocol (wire types only) plus the few
-//! hand-written conversions between `google.protobuf.Struct` and JSON.
+//! pgfleet-proto: what the controller and the agent must agree on.
+//!
+//! - `v1`: the agent session protocol (gRPC, generated from
+//!   `proto/pgfleet.proto`). Parameters, points, samples and environment
+//!   facts travel as JSON text of the typed structs below, so numbers keep
+//!   their types end to end.
+//! - `workload`: each workload kind's scenario keys, validation, defaults,
+//!   cell parameters, metrics and estimates, in one file per kind.
+//! - `script`: pgbench's script language (the agent's driver runs it; the
+//!   controller checks scenarios' scripts with it before anything starts).
 
 pub mod v1 {
     tonic::include_proto!("pgfleet.v1");
 }
 
-mod convert;
+pub mod script;
+pub mod workload;
 
-pub use convert::{json_to_struct, json_to_value, struct_to_json, value_to_json};
-
-/// PostgreSQL settings the agent manages itself (loopback listening, its own
+/// PostgreSQL settings the agent manages itself (listening address, its own
 /// port, no Unix socket, its own files). An `Assign` may not set them; the
 /// controller rejects them in scenarios, the agent refuses them again.
 pub const RESERVED_SETTINGS: &[&str] = &[

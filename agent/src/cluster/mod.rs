@@ -335,6 +335,80 @@ impl Cluster {
         }
     }
 
+    /// Whether the postmaster is still running (not exited, not a zombie).
+    pub fn server_alive(&self) -> bool {
+        self.pid().is_some_and(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(')')
+                        .map(|(_, rest)| rest.trim_start().chars().next())
+                })
+                .is_some_and(|state| state != Some('Z'))
+        })
+    }
+
+    /// Adds the server's own reason to a workload error when the client
+    /// alone cannot know it: the connection broke, or the server is gone
+    /// (a crash, an OOM kill, a full disk). The reason comes from the
+    /// server log's last PANIC / FATAL / ERROR lines and crash reports.
+    pub fn explain_failure(&self, e: Error) -> Error {
+        let alive = self.server_alive();
+        let client_only = match &e {
+            Error::Postgres(pe) => pe.as_db_error().is_none(),
+            Error::Cancelled(_) | Error::ServerFailed { .. } => return e,
+            other => {
+                let t = other.to_string();
+                t.contains("connection") || t.contains("closed") || t.contains("terminat")
+            }
+        };
+        if alive && !client_only {
+            return e;
+        }
+        let log = std::fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default();
+        let mut lines: Vec<&str> = log
+            .lines()
+            .rev()
+            .filter(|l| {
+                [
+                    "PANIC:",
+                    "FATAL:",
+                    "ERROR:",
+                    "No space left",
+                    "terminated by signal",
+                    "was terminated",
+                    "out of memory",
+                ]
+                .iter()
+                .any(|k| l.contains(k))
+            })
+            .take(4)
+            .collect();
+        lines.reverse();
+        let mut why = if alive {
+            String::new()
+        } else {
+            "the PostgreSQL server is no longer running".to_string()
+        };
+        if !lines.is_empty() {
+            if !why.is_empty() {
+                why += "; ";
+            }
+            why += &format!(
+                "its log ({}) says: {}",
+                self.dir.join("postgres.log").display(),
+                lines.join(" | ")
+            );
+        }
+        if why.is_empty() {
+            return e;
+        }
+        Error::ServerFailed {
+            cause: Box::new(e),
+            server: why,
+        }
+    }
+
     /// A new connection as the superuser over loopback TCP.
     pub async fn connect(&self) -> Result<tokio_postgres::Client> {
         let (client, conn) = self.pg_config().connect(tokio_postgres::NoTls).await?;

@@ -1,74 +1,72 @@
 //! Workloads: what an agent runs inside a provisioned cluster.
 //!
-//! `BUILTINS` is the table of workloads, pgbench's `builtin_script[]` style:
-//! a name (the scenario's `kind`), a one-line description, and the function
-//! that runs it.
-//!
-//! DEVELOPER NOTE — how to add a workload:
-//! 1. Write `workload/<name>.rs` with `pub fn run(ctx: &mut CellContext, params: &Json) -> BoxFuture<Result<Output>>`:
-//!    deserialize `params` into your own `#[serde(deny_unknown_fields)]`
-//!    struct, report progress with `ctx.progress`, raw observations with
-//!    `ctx.sample`, and return one `Point` per measured point.
-//! 2. Add a row to `BUILTINS` below.
-//! 3. On the controller side, add the scenario model and validation in
-//!    `controller/src/scenario/` and the planning into cells; the report
-//!    renders any points generically, and a workload-specific table can be
-//!    added in `controller/src/report/`.
-//! 4. Test it against a real cluster (see `agent/tests/`).
+//! Each kind's definition (parameters, metrics, validation, estimates) lives
+//! in `pgfleet_proto::workload`; this module holds the code that runs it, one
+//! file per kind, and `run`, the table that dispatches a cell's typed
+//! parameters to it. How to add a kind: see the DEVELOPER NOTE in
+//! `proto/src/workload/mod.rs` (here: a file and one line in `run`).
 
 use futures::future::BoxFuture;
-use serde_json::Value as Json;
+use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::Cluster;
 use crate::{Error, Result};
 use pgfleet_proto::v1::{AgentMessage, CellProgress, CellSample, agent_message::Msg};
+use pgfleet_proto::workload::{self as kinds, Params};
 
 pub mod pgbench;
 pub mod pgbench_init;
 pub mod toast_slice;
 
-pub type RunFn = for<'a> fn(&'a mut CellContext<'_>, &'a Json) -> BoxFuture<'a, Result<Output>>;
-
-pub struct Builtin {
-    pub name: &'static str,
-    pub description: &'static str,
-    pub run: RunFn,
+/// Runs a cell's workload: the table of kinds, one line each.
+pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Params) -> BoxFuture<'a, Result<Output>> {
+    match params {
+        Params::ToastSlice(p) => toast_slice::run(ctx, p),
+        Params::PgbenchInit(p) => pgbench_init::run(ctx, p),
+        Params::Pgbench(p) => pgbench::run(ctx, p),
+    }
 }
 
-pub const BUILTINS: &[Builtin] = &[
-    Builtin {
-        name: "toast-slice",
-        description: "substring() of a large bytea value stored EXTERNAL / pglz / lz4: storage, buffers, latency",
-        run: toast_slice::run,
-    },
-    Builtin {
-        name: "pgbench-init",
-        description: "load the pgbench schema at a scale, in parallel: rows, seconds, rows/s",
-        run: pgbench_init::run,
-    },
-    Builtin {
-        name: "pgbench",
-        description: "load, then run a pgbench-style script: tps, latency percentiles, failures, page read and WAL sync time",
-        run: pgbench::run,
-    },
-];
-
-pub fn find(name: &str) -> Option<&'static Builtin> {
-    BUILTINS.iter().find(|b| b.name == name)
-}
-
-/// One measured point: its parameters and its metrics (report contract).
+/// One measured point on the wire: the kind's typed point as JSON text.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Point {
-    pub params: Json,
-    pub metrics: Json,
+    pub params_json: String,
+    pub metrics_json: String,
+}
+
+impl Point {
+    pub fn of<P: Serialize, M: Serialize>(p: &kinds::Point<P, M>) -> Point {
+        Point {
+            params_json: to_json(&p.params),
+            metrics_json: to_json(&p.metrics),
+        }
+    }
+    /// The point's parameters as JSON (for tests and tools).
+    pub fn params(&self) -> serde_json::Value {
+        serde_json::from_str(&self.params_json).unwrap_or_default()
+    }
+    pub fn metrics(&self) -> serde_json::Value {
+        serde_json::from_str(&self.metrics_json).unwrap_or_default()
+    }
+}
+
+pub fn to_json<T: Serialize + ?Sized>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
 }
 
 #[derive(Debug, Default)]
 pub struct Output {
     pub points: Vec<Point>,
+}
+
+impl Output {
+    pub fn of<P: Serialize, M: Serialize>(points: &[kinds::Point<P, M>]) -> Output {
+        Output {
+            points: points.iter().map(Point::of).collect(),
+        }
+    }
 }
 
 /// What a workload gets: the cluster, a way to report, and a cancel signal.
@@ -95,13 +93,13 @@ impl CellContext<'_> {
     }
 
     /// Samples are data: they are queued, never dropped.
-    pub async fn sample(&self, kind: &str, data: &Json) -> Result<()> {
+    pub async fn sample<T: Serialize + ?Sized>(&self, kind: &str, data: &T) -> Result<()> {
         self.events
             .send(AgentMessage {
                 msg: Some(Msg::Sample(CellSample {
                     cell_id: self.cell_id.clone(),
                     kind: kind.to_string(),
-                    data: Some(pgfleet_proto::json_to_struct(data)),
+                    data_json: to_json(data),
                 })),
             })
             .await
@@ -141,13 +139,5 @@ mod tests {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         assert!(median(&[]).is_nan());
-    }
-
-    #[test]
-    fn builtins_have_unique_names() {
-        let mut names: Vec<_> = BUILTINS.iter().map(|b| b.name).collect();
-        names.sort();
-        names.dedup();
-        assert_eq!(names.len(), BUILTINS.len());
     }
 }

@@ -11,33 +11,14 @@ use std::time::Instant;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use serde::Deserialize;
-use serde_json::{Value as Json, json};
 
-use super::{CellContext, Output, Point};
+use super::{CellContext, Output};
 use crate::{Error, Result};
 
-/// pgbench's SCALE_32BIT_THRESHOLD.
-pub const SCALE_BIGINT_THRESHOLD: u64 = 20_000;
-const ACCOUNTS_PER_BRANCH: u64 = 100_000;
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct InitParams {
-    pub scale: u64,
-    #[serde(default = "default_fillfactor")]
-    pub fillfactor: u32,
-    /// Range partitions of pgbench_accounts (0: not partitioned).
-    #[serde(default)]
-    pub partitions: u32,
-    /// Loading connections (0: one per core).
-    #[serde(default)]
-    pub load_connections: u32,
-}
-
-fn default_fillfactor() -> u32 {
-    100
-}
+use pgfleet_proto::workload::Point;
+pub use pgfleet_proto::workload::pgbench_init::{
+    ACCOUNTS_PER_BRANCH, InitParams, Metrics, SCALE_BIGINT_THRESHOLD,
+};
 
 #[derive(Debug, Clone)]
 pub struct Loaded {
@@ -49,27 +30,32 @@ pub struct Loaded {
 }
 
 impl Loaded {
-    pub fn step_map(&self) -> serde_json::Map<String, Json> {
-        self.steps
-            .iter()
-            .map(|(k, v)| (k.to_string(), json!(v)))
-            .collect()
+    /// The load's figures, as every kind that loads reports them.
+    pub fn metrics(&self) -> Metrics {
+        Metrics {
+            rows_loaded: self.rows,
+            load_seconds: self.seconds,
+            rows_per_second: self.rows as f64 / self.seconds.max(1e-9),
+            load_step_seconds: self
+                .steps
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+        }
     }
 }
 
-pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Json) -> BoxFuture<'a, Result<Output>> {
+pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a InitParams) -> BoxFuture<'a, Result<Output>> {
     async move {
-        let p: InitParams = serde_json::from_value(params.clone()).map_err(|e| werr(format!("bad parameters: {e}")))?;
-        let loaded = load(ctx, &p).await?;
-        Ok(Output {
-            points: vec![Point {
-                params: json!({"scale": p.scale, "fillfactor": p.fillfactor, "partitions": p.partitions,
-                               "load_connections": connections(&p)}),
-                metrics: json!({"rows_loaded": loaded.rows, "load_seconds": loaded.seconds,
-                                "rows_per_second": loaded.rows as f64 / loaded.seconds.max(1e-9),
-                                "load_step_seconds": loaded.step_map()}),
-            }],
-        })
+        let loaded = load(ctx, p).await?;
+        let params = InitParams {
+            load_connections: connections(p),
+            ..p.clone()
+        };
+        Ok(Output::of(&[Point {
+            params,
+            metrics: loaded.metrics(),
+        }]))
     }
     .boxed()
 }

@@ -24,114 +24,18 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use hdrhistogram::Histogram;
-use serde::Deserialize;
 use serde_json::{Value as Json, json};
 
-use super::{CellContext, Output, Point, median};
+use super::{CellContext, Output, median};
 use crate::{Error, Result};
 
 const ROW_ID: i64 = 2;
 pub const QUERY: &str =
     "SELECT octet_length(substring(payload FROM $1 FOR $2)) FROM {table} WHERE id = $3";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StorageMode {
-    External,
-    Pglz,
-    Lz4,
-}
-
-impl StorageMode {
-    pub fn name(self) -> &'static str {
-        match self {
-            StorageMode::External => "external",
-            StorageMode::Pglz => "pglz",
-            StorageMode::Lz4 => "lz4",
-        }
-    }
-    pub fn table(self) -> String {
-        format!("toast_{}", self.name())
-    }
-    fn ddl(self) -> String {
-        let t = self.table();
-        let alter = match self {
-            StorageMode::External => "ALTER COLUMN payload SET STORAGE EXTERNAL".to_string(),
-            StorageMode::Pglz | StorageMode::Lz4 => format!(
-                "ALTER COLUMN payload SET STORAGE EXTENDED, ALTER COLUMN payload SET COMPRESSION {}",
-                self.name()
-            ),
-        };
-        format!(
-            "DROP TABLE IF EXISTS {t}; CREATE TABLE {t} (id bigint PRIMARY KEY, payload bytea); ALTER TABLE {t} {alter};"
-        )
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Dataset {
-    /// Repeating `ABCD`: extremely compressible.
-    Abcd,
-    /// 64-byte blocks: 32 repeating ASCII bytes + the 32 hex chars of an md5.
-    Mixed,
-    /// Concatenated binary md5 digests: does not compress.
-    Incompressible,
-}
-
-impl Dataset {
-    pub fn name(self) -> &'static str {
-        match self {
-            Dataset::Abcd => "abcd",
-            Dataset::Mixed => "mixed",
-            Dataset::Incompressible => "incompressible",
-        }
-    }
-    /// A SQL expression of one bytea of exactly `$1` (bigint) bytes, built
-    /// in memory (never compressed) from generate_series.
-    pub fn sql(self) -> &'static str {
-        match self {
-            Dataset::Abcd => {
-                "SELECT substring(convert_to(repeat('ABCD', ($1::bigint / 4 + 1)::int), 'UTF8') FROM 1 FOR $1::bigint::int)"
-            }
-            Dataset::Mixed => {
-                "SELECT substring(convert_to(string_agg(repeat(chr(65 + (i % 26)::int), 32) || md5(i::text), '' ORDER BY i), 'UTF8') FROM 1 FOR $1::bigint::int) \
-                 FROM generate_series(0, $1::bigint / 64) AS i"
-            }
-            Dataset::Incompressible => {
-                "SELECT substring(string_agg(decode(md5(i::text), 'hex'), ''::bytea ORDER BY i) FROM 1 FOR $1::bigint::int) \
-                 FROM generate_series(0, $1::bigint / 16) AS i"
-            }
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Offset {
-    /// As the scenario wrote it ("50%" or "5242881").
-    pub label: String,
-    /// 1-based byte position, as substring() takes it.
-    pub byte: u64,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Params {
-    pub storage_modes: Vec<StorageMode>,
-    pub dataset: Dataset,
-    pub value_bytes: u64,
-    pub offsets: Vec<Offset>,
-    pub slice_bytes: u32,
-    pub duration_s: f64,
-    pub repeats: u32,
-    #[serde(default = "default_warmup")]
-    pub warmup_s: f64,
-}
-
-fn default_warmup() -> f64 {
-    0.5
-}
+pub use pgfleet_proto::workload::toast_slice::{
+    Dataset, Metrics, Offset, Params, Point as TypedPoint, PointParams, StorageMode,
+};
 
 /// Physical storage of one value.
 #[derive(Debug, Clone, PartialEq)]
@@ -143,9 +47,8 @@ pub struct Stored {
     pub toast_chunks: i64,
 }
 
-pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Json) -> BoxFuture<'a, Result<Output>> {
+pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Result<Output>> {
     async move {
-        let p: Params = serde_json::from_value(params.clone()).map_err(|e| werr(format!("bad parameters: {e}")))?;
         if p.storage_modes.is_empty() || p.offsets.is_empty() || p.repeats == 0 {
             return Err(werr("storage_modes, offsets and repeats must not be empty".into()));
         }
@@ -160,7 +63,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Json) -> BoxFuture<'a, 
         let client = ctx.cluster.connect().await?;
 
         ctx.progress("load", 0, p.storage_modes.len() as u64, format!("{} x {} B", p.dataset.name(), p.value_bytes));
-        setup(&client, &p).await?;
+        setup(&client, p).await?;
         ctx.check_cancel()?;
 
         let mut stored = Vec::new();
@@ -248,23 +151,32 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Json) -> BoxFuture<'a, 
                 let pick = |f: fn(&RepeatSummary) -> f64| median(&reps.iter().map(f).collect::<Vec<_>>());
                 let (hit, read, _, _) = &buffers[mi][oi];
                 let s = &stored[mi];
-                points.push(Point {
-                    params: json!({
-                        "storage_mode": mode.name(), "dataset": p.dataset.name(), "value_bytes": p.value_bytes,
-                        "offset": o.byte, "offset_label": o.label, "slice_bytes": p.slice_bytes,
-                    }),
-                    metrics: json!({
-                        "stored_bytes": s.stored_bytes, "compression": s.compression, "external": s.external,
-                        "toast_chunks": s.toast_chunks,
-                        "buffers_shared_hit": hit, "buffers_shared_read": read,
-                        "latency_ms_p50": pick(|r| r.p50_ms), "latency_ms_p99": pick(|r| r.p99_ms),
-                        "latency_ms_mean": pick(|r| r.mean_ms),
-                        "calls": reps.iter().map(|r| r.calls).sum::<u64>(), "repeats": reps.len(),
-                    }),
+                points.push(TypedPoint {
+                    params: PointParams {
+                        storage_mode: *mode,
+                        dataset: p.dataset,
+                        value_bytes: p.value_bytes,
+                        offset: o.byte,
+                        offset_label: o.label.clone(),
+                        slice_bytes: p.slice_bytes,
+                    },
+                    metrics: Metrics {
+                        stored_bytes: s.stored_bytes,
+                        compression: s.compression.clone(),
+                        external: s.external,
+                        toast_chunks: s.toast_chunks,
+                        buffers_shared_hit: *hit,
+                        buffers_shared_read: *read,
+                        latency_ms_p50: pick(|r| r.p50_ms),
+                        latency_ms_p99: pick(|r| r.p99_ms),
+                        latency_ms_mean: pick(|r| r.mean_ms),
+                        calls: reps.iter().map(|r| r.calls).sum::<u64>(),
+                        repeats: reps.len() as u32,
+                    },
                 });
             }
         }
-        Ok(Output { points })
+        Ok(Output::of(&points))
     }
     .boxed()
 }

@@ -12,8 +12,12 @@
 //!   comparisons: [{workload, script, metric, baseline_class, class, ratio}],
 //!   timeseries: {<cell_id>: [{second, tps, latency_ms_mean, latency_ms_p50, latency_ms_p99}]}}`
 //!
-//! Comparisons divide each class's median by the first class's (in fleet
-//! order) for tps, latency p50/p99, page read time and WAL sync time.
+//! `results[].params` / `metrics` are the kinds' typed points
+//! (`pgfleet_proto::workload::<kind>::{PointParams, Metrics}`) as JSON.
+//!
+//! Summaries and comparisons cover each kind's `compared` metrics
+//! (`pgfleet_proto::workload::KINDS`): the per-class median, min and max
+//! over cells, and each class's median divided by the first class's.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -24,7 +28,10 @@ use crate::store::Store;
 use crate::{Error, Result};
 
 mod markdown;
+mod pgbench;
+mod pgbench_init;
 pub mod plot;
+mod toast_slice;
 
 /// Builds the report document of a run from the store.
 pub fn build(store: &Store, run_id: &str) -> Result<Json> {
@@ -110,16 +117,6 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
     }))
 }
 
-/// Metrics summarized per instance class (median, min, max over cells) and
-/// compared between classes.
-const COMPARED: &[&str] = &[
-    "tps",
-    "latency_ms_p50",
-    "latency_ms_p99",
-    "page_read_ms_avg",
-    "wal_sync_ms_avg",
-];
-
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
@@ -132,13 +129,14 @@ fn median(v: &mut [f64]) -> f64 {
     }
 }
 
-/// Groups driver results of the same workload entry (same params) by
-/// instance class: per-class medians with min, max and each cell's value;
-/// then each class's median against the first class's (the baseline).
+/// Groups results of the same kind and point parameters by instance class:
+/// per-class medians of the kind's compared metrics with min, max and each
+/// cell's value; then each class's median against the first class's (the
+/// baseline).
 fn summarize(results: &[Json]) -> (Vec<Json>, Vec<Json>) {
     let mut groups: Vec<(String, Vec<&Json>)> = Vec::new();
-    for r in results.iter().filter(|r| r["workload"] == "pgbench") {
-        let key = r["params"].to_string();
+    for r in results {
+        let key = format!("{}{}", r["workload"], r["params"]);
         match groups.iter_mut().find(|(k, _)| *k == key) {
             Some((_, v)) => v.push(r),
             None => groups.push((key, vec![r])),
@@ -146,6 +144,11 @@ fn summarize(results: &[Json]) -> (Vec<Json>, Vec<Json>) {
     }
     let (mut summaries, mut comparisons) = (Vec::new(), Vec::new());
     for (_, rs) in groups {
+        let compared = rs[0]["workload"]
+            .as_str()
+            .and_then(pgfleet_proto::workload::info)
+            .map(|k| k.compared)
+            .unwrap_or(&[]);
         let mut classes: Vec<String> = Vec::new();
         for r in &rs {
             let c = r["instance_class"].as_str().unwrap_or("").to_string();
@@ -161,7 +164,7 @@ fn summarize(results: &[Json]) -> (Vec<Json>, Vec<Json>) {
                 .filter(|r| r["instance_class"] == c.as_str())
                 .collect();
             let mut m = serde_json::Map::new();
-            for metric in COMPARED {
+            for metric in compared {
                 let mut vals: Vec<f64> = mine
                     .iter()
                     .filter_map(|r| r["metrics"][*metric].as_f64())
@@ -191,7 +194,7 @@ fn summarize(results: &[Json]) -> (Vec<Json>, Vec<Json>) {
             continue;
         };
         for c in classes.iter().skip(1) {
-            for metric in COMPARED {
+            for metric in compared {
                 if let (Some(b), Some(x)) = (
                     medians.get(&(base.clone(), metric)),
                     medians.get(&(c.clone(), metric)),

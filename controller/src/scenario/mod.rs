@@ -11,13 +11,15 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use serde_saphyr::{Location, Spanned};
+use serde_saphyr::Spanned;
+
+use pgfleet_proto::workload::{self, KindOnly, Params};
 
 pub mod plan;
 mod validate;
 
+pub use pgfleet_proto::workload::Entry as WorkloadEntry;
 pub use plan::{PlannedCell, plan};
-pub use validate::{TOAST_DATASETS, TOAST_STORAGE_MODES};
 
 /// An invalid scenario: where, which field, what is wrong and what is allowed.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,7 +57,19 @@ pub struct Scenario {
     pub description: Option<String>,
     /// Instance classes and how many agents of each.
     pub fleet: Spanned<Vec<FleetEntry>>,
-    pub workloads: Spanned<Vec<WorkloadSpec>>,
+    /// Each entry's `kind` picks the keys it takes (`pgfleet_proto::workload`).
+    pub workloads: Spanned<Vec<WorkloadEntry>>,
+    /// Per workload entry, its cells' (id stem, parameters), from
+    /// validation (`validate` fills it; `plan` reads it).
+    #[serde(skip)]
+    pub units: Vec<Vec<(String, Params)>>,
+}
+
+/// The first pass over a scenario: only its workloads' kinds.
+#[derive(Deserialize)]
+struct KindsOnly {
+    #[serde(default)]
+    workloads: Vec<KindOnly>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -179,126 +193,6 @@ impl fmt::Display for SettingValue {
     }
 }
 
-/// One workload entry. `kind` selects the workload; the other keys are that
-/// kind's parameters (keys of other kinds are rejected by `validate`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WorkloadSpec {
-    pub kind: Spanned<String>,
-    /// Instance classes to run on (default: every class in the fleet).
-    #[serde(default)]
-    pub on: Option<Vec<Spanned<String>>>,
-    // ---- toast-slice
-    #[serde(default)]
-    pub storage_modes: Option<Vec<Spanned<String>>>,
-    #[serde(default)]
-    pub datasets: Option<Vec<Spanned<String>>>,
-    #[serde(default)]
-    pub value_bytes: Option<Spanned<u64>>,
-    #[serde(default)]
-    pub offsets: Option<Vec<Spanned<OffsetSpec>>>,
-    #[serde(default)]
-    pub slice_bytes: Option<Spanned<u64>>,
-    #[serde(default)]
-    pub duration_s: Option<Spanned<f64>>,
-    #[serde(default)]
-    pub repeats: Option<Spanned<u32>>,
-    #[serde(default)]
-    pub warmup_s: Option<Spanned<f64>>,
-    /// Cells per instance class: each runs on its own cluster (its own
-    /// agent when the class has that many), for medians across clusters.
-    #[serde(default)]
-    pub replicas: Option<Spanned<u32>>,
-    // ---- pgbench-init and pgbench
-    #[serde(default)]
-    pub scale: Option<Spanned<u64>>,
-    #[serde(default)]
-    pub fillfactor: Option<Spanned<u32>>,
-    #[serde(default)]
-    pub partitions: Option<Spanned<u32>>,
-    #[serde(default)]
-    pub load_connections: Option<Spanned<u32>>,
-    // ---- pgbench
-    #[serde(default)]
-    pub script: Option<Spanned<String>>,
-    #[serde(default)]
-    pub script_text: Option<Spanned<String>>,
-    #[serde(default)]
-    pub clients: Option<Spanned<u32>>,
-    #[serde(default)]
-    pub threads: Option<Spanned<u32>>,
-    #[serde(default)]
-    pub transactions: Option<Spanned<u64>>,
-    #[serde(default)]
-    pub rate: Option<Spanned<f64>>,
-    #[serde(default)]
-    pub latency_limit_ms: Option<Spanned<f64>>,
-    #[serde(default)]
-    pub max_tries: Option<Spanned<u32>>,
-    #[serde(default)]
-    pub defines: Option<BTreeMap<String, Spanned<SettingValue>>>,
-    #[serde(default)]
-    pub seed: Option<Spanned<u64>>,
-    /// `pgfleet` (built-in driver, default) or `pgbench` (the real binary).
-    #[serde(default)]
-    pub driver: Option<Spanned<String>>,
-}
-
-impl WorkloadSpec {
-    /// The parameter keys this entry sets, with where (for kind checks).
-    pub fn keys(&self) -> Vec<(&'static str, Location)> {
-        fn at<T>(v: &Option<Spanned<T>>) -> Option<Location> {
-            v.as_ref().map(|s| s.referenced)
-        }
-        fn first<T>(v: &Option<Vec<Spanned<T>>>, fallback: Location) -> Option<Location> {
-            v.as_ref()
-                .map(|l| l.first().map(|s| s.referenced).unwrap_or(fallback))
-        }
-        let k = self.kind.referenced;
-        let defines = self
-            .defines
-            .as_ref()
-            .map(|d| d.values().next().map(|v| v.referenced).unwrap_or(k));
-        [
-            ("storage_modes", first(&self.storage_modes, k)),
-            ("datasets", first(&self.datasets, k)),
-            ("value_bytes", at(&self.value_bytes)),
-            ("offsets", first(&self.offsets, k)),
-            ("slice_bytes", at(&self.slice_bytes)),
-            ("duration_s", at(&self.duration_s)),
-            ("repeats", at(&self.repeats)),
-            ("warmup_s", at(&self.warmup_s)),
-            ("replicas", at(&self.replicas)),
-            ("scale", at(&self.scale)),
-            ("fillfactor", at(&self.fillfactor)),
-            ("partitions", at(&self.partitions)),
-            ("load_connections", at(&self.load_connections)),
-            ("script", at(&self.script)),
-            ("script_text", at(&self.script_text)),
-            ("clients", at(&self.clients)),
-            ("threads", at(&self.threads)),
-            ("transactions", at(&self.transactions)),
-            ("rate", at(&self.rate)),
-            ("latency_limit_ms", at(&self.latency_limit_ms)),
-            ("max_tries", at(&self.max_tries)),
-            ("defines", defines),
-            ("seed", at(&self.seed)),
-            ("driver", at(&self.driver)),
-        ]
-        .into_iter()
-        .filter_map(|(name, loc)| loc.map(|l| (name, l)))
-        .collect()
-    }
-}
-
-/// `"50%"` (of the value) or an absolute 1-based byte position.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(untagged)]
-pub enum OffsetSpec {
-    Byte(u64),
-    Text(String),
-}
-
 /// Reads, parses and validates a scenario file.
 pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
     parse(path, &read(path)?)
@@ -317,32 +211,90 @@ pub fn read(path: &Path) -> Result<String, ScenarioError> {
 
 /// Parses and validates scenario text; `path` is only used in errors.
 pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
+    // First pass: each workload's kind, which decides its keys (a YAML map
+    // may put `kind` anywhere). Syntax errors surface here, located.
+    let kinds: Vec<Option<Spanned<String>>> = deserialize::<KindsOnly>(path, text)?
+        .workloads
+        .into_iter()
+        .map(|w| w.kind)
+        .collect();
+    for (i, k) in kinds.iter().enumerate() {
+        if let Some(k) = k
+            && !workload::names().contains(&k.value.as_str())
+        {
+            return Err(ScenarioError {
+                file: path.to_path_buf(),
+                line: k.referenced.line(),
+                column: k.referenced.column(),
+                field: format!("workloads[{i}].kind"),
+                message: format!(
+                    "unknown workload kind `{}`: allowed {}",
+                    k.value,
+                    workload::names().join(", ")
+                ),
+            });
+        }
+    }
+    let missing = Spanned {
+        value: String::new(),
+        referenced: serde_saphyr::Location::UNKNOWN,
+        defined: serde_saphyr::Location::UNKNOWN,
+    };
+    workload::set_kinds_ahead(
+        kinds
+            .into_iter()
+            .map(|k| k.unwrap_or_else(|| missing.clone()))
+            .collect(),
+    );
+    let parsed = deserialize::<Scenario>(path, text);
+    workload::set_kinds_ahead(Vec::new());
+    let mut scenario = parsed?;
+    scenario.units = validate::validate(&scenario).map_err(|e| ScenarioError {
+        file: path.to_path_buf(),
+        line: e.at.line(),
+        column: e.at.column(),
+        field: e.field,
+        message: e.message,
+    })?;
+    Ok(scenario)
+}
+
+/// serde-saphyr with the field path of the first error.
+fn deserialize<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    text: &str,
+) -> Result<T, ScenarioError> {
     let mut field = String::new();
-    let parsed: Result<Scenario, serde_saphyr::Error> =
+    let parsed: Result<T, serde_saphyr::Error> =
         serde_saphyr::with_deserializer_from_str(text, |de| {
             serde_path_to_error::deserialize(de).map_err(|e| {
                 field = clean_path(&e.path().to_string());
                 e.into_inner()
             })
         });
-    let scenario = parsed.map_err(|e| {
+    parsed.map_err(|e| {
         let loc = e.location();
+        let mut message = first_line(&e);
+        // A workload's unknown key is refused by its kind's keys, after
+        // the path tracker has let go of the key: name it in the path.
+        if let Some(rest) = message.strip_prefix("unknown field `")
+            && let Some((key, expected)) = rest.split_once('`')
+            && field.starts_with("workloads[")
+            && !field.contains('.')
+        {
+            field = format!("{field}.{key}");
+            if let Some(list) = expected.strip_prefix(", expected one of ") {
+                message = format!("unknown field `{key}`: this kind's keys are {list}");
+            }
+        }
         ScenarioError {
             file: path.to_path_buf(),
             line: loc.map(|l| l.line()).unwrap_or(0),
             column: loc.map(|l| l.column()).unwrap_or(0),
             field,
-            message: first_line(&e),
+            message,
         }
-    })?;
-    validate::validate(&scenario).map_err(|(loc, field, message)| ScenarioError {
-        file: path.to_path_buf(),
-        line: loc.line(),
-        column: loc.column(),
-        field,
-        message,
-    })?;
-    Ok(scenario)
+    })
 }
 
 /// serde_path_to_error writes `?` for the document root and `.value` for the
@@ -418,12 +370,10 @@ workloads:
         let s = parse(Path::new("good.yaml"), GOOD).unwrap();
         let cells = plan(&s);
         assert_eq!(cells.len(), 1);
-        let bytes: Vec<u64> = cells[0].params["offsets"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|o| o["byte"].as_u64().unwrap())
-            .collect();
+        let Params::ToastSlice(p) = &cells[0].params else {
+            panic!("{:?}", cells[0].params)
+        };
+        let bytes: Vec<u64> = p.offsets.iter().map(|o| o.byte).collect();
         assert_eq!(bytes, vec![1, 5_242_881, 9_437_185]);
         assert_eq!(cells[0].settings["max_connections"], "50");
         assert_eq!(cells[0].settings["shared_buffers"], "128MB");
@@ -623,17 +573,20 @@ workloads:
             ids,
             ["w0-local-random-update-r1", "w0-local-random-update-r2"]
         );
-        let p = &cells[0].params;
+        let Params::Pgbench(p) = &cells[0].params else {
+            panic!("{:?}", cells[0].params)
+        };
+        assert_eq!((p.init.scale, p.drive.clients, p.drive.threads), (2, 4, 2));
+        assert_eq!(p.drive.duration_s, Some(10.0));
+        assert_eq!(p.drive.max_tries, 10);
+        // Typed on the wire: a float stays a float, an integer an integer.
+        let json = cells[0].params.to_json();
+        assert!(json.contains("\"duration_s\":10.0"), "{json}");
+        assert!(json.contains("\"scale\":2,"), "{json}");
         assert_eq!(
-            (
-                p["scale"].as_u64(),
-                p["clients"].as_u64(),
-                p["threads"].as_u64()
-            ),
-            (Some(2), Some(4), Some(2))
+            Params::from_json("pgbench", &json).unwrap(),
+            cells[0].params
         );
-        assert_eq!(p["duration_s"], 10.0);
-        assert_eq!(p["max_tries"], 10);
     }
 
     #[test]
@@ -644,7 +597,10 @@ workloads:
             (9, "workloads[0].repeats"),
             "{e}"
         );
-        assert!(e.message.contains("does not apply to kind pgbench"), "{e}");
+        assert!(
+            e.message.contains("unknown field `repeats`") && e.message.contains("clients"),
+            "{e}"
+        );
         let e = err(&with("    repeats: 5", "    scale: 5"));
         assert_eq!(
             (e.line, e.field.as_str()),

@@ -2,117 +2,46 @@
 //! on one fresh cluster of one instance class; the scheduler places each on
 //! an idle agent of that class.
 //!
-//! toast-slice: one cell per (workload entry, instance class, dataset); a
-//! cell measures every storage mode and offset of that dataset.
-//! pgbench-init / pgbench: one cell per (entry, class). `replicas: N`
-//! repeats each cell N times per class, each on its own fresh cluster.
+//! Each kind decides how an entry splits (`KindSpec::plan`: toast-slice one
+//! cell per dataset, the others one); the entry runs on every class it names
+//! (`on`, default all), `replicas: N` times per class, each on its own
+//! fresh cluster.
 
 use std::collections::BTreeMap;
 
-use serde_json::{Value as Json, json};
+use pgfleet_proto::workload::{Estimate, Params};
 
-use super::validate::resolve_offset;
-use super::{OffsetSpec, Scenario, SettingValue, WorkloadSpec};
+use super::Scenario;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlannedCell {
     pub cell_id: String,
-    pub workload: String,
     pub instance_class: String,
-    /// The agent's parameters (defaults applied, offsets resolved).
-    pub params: Json,
+    /// The kind's parameters (defaults applied, offsets resolved).
+    pub params: Params,
     pub settings: BTreeMap<String, String>,
+}
+
+impl PlannedCell {
+    /// The workload kind, e.g. `toast-slice`.
+    pub fn workload(&self) -> &'static str {
+        self.params.kind()
+    }
+    pub fn estimate(&self) -> Estimate {
+        self.params.estimate()
+    }
 }
 
 pub fn plan(s: &Scenario) -> Vec<PlannedCell> {
     let mut cells = Vec::new();
-    for (wi, w) in s.workloads.value.iter().enumerate() {
+    for (wi, (w, units)) in s.workloads.value.iter().zip(&s.units).enumerate() {
         let classes = s.fleet.value.iter().filter(|f| {
             w.on.as_ref()
                 .is_none_or(|on| on.iter().any(|c| c.value == f.name.value))
         });
-        // (cell id stem, params) per cell of this entry on one class.
-        let units: Vec<(String, Json)> = match w.kind.value.as_str() {
-            "toast-slice" => toast_slice(w),
-            "pgbench-init" => vec![("init".into(), init_params(w))],
-            _ => {
-                let mut p = init_params(w);
-                let name = match &w.script_text {
-                    Some(_) => "script".to_string(),
-                    None => w
-                        .script
-                        .as_ref()
-                        .map(|s| s.value.clone())
-                        .unwrap_or_else(|| "tpcb-like".into()),
-                };
-                let o = p.as_object_mut().expect("object");
-                let opt = |v: Option<Json>| v.unwrap_or(Json::Null);
-                o.insert("script".into(), json!(name));
-                if let Some(t) = &w.script_text {
-                    o.insert("script_text".into(), json!(t.value));
-                }
-                o.insert(
-                    "clients".into(),
-                    json!(w.clients.as_ref().map(|v| v.value).unwrap_or(1)),
-                );
-                o.insert(
-                    "threads".into(),
-                    json!(w.threads.as_ref().map(|v| v.value).unwrap_or(1)),
-                );
-                let duration = match (&w.duration_s, &w.transactions) {
-                    (Some(d), _) => json!(d.value),
-                    (None, None) => json!(60.0),
-                    (None, Some(_)) => Json::Null,
-                };
-                o.insert("duration_s".into(), duration);
-                o.insert(
-                    "transactions".into(),
-                    opt(w.transactions.as_ref().map(|v| json!(v.value))),
-                );
-                o.insert(
-                    "warmup_s".into(),
-                    json!(w.warmup_s.as_ref().map(|v| v.value).unwrap_or(0.0)),
-                );
-                o.insert("rate".into(), opt(w.rate.as_ref().map(|v| json!(v.value))));
-                o.insert(
-                    "latency_limit_ms".into(),
-                    opt(w.latency_limit_ms.as_ref().map(|v| json!(v.value))),
-                );
-                o.insert(
-                    "max_tries".into(),
-                    json!(w.max_tries.as_ref().map(|v| v.value).unwrap_or(10)),
-                );
-                o.insert("seed".into(), opt(w.seed.as_ref().map(|v| json!(v.value))));
-                o.insert(
-                    "driver".into(),
-                    json!(
-                        w.driver
-                            .as_ref()
-                            .map(|v| v.value.as_str())
-                            .unwrap_or("pgfleet")
-                    ),
-                );
-                let defines: serde_json::Map<String, Json> = w
-                    .defines
-                    .iter()
-                    .flatten()
-                    .map(|(k, v)| {
-                        let j = match &v.value {
-                            SettingValue::Int(i) => json!(i),
-                            SettingValue::Float(f) => json!(f),
-                            SettingValue::Bool(b) => json!(b),
-                            SettingValue::Str(s) => json!(s),
-                        };
-                        (k.clone(), j)
-                    })
-                    .collect();
-                o.insert("defines".into(), Json::Object(defines));
-                vec![(name, p)]
-            }
-        };
-        let replicas = w.replicas.as_ref().map(|r| r.value).unwrap_or(1);
+        let replicas = w.replicas();
         for class in classes {
-            for (stem, params) in &units {
+            for (stem, params) in units {
                 for r in 1..=replicas {
                     let suffix = if replicas > 1 {
                         format!("-r{r}")
@@ -121,7 +50,6 @@ pub fn plan(s: &Scenario) -> Vec<PlannedCell> {
                     };
                     cells.push(PlannedCell {
                         cell_id: format!("w{wi}-{}-{stem}{suffix}", class.name.value),
-                        workload: w.kind.value.clone(),
                         instance_class: class.name.value.clone(),
                         params: params.clone(),
                         settings: class.settings(),
@@ -133,77 +61,91 @@ pub fn plan(s: &Scenario) -> Vec<PlannedCell> {
     cells
 }
 
-fn init_params(w: &WorkloadSpec) -> Json {
-    json!({
-        "scale": w.scale.as_ref().map(|v| v.value).unwrap_or(1),
-        "fillfactor": w.fillfactor.as_ref().map(|v| v.value).unwrap_or(100),
-        "partitions": w.partitions.as_ref().map(|v| v.value).unwrap_or(0),
-        "load_connections": w.load_connections.as_ref().map(|v| v.value).unwrap_or(0),
-    })
+/// What a plan will take: per cell and in total, and on the fleet's agents
+/// (cells of a class run one at a time on each of its agents).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanEstimate {
+    /// Sum over cells.
+    pub cell_seconds: f64,
+    pub measured_seconds: f64,
+    /// Wall clock on the fleet: per class, its cells spread over its agents
+    /// (longest first), and classes side by side.
+    pub wall_seconds: f64,
+    /// The most disk one agent needs at once (its largest cell).
+    pub disk_bytes_per_agent: u64,
 }
 
-/// One unit per dataset; each measures every storage mode and offset.
-fn toast_slice(w: &WorkloadSpec) -> Vec<(String, Json)> {
-    let list = |l: &Option<Vec<serde_saphyr::Spanned<String>>>, default: &[&str]| -> Vec<String> {
-        l.as_ref()
-            .map(|v| v.iter().map(|x| x.value.clone()).collect())
-            .unwrap_or_else(|| default.iter().map(|s| s.to_string()).collect())
-    };
-    let modes = list(&w.storage_modes, &["external", "pglz", "lz4"]);
-    let datasets = list(&w.datasets, &["mixed"]);
-    let value_bytes = w
-        .value_bytes
-        .as_ref()
-        .map(|v| v.value)
-        .unwrap_or(10 * 1024 * 1024);
-    let offsets: Vec<OffsetSpec> = w
-        .offsets
-        .as_ref()
-        .map(|o| o.iter().map(|x| x.value.clone()).collect())
-        .unwrap_or_else(|| {
-            ["0%", "50%", "90%"]
-                .iter()
-                .map(|s| OffsetSpec::Text(s.to_string()))
-                .collect()
-        });
-    let offsets: Vec<Json> = offsets
-        .iter()
-        .map(|o| {
-            let label = match o {
-                OffsetSpec::Byte(b) => b.to_string(),
-                OffsetSpec::Text(t) => t.trim().to_string(),
-            };
-            // Validated already.
-            json!({"label": label, "byte": resolve_offset(o, value_bytes).unwrap_or(1)})
-        })
-        .collect();
-    datasets
-        .iter()
-        .map(|ds| {
-            (
-                format!("{ds}-{}", human_bytes(value_bytes)),
-                json!({
-                    "storage_modes": modes,
-                    "dataset": ds,
-                    "value_bytes": value_bytes,
-                    "offsets": offsets,
-                    "slice_bytes": w.slice_bytes.as_ref().map(|v| v.value).unwrap_or(100),
-                    "duration_s": w.duration_s.as_ref().map(|v| v.value).unwrap_or(30.0),
-                    "repeats": w.repeats.as_ref().map(|v| v.value).unwrap_or(5),
-                    "warmup_s": w.warmup_s.as_ref().map(|v| v.value).unwrap_or(0.5),
-                }),
-            )
-        })
-        .collect()
-}
-
-/// 10485760 -> "10MiB", 1048576 -> "1MiB", 1500 -> "1500B".
-pub fn human_bytes(n: u64) -> String {
-    if n.is_multiple_of(1 << 20) {
-        format!("{}MiB", n >> 20)
-    } else if n.is_multiple_of(1 << 10) {
-        format!("{}KiB", n >> 10)
-    } else {
-        format!("{n}B")
+pub fn estimate(s: &Scenario, cells: &[PlannedCell]) -> PlanEstimate {
+    let mut wall: f64 = 0.0;
+    for f in &s.fleet.value {
+        let mut mine: Vec<f64> = cells
+            .iter()
+            .filter(|c| c.instance_class == f.name.value)
+            .map(|c| c.estimate().seconds)
+            .collect();
+        mine.sort_by(|a, b| b.total_cmp(a));
+        // Longest first onto the least loaded agent.
+        let mut agents = vec![0.0f64; f.count().max(1) as usize];
+        for secs in mine {
+            if let Some(a) = agents.iter_mut().min_by(|a, b| a.total_cmp(b)) {
+                *a += secs;
+            }
+        }
+        wall = wall.max(agents.into_iter().fold(0.0, f64::max));
     }
+    PlanEstimate {
+        cell_seconds: cells.iter().map(|c| c.estimate().seconds).sum(),
+        measured_seconds: cells.iter().map(|c| c.estimate().measured_seconds).sum(),
+        wall_seconds: wall,
+        disk_bytes_per_agent: cells
+            .iter()
+            .map(|c| c.estimate().disk_bytes)
+            .max()
+            .unwrap_or(0),
+    }
+}
+
+/// `pgfleet validate`'s listing: each cell with its estimate, then totals.
+pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> String {
+    use pgfleet_proto::workload::{approx_bytes, approx_seconds};
+    let agents: u32 = s.fleet.value.iter().map(|f| f.count()).sum();
+    let w =
+        |f: fn(&PlannedCell) -> usize, min: usize| cells.iter().map(f).max().unwrap_or(0).max(min);
+    let (wc, wk, wl) = (
+        w(|c| c.cell_id.len(), 4),
+        w(|c| c.workload().len(), 4),
+        w(|c| c.instance_class.len(), 5),
+    );
+    let mut out = format!(
+        "{}: valid; {} cells on {agents} agents:\n  {:<wc$}  {:<wk$}  {:<wl$}  {:>10}  {:>10}  {:>10}\n",
+        path.display(),
+        cells.len(),
+        "cell",
+        "kind",
+        "class",
+        "takes",
+        "measures",
+        "disk"
+    );
+    for c in cells {
+        let e = c.estimate();
+        out += &format!(
+            "  {:<wc$}  {:<wk$}  {:<wl$}  {:>10}  {:>10}  {:>10}\n",
+            c.cell_id,
+            c.workload(),
+            c.instance_class,
+            approx_seconds(e.seconds),
+            approx_seconds(e.measured_seconds),
+            approx_bytes(e.disk_bytes)
+        );
+    }
+    let t = estimate(s, cells);
+    out += &format!(
+        "estimated: {} of cells ({} of it measuring), about {} on this fleet; up to {} of disk per agent\n",
+        approx_seconds(t.cell_seconds),
+        approx_seconds(t.measured_seconds),
+        approx_seconds(t.wall_seconds),
+        approx_bytes(t.disk_bytes_per_agent)
+    );
+    out
 }

@@ -9,7 +9,61 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use super::rng::{Rng, hash_fnv1a, hash_murmur2};
+pub mod rng;
+
+use rng::{Rng, hash_fnv1a, hash_murmur2};
+
+/// pgbench's built-in scripts, plus the seeds' random UPDATE.
+pub const BUILTIN_SCRIPTS: &[(&str, &str, &str)] = &[
+    (
+        "tpcb-like",
+        "pgbench's default: TPC-B-like transaction over accounts, tellers, branches, history",
+        "\\set aid random(1, 100000 * :scale)
+\\set bid random(1, 1 * :scale)
+\\set tid random(1, 10 * :scale)
+\\set delta random(-5000, 5000)
+BEGIN;
+UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid;
+SELECT abalance FROM pgbench_accounts WHERE aid = :aid;
+UPDATE pgbench_tellers SET tbalance = tbalance + :delta WHERE tid = :tid;
+UPDATE pgbench_branches SET bbalance = bbalance + :delta WHERE bid = :bid;
+INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (:tid, :bid, :aid, :delta, CURRENT_TIMESTAMP);
+END;
+",
+    ),
+    (
+        "simple-update",
+        "pgbench -N: accounts update, select and history insert",
+        "\\set aid random(1, 100000 * :scale)
+\\set bid random(1, 1 * :scale)
+\\set tid random(1, 10 * :scale)
+\\set delta random(-5000, 5000)
+BEGIN;
+UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid;
+SELECT abalance FROM pgbench_accounts WHERE aid = :aid;
+INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (:tid, :bid, :aid, :delta, CURRENT_TIMESTAMP);
+END;
+",
+    ),
+    (
+        "select-only",
+        "pgbench -S: one primary-key read of pgbench_accounts",
+        "\\set aid random(1, 100000 * :scale)
+SELECT abalance FROM pgbench_accounts WHERE aid = :aid;
+",
+    ),
+    (
+        "random-update",
+        "seeds/002: one random UPDATE of pgbench_accounts (abalance + 1)",
+        "\\set aid random(1, :naccounts)
+UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;
+",
+    ),
+];
+
+pub fn builtin(name: &str) -> Option<&'static str> {
+    BUILTIN_SCRIPTS.iter().find(|b| b.0 == name).map(|b| b.2)
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScriptError {

@@ -1,0 +1,132 @@
+//! Real PostgreSQL, cells that go wrong: a cell that does not fit the disk
+//! is refused before anything is written; a server process that dies
+//! mid-cell is explained by the server's log.
+
+mod common;
+
+use std::path::PathBuf;
+
+use pgfleet_agent::cell::{self, AgentEnv};
+use pgfleet_agent::cluster::{Cluster, RunAs};
+use pgfleet_agent::pgbin::PgBin;
+use pgfleet_agent::workload::{self, CellContext, Output};
+use pgfleet_proto::v1::{Assign, CellStatus};
+use pgfleet_proto::workload::{Params, plan_entry};
+use tokio_util::sync::CancellationToken;
+
+fn params(yaml: &str) -> Params {
+    plan_entry(yaml).unwrap().remove(0).1
+}
+
+async fn run(cluster: &Cluster, params: &Params) -> pgfleet_agent::Result<Output> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
+    tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    let mut ctx = CellContext {
+        cell_id: "c".into(),
+        cluster,
+        events: tx,
+        cancel: CancellationToken::new(),
+    };
+    workload::run(&mut ctx, params).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_server_process_is_explained_by_the_server_log() {
+    let root = common::scratch("killed");
+    let cl = Cluster::provision(&common::spec(&root, "c", "64MB", Default::default()))
+        .await
+        .unwrap();
+    let p = params("{kind: pgbench, scale: 1, script: select-only, clients: 2, duration_s: 30}");
+    let killer = async {
+        let c = cl.connect().await.unwrap();
+        // Wait for the driver's backends, then kill one as the OOM killer would.
+        for _ in 0..200 {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            let rows = c
+                .query(
+                    "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() \
+                     AND query LIKE '%pgbench_accounts%' AND query NOT LIKE '%pg_stat_activity%'",
+                    &[],
+                )
+                .await
+                .unwrap();
+            if let Some(r) = rows.first() {
+                let pid: i32 = r.get(0);
+                nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                )
+                .unwrap();
+                return;
+            }
+        }
+        panic!("the driver never started");
+    };
+    let (out, ()) = tokio::join!(
+        async {
+            let r = run(&cl, &p).await;
+            r.map_err(|e| cl.explain_failure(e))
+        },
+        killer
+    );
+    let e = out.unwrap_err().to_string();
+    assert!(e.contains("terminated by signal 9"), "{e}");
+    assert!(e.contains("postgres.log"), "{e}");
+    cl.teardown().await.unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// A cell whose data would not fit is refused at provision, naming the space
+/// needed and free, before initdb. The data root is a 64 MiB tmpfs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_larger_than_the_free_disk_is_refused_before_loading() {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("skipped: mounting a small tmpfs needs root");
+        return;
+    }
+    let root = common::scratch("full");
+    let status = std::process::Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=64m,mode=755",
+            "pgfleet-test",
+            root.to_str().unwrap(),
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let env = AgentEnv {
+        pg: PgBin::find(
+            std::env::var_os("PGFLEET_PG_BIN")
+                .map(PathBuf::from)
+                .as_deref(),
+        )
+        .map_err(|e| e.to_string()),
+        run_as: RunAs::resolve("postgres").map_err(|e| e.to_string()),
+        data_root: root.clone(),
+        storage_profile: "nvme".into(),
+        caps: Default::default(),
+        emulated: false,
+    };
+    let p = params("{kind: pgbench-init, scale: 40}");
+    let assign = Assign {
+        cell_id: "big".into(),
+        run_id: "r".into(),
+        workload: p.kind().into(),
+        params_json: p.to_json(),
+        settings: Default::default(),
+    };
+    let (tx, _rx) = tokio::sync::mpsc::channel(4096);
+    let r = cell::run(&env, assign, tx, CancellationToken::new()).await;
+    let _ = std::process::Command::new("umount").arg(&root).status();
+    std::fs::remove_dir_all(&root).unwrap();
+    assert_eq!(r.status, CellStatus::Failed as i32);
+    assert!(
+        r.error.contains("needs about") && r.error.contains("free"),
+        "{}",
+        r.error
+    );
+    assert!(!root.join("clusters").join("big").exists());
+}

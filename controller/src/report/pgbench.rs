@@ -1,0 +1,168 @@
+//! report.md's pgbench section: every cell, per-class medians, ratios,
+//! TPS and p99 over time.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use serde_json::Value as Json;
+
+use super::markdown::num;
+use super::plot::{Series, line_chart};
+
+/// pgbench: every cell's figures, per-class medians, ratios, TPS over time.
+pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, rs: &[&Json]) {
+    let _ = writeln!(
+        md,
+        "\n## pgbench: transactions\n\nLatency from each transaction's (scheduled) start, ms. Page read time is \
+         pg_stat_database's blk_read_time per block read; WAL sync time is pg_stat_wal's per sync, over the measured window.\n\n\
+         | cell | agent | script | clients/threads | tps | p50 | p90 | p99 | max | transactions | failures | page read ms | WAL sync ms | checkpoints | top wait events |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for r in rs {
+        let m = &r["metrics"];
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r["cell_id"].as_str().unwrap_or(""),
+            r["agent"].as_str().unwrap_or(""),
+            r["params"]["script"].as_str().unwrap_or(""),
+            r["params"]["clients"],
+            r["params"]["threads"],
+            num(&m["tps"], 1),
+            num(&m["latency_ms_p50"], 3),
+            num(&m["latency_ms_p90"], 3),
+            num(&m["latency_ms_p99"], 3),
+            num(&m["latency_ms_max"], 3),
+            m["transactions"],
+            m["failures"],
+            num(&m["page_read_ms_avg"], 3),
+            num(&m["wal_sync_ms_avg"], 3),
+            m["checkpoints"],
+            m["top_wait_events"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .take(3)
+                .map(|w| format!(
+                    "{} {:.0} %",
+                    w["event"].as_str().unwrap_or(""),
+                    w["share"].as_f64().unwrap_or(0.0) * 100.0
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    for (gi, sm) in doc["summaries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["workload"] == "pgbench")
+        .enumerate()
+    {
+        let script = sm["script"].as_str().unwrap_or("");
+        let _ = writeln!(
+            md,
+            "\n### {script}: per instance class (median over clusters, min–max)\n\n\
+             | class | clusters | tps | latency p50 ms | page read ms | WAL sync ms |\n|---|---|---|---|---|---|"
+        );
+        let Some(classes) = sm["classes"].as_object() else {
+            continue;
+        };
+        let cell = |c: &Json, k: &str, d: usize| {
+            let x = &c[k];
+            if x.is_null() {
+                "–".to_string()
+            } else {
+                format!(
+                    "{} ({}–{})",
+                    num(&x["median"], d),
+                    num(&x["min"], d),
+                    num(&x["max"], d)
+                )
+            }
+        };
+        for (name, c) in classes {
+            let _ = writeln!(
+                md,
+                "| {name} | {} | {} | {} | {} | {} |",
+                c["cells"],
+                cell(c, "tps", 1),
+                cell(c, "latency_ms_p50", 3),
+                cell(c, "page_read_ms_avg", 3),
+                cell(c, "wal_sync_ms_avg", 3)
+            );
+        }
+        let ratios: Vec<String> = doc["comparisons"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["script"] == script && c["metric"] == "tps")
+            .map(|c| {
+                format!(
+                    "{} / {} = **{}x**",
+                    c["class"].as_str().unwrap_or(""),
+                    c["baseline_class"].as_str().unwrap_or(""),
+                    num(&c["ratio"], 2)
+                )
+            })
+            .collect();
+        if !ratios.is_empty() {
+            let _ = writeln!(md, "\nTPS ratio: {}", ratios.join(", "));
+        }
+        // TPS and p99 latency over time: per class, the mean over its
+        // cells of each second.
+        let over_time = |field: &str| -> Vec<Series> {
+            classes
+                .keys()
+                .map(|class| {
+                    let mut sums: BTreeMap<u64, (f64, u32)> = BTreeMap::new();
+                    for r in rs.iter().filter(|r| {
+                        r["instance_class"] == class.as_str() && r["params"]["script"] == script
+                    }) {
+                        let id = r["cell_id"].as_str().unwrap_or("");
+                        for p in doc["timeseries"][id].as_array().into_iter().flatten() {
+                            if let Some(v) = p[field].as_f64() {
+                                let e = sums.entry(p["second"].as_u64().unwrap_or(0)).or_default();
+                                e.0 += v;
+                                e.1 += 1;
+                            }
+                        }
+                    }
+                    Series {
+                        name: class.clone(),
+                        points: sums
+                            .into_iter()
+                            .map(|(s, (t, n))| (s as f64, t / n as f64))
+                            .collect(),
+                    }
+                })
+                .collect()
+        };
+        for (field, file, title, y, alt) in [
+            (
+                "tps",
+                "tps",
+                "TPS over time per class",
+                "transactions per second",
+                "TPS over time per instance class",
+            ),
+            (
+                "latency_ms_p99",
+                "p99",
+                "p99 latency over time per class",
+                "p99 latency (ms)",
+                "p99 latency over time per instance class",
+            ),
+        ] {
+            let series = over_time(field);
+            if series.iter().any(|s| !s.points.is_empty()) {
+                let name = format!("pgbench-{gi}-{script}-{file}.svg");
+                plots.push((
+                    name.clone(),
+                    line_chart(&format!("{script}: {title}"), "second", y, &series),
+                ));
+                let _ = writeln!(md, "\n![{alt}]({name})");
+            }
+        }
+    }
+}

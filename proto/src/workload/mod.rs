@@ -1,0 +1,550 @@
+//! Workload kinds: the one home of each kind's definition, shared by the
+//! controller and the agent.
+//!
+//! A kind lives in one file here (`toast_slice.rs`, `pgbench.rs`, ...) with:
+//! - `Spec`: the scenario keys of the kind (serde, `deny_unknown_fields`,
+//!   values `Spanned` so errors carry `line:column`), and `KindSpec::plan`,
+//!   which validates them, applies the defaults and splits the entry into
+//!   cells: one `Params` each;
+//! - `Params`: what the agent receives for one cell, typed (serde JSON on
+//!   the wire, so `4510.0` stays a float and `10` an integer);
+//!   `KindParams::estimate` says how long the cell takes and how much disk it
+//!   needs, from the parameters alone;
+//! - `Point` / `Metrics`: what the agent returns per measured point, typed
+//!   the same way, read back by the report.
+//!
+//! DEVELOPER NOTE — how to add a workload kind:
+//! 1. `proto/src/workload/<kind>.rs`: `Spec`, `Params`, point params and
+//!    `Metrics`, implementing `KindSpec` and `KindParams`.
+//! 2. One line in the `kinds!` table below.
+//! 3. `agent/src/workload/<kind>.rs`: the code that runs it, and one line in
+//!    the agent's `run` match (`agent/src/workload/mod.rs`).
+//! 4. `controller/src/report/<kind>.rs`: its report section, and one line in
+//!    the report's section table.
+//! 5. A test against real clusters (`agent/tests/`).
+
+use std::fmt;
+
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{self, DeserializeSeed, IgnoredAny, IntoDeserializer, MapAccess, Visitor};
+use serde::{Deserialize, Serialize};
+
+pub use serde_saphyr::{Location, Spanned};
+
+pub mod pgbench;
+pub mod pgbench_init;
+pub mod toast_slice;
+
+/// A value the checks refused: where it is, its field path, what is wrong
+/// and what is allowed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Invalid {
+    pub at: Location,
+    pub field: String,
+    pub message: String,
+}
+
+pub type Checked<T> = Result<T, Invalid>;
+
+/// Field paths of one workload entry: `workloads[3].scale`.
+#[derive(Debug, Clone)]
+pub struct Field {
+    prefix: String,
+    /// Where the entry's `kind` is: errors about missing keys point there.
+    pub kind_at: Location,
+}
+
+impl Field {
+    pub fn new(prefix: impl Into<String>, kind_at: Location) -> Self {
+        Field {
+            prefix: prefix.into(),
+            kind_at,
+        }
+    }
+    pub fn at(&self, key: &str) -> String {
+        format!("{}.{key}", self.prefix)
+    }
+    pub fn err<T>(&self, at: Location, key: &str, message: impl Into<String>) -> Checked<T> {
+        Err(Invalid {
+            at,
+            field: self.at(key),
+            message: message.into(),
+        })
+    }
+    /// `v` (when given) must lie in `lo..=hi`.
+    pub fn in_range<T: PartialOrd + fmt::Display + Copy>(
+        &self,
+        v: &Option<Spanned<T>>,
+        key: &str,
+        lo: T,
+        hi: T,
+        unit: &str,
+    ) -> Checked<()> {
+        match v {
+            Some(x) if !(x.value >= lo && x.value <= hi) => self.err(
+                x.referenced,
+                key,
+                format!("{} is out of range: allowed {lo}..={hi}{unit}", x.value),
+            ),
+            _ => Ok(()),
+        }
+    }
+    /// `v` must be one of `allowed`.
+    pub fn one_of(
+        &self,
+        v: &Spanned<String>,
+        key: &str,
+        allowed: &[&str],
+        what: &str,
+    ) -> Checked<()> {
+        if allowed.contains(&v.value.as_str()) {
+            Ok(())
+        } else {
+            self.err(
+                v.referenced,
+                key,
+                format!(
+                    "unknown {what} `{}`: allowed {}",
+                    v.value,
+                    allowed.join(", ")
+                ),
+            )
+        }
+    }
+}
+
+/// The value of an optional key, or its default.
+pub fn or<T: Clone>(v: &Option<Spanned<T>>, default: T) -> T {
+    v.as_ref().map(|x| x.value.clone()).unwrap_or(default)
+}
+
+/// The value of an optional key.
+pub fn opt<T: Clone>(v: &Option<Spanned<T>>) -> Option<T> {
+    v.as_ref().map(|x| x.value.clone())
+}
+
+/// How long a cell takes and how much disk it needs, from its parameters.
+/// Rough by nature (this machine's speeds are not known in advance); what
+/// matters is the order of magnitude, so that a 90-minute scenario says so.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Estimate {
+    /// Wall-clock seconds on an agent: setup, load and measurement.
+    pub seconds: f64,
+    /// Timed measurement within `seconds` (what the scenario asks for).
+    pub measured_seconds: f64,
+    /// Disk the cell's cluster needs at its largest (data, indexes, WAL).
+    pub disk_bytes: u64,
+}
+
+/// Bytes of an empty cluster (catalog, first WAL segments).
+pub const CLUSTER_BASE_BYTES: u64 = 64 << 20;
+/// Assumed speed of server-side bulk work (load, COPY, index builds) when
+/// estimating; deliberately modest.
+pub const ESTIMATE_BYTES_PER_SECOND: f64 = 40.0 * 1024.0 * 1024.0;
+/// Provisioning and teardown of a cluster.
+pub const ESTIMATE_CLUSTER_SECONDS: f64 = 5.0;
+
+/// The scenario side of a kind.
+pub trait KindSpec {
+    type Params;
+    /// Validates the keys (errors located at the offending value), applies
+    /// the defaults and splits the entry into cells: (id stem, params).
+    fn plan(&self, f: &Field) -> Checked<Vec<(String, Self::Params)>>;
+}
+
+/// The agent side of a kind's parameters.
+pub trait KindParams {
+    fn estimate(&self) -> Estimate;
+}
+
+/// A size in bytes as a scenario writes it: `10737418240`, `"10GiB"`,
+/// `"64MB"` (kB, MB, GB, TB are 1024-based, as PostgreSQL reads them).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum ByteSize {
+    Bytes(u64),
+    Text(String),
+}
+
+impl ByteSize {
+    pub fn bytes(&self) -> Result<u64, String> {
+        match self {
+            ByteSize::Bytes(b) => Ok(*b),
+            ByteSize::Text(t) => {
+                let t = t.trim();
+                let split = t
+                    .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+                    .unwrap_or(t.len());
+                let (num, unit) = t.split_at(split);
+                let n: f64 = num.parse().map_err(|_| {
+                    format!("`{t}` is not a size: write e.g. 67108864, \"64MiB\" or \"10GB\"")
+                })?;
+                let mult: u64 = match unit.trim() {
+                    "" | "B" => 1,
+                    "kB" | "KB" | "KiB" | "k" => 1 << 10,
+                    "MB" | "MiB" | "M" => 1 << 20,
+                    "GB" | "GiB" | "G" => 1 << 30,
+                    "TB" | "TiB" | "T" => 1 << 40,
+                    u => {
+                        return Err(format!(
+                            "`{t}`: unknown unit `{u}`: allowed B, kB, MB, GB, TB (or KiB, MiB, GiB, TiB)"
+                        ));
+                    }
+                };
+                Ok((n * mult as f64).round() as u64)
+            }
+        }
+    }
+}
+
+/// 10485760 -> "10MiB", 1048576 -> "1MiB", 1500 -> "1500B".
+pub fn human_bytes(n: u64) -> String {
+    if n >= 1 << 30 && n.is_multiple_of(1 << 30) {
+        format!("{}GiB", n >> 30)
+    } else if n.is_multiple_of(1 << 20) && n > 0 {
+        format!("{}MiB", n >> 20)
+    } else if n.is_multiple_of(1 << 10) && n > 0 {
+        format!("{}KiB", n >> 10)
+    } else {
+        format!("{n}B")
+    }
+}
+
+/// A size for people: 1.5 GiB, 230 MiB, 12 KiB.
+pub fn approx_bytes(n: u64) -> String {
+    let n = n as f64;
+    let (v, u) = if n >= (1u64 << 40) as f64 {
+        (n / (1u64 << 40) as f64, "TiB")
+    } else if n >= (1u64 << 30) as f64 {
+        (n / (1u64 << 30) as f64, "GiB")
+    } else if n >= (1u64 << 20) as f64 {
+        (n / (1u64 << 20) as f64, "MiB")
+    } else {
+        (n / 1024.0, "KiB")
+    };
+    if v >= 100.0 {
+        format!("{v:.0} {u}")
+    } else {
+        format!("{v:.1} {u}")
+    }
+}
+
+/// A duration for people: 45 s, 12 min, 1 h 30 min.
+pub fn approx_seconds(s: f64) -> String {
+    let s = s.max(0.0).round() as u64;
+    if s < 120 {
+        format!("{s} s")
+    } else if s < 7200 {
+        format!("{} min", (s + 30) / 60)
+    } else {
+        format!("{} h {} min", s / 3600, (s % 3600 + 30) / 60)
+    }
+}
+
+/// One measured point as a workload returns it: typed params and metrics.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Point<P, M> {
+    pub params: P,
+    pub metrics: M,
+}
+
+macro_rules! kinds {
+    ($($name:literal => $variant:ident($module:ident)),* $(,)?) => {
+        /// A workload entry's kind-specific keys (parsed once per entry, so
+        /// the size difference between kinds does not matter).
+        #[derive(Debug, Clone)]
+        #[allow(clippy::large_enum_variant)]
+        pub enum Spec {
+            $($variant($module::Spec),)*
+        }
+
+        /// One cell's parameters, as the agent receives them.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum Params {
+            $($variant($module::Params),)*
+        }
+
+        /// The kinds, in the table's order.
+        pub const KINDS: &[KindInfo] = &[$(KindInfo {
+            name: $name,
+            description: $module::DESCRIPTION,
+            compared: $module::COMPARED,
+        },)*];
+
+        impl Spec {
+            fn deserialize_kind<'de, A: MapAccess<'de>>(kind: &str, map: A) -> Result<Spec, A::Error> {
+                match kind {
+                    $($name => Ok(Spec::$variant(Deserialize::deserialize(MapAccessDeserializer::new(map))?)),)*
+                    other => Err(de::Error::custom(format!(
+                        "unknown workload kind `{other}`: allowed {}", names().join(", ")
+                    ))),
+                }
+            }
+
+            /// Validates and splits into cells (see `KindSpec::plan`).
+            pub fn plan(&self, f: &Field) -> Checked<Vec<(String, Params)>> {
+                match self {
+                    $(Spec::$variant(s) => Ok(s.plan(f)?.into_iter().map(|(stem, p)| (stem, Params::$variant(p))).collect()),)*
+                }
+            }
+        }
+
+        impl Params {
+            /// The kind's name, e.g. `toast-slice`.
+            pub fn kind(&self) -> &'static str {
+                match self {
+                    $(Params::$variant(_) => $name,)*
+                }
+            }
+
+            /// The parameters as JSON (what `Assign.params_json` carries).
+            pub fn to_json(&self) -> String {
+                let r = match self {
+                    $(Params::$variant(p) => serde_json::to_string(p),)*
+                };
+                r.unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+            }
+
+            /// Reads the parameters of kind `kind` from JSON.
+            pub fn from_json(kind: &str, json: &str) -> Result<Params, String> {
+                match kind {
+                    $($name => serde_json::from_str(json).map(Params::$variant).map_err(|e| format!("parameters of {kind}: {e}")),)*
+                    other => Err(format!("unknown workload kind `{other}` (known: {})", names().join(", "))),
+                }
+            }
+
+            pub fn estimate(&self) -> Estimate {
+                match self {
+                    $(Params::$variant(p) => p.estimate(),)*
+                }
+            }
+        }
+    };
+}
+
+// The table of workload kinds: one line each.
+kinds! {
+    "toast-slice" => ToastSlice(toast_slice),
+    "pgbench-init" => PgbenchInit(pgbench_init),
+    "pgbench" => Pgbench(pgbench),
+}
+
+/// What the controller knows of a kind without its parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct KindInfo {
+    /// The scenario's `kind`.
+    pub name: &'static str,
+    pub description: &'static str,
+    /// Metrics the report summarizes per instance class (median, min, max)
+    /// and compares between classes (ratio to the first class).
+    pub compared: &'static [&'static str],
+}
+
+pub fn names() -> Vec<&'static str> {
+    KINDS.iter().map(|k| k.name).collect()
+}
+
+pub fn info(kind: &str) -> Option<&'static KindInfo> {
+    KINDS.iter().find(|k| k.name == kind)
+}
+
+/// One workload entry of a scenario: the keys every kind takes, and the
+/// kind's own.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub kind: Spanned<String>,
+    /// Instance classes to run on (default: every class in the fleet).
+    pub on: Option<Vec<Spanned<String>>>,
+    /// Cells per instance class: each runs on its own cluster (its own
+    /// agent when the class has that many), for medians across clusters.
+    pub replicas: Option<Spanned<u32>>,
+    pub spec: Spec,
+}
+
+impl Entry {
+    pub fn replicas(&self) -> u32 {
+        or(&self.replicas, 1)
+    }
+}
+
+// Deserializing an entry needs its kind before its other keys, and YAML
+// may put `kind` anywhere in the map. The scenario is therefore read twice:
+// a first pass collects each entry's kind (`collect_kinds`), and the second
+// deserializes each entry's remaining keys into that kind's `Spec`, straight
+// from the YAML parser so values keep their locations and field paths.
+thread_local! {
+    static KINDS_AHEAD: std::cell::RefCell<std::collections::VecDeque<Spanned<String>>> =
+        const { std::cell::RefCell::new(std::collections::VecDeque::new()) };
+}
+
+/// First pass: the kinds of the entries under `workloads`, in order. Used by
+/// the scenario parser; the second pass takes them back one by one.
+pub fn set_kinds_ahead(kinds: Vec<Spanned<String>>) {
+    KINDS_AHEAD.with(|k| *k.borrow_mut() = kinds.into());
+}
+
+/// The first pass's view of an entry: only its kind.
+#[derive(Debug, Deserialize)]
+pub struct KindOnly {
+    #[serde(default)]
+    pub kind: Option<Spanned<String>>,
+}
+
+impl<'de> Deserialize<'de> for Entry {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let kind = KINDS_AHEAD.with(|k| k.borrow_mut().pop_front());
+        d.deserialize_map(EntryVisitor { kind })
+    }
+}
+
+struct EntryVisitor {
+    kind: Option<Spanned<String>>,
+}
+
+impl<'de> Visitor<'de> for EntryVisitor {
+    type Value = Entry;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "a workload: a map with `kind` and that kind's keys")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Entry, A::Error> {
+        let Some(kind) = self.kind.filter(|k| !k.value.is_empty()) else {
+            return Err(de::Error::custom(format!(
+                "missing field `kind`: allowed {}",
+                names().join(", ")
+            )));
+        };
+        let mut common = Common::default();
+        let spec = Spec::deserialize_kind(&kind.value, Common::filter(map, &mut common))?;
+        Ok(Entry {
+            kind,
+            on: common.on,
+            replicas: common.replicas,
+            spec,
+        })
+    }
+}
+
+/// The keys every kind takes, taken out of the map before the kind's `Spec`
+/// sees the rest.
+#[derive(Default)]
+struct Common {
+    on: Option<Vec<Spanned<String>>>,
+    replicas: Option<Spanned<u32>>,
+}
+
+impl Common {
+    fn filter<A>(inner: A, common: &mut Common) -> Filter<'_, A> {
+        Filter { inner, common }
+    }
+}
+
+struct Filter<'c, A> {
+    inner: A,
+    common: &'c mut Common,
+}
+
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for Filter<'_, A> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, A::Error> {
+        loop {
+            let Some(key) = self.inner.next_key::<String>()? else {
+                return Ok(None);
+            };
+            match key.as_str() {
+                "kind" => {
+                    self.inner.next_value::<IgnoredAny>()?;
+                }
+                "on" => self.common.on = Some(self.inner.next_value()?),
+                "replicas" => self.common.replicas = Some(self.inner.next_value()?),
+                _ => return seed.deserialize(key.into_deserializer()).map(Some),
+            }
+        }
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, A::Error> {
+        self.inner.next_value_seed(seed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(ByteSize::Text("64MiB".into()).bytes(), Ok(64 << 20));
+        assert_eq!(ByteSize::Text("10GB".into()).bytes(), Ok(10 << 30));
+        assert_eq!(ByteSize::Text("1.5 GiB".into()).bytes(), Ok(3 << 29));
+        assert_eq!(ByteSize::Bytes(7).bytes(), Ok(7));
+        assert!(ByteSize::Text("ten".into()).bytes().is_err());
+        assert!(
+            ByteSize::Text("10 parsecs".into())
+                .bytes()
+                .unwrap_err()
+                .contains("unknown unit")
+        );
+    }
+
+    #[test]
+    fn humane_figures() {
+        assert_eq!(human_bytes(10 << 20), "10MiB");
+        assert_eq!(human_bytes(10 << 30), "10GiB");
+        assert_eq!(human_bytes(1500), "1500B");
+        assert_eq!(approx_bytes(1536 << 20), "1.5 GiB");
+        assert_eq!(approx_seconds(45.0), "45 s");
+        assert_eq!(approx_seconds(5400.0), "90 min");
+        assert_eq!(approx_seconds(9000.0), "2 h 30 min");
+    }
+
+    #[test]
+    fn kinds_have_unique_names() {
+        let mut n = names();
+        n.sort();
+        n.dedup();
+        assert_eq!(n.len(), KINDS.len());
+    }
+}
+
+/// What PostgreSQL itself saw during a measured window (the agent's
+/// sampler): shared by the kinds that sample.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Internals {
+    /// Average time per block read from outside shared buffers
+    /// (`track_io_timing`); None when no block was read.
+    pub page_read_ms_avg: Option<f64>,
+    pub blocks_read: Option<u64>,
+    /// Average time per WAL sync (`track_wal_io_timing`).
+    pub wal_sync_ms_avg: Option<f64>,
+    pub wal_syncs: Option<u64>,
+    pub checkpoints: u64,
+    pub wal_bytes: Option<u64>,
+    /// Wait events by share of sampled active backends, most frequent first.
+    pub top_wait_events: Vec<WaitShare>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WaitShare {
+    pub event: String,
+    pub share: f64,
+}
+
+/// Plans one workload entry given as YAML (or JSON) text, e.g.
+/// `{"kind": "pgbench", "scale": 1}`: the same parsing, checks and defaults
+/// as a scenario's entry. For tests and tools that run a kind directly.
+pub fn plan_entry(text: &str) -> Result<Vec<(String, Params)>, String> {
+    let kind: KindOnly = serde_saphyr::from_str(text).map_err(|e| e.to_string())?;
+    set_kinds_ahead(kind.kind.into_iter().collect());
+    let entry: Result<Entry, _> = serde_saphyr::from_str(text);
+    set_kinds_ahead(Vec::new());
+    let entry = entry.map_err(|e| e.to_string())?;
+    entry
+        .spec
+        .plan(&Field::new("workload", entry.kind.referenced))
+        .map_err(|e| format!("{}: {}", e.field, e.message))
+}

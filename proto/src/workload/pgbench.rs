@@ -1,0 +1,321 @@
+//! `pgbench` (SPEC Experiment 1, seeds/002): load pgbench's schema, then
+//! run a pgbench-style script (built-in or the scenario's own text) with the
+//! agent's driver or the real pgbench, and report pgbench's figures plus
+//! what PostgreSQL saw (page read and WAL sync time).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_saphyr::Spanned;
+
+use super::pgbench_init::{self, InitParams};
+use super::{Checked, Estimate, Field, Internals, KindParams, KindSpec, opt, or};
+use crate::script::{BUILTIN_SCRIPTS, Script, builtin};
+
+pub const DESCRIPTION: &str = "load, then run a pgbench-style script: tps, latency percentiles, failures, page read and WAL sync time";
+/// Summarized per class and compared between classes in reports.
+pub const COMPARED: &[&str] = &[
+    "tps",
+    "latency_ms_p50",
+    "latency_ms_p99",
+    "page_read_ms_avg",
+    "wal_sync_ms_avg",
+];
+pub const DRIVERS: &[&str] = &["pgfleet", "pgbench"];
+/// Transactions per second per client assumed when a cell is given a
+/// transaction count instead of a duration (estimates only).
+const ESTIMATE_TPS_PER_CLIENT: f64 = 500.0;
+
+/// A value of `defines`: `:name` in the script.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum Define {
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Spec {
+    #[serde(default)]
+    pub scale: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub fillfactor: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub partitions: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub load_connections: Option<Spanned<u32>>,
+    /// A built-in script (`tpcb-like`, `simple-update`, `select-only`,
+    /// `random-update`).
+    #[serde(default)]
+    pub script: Option<Spanned<String>>,
+    /// A script in pgbench's syntax.
+    #[serde(default)]
+    pub script_text: Option<Spanned<String>>,
+    #[serde(default)]
+    pub clients: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub threads: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub duration_s: Option<Spanned<f64>>,
+    #[serde(default)]
+    pub transactions: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub warmup_s: Option<Spanned<f64>>,
+    #[serde(default)]
+    pub rate: Option<Spanned<f64>>,
+    #[serde(default)]
+    pub latency_limit_ms: Option<Spanned<f64>>,
+    #[serde(default)]
+    pub max_tries: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub defines: Option<BTreeMap<String, Spanned<Define>>>,
+    #[serde(default)]
+    pub seed: Option<Spanned<u64>>,
+    /// `pgfleet` (built-in driver, default) or `pgbench` (the real binary).
+    #[serde(default)]
+    pub driver: Option<Spanned<String>>,
+}
+
+/// The driver's part of a cell: what runs after the load. Also used by
+/// kinds that drive a workload of their own (e.g. a backlog to build).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DriveParams {
+    /// The built-in script's name, or `script` for `script_text`.
+    pub script: String,
+    pub script_text: Option<String>,
+    pub clients: u32,
+    pub threads: u32,
+    pub duration_s: Option<f64>,
+    /// Per client.
+    pub transactions: Option<u64>,
+    pub warmup_s: f64,
+    pub rate: Option<f64>,
+    pub latency_limit_ms: Option<f64>,
+    pub max_tries: u32,
+    pub defines: BTreeMap<String, Define>,
+    pub seed: Option<u64>,
+    pub driver: String,
+}
+
+impl DriveParams {
+    /// The script's text: `script_text`, or the built-in's.
+    pub fn text(&self) -> Result<&str, String> {
+        match &self.script_text {
+            Some(t) => Ok(t),
+            None => builtin(&self.script)
+                .ok_or_else(|| format!("unknown built-in script `{}`", self.script)),
+        }
+    }
+    fn seconds(&self) -> f64 {
+        self.warmup_s
+            + self
+                .duration_s
+                .unwrap_or_else(|| self.transactions.unwrap_or(0) as f64 / ESTIMATE_TPS_PER_CLIENT)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    pub init: InitParams,
+    pub drive: DriveParams,
+}
+
+/// A point's parameters (one per cell).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PointParams {
+    pub script: String,
+    pub driver: String,
+    pub scale: u64,
+    pub clients: u32,
+    pub threads: u32,
+    pub duration_s: Option<f64>,
+    pub transactions_per_client: Option<u64>,
+    pub rate: Option<f64>,
+    pub latency_limit_ms: Option<f64>,
+    pub warmup_s: f64,
+}
+
+/// pgbench's figures for the measured window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Metrics {
+    pub tps: f64,
+    pub latency_ms_mean: f64,
+    pub latency_ms_p50: f64,
+    pub latency_ms_p90: f64,
+    pub latency_ms_p99: f64,
+    pub latency_ms_p999: f64,
+    pub latency_ms_max: f64,
+    pub transactions: u64,
+    pub failures: u64,
+    /// By pgbench's classes: serialization, deadlock, other.
+    pub failures_by_class: BTreeMap<String, u64>,
+    pub retries: u64,
+    pub skipped: u64,
+    pub late: u64,
+    #[serde(flatten)]
+    pub internals: Internals,
+    #[serde(flatten)]
+    pub load: pgbench_init::Metrics,
+}
+
+pub type Point = super::Point<PointParams, Metrics>;
+
+/// Per-second figures of the measured window (samples of kind `second`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Second {
+    pub second: u64,
+    pub tps: u64,
+    pub latency_ms_mean: Option<f64>,
+    pub latency_ms_p50: Option<f64>,
+    pub latency_ms_p99: Option<f64>,
+    pub latency_ms_max: f64,
+}
+
+/// Checks the driver keys (shared with kinds that drive a script).
+#[allow(clippy::too_many_arguments)]
+pub fn check_drive(f: &Field, s: &Spec) -> Checked<DriveParams> {
+    f.in_range(&s.duration_s, "duration_s", 0.001, 86_400.0, " seconds")?;
+    f.in_range(&s.warmup_s, "warmup_s", 0.0, 3_600.0, " seconds")?;
+    f.in_range(&s.clients, "clients", 1, 10_000, "")?;
+    let clients = or(&s.clients, 1);
+    f.in_range(
+        &s.threads,
+        "threads",
+        1,
+        clients,
+        " (no more threads than clients)",
+    )?;
+    f.in_range(&s.transactions, "transactions", 1, u64::MAX, "")?;
+    f.in_range(&s.rate, "rate", 0.001, 1e9, " transactions per second")?;
+    f.in_range(&s.latency_limit_ms, "latency_limit_ms", 0.001, 3.6e6, " ms")?;
+    f.in_range(&s.max_tries, "max_tries", 1, 1000, "")?;
+    let driver = or(&s.driver, "pgfleet".to_string());
+    if let Some(d) = &s.driver {
+        f.one_of(d, "driver", DRIVERS, "driver")?;
+        let total = or(&s.duration_s, 0.0) + or(&s.warmup_s, 0.0);
+        if d.value == "pgbench"
+            && let Some(ds) = &s.duration_s
+            && total.fract() != 0.0
+        {
+            return f.err(
+                ds.referenced,
+                "duration_s",
+                format!(
+                    "driver: pgbench runs whole seconds (pgbench -T): duration_s + warmup_s is {total}, make it e.g. {}",
+                    total.ceil()
+                ),
+            );
+        }
+    }
+    if let (Some(d), Some(_)) = (&s.duration_s, &s.transactions) {
+        return f.err(
+            d.referenced,
+            "duration_s",
+            "give duration_s or transactions, not both",
+        );
+    }
+    if let (Some(sc), Some(_)) = (&s.script, &s.script_text) {
+        return f.err(
+            sc.referenced,
+            "script",
+            "give script (a built-in) or script_text, not both",
+        );
+    }
+    if let Some(sc) = &s.script
+        && builtin(&sc.value).is_none()
+    {
+        let names: Vec<&str> = BUILTIN_SCRIPTS.iter().map(|b| b.0).collect();
+        return f.err(
+            sc.referenced,
+            "script",
+            format!(
+                "unknown built-in script `{}`: allowed {}",
+                sc.value,
+                names.join(", ")
+            ),
+        );
+    }
+    if let Some(t) = &s.script_text {
+        Script::parse("script_text", &t.value).or_else(|e| {
+            f.err(
+                t.referenced,
+                "script_text",
+                format!("line {} of the script: {}", e.line, e.message),
+            )
+        })?;
+    }
+    let mut defines = BTreeMap::new();
+    for (k, v) in s.defines.iter().flatten() {
+        if !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') || k.is_empty() {
+            return f.err(
+                v.referenced,
+                &format!("defines.{k}"),
+                format!("`{k}` is not a variable name (letters, digits, _)"),
+            );
+        }
+        if let Define::Str(text) = &v.value {
+            return f.err(
+                v.referenced,
+                &format!("defines.{k}"),
+                format!("`{text}` is not a number or boolean"),
+            );
+        }
+        defines.insert(k.clone(), v.value.clone());
+    }
+    let script = match &s.script_text {
+        Some(_) => "script".to_string(),
+        None => or(&s.script, "tpcb-like".to_string()),
+    };
+    Ok(DriveParams {
+        script,
+        script_text: opt(&s.script_text),
+        clients,
+        threads: or(&s.threads, 1),
+        duration_s: match (&s.duration_s, &s.transactions) {
+            (Some(d), _) => Some(d.value),
+            (None, None) => Some(60.0),
+            (None, Some(_)) => None,
+        },
+        transactions: opt(&s.transactions),
+        warmup_s: or(&s.warmup_s, 0.0),
+        rate: opt(&s.rate),
+        latency_limit_ms: opt(&s.latency_limit_ms),
+        max_tries: or(&s.max_tries, 10),
+        defines,
+        seed: opt(&s.seed),
+        driver,
+    })
+}
+
+impl KindSpec for Spec {
+    type Params = Params;
+    fn plan(&self, f: &Field) -> Checked<Vec<(String, Params)>> {
+        let init = pgbench_init::check(
+            f,
+            &self.scale,
+            &self.fillfactor,
+            &self.partitions,
+            &self.load_connections,
+        )?;
+        let drive = check_drive(f, self)?;
+        Ok(vec![(drive.script.clone(), Params { init, drive })])
+    }
+}
+
+impl KindParams for Params {
+    fn estimate(&self) -> Estimate {
+        let load = self.init.estimate();
+        let measured = self.drive.duration_s.unwrap_or(0.0);
+        Estimate {
+            seconds: load.seconds + self.drive.seconds(),
+            measured_seconds: measured.max(self.drive.seconds() - self.drive.warmup_s),
+            // Updates leave dead versions and WAL; allow another max_wal_size.
+            disk_bytes: load.disk_bytes + (1 << 30),
+        }
+    }
+}

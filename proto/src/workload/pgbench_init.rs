@@ -1,0 +1,137 @@
+//! `pgbench-init`: pgbench's schema at a scale, loaded in parallel (the
+//! agent's loader, `pgbench -i -I dtGvp` semantics). Also the first step of
+//! `pgbench` and `vacuum-bloat`, which embed `InitParams`.
+
+use serde::{Deserialize, Serialize};
+use serde_saphyr::Spanned;
+
+use super::{
+    CLUSTER_BASE_BYTES, Checked, ESTIMATE_CLUSTER_SECONDS, Estimate, Field, KindParams, KindSpec,
+    or,
+};
+
+pub const DESCRIPTION: &str =
+    "load the pgbench schema at a scale, in parallel: rows, seconds, rows/s";
+/// Summarized per class and compared between classes in reports.
+pub const COMPARED: &[&str] = &["load_seconds", "rows_per_second"];
+
+/// pgbench's SCALE_32BIT_THRESHOLD: `aid` is bigint from this scale up.
+pub const SCALE_BIGINT_THRESHOLD: u64 = 20_000;
+pub const ACCOUNTS_PER_BRANCH: u64 = 100_000;
+/// Heap bytes of pgbench_accounts per scale unit at fillfactor 100
+/// (100,000 rows of ~121 bytes, 61 rows per 8 KiB page: 1,640 pages).
+pub const ACCOUNTS_HEAP_BYTES_PER_SCALE: u64 = 1640 * 8192;
+/// Its primary key per scale unit (~2.2 MB).
+pub const ACCOUNTS_INDEX_BYTES_PER_SCALE: u64 = 275 * 8192;
+/// Scale units loaded per second by the loader on one core (measured here:
+/// scale 10 in ~1.5 s with two connections, BENCHMARKS.md); kept modest.
+pub const LOAD_SCALE_PER_SECOND: f64 = 4.0;
+
+/// The loader's keys, shared by every kind that loads pgbench's schema.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Spec {
+    #[serde(default)]
+    pub scale: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub fillfactor: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub partitions: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub load_connections: Option<Spanned<u32>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InitParams {
+    pub scale: u64,
+    pub fillfactor: u32,
+    /// Range partitions of pgbench_accounts (0: not partitioned).
+    pub partitions: u32,
+    /// Loading connections (0: one per core).
+    pub load_connections: u32,
+}
+
+pub type Params = InitParams;
+
+/// The load's figures (also part of `pgbench` and `vacuum-bloat` metrics).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Metrics {
+    pub rows_loaded: u64,
+    pub load_seconds: f64,
+    pub rows_per_second: f64,
+    /// Seconds per step, as pgbench -i reports them: schema, generate
+    /// (COPY), vacuum, primary keys.
+    pub load_step_seconds: std::collections::BTreeMap<String, f64>,
+}
+
+pub type Point = super::Point<InitParams, Metrics>;
+
+/// Checks the loader keys of any kind that loads (`scale` required).
+pub fn check(
+    f: &Field,
+    scale: &Option<Spanned<u64>>,
+    fillfactor: &Option<Spanned<u32>>,
+    partitions: &Option<Spanned<u32>>,
+    load_connections: &Option<Spanned<u32>>,
+) -> Checked<InitParams> {
+    if scale.is_none() {
+        return f.err(
+            f.kind_at,
+            "scale",
+            "is required: the pgbench scale (100,000 accounts each)",
+        );
+    }
+    f.in_range(scale, "scale", 1, 1_000_000, "")?;
+    f.in_range(fillfactor, "fillfactor", 10, 100, "")?;
+    f.in_range(partitions, "partitions", 0, 10_000, "")?;
+    f.in_range(
+        load_connections,
+        "load_connections",
+        0,
+        256,
+        " (0: one per core)",
+    )?;
+    Ok(InitParams {
+        scale: or(scale, 1),
+        fillfactor: or(fillfactor, 100),
+        partitions: or(partitions, 0),
+        load_connections: or(load_connections, 0),
+    })
+}
+
+impl InitParams {
+    /// pgbench_accounts' heap at this scale and fillfactor.
+    pub fn accounts_heap_bytes(&self) -> u64 {
+        self.scale * ACCOUNTS_HEAP_BYTES_PER_SCALE * 100 / self.fillfactor.max(10) as u64
+    }
+    /// The loaded database: accounts heap and key (branches, tellers are noise).
+    pub fn data_bytes(&self) -> u64 {
+        self.accounts_heap_bytes() + self.scale * ACCOUNTS_INDEX_BYTES_PER_SCALE
+    }
+}
+
+impl KindSpec for Spec {
+    type Params = InitParams;
+    fn plan(&self, f: &Field) -> Checked<Vec<(String, InitParams)>> {
+        let p = check(
+            f,
+            &self.scale,
+            &self.fillfactor,
+            &self.partitions,
+            &self.load_connections,
+        )?;
+        Ok(vec![("init".into(), p)])
+    }
+}
+
+impl KindParams for InitParams {
+    fn estimate(&self) -> Estimate {
+        Estimate {
+            seconds: ESTIMATE_CLUSTER_SECONDS + self.scale as f64 / LOAD_SCALE_PER_SECOND,
+            measured_seconds: 0.0,
+            // Data, plus WAL of the load up to max_wal_size (1 GB default).
+            disk_bytes: CLUSTER_BASE_BYTES + self.data_bytes() + self.data_bytes().min(1 << 30),
+        }
+    }
+}
