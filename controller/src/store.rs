@@ -463,6 +463,16 @@ impl Store {
         })
     }
 
+    /// The kinds of sample a run holds, e.g. `pg_stat`, `second`, `vacuum`.
+    pub fn sample_kinds(&self, run: &str) -> Result<Vec<String>> {
+        self.with(|c| {
+            let mut st =
+                c.prepare("SELECT DISTINCT kind FROM samples WHERE run_id = ?1 ORDER BY kind")?;
+            let rows = st.query_map(params![run], |r| r.get::<_, String>(0))?;
+            rows.collect()
+        })
+    }
+
     pub fn samples(&self, run: &str, kind: &str) -> Result<Vec<(String, Json)>> {
         self.with(|c| {
             let mut st = c.prepare(

@@ -10,7 +10,10 @@
 //!   results: [{workload, instance_class, agent, cell_id, params, metrics}],
 //!   summaries: [{workload, script, params, classes: {<class>: {<metric>: {median, min, max, values}, cells}}}],
 //!   comparisons: [{workload, script, metric, baseline_class, class, ratio}],
-//!   timeseries: {<cell_id>: [{second, tps, latency_ms_mean, latency_ms_p50, latency_ms_p99}]}}`
+//!   timeseries: {<cell_id>: [{second, tps, latency_ms_mean, latency_ms_p50, latency_ms_p99}]},
+//!   samples: {<sample kind>: {<cell_id>: [<as the workload sent it>]}}}`
+//!   (every sample kind but the sampler's `pg_stat` and the `second`s above;
+//!   e.g. toast-slice's `repeat`, vacuum-bloat's `vacuum` progress)
 //!
 //! `results[].params` / `metrics` are the kinds' typed points
 //! (`pgfleet_proto::workload::<kind>::{PointParams, Metrics}`) as JSON.
@@ -97,6 +100,25 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
                           "latency_ms_p50": data["latency_ms_p50"], "latency_ms_p99": data["latency_ms_p99"]}));
         }
     }
+    // Every other kind of sample a workload sent, as sent (the sampler's
+    // pg_stat deltas stay in the store: `pgfleet` reads them, reports sum them).
+    let mut samples = serde_json::Map::new();
+    for kind in store.sample_kinds(run_id)? {
+        if kind == "pg_stat" || kind == "second" {
+            continue;
+        }
+        let mut by_cell = serde_json::Map::new();
+        for (cell, data) in store.samples(run_id, &kind)? {
+            if let Some(a) = by_cell
+                .entry(cell)
+                .or_insert_with(|| json!([]))
+                .as_array_mut()
+            {
+                a.push(data);
+            }
+        }
+        samples.insert(kind, Json::Object(by_cell));
+    }
     Ok(json!({
         "run_id": run.id,
         "scenario": run.scenario_name,
@@ -114,6 +136,7 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
         "summaries": summaries,
         "comparisons": comparisons,
         "timeseries": timeseries,
+        "samples": samples,
     }))
 }
 
