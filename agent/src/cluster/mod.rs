@@ -409,6 +409,84 @@ impl Cluster {
         }
     }
 
+    /// A new connection whose server notices (INFO, NOTICE, WARNING: e.g.
+    /// `VACUUM (VERBOSE)`'s report) arrive on the returned channel.
+    pub async fn connect_with_notices(
+        &self,
+    ) -> Result<(
+        tokio_postgres::Client,
+        tokio::sync::mpsc::UnboundedReceiver<String>,
+    )> {
+        use futures::StreamExt;
+        let (client, mut conn) = self.pg_config().connect(tokio_postgres::NoTls).await?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut messages = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
+            while let Some(Ok(m)) = messages.next().await {
+                if let tokio_postgres::AsyncMessage::Notice(n) = m {
+                    let _ = tx.send(n.message().to_string());
+                }
+            }
+        });
+        Ok((client, rx))
+    }
+
+    /// Evicts the files of `relation` (heap, its indexes and TOAST, every
+    /// segment and fork) from the OS page cache with
+    /// `posix_fadvise(DONTNEED)`, so the next reads reach the storage under
+    /// test. Only clean pages are dropped: CHECKPOINT first. Returns the
+    /// bytes of the files. Shared buffers are not touched.
+    pub async fn evict_from_page_cache(
+        &self,
+        client: &tokio_postgres::Client,
+        relation: &str,
+    ) -> Result<u64> {
+        let rows = client
+            .query(
+                "SELECT pg_relation_filepath(c.oid) FROM pg_class c \
+                 WHERE c.oid = $1::text::regclass \
+                    OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = $1::text::regclass) \
+                    OR c.oid = (SELECT reltoastrelid FROM pg_class WHERE oid = $1::text::regclass)",
+                &[&relation],
+            )
+            .await?;
+        let mut bytes = 0;
+        for r in rows {
+            let Some(rel) = r.get::<_, Option<String>>(0) else {
+                continue;
+            };
+            let base = self.data.join(rel);
+            for fork in ["", "_fsm", "_vm"] {
+                for seg in 0.. {
+                    let mut name = base.clone().into_os_string();
+                    name.push(fork);
+                    if seg > 0 {
+                        name.push(format!(".{seg}"));
+                    }
+                    let Ok(f) = std::fs::File::open(&name) else {
+                        break;
+                    };
+                    bytes += f.metadata().map(|m| m.len()).unwrap_or(0);
+                    use std::os::fd::AsRawFd;
+                    // SAFETY: a valid open descriptor; advice only.
+                    let rc = unsafe {
+                        libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED)
+                    };
+                    if rc != 0 {
+                        return Err(Error::io(
+                            format!(
+                                "evicting {} from the page cache",
+                                Path::new(&name).display()
+                            ),
+                            std::io::Error::from_raw_os_error(rc),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(bytes)
+    }
+
     /// A new connection as the superuser over loopback TCP.
     pub async fn connect(&self) -> Result<tokio_postgres::Client> {
         let (client, conn) = self.pg_config().connect(tokio_postgres::NoTls).await?;

@@ -19,6 +19,7 @@ use pgfleet_proto::workload::{self as kinds, Params};
 pub mod pgbench;
 pub mod pgbench_init;
 pub mod toast_slice;
+pub mod vacuum_bloat;
 
 /// Runs a cell's workload: the table of kinds, one line each.
 pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Params) -> BoxFuture<'a, Result<Output>> {
@@ -26,6 +27,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Params) -> BoxFuture<'a
         Params::ToastSlice(p) => toast_slice::run(ctx, p),
         Params::PgbenchInit(p) => pgbench_init::run(ctx, p),
         Params::Pgbench(p) => pgbench::run(ctx, p),
+        Params::VacuumBloat(p) => vacuum_bloat::run(ctx, p),
     }
 }
 

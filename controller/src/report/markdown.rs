@@ -14,6 +14,7 @@ const SECTIONS: &[(&str, Section)] = &[
     ("toast-slice", super::toast_slice::section),
     ("pgbench-init", super::pgbench_init::section),
     ("pgbench", super::pgbench::section),
+    ("vacuum-bloat", super::vacuum_bloat::section),
 ];
 
 /// Returns the markdown and the plots it embeds (file name, SVG).

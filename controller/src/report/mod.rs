@@ -35,6 +35,7 @@ mod pgbench;
 mod pgbench_init;
 pub mod plot;
 mod toast_slice;
+mod vacuum_bloat;
 
 /// Builds the report document of a run from the store.
 pub fn build(store: &Store, run_id: &str) -> Result<Json> {

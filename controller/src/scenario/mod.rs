@@ -387,6 +387,8 @@ workloads:
             "random-update.yaml",
             "nvme-vs-gp3.yaml",
             "at-scale/nvme-vs-ebs.yaml",
+            "vacuum.yaml",
+            "at-scale/vacuum.yaml",
         ] {
             let path = Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../scenarios")
@@ -651,6 +653,66 @@ workloads:
             (12, "workloads[0].replicas"),
             "{e}"
         );
+    }
+
+    const VACUUM: &str = "name: v
+fleet:
+  - name: local
+workloads:
+  - scale: 10
+    bloat_bytes: 64MiB
+    kind: vacuum-bloat
+    index_cleanup: \"off\"
+    parallel: 2
+";
+
+    #[test]
+    fn vacuum_plans_its_options_with_kind_anywhere_in_the_entry() {
+        let s = parse(Path::new("v.yaml"), VACUUM).unwrap();
+        let cells = plan(&s);
+        assert_eq!(cells[0].cell_id, "w0-local-bloat-64MiB");
+        let Params::VacuumBloat(p) = &cells[0].params else {
+            panic!("{:?}", cells[0].params)
+        };
+        assert_eq!(p.bloat_bytes, 64 << 20);
+        assert_eq!(
+            p.vacuum_sql(),
+            "VACUUM (INDEX_CLEANUP OFF, VERBOSE, PARALLEL 2) pgbench_accounts"
+        );
+        // Load, bloat and VACUUM take time; the disk holds data, bloat and WAL.
+        let e = cells[0].estimate();
+        assert!(
+            e.seconds > e.measured_seconds && e.measured_seconds > 0.0,
+            "{e:?}"
+        );
+        assert!(e.disk_bytes > (10 * 13) << 20, "{e:?}");
+    }
+
+    #[test]
+    fn vacuum_errors() {
+        let e = err(&VACUUM.replace("\"off\"", "sometimes"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (8, "workloads[0].index_cleanup"),
+            "{e}"
+        );
+        assert!(e.message.contains("allowed auto, on, off"), "{e}");
+        let e = err(&VACUUM.replace("64MiB", "1GiB"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (6, "workloads[0].bloat_bytes"),
+            "{e}"
+        );
+        assert!(e.message.contains("raise scale to at least"), "{e}");
+        let e = err(&VACUUM.replace("64MiB", "64 parsecs"));
+        assert!(e.message.contains("unknown unit"), "{e}");
+        let e = err(&VACUUM.replace("parallel: 2", "parallel: 2000"));
+        assert_eq!(e.field, "workloads[0].parallel", "{e}");
+        let e = err(&VACUUM.replace("    kind: vacuum-bloat\n", ""));
+        assert!(e.message.contains("missing field `kind`"), "{e}");
+        assert!(e.message.contains("vacuum-bloat"), "{e}");
+        let e = err(&VACUUM.replace("parallel: 2", "verbose: loudly"));
+        assert_eq!(e.field, "workloads[0].verbose", "{e}");
     }
 
     #[test]

@@ -34,6 +34,7 @@ pub use serde_saphyr::{Location, Spanned};
 pub mod pgbench;
 pub mod pgbench_init;
 pub mod toast_slice;
+pub mod vacuum_bloat;
 
 /// A value the checks refused: where it is, its field path, what is wrong
 /// and what is allowed.
@@ -327,6 +328,7 @@ kinds! {
     "toast-slice" => ToastSlice(toast_slice),
     "pgbench-init" => PgbenchInit(pgbench_init),
     "pgbench" => Pgbench(pgbench),
+    "vacuum-bloat" => VacuumBloat(vacuum_bloat),
 }
 
 /// What the controller knows of a kind without its parameters.

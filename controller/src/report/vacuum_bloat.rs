@@ -1,0 +1,153 @@
+//! report.md's vacuum-bloat section: the bloat each cell was given, how
+//! long VACUUM took, per-class medians against the seeds' figures, and
+//! VACUUM's progress over time.
+
+use std::fmt::Write;
+
+use serde_json::Value as Json;
+
+use super::markdown::num;
+use super::plot::{Series, line_chart};
+
+/// seeds/002: VACUUM of >10 GB of bloat, NVMe vs EBS gp3.
+const SEEDS_NVME_S: f64 = 366.0;
+const SEEDS_EBS_S: f64 = 964.0;
+
+pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, rs: &[&Json]) {
+    let mib = |v: &Json| {
+        num(
+            &Json::from(v.as_f64().unwrap_or(f64::NAN) / (1u64 << 20) as f64),
+            1,
+        )
+    };
+    let _ = writeln!(
+        md,
+        "\n## vacuum-bloat: VACUUM of dead tuples\n\n\
+         Bloat = dead tuple bytes in pgbench_accounts just before VACUUM (pgstattuple, or the \
+         statistics views where it is missing). Heap MB/s = table size / VACUUM seconds. Page read \
+         and WAL sync time over VACUUM's window.\n\n\
+         | cell | agent | scale | bloat target MiB | bloat MiB (method) | dead tuples before → removed | table MiB | index MiB | VACUUM s | heap MB/s | index passes | page read ms | WAL sync ms |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for r in rs {
+        let (p, m) = (&r["params"], &r["metrics"]);
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} ({}) | {} → {} | {} | {} | {} | {} | {} | {} | {} |",
+            r["cell_id"].as_str().unwrap_or(""),
+            r["agent"].as_str().unwrap_or(""),
+            p["scale"],
+            mib(&m["bloat_target_bytes"]),
+            mib(&m["bloat_bytes"]),
+            m["bloat_method"].as_str().unwrap_or(""),
+            m["dead_tuples_before"],
+            m["dead_tuples_removed"],
+            mib(&m["table_bytes"]),
+            mib(&m["index_bytes"]),
+            num(&m["vacuum_seconds"], 2),
+            num(&m["heap_mb_per_s"], 1),
+            m["index_vacuum_count"],
+            num(&m["page_read_ms_avg"], 3),
+            num(&m["wal_sync_ms_avg"], 3),
+        );
+    }
+    if let Some(p) = rs.first() {
+        let cache = match p["params"]["cache"].as_str() {
+            Some("cold") => {
+                "cold: the table's files were evicted from the OS page cache before VACUUM"
+            }
+            _ => "warm: the table's pages stayed in the OS page cache",
+        };
+        let _ = writeln!(
+            md,
+            "\n`{}`; cache {cache}.",
+            p["params"]["vacuum"].as_str().unwrap_or("")
+        );
+    }
+    for sm in doc["summaries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["workload"] == "vacuum-bloat")
+    {
+        let Some(classes) = sm["classes"].as_object() else {
+            continue;
+        };
+        let _ = writeln!(
+            md,
+            "\n### VACUUM per instance class (median over clusters, min–max)\n\n\
+             | class | clusters | VACUUM s | heap MB/s | bloat MiB |\n|---|---|---|---|---|"
+        );
+        for (name, c) in classes {
+            let v = |k: &str, d| {
+                format!(
+                    "{} ({}–{})",
+                    num(&c[k]["median"], d),
+                    num(&c[k]["min"], d),
+                    num(&c[k]["max"], d)
+                )
+            };
+            let _ = writeln!(
+                md,
+                "| {name} | {} | {} | {} | {} |",
+                c["cells"],
+                v("vacuum_seconds", 2),
+                v("heap_mb_per_s", 1),
+                mib(&c["bloat_bytes"]["median"])
+            );
+        }
+        for c in doc["comparisons"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["workload"] == "vacuum-bloat" && c["metric"] == "vacuum_seconds")
+        {
+            let _ = writeln!(
+                md,
+                "\nVACUUM time ratio: {} / {} = **{}x** (seeds/002: EBS gp3 / NVMe = {SEEDS_EBS_S:.0} / {SEEDS_NVME_S:.0} s = {:.2}x)",
+                c["class"].as_str().unwrap_or(""),
+                c["baseline_class"].as_str().unwrap_or(""),
+                num(&c["ratio"], 2),
+                SEEDS_EBS_S / SEEDS_NVME_S
+            );
+        }
+    }
+    // Heap blocks scanned over time, per cell: VACUUM's pace.
+    let series: Vec<Series> = rs
+        .iter()
+        .filter_map(|r| {
+            let id = r["cell_id"].as_str()?;
+            let points = doc["samples"]["vacuum"][id]
+                .as_array()?
+                .iter()
+                .filter_map(|p| {
+                    let total = p["heap_blks_total"].as_f64().filter(|t| *t > 0.0)?;
+                    Some((
+                        p["second"].as_f64()?,
+                        100.0 * p["heap_blks_scanned"].as_f64()? / total,
+                    ))
+                })
+                .collect();
+            Some(Series {
+                name: id.to_string(),
+                points,
+            })
+        })
+        .collect();
+    if series.iter().any(|s| !s.points.is_empty()) {
+        let name = "vacuum-progress.svg".to_string();
+        plots.push((
+            name.clone(),
+            line_chart(
+                "VACUUM: heap blocks scanned",
+                "second",
+                "% of heap blocks scanned",
+                &series,
+            ),
+        ));
+        let _ = writeln!(
+            md,
+            "\n![VACUUM progress: heap blocks scanned over time]({name})"
+        );
+    }
+}

@@ -1,0 +1,225 @@
+//! `vacuum-bloat` (SPEC Experiment 1, seeds/002: VACUUM of >10 GB of bloat,
+//! 366 s on NVMe vs 964 s on EBS): load pgbench's schema, leave a target
+//! amount of dead tuples in pgbench_accounts (one UPDATE pass over a share
+//! of its rows, autovacuum off for the table), measure the bloat, then time
+//! one `VACUUM` of the table while sampling `pg_stat_progress_vacuum`.
+
+use serde::{Deserialize, Serialize};
+use serde_saphyr::Spanned;
+
+use super::pgbench_init::{self, InitParams};
+use super::{
+    ByteSize, Checked, ESTIMATE_BYTES_PER_SECOND, Estimate, Field, Internals, KindParams, KindSpec,
+    approx_bytes, human_bytes, opt, or,
+};
+
+pub const DESCRIPTION: &str = "load pgbench's schema, leave a target amount of dead tuples, time VACUUM: seconds, MB/s, dead tuples removed";
+/// Summarized per class and compared between classes in reports.
+pub const COMPARED: &[&str] = &[
+    "vacuum_seconds",
+    "heap_mb_per_s",
+    "bloat_bytes",
+    "page_read_ms_avg",
+    "wal_sync_ms_avg",
+];
+pub const INDEX_CLEANUP: &[&str] = &["auto", "on", "off"];
+pub const CACHE: &[&str] = &["cold", "warm"];
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Spec {
+    #[serde(default)]
+    pub scale: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub fillfactor: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub load_connections: Option<Spanned<u32>>,
+    /// Dead tuples to leave before VACUUM, in bytes (`"10GB"`, `67108864`).
+    /// Default: half of pgbench_accounts' heap.
+    #[serde(default)]
+    pub bloat_bytes: Option<Spanned<ByteSize>>,
+    /// VACUUM (VERBOSE), on by default: its report (pages, tuples, index
+    /// scans, buffer and WAL usage) is kept with the cell's samples.
+    #[serde(default)]
+    pub verbose: Option<Spanned<bool>>,
+    /// VACUUM (PARALLEL n): workers for the index phases (0: none; default:
+    /// PostgreSQL decides).
+    #[serde(default)]
+    pub parallel: Option<Spanned<u32>>,
+    /// VACUUM (INDEX_CLEANUP auto | on | off).
+    #[serde(default)]
+    pub index_cleanup: Option<Spanned<String>>,
+    /// VACUUM (FREEZE).
+    #[serde(default)]
+    pub freeze: Option<Spanned<bool>>,
+    /// `cold` (default): the table's and its indexes' files are evicted from
+    /// the OS page cache before VACUUM, so its reads reach the storage under
+    /// test, as on the seeds' 482 GiB table on a 64 GiB instance. `warm`:
+    /// left as the bloat pass left them.
+    #[serde(default)]
+    pub cache: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    pub init: InitParams,
+    pub bloat_bytes: u64,
+    pub verbose: bool,
+    pub parallel: Option<u32>,
+    pub index_cleanup: String,
+    pub freeze: bool,
+    pub cache: String,
+}
+
+impl Params {
+    /// `VACUUM (...) pgbench_accounts` with the cell's options.
+    pub fn vacuum_sql(&self) -> String {
+        let mut opts = vec![format!(
+            "INDEX_CLEANUP {}",
+            self.index_cleanup.to_uppercase()
+        )];
+        if self.verbose {
+            opts.push("VERBOSE".into());
+        }
+        if let Some(n) = self.parallel {
+            opts.push(format!("PARALLEL {n}"));
+        }
+        if self.freeze {
+            opts.push("FREEZE".into());
+        }
+        format!("VACUUM ({}) pgbench_accounts", opts.join(", "))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PointParams {
+    pub scale: u64,
+    pub bloat_target_bytes: u64,
+    pub vacuum: String,
+    pub cache: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Metrics {
+    /// Dead tuple bytes in pgbench_accounts just before VACUUM.
+    pub bloat_bytes: u64,
+    pub bloat_target_bytes: u64,
+    /// `pgstattuple` (exact, contrib) or `statistics` (pg_stat_user_tables'
+    /// dead tuples times the average tuple size).
+    pub bloat_method: String,
+    pub rows_updated: u64,
+    pub bloat_seconds: f64,
+    pub table_bytes: u64,
+    pub index_bytes: u64,
+    pub dead_tuples_before: u64,
+    pub dead_tuples_after: u64,
+    pub dead_tuples_removed: u64,
+    pub vacuum_seconds: f64,
+    /// Heap size (MiB) over VACUUM's seconds.
+    pub heap_mb_per_s: f64,
+    pub heap_blks_total: u64,
+    pub index_vacuum_count: u64,
+    /// Bytes of the table's files evicted from the page cache (cache: cold).
+    pub evicted_bytes: u64,
+    #[serde(flatten)]
+    pub internals: Internals,
+    #[serde(flatten)]
+    pub load: pgbench_init::Metrics,
+}
+
+pub type Point = super::Point<PointParams, Metrics>;
+
+/// One second of `pg_stat_progress_vacuum` (samples of kind `vacuum`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    pub second: f64,
+    pub phase: String,
+    pub heap_blks_total: u64,
+    pub heap_blks_scanned: u64,
+    pub heap_blks_vacuumed: u64,
+    pub index_vacuum_count: u64,
+}
+
+impl KindSpec for Spec {
+    type Params = Params;
+    fn plan(&self, f: &Field) -> Checked<Vec<(String, Params)>> {
+        let init = pgbench_init::check(
+            f,
+            &self.scale,
+            &self.fillfactor,
+            &None,
+            &self.load_connections,
+        )?;
+        let heap = init.accounts_heap_bytes();
+        let bloat_bytes = match &self.bloat_bytes {
+            None => heap / 2,
+            Some(b) => {
+                let n = b
+                    .value
+                    .bytes()
+                    .or_else(|m| f.err(b.referenced, "bloat_bytes", m))?;
+                if n < 1 << 20 {
+                    return f.err(
+                        b.referenced,
+                        "bloat_bytes",
+                        format!("{n} is out of range: allowed at least 1MiB"),
+                    );
+                }
+                // One UPDATE pass leaves at most the table's rows dead.
+                if n > heap * 9 / 10 {
+                    let need = n * 10 / 9 / pgbench_init::ACCOUNTS_HEAP_BYTES_PER_SCALE
+                        * init.fillfactor as u64
+                        / 100
+                        + 1;
+                    return f.err(
+                        b.referenced,
+                        "bloat_bytes",
+                        format!(
+                            "{} is more than one UPDATE pass over pgbench_accounts at scale {} leaves (at most 90 % of its ~{} heap): raise scale to at least {need}",
+                            approx_bytes(n),
+                            init.scale,
+                            approx_bytes(heap)
+                        ),
+                    );
+                }
+                n
+            }
+        };
+        if let Some(ic) = &self.index_cleanup {
+            f.one_of(ic, "index_cleanup", INDEX_CLEANUP, "INDEX_CLEANUP value")?;
+        }
+        if let Some(c) = &self.cache {
+            f.one_of(c, "cache", CACHE, "cache state")?;
+        }
+        f.in_range(&self.parallel, "parallel", 0, 1024, " workers")?;
+        Ok(vec![(
+            format!("bloat-{}", human_bytes(bloat_bytes)),
+            Params {
+                init,
+                bloat_bytes,
+                verbose: or(&self.verbose, true),
+                parallel: opt(&self.parallel),
+                index_cleanup: or(&self.index_cleanup, "auto".to_string()),
+                freeze: or(&self.freeze, false),
+                cache: or(&self.cache, "cold".to_string()),
+            },
+        )])
+    }
+}
+
+impl KindParams for Params {
+    fn estimate(&self) -> Estimate {
+        let load = self.init.estimate();
+        // The UPDATE pass writes new versions, index entries and WAL; VACUUM
+        // reads the grown heap and writes back the pages it cleans.
+        let update = 3.0 * self.bloat_bytes as f64 / ESTIMATE_BYTES_PER_SECOND;
+        let vacuum = (self.init.accounts_heap_bytes() + 2 * self.bloat_bytes) as f64
+            / ESTIMATE_BYTES_PER_SECOND;
+        Estimate {
+            seconds: load.seconds + update + vacuum,
+            measured_seconds: vacuum,
+            disk_bytes: load.disk_bytes + 2 * self.bloat_bytes + (1 << 30),
+        }
+    }
+}
