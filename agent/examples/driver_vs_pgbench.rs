@@ -74,12 +74,7 @@ async fn bench(
 ) -> anyhow::Result<()> {
     let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
     tokio::spawn(async move { while rx.recv().await.is_some() {} });
-    let ctx = CellContext {
-        cell_id: "bench".into(),
-        cluster,
-        events: tx,
-        cancel: CancellationToken::new(),
-    };
+    let ctx = CellContext::new("bench", cluster, tx, CancellationToken::new());
     let init = InitParams {
         scale,
         fillfactor: 100,
@@ -199,6 +194,7 @@ async fn bench(
                     ("naccounts".into(), Value::Int(scale as i64 * 100_000)),
                 ]),
                 seed: 42,
+                stop_when: None,
             };
             let c0 = common::cpu_seconds(libc::RUSAGE_SELF);
             let pgc = cluster.pg_config();

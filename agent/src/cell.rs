@@ -14,9 +14,11 @@ use crate::pgbin::PgBin;
 use crate::workload::{self, CellContext, Output};
 use crate::{Error, Result, host};
 use pgfleet_proto::v1::{
-    AgentMessage, Assign, CellProgress, CellResult, CellStatus, Point, agent_message::Msg,
+    AgentMessage, Assign, CellProgress, CellResult, CellStatus, Endpoint, Point, RoleReady,
+    agent_message::Msg,
 };
 use pgfleet_proto::workload::{Params, approx_bytes};
+use tokio::sync::watch;
 
 /// What the agent was started with, needed to provision clusters.
 #[derive(Debug, Clone)]
@@ -30,6 +32,18 @@ pub struct AgentEnv {
     /// Whether the caps are applied (block-I/O throttling). A capped
     /// profile with `emulate: false` runs uncapped and says so.
     pub emulated: bool,
+    /// Where peers on other hosts reach this agent's clusters; None: this
+    /// host only (loopback).
+    pub address: Option<std::net::IpAddr>,
+}
+
+/// How the session steers a running cell: cancel it, release a serving
+/// role, and hand it its peers' endpoints as they arrive.
+#[derive(Debug, Clone)]
+pub struct Control {
+    pub cancel: CancellationToken,
+    pub release: CancellationToken,
+    pub peers: watch::Receiver<BTreeMap<String, Endpoint>>,
 }
 
 impl AgentEnv {
@@ -44,11 +58,11 @@ pub async fn run(
     env: &AgentEnv,
     assign: Assign,
     events: mpsc::Sender<AgentMessage>,
-    cancel: CancellationToken,
+    control: Control,
 ) -> CellResult {
     let cell_id = assign.cell_id.clone();
     let mut environment = Json::Null;
-    let outcome = run_inner(env, &assign, &events, &cancel, &mut environment).await;
+    let outcome = run_inner(env, &assign, &events, &control, &mut environment).await;
     let (status, error, points) = match outcome {
         Ok(out) => (CellStatus::Succeeded, String::new(), out.points),
         Err(Error::Cancelled(why)) => (CellStatus::Cancelled, why, Vec::new()),
@@ -70,6 +84,7 @@ pub async fn run(
         } else {
             environment.to_string()
         },
+        role: assign.role,
     }
 }
 
@@ -77,9 +92,10 @@ async fn run_inner(
     env: &AgentEnv,
     assign: &Assign,
     events: &mpsc::Sender<AgentMessage>,
-    cancel: &CancellationToken,
+    control: &Control,
     environment: &mut Json,
 ) -> Result<Output> {
+    let cancel = &control.cancel;
     let params = Params::from_json(&assign.workload, &assign.params_json).map_err(|message| {
         Error::Workload {
             workload: assign.workload.clone(),
@@ -104,6 +120,18 @@ async fn run_inner(
         } else {
             Caps::default()
         },
+        // A multi-role cell's cluster is reached by its peers: it listens on
+        // the agent's address too and admits exactly the peers' addresses.
+        listen: env
+            .address
+            .filter(|_| !assign.peers.is_empty())
+            .into_iter()
+            .collect(),
+        peers: assign
+            .peers
+            .iter()
+            .filter_map(|p| p.address.parse().ok())
+            .collect(),
     };
     let _ = events.try_send(progress(&assign.cell_id, "provision", "initdb and start"));
     let cluster = tokio::select! {
@@ -114,19 +142,42 @@ async fn run_inner(
     // by its Drop if this future is dropped.
     let outcome = async {
         *environment = collect_environment(env, &cluster, &spec).await?;
+        if !assign.peers.is_empty() {
+            let host = env
+                .address
+                .map(|a| a.to_string())
+                .unwrap_or_else(|| "127.0.0.1".into());
+            events
+                .send(AgentMessage {
+                    msg: Some(Msg::RoleReady(RoleReady {
+                        cell_id: assign.cell_id.clone(),
+                        role: assign.role.clone(),
+                        endpoint: Some(cluster.endpoint(&host)),
+                    })),
+                })
+                .await
+                .map_err(|_| Error::Session("event channel closed".into()))?;
+        }
         let mut ctx = CellContext {
             cell_id: assign.cell_id.clone(),
             cluster: &cluster,
             events: events.clone(),
             cancel: cancel.clone(),
+            role: assign.role.clone(),
+            release: control.release.clone(),
+            peers: control.peers.clone(),
         };
         tokio::select! {
             r = workload::run(&mut ctx, &params) => r,
             _ = cancel.cancelled() => Err(Error::Cancelled("cancelled while running".into())),
+            _ = cluster.exited() => Err(Error::ServerExited),
         }
     }
-    .await
-    .map_err(|e| cluster.explain_failure(e));
+    .await;
+    let outcome = match outcome {
+        Err(e) => Err(cluster.explain_failure(e).await),
+        ok => ok,
+    };
     let _ = events.try_send(progress(
         &assign.cell_id,
         "teardown",

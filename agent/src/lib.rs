@@ -30,6 +30,11 @@ pub enum Error {
     },
     #[error("workload `{workload}`: {message}")]
     Workload { workload: String, message: String },
+    /// Something failed on a peer role's cluster (reached over the network).
+    #[error("on the {role}'s cluster: {message}")]
+    Peer { role: String, message: String },
+    #[error("the cell's PostgreSQL server exited while the workload ran")]
+    ServerExited,
     /// A workload error with the server's own reason (see
     /// `Cluster::explain_failure`).
     #[error("{cause}; {server}")]
@@ -50,7 +55,7 @@ impl Error {
 }
 
 /// tokio-postgres prints only "db error"; say what the server said.
-fn pg_text(e: &tokio_postgres::Error) -> String {
+pub fn pg_text(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(d) => format!("{} (SQLSTATE {})", d.message(), d.code().code()),
         None => e.to_string(),

@@ -27,7 +27,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Connect to a controller and run assigned cells until told to stop.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Remove clusters left in a data root by an agent that died (stops their
     /// servers first). Safe to run at any time the owning agent is not running.
     Cleanup {
@@ -80,6 +80,12 @@ struct RunArgs {
     /// OS user to run PostgreSQL as when the agent runs as root.
     #[arg(long, env = "PGFLEET_PG_USER", default_value = "postgres")]
     pg_user: String,
+    /// The address peers on other hosts reach this agent's clusters at (its
+    /// host's, pod's or network namespace's IP). Clusters of multi-role cells
+    /// listen on it too and admit exactly their peers' addresses. Default:
+    /// none, peers must be on this host (loopback).
+    #[arg(long, env = "PGFLEET_ADVERTISE_ADDRESS")]
+    advertise_address: Option<std::net::IpAddr>,
     /// Exit (after tearing down) when the controller is unreachable this many seconds.
     #[arg(long, default_value_t = 30)]
     give_up_after_s: u64,
@@ -93,6 +99,7 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match cli.command {
         Command::Workloads => {
@@ -116,7 +123,7 @@ fn main() -> anyhow::Result<()> {
                 .worker_threads(2)
                 .enable_all()
                 .build()?;
-            rt.block_on(run(args))
+            rt.block_on(run(*args))
         }
     }
 }
@@ -153,6 +160,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         storage_profile: args.storage_profile.clone(),
         caps,
         emulated: caps.is_capped() && !args.no_emulate,
+        address: args.advertise_address,
     });
     if let Err(e) = &env.pg {
         tracing::error!("{e}");

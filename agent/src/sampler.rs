@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::cluster::Cluster;
+use crate::cluster::Server;
 use crate::{Error, Result};
 use pgfleet_proto::v1::{AgentMessage, CellSample, agent_message::Msg};
 use pgfleet_proto::workload::{Internals, WaitShare};
@@ -193,13 +193,13 @@ impl Summary {
 
 impl Sampler {
     pub async fn start(
-        cluster: &Cluster,
+        server: &Server,
         interval: Duration,
         events: mpsc::Sender<AgentMessage>,
         cell_id: String,
     ) -> Result<Sampler> {
-        let client = cluster.connect().await?;
-        let groups = groups(cluster.pg.major);
+        let client = server.connect().await?;
+        let groups = groups(server.major);
         let stop = CancellationToken::new();
         let s = stop.clone();
         // The first snapshot before returning, so the window starts here.

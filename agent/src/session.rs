@@ -2,11 +2,11 @@
 //! assigned cells, forward their events, and reconnect (re-registering with
 //! the cells still running and replaying results not yet acknowledged).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -15,8 +15,9 @@ use tonic::Streaming;
 use crate::cell::{self, AgentEnv};
 use crate::{Error, Result, host};
 use pgfleet_proto::v1::{
-    AgentMessage, CellResult, CellStatus, ControllerMessage, Heartbeat, Register, StorageProfile,
-    agent_message::Msg, agent_session_client::AgentSessionClient, controller_message::Msg as CMsg,
+    AgentMessage, CellResult, CellStatus, ControllerMessage, Endpoint, Heartbeat, Register,
+    RoleReady, StorageProfile, agent_message::Msg, agent_session_client::AgentSessionClient,
+    controller_message::Msg as CMsg,
 };
 
 #[derive(Debug, Clone)]
@@ -32,6 +33,11 @@ pub struct SessionConfig {
 
 struct Running {
     cancel: CancellationToken,
+    release: CancellationToken,
+    peers: watch::Sender<BTreeMap<String, Endpoint>>,
+    /// This role's endpoint once its cluster is up, sent again after a
+    /// reconnect (the controller may have missed it).
+    ready: Option<RoleReady>,
     task: JoinHandle<()>,
 }
 
@@ -86,6 +92,9 @@ pub async fn run(
         }
         for r in unacked.values() {
             let _ = out_tx.send(msg(Msg::Result(r.clone()))).await;
+        }
+        for ready in cells.values().filter_map(|c| c.ready.clone()) {
+            let _ = out_tx.send(msg(Msg::RoleReady(ready))).await;
         }
         let end = connected_loop(
             &env,
@@ -150,6 +159,7 @@ async fn connect(
         // replayed next): the controller re-queues any other cell it thinks
         // this agent has, as its assignment was lost.
         running_cells: cells.keys().chain(unacked.keys()).cloned().collect(),
+        address: env.address.map(|a| a.to_string()).unwrap_or_default(),
     };
     out_tx
         .send(msg(Msg::Register(register)))
@@ -198,24 +208,44 @@ async fn connected_loop(
                 Ok(Some(ControllerMessage { msg: Some(m) })) => match m {
                     CMsg::Assign(a) => {
                         if let Some(busy) = cells.keys().next() {
-                            let r = failed(&a.cell_id, format!("agent busy with cell {busy}"));
+                            let mut r = failed(&a.cell_id, format!("agent busy with cell {busy}"));
+                            r.role = a.role.clone();
                             unacked.insert(a.cell_id.clone(), r.clone());
                             let _ = out_tx.send(msg(Msg::Result(r))).await;
                             continue;
                         }
-                        tracing::info!(cell = %a.cell_id, workload = %a.workload, "assigned");
-                        let cancel = CancellationToken::new();
-                        let (env, ev, c, id) = (env.clone(), ev_tx.clone(), cancel.clone(), a.cell_id.clone());
+                        tracing::info!(cell = %a.cell_id, workload = %a.workload, role = %a.role, "assigned");
+                        let (peers, peers_rx) = watch::channel(BTreeMap::new());
+                        let control = cell::Control {
+                            cancel: CancellationToken::new(),
+                            release: CancellationToken::new(),
+                            peers: peers_rx,
+                        };
+                        let (cancel, release) = (control.cancel.clone(), control.release.clone());
+                        let (env, ev, id) = (env.clone(), ev_tx.clone(), a.cell_id.clone());
                         let task = tokio::spawn(async move {
-                            let r = cell::run(&env, a, ev.clone(), c).await;
+                            let r = cell::run(&env, a, ev.clone(), control).await;
                             let _ = ev.send(msg(Msg::Result(r))).await;
                         });
-                        cells.insert(id, Running { cancel, task });
+                        cells.insert(id, Running { cancel, release, peers, ready: None, task });
                     }
                     CMsg::Cancel(c) => {
                         if let Some(r) = cells.get(&c.cell_id) {
-                            tracing::info!(cell = %c.cell_id, reason = %c.reason, "cancel");
-                            r.cancel.cancel();
+                            if c.release {
+                                tracing::info!(cell = %c.cell_id, reason = %c.reason, "released");
+                                r.release.cancel();
+                            } else {
+                                tracing::info!(cell = %c.cell_id, reason = %c.reason, "cancel");
+                                r.cancel.cancel();
+                            }
+                        }
+                    }
+                    CMsg::PeerReady(p) => {
+                        if let (Some(r), Some(ep)) = (cells.get(&p.cell_id), p.endpoint) {
+                            tracing::info!(cell = %p.cell_id, role = %p.role, host = %ep.host, port = ep.port, "peer ready");
+                            r.peers.send_modify(|m| {
+                                m.insert(p.role, ep);
+                            });
                         }
                     }
                     CMsg::ResultAck(a) => {
@@ -238,9 +268,17 @@ async fn connected_loop(
                 }
             }
             Some(ev) = ev_rx.recv() => {
-                if let Some(Msg::Result(r)) = &ev.msg {
-                    cells.remove(&r.cell_id);
-                    unacked.insert(r.cell_id.clone(), r.clone());
+                match &ev.msg {
+                    Some(Msg::Result(r)) => {
+                        cells.remove(&r.cell_id);
+                        unacked.insert(r.cell_id.clone(), r.clone());
+                    }
+                    Some(Msg::RoleReady(rr)) => {
+                        if let Some(c) = cells.get_mut(&rr.cell_id) {
+                            c.ready = Some(rr.clone());
+                        }
+                    }
+                    _ => {}
                 }
                 if out_tx.send(ev).await.is_err() {
                     return End::Reconnect("outbound stream closed".into());
@@ -294,6 +332,7 @@ fn failed(cell_id: &str, error: String) -> CellResult {
         error,
         points: Vec::new(),
         environment_json: String::new(),
+        role: String::new(),
     }
 }
 

@@ -88,12 +88,7 @@ async fn toast_slice_reproduces_the_articles_storage_and_buffer_facts() {
     let cluster = Cluster::provision(&spec(&root, "c1")).await.unwrap();
     let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
     tokio::spawn(async move { while rx.recv().await.is_some() {} });
-    let mut ctx = CellContext {
-        cell_id: "c1".into(),
-        cluster: &cluster,
-        events: tx,
-        cancel: CancellationToken::new(),
-    };
+    let mut ctx = CellContext::new("c1", &cluster, tx, CancellationToken::new());
     use pgfleet_agent::workload::toast_slice::{Dataset, Metrics, Offset, Params, StorageMode};
     use pgfleet_proto::workload::Params as Kind;
     let params = |dataset| {

@@ -32,12 +32,7 @@ async fn run_params(
 ) -> pgfleet_agent::Result<Output> {
     let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
     tokio::spawn(async move { while rx.recv().await.is_some() {} });
-    let mut ctx = CellContext {
-        cell_id: "c".into(),
-        cluster,
-        events: tx,
-        cancel: CancellationToken::new(),
-    };
+    let mut ctx = CellContext::new("c", cluster, tx, CancellationToken::new());
     workload::run(&mut ctx, &params).await
 }
 
@@ -351,12 +346,7 @@ async fn internals_have_the_same_names_on_every_version() {
         }
         v
     });
-    let mut ctx = CellContext {
-        cell_id: "c".into(),
-        cluster: &cl,
-        events: tx,
-        cancel: CancellationToken::new(),
-    };
+    let mut ctx = CellContext::new("c", &cl, tx, CancellationToken::new());
     let params = json!({"scale": 1, "script": "tpcb-like", "clients": 2, "duration_s": 2.5});
     let params = entry("pgbench", params);
     let out = workload::run(&mut ctx, &params).await.unwrap();

@@ -21,12 +21,7 @@ fn params(yaml: &str) -> Params {
 async fn run(cluster: &Cluster, params: &Params) -> pgfleet_agent::Result<Output> {
     let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
     tokio::spawn(async move { while rx.recv().await.is_some() {} });
-    let mut ctx = CellContext {
-        cell_id: "c".into(),
-        cluster,
-        events: tx,
-        cancel: CancellationToken::new(),
-    };
+    let mut ctx = CellContext::new("c", cluster, tx, CancellationToken::new());
     workload::run(&mut ctx, params).await
 }
 
@@ -65,7 +60,10 @@ async fn a_killed_server_process_is_explained_by_the_server_log() {
     let (out, ()) = tokio::join!(
         async {
             let r = run(&cl, &p).await;
-            r.map_err(|e| cl.explain_failure(e))
+            match r {
+                Err(e) => Err(cl.explain_failure(e).await),
+                ok => ok,
+            }
         },
         killer
     );
@@ -109,6 +107,7 @@ async fn a_cell_larger_than_the_free_disk_is_refused_before_loading() {
         storage_profile: "nvme".into(),
         caps: Default::default(),
         emulated: false,
+        address: None,
     };
     let p = params("{kind: pgbench-init, scale: 40}");
     let assign = Assign {
@@ -117,9 +116,16 @@ async fn a_cell_larger_than_the_free_disk_is_refused_before_loading() {
         workload: p.kind().into(),
         params_json: p.to_json(),
         settings: Default::default(),
+        role: String::new(),
+        peers: Vec::new(),
     };
     let (tx, _rx) = tokio::sync::mpsc::channel(4096);
-    let r = cell::run(&env, assign, tx, CancellationToken::new()).await;
+    let control = cell::Control {
+        cancel: CancellationToken::new(),
+        release: CancellationToken::new(),
+        peers: tokio::sync::watch::channel(Default::default()).1,
+    };
+    let r = cell::run(&env, assign, tx, control).await;
     let _ = std::process::Command::new("umount").arg(&root).status();
     std::fs::remove_dir_all(&root).unwrap();
     assert_eq!(r.status, CellStatus::Failed as i32);

@@ -15,12 +15,7 @@ fn params(yaml: &str) -> Params {
 async fn run(cluster: &Cluster, params: &Params) -> pgfleet_agent::Result<Output> {
     let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
     tokio::spawn(async move { while rx.recv().await.is_some() {} });
-    let mut ctx = CellContext {
-        cell_id: "c".into(),
-        cluster,
-        events: tx,
-        cancel: CancellationToken::new(),
-    };
+    let mut ctx = CellContext::new("c", cluster, tx, CancellationToken::new());
     workload::run(&mut ctx, params).await
 }
 

@@ -87,6 +87,13 @@ pub struct RunArgs {
     /// OS user to run PostgreSQL as when agents run as root (default postgres).
     #[arg(long, env = "PGFLEET_PG_USER")]
     pub pg_user: Option<String>,
+    /// Start the local agents inside these network namespaces (created by
+    /// you, each with an address; comma-separated, assigned in turn; needs
+    /// root). Each agent advertises its namespace's address, so multi-role
+    /// cells (e.g. logical-drain) connect their clusters over real
+    /// interfaces. Bind the controller where the namespaces reach it (--bind).
+    #[arg(long, value_delimiter = ',')]
+    pub agent_netns: Vec<String>,
     /// Where agents create clusters: <data-dir>/<run-id>/<agent-id>. Must be
     /// traversable by the PostgreSQL user. Removed after the run.
     #[arg(long, env = "PGFLEET_DATA_DIR")]

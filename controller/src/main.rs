@@ -20,6 +20,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -104,6 +105,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Error> {
                     data_dir: args
                         .data_dir
                         .unwrap_or_else(|| std::env::temp_dir().join("pgfleet")),
+                    netns: args.agent_netns,
                 },
             };
             let summary = execute(opts, cancel).await?;

@@ -68,11 +68,13 @@ pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunS
     for (i, c) in cells.iter().enumerate() {
         store.insert_cell(&run_id, i, c)?;
     }
+    let estimate = scenario::plan::estimate(&sc, &cells);
     eprintln!(
-        "run {run_id}: scenario {} ({} cells on {} agents), store {}",
+        "run {run_id}: scenario {} ({} cells on {} agents, about {} estimated), store {}",
         sc.name.value,
         cells.len(),
         sc.fleet.value.iter().map(|f| f.count()).sum::<u32>(),
+        pgfleet_proto::workload::approx_seconds(estimate.wall_seconds),
         opts.store.display()
     );
 
@@ -117,6 +119,7 @@ pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunS
         scheduler::Options {
             lease: opts.lease,
             registration_timeout: opts.registration_timeout,
+            estimated_wall: Some(Duration::from_secs_f64(estimate.wall_seconds)),
             ..Default::default()
         },
         cells,

@@ -1,6 +1,16 @@
 //! The scheduler: places cells on idle agents of their instance class, tracks
 //! agent leases, records every state change in the store, and cancels.
 //!
+//! A cell has one role, or several (e.g. logical-drain's subscriber and
+//! publisher), each on its own agent. A multi-role cell is gang-scheduled:
+//! all its roles are assigned at once, only when an idle agent of each
+//! role's class is there, never half. Each role reports where its cluster is
+//! (`RoleReady`) and the scheduler relays it to the other roles
+//! (`PeerReady`). The cell ends when every role has an outcome: when the
+//! lead (first) role reports success the others are released; when any role
+//! fails, is lost or cancelled, the others are cancelled, and the cell is
+//! stored once, failed, with the first failure and every point measured.
+//!
 //! It is a single task that owns all run state and advances it from events
 //! (`api::Event`), so there is one place where a cell changes state. It does
 //! not know where agents come from: it is told which agent ids to expect.
@@ -17,7 +27,8 @@ use tokio_util::sync::CancellationToken;
 use pgfleet_proto::v1::agent_message::Msg;
 use pgfleet_proto::v1::controller_message::Msg as CMsg;
 use pgfleet_proto::v1::{
-    Assign, Cancel, CellStatus, ControllerMessage, Register, ResultAck, Shutdown,
+    Assign, Cancel, CellStatus, ControllerMessage, Endpoint, Peer, PeerReady, Register, ResultAck,
+    Shutdown,
 };
 
 use crate::api::{Event, ToAgent};
@@ -32,6 +43,9 @@ pub struct Options {
     pub registration_timeout: Duration,
     /// After a cancel, how long running cells have to report back.
     pub cancel_grace: Duration,
+    /// The plan's estimate of the run's wall-clock time on its fleet (for
+    /// the ETA); None: no ETA.
+    pub estimated_wall: Option<Duration>,
 }
 
 impl Default for Options {
@@ -40,6 +54,7 @@ impl Default for Options {
             lease: Duration::from_secs(10),
             registration_timeout: Duration::from_secs(60),
             cancel_grace: Duration::from_secs(60),
+            estimated_wall: None,
         }
     }
 }
@@ -58,14 +73,57 @@ struct AgentSlot {
     tx: Option<ToAgent>,
     conn: u64,
     last_seen: Instant,
-    cell: Option<usize>,
+    /// The cell (index) and role it runs.
+    cell: Option<(usize, String)>,
     why_lost: String,
+    /// Where peers reach its clusters (from its registration).
+    address: String,
+}
+
+impl AgentSlot {
+    fn new(class: String) -> Self {
+        AgentSlot {
+            class,
+            state: AgentState::Expected,
+            tx: None,
+            conn: 0,
+            last_seen: Instant::now(),
+            cell: None,
+            why_lost: String::new(),
+            address: String::new(),
+        }
+    }
+}
+
+/// One role of a running cell.
+struct RoleRun {
+    role: String,
+    agent: String,
+    endpoint: Option<Endpoint>,
+    outcome: Option<Outcome>,
+}
+
+/// How a role ended: its result, or its agent's loss.
+struct Outcome {
+    state: CellState,
+    error: String,
+    points: Vec<(Json, Json)>,
+    environment: Option<Json>,
 }
 
 struct CellSlot {
     planned: PlannedCell,
     state: CellState,
-    agent: Option<String>,
+    /// The plan's estimate of this cell's seconds.
+    estimate: f64,
+    /// When it started running.
+    started: Option<Instant>,
+    /// Set while running: one per role, the lead first.
+    roles: Vec<RoleRun>,
+    /// The first role failure; the other roles were asked to stop.
+    failure: Option<String>,
+    /// The lead succeeded; the other roles were released.
+    released: bool,
     bar: Option<ProgressBar>,
 }
 
@@ -96,27 +154,18 @@ impl Scheduler {
             opts,
             agents: expected
                 .iter()
-                .map(|(id, class)| {
-                    (
-                        id.clone(),
-                        AgentSlot {
-                            class: class.clone(),
-                            state: AgentState::Expected,
-                            tx: None,
-                            conn: 0,
-                            last_seen: now,
-                            cell: None,
-                            why_lost: String::new(),
-                        },
-                    )
-                })
+                .map(|(id, class)| (id.clone(), AgentSlot::new(class.clone())))
                 .collect(),
             cells: cells
                 .into_iter()
                 .map(|planned| CellSlot {
+                    estimate: planned.estimate().seconds,
+                    started: None,
                     planned,
                     state: CellState::Pending,
-                    agent: None,
+                    roles: Vec::new(),
+                    failure: None,
+                    released: false,
                     bar: None,
                 })
                 .collect(),
@@ -143,7 +192,13 @@ impl Scheduler {
                     Some(ev) => self.handle(ev).await,
                     None => break,
                 },
-                _ = tick.tick() => self.check_time(),
+                _ = tick.tick() => {
+                    self.check_time().await;
+                    if let Some(left) = self.eta() {
+                        let done = self.cells.iter().filter(|c| c.state.is_terminal()).count();
+                        self.ui.overall(done, self.cells.len(), left);
+                    }
+                }
                 _ = cancel.cancelled(), if self.cancelled.is_none() => self.cancel_all().await,
             }
         }
@@ -204,6 +259,7 @@ impl Scheduler {
                         }
                     }
                     Msg::Result(r) => self.result(&agent_id, r).await,
+                    Msg::RoleReady(rr) => self.role_ready(&agent_id, rr).await,
                 }
             }
             Event::Disconnected { agent_id, conn } => {
@@ -221,7 +277,8 @@ impl Scheduler {
                     self.lose(
                         &agent_id,
                         format!("agent process exited before registering ({status}); see its log"),
-                    );
+                    )
+                    .await;
                 }
             }
         }
@@ -239,15 +296,10 @@ impl Scheduler {
             "cores": info.cores, "memory_bytes": info.memory_bytes, "postgres_version": info.postgres_version,
             "postgres_bin_dir": info.postgres_bin_dir, "hostname": info.hostname, "agent_version": info.agent_version,
         });
-        let slot = self.agents.entry(id.clone()).or_insert_with(|| AgentSlot {
-            class: class.clone(),
-            state: AgentState::Expected,
-            tx: None,
-            conn: 0,
-            last_seen: Instant::now(),
-            cell: None,
-            why_lost: String::new(),
-        });
+        let slot = self
+            .agents
+            .entry(id.clone())
+            .or_insert_with(|| AgentSlot::new(class.clone()));
         if slot.state == AgentState::Lost {
             // Its cells were already failed; it must not run more.
             let _ = tx
@@ -273,27 +325,49 @@ impl Scheduler {
         slot.tx = Some(tx);
         slot.conn = conn;
         slot.last_seen = Instant::now();
+        slot.address = info.address.clone();
         // An assignment the agent does not report (running, or finished
         // with its result not yet acknowledged) never reached it: it was
-        // lost with the old connection. The cell goes back to pending and
-        // is assigned again.
-        let lost_assignment = slot.cell.filter(|&idx| {
-            !info
-                .running_cells
-                .contains(&self.cells[idx].planned.cell_id)
-        });
-        if let Some(idx) = lost_assignment {
-            slot.cell = None;
-            let cell = &mut self.cells[idx];
-            cell.state = CellState::Pending;
-            cell.agent = None;
-            if let Some(bar) = cell.bar.take() {
-                bar.abandon_with_message("assignment lost with the connection; reassigning");
+        // lost with the old connection. A single-role cell goes back to
+        // pending and is assigned again; a role of a multi-role cell fails,
+        // which stops the cell's other roles.
+        let held = slot.cell.clone();
+        match held {
+            Some((idx, role))
+                if !info
+                    .running_cells
+                    .contains(&self.cells[idx].planned.cell_id) =>
+            {
+                if self.cells[idx].planned.multi_role() {
+                    self.role_outcome(
+                        idx,
+                        &role,
+                        failed_outcome(format!(
+                            "agent {id}: the assignment was lost with its connection"
+                        )),
+                    )
+                    .await;
+                } else {
+                    if let Some(a) = self.agents.get_mut(&id) {
+                        a.cell = None;
+                    }
+                    let cell = &mut self.cells[idx];
+                    cell.state = CellState::Pending;
+                    cell.roles.clear();
+                    if let Some(bar) = cell.bar.take() {
+                        bar.abandon_with_message(
+                            "assignment lost with the connection; reassigning",
+                        );
+                    }
+                    if let Err(e) = self.store.requeue_cell(&self.run_id, &cell.planned.cell_id) {
+                        self.ui
+                            .line(format!("warning: storing cell requeue failed: {e}"));
+                    }
+                }
             }
-            if let Err(e) = self.store.requeue_cell(&self.run_id, &cell.planned.cell_id) {
-                self.ui
-                    .line(format!("warning: storing cell requeue failed: {e}"));
-            }
+            // Still running: peers' endpoints sent while it was away.
+            Some((idx, role)) => self.relay_peers_to(idx, &role).await,
+            None => {}
         }
         if let Err(e) = self.store.register_agent(&self.run_id, &id, &class, &json) {
             self.ui
@@ -310,61 +384,245 @@ impl Scheduler {
     }
 
     async fn result(&mut self, agent_id: &str, r: pgfleet_proto::v1::CellResult) {
-        let Some(idx) = self
+        let idx = self
             .cells
             .iter()
-            .position(|c| c.planned.cell_id == r.cell_id)
-        else {
-            return;
-        };
-        let running_here = self.cells[idx].state == CellState::Running
-            && self.cells[idx].agent.as_deref() == Some(agent_id);
-        if running_here {
+            .position(|c| c.planned.cell_id == r.cell_id);
+        let mine = idx.filter(|&idx| {
+            self.cells[idx].state == CellState::Running
+                && self.cells[idx]
+                    .roles
+                    .iter()
+                    .any(|x| x.agent == agent_id && x.role == r.role && x.outcome.is_none())
+        });
+        if let Some(idx) = mine {
             let state = match CellStatus::try_from(r.status) {
                 Ok(CellStatus::Succeeded) => CellState::Succeeded,
                 Ok(CellStatus::Cancelled) => CellState::Cancelled,
                 _ => CellState::Failed,
             };
-            let points: Vec<(Json, Json)> = r
-                .points
-                .iter()
-                .map(|p| (parse_json(&p.params_json), parse_json(&p.metrics_json)))
-                .collect();
-            let env = (!r.environment_json.is_empty()).then(|| parse_json(&r.environment_json));
-            let error = (!r.error.is_empty()).then_some(r.error.as_str());
-            if let Err(e) = self.store.finish_cell(
-                &self.run_id,
-                &r.cell_id,
+            let outcome = Outcome {
                 state,
-                error,
-                env.as_ref(),
-                &points,
-            ) {
-                // Not acknowledged: the agent will replay it.
-                self.ui.line(format!(
-                    "error: storing the result of {} failed: {e}",
-                    r.cell_id
-                ));
+                error: r.error.clone(),
+                points: r
+                    .points
+                    .iter()
+                    .map(|p| (parse_json(&p.params_json), parse_json(&p.metrics_json)))
+                    .collect(),
+                environment: (!r.environment_json.is_empty())
+                    .then(|| parse_json(&r.environment_json)),
+            };
+            if !self.role_outcome(idx, &r.role, outcome).await {
+                // Not stored, so not acknowledged: the agent replays it.
                 return;
             }
-            self.end_cell(idx, state, error.unwrap_or(""));
         }
-        if let Some(a) = self.agents.get_mut(agent_id) {
-            if a.cell == Some(idx) {
-                a.cell = None;
+        if let Some(a) = self.agents.get_mut(agent_id)
+            && let Some(tx) = &a.tx
+        {
+            let _ = tx
+                .send(Ok(cmsg(CMsg::ResultAck(ResultAck {
+                    cell_id: r.cell_id.clone(),
+                }))))
+                .await;
+        }
+    }
+
+    /// Records a role's outcome, frees its agent, stops or releases the
+    /// other roles as needed, and ends the cell once every role has one.
+    /// Returns false when the cell's end could not be stored.
+    async fn role_outcome(&mut self, idx: usize, role: &str, outcome: Outcome) -> bool {
+        let cell = &mut self.cells[idx];
+        let Some(pos) = cell.roles.iter().position(|x| x.role == role) else {
+            return true;
+        };
+        if cell.roles[pos].outcome.is_some() {
+            return true;
+        }
+        let (ok, is_lead) = (outcome.state == CellState::Succeeded, pos == 0);
+        if !ok
+            && cell.failure.is_none()
+            && !(cell.released && outcome.state == CellState::Cancelled)
+        {
+            let who = if role.is_empty() {
+                String::new()
+            } else {
+                format!("role {role} ({}): ", cell.roles[pos].agent)
+            };
+            cell.failure = Some(format!("{who}{}", outcome.error));
+        }
+        cell.roles[pos].outcome = Some(outcome);
+        let agent = cell.roles[pos].agent.clone();
+        if let Some(a) = self.agents.get_mut(&agent)
+            && a.cell.as_ref().is_some_and(|(i, _)| *i == idx)
+        {
+            a.cell = None;
+        }
+        let release = ok && is_lead;
+        let stop = self.cells[idx].failure.is_some();
+        if release {
+            self.cells[idx].released = true;
+        }
+        if release || stop {
+            let reason = match &self.cells[idx].failure {
+                Some(f) if !release => format!("another role of the cell failed: {f}"),
+                _ => "the cell's measurement is done".to_string(),
+            };
+            self.stop_roles(idx, &reason, release && !stop).await;
+        }
+        if self.cells[idx].roles.iter().any(|x| x.outcome.is_none()) {
+            return true;
+        }
+        self.finish_roles(idx)
+    }
+
+    /// Every role has an outcome: store the cell once.
+    fn finish_roles(&mut self, idx: usize) -> bool {
+        let cell = &mut self.cells[idx];
+        let outcomes: Vec<(&String, &Outcome)> = cell
+            .roles
+            .iter()
+            .filter_map(|x| x.outcome.as_ref().map(|o| (&x.role, o)))
+            .collect();
+        let released = cell.released;
+        let all_ok = outcomes.iter().enumerate().all(|(i, (_, o))| {
+            o.state == CellState::Succeeded
+                || (i > 0 && released && o.state == CellState::Cancelled)
+        });
+        let state = if all_ok && cell.failure.is_none() {
+            CellState::Succeeded
+        } else if self.cancelled.is_some()
+            && outcomes.iter().all(|(_, o)| o.state != CellState::Failed)
+        {
+            CellState::Cancelled
+        } else if outcomes.len() == 1 {
+            outcomes[0].1.state
+        } else {
+            CellState::Failed
+        };
+        let points: Vec<(Json, Json)> = outcomes
+            .iter()
+            .flat_map(|(_, o)| o.points.iter().cloned())
+            .collect();
+        let environment = if outcomes.len() == 1 {
+            outcomes[0].1.environment.clone()
+        } else {
+            Some(Json::Object(
+                outcomes
+                    .iter()
+                    .filter_map(|(r, o)| Some(((*r).clone(), o.environment.clone()?)))
+                    .collect(),
+            ))
+        };
+        let error = match state {
+            CellState::Succeeded => None,
+            _ => cell.failure.clone().or_else(|| {
+                outcomes
+                    .iter()
+                    .map(|(_, o)| o.error.clone())
+                    .find(|e| !e.is_empty())
+            }),
+        };
+        if let Err(e) = self.store.finish_cell(
+            &self.run_id,
+            &cell.planned.cell_id,
+            state,
+            error.as_deref(),
+            environment.as_ref(),
+            &points,
+        ) {
+            self.ui.line(format!(
+                "error: storing the result of {} failed: {e}",
+                cell.planned.cell_id
+            ));
+            // Forget the outcomes: the agents replay their results.
+            for r in &mut self.cells[idx].roles {
+                r.outcome = None;
             }
-            if let Some(tx) = &a.tx {
+            return false;
+        }
+        self.end_cell(idx, state, error.as_deref().unwrap_or(""));
+        true
+    }
+
+    /// Asks the roles without an outcome to stop (or, released, to end).
+    async fn stop_roles(&mut self, idx: usize, reason: &str, release: bool) {
+        let cell_id = self.cells[idx].planned.cell_id.clone();
+        let open: Vec<String> = self.cells[idx]
+            .roles
+            .iter()
+            .filter(|x| x.outcome.is_none())
+            .map(|x| x.agent.clone())
+            .collect();
+        for agent in open {
+            if let Some(tx) = self.agents.get(&agent).and_then(|a| a.tx.as_ref()) {
                 let _ = tx
-                    .send(Ok(cmsg(CMsg::ResultAck(ResultAck {
-                        cell_id: r.cell_id.clone(),
+                    .send(Ok(cmsg(CMsg::Cancel(Cancel {
+                        cell_id: cell_id.clone(),
+                        reason: reason.to_string(),
+                        release,
                     }))))
                     .await;
             }
         }
     }
 
-    /// Places pending cells on idle live agents of their class, and fails
-    /// cells whose class has no agent left.
+    /// A role's cluster is up: tell the cell's other roles where it is.
+    async fn role_ready(&mut self, agent_id: &str, rr: pgfleet_proto::v1::RoleReady) {
+        let Some(idx) = self
+            .cells
+            .iter()
+            .position(|c| c.planned.cell_id == rr.cell_id)
+        else {
+            return;
+        };
+        let Some(me) = self.cells[idx]
+            .roles
+            .iter_mut()
+            .find(|x| x.role == rr.role && x.agent == agent_id)
+        else {
+            return;
+        };
+        me.endpoint = rr.endpoint;
+        let others: Vec<String> = self.cells[idx]
+            .roles
+            .iter()
+            .filter(|x| x.role != rr.role && x.outcome.is_none())
+            .map(|x| x.role.clone())
+            .collect();
+        for role in others {
+            self.relay_peers_to(idx, &role).await;
+        }
+    }
+
+    /// Sends `role`'s agent every endpoint its peers reported.
+    async fn relay_peers_to(&self, idx: usize, role: &str) {
+        let cell = &self.cells[idx];
+        let Some(to) = cell
+            .roles
+            .iter()
+            .find(|x| x.role == role)
+            .and_then(|x| self.agents.get(&x.agent))
+            .and_then(|a| a.tx.as_ref())
+        else {
+            return;
+        };
+        for peer in cell.roles.iter().filter(|x| x.role != role) {
+            if let Some(ep) = &peer.endpoint {
+                let _ = to
+                    .send(Ok(cmsg(CMsg::PeerReady(PeerReady {
+                        cell_id: cell.planned.cell_id.clone(),
+                        role: peer.role.clone(),
+                        endpoint: Some(ep.clone()),
+                    }))))
+                    .await;
+            }
+        }
+    }
+
+    /// Places pending cells on idle live agents: every role of a cell on
+    /// its own agent of the role's class, all at once or not at all. Fails
+    /// cells whose classes cannot have enough agents any more.
     async fn assign(&mut self) {
         if self.cancelled.is_some() {
             return;
@@ -373,74 +631,133 @@ impl Scheduler {
             if self.cells[idx].state != CellState::Pending {
                 continue;
             }
-            let class = self.cells[idx].planned.instance_class.clone();
-            let idle = self
-                .agents
-                .iter()
-                .find(|(_, a)| {
-                    a.class == class
-                        && a.state == AgentState::Live
-                        && a.tx.is_some()
-                        && a.cell.is_none()
-                })
-                .map(|(id, _)| id.clone());
-            if let Some(agent_id) = idle {
-                self.start_cell(idx, &agent_id).await;
+            let roles = self.cells[idx].planned.roles.clone();
+            let mut picked: Vec<String> = Vec::new();
+            for (_, class) in &roles {
+                let idle = self
+                    .agents
+                    .iter()
+                    .find(|(id, a)| {
+                        a.class == *class
+                            && a.state == AgentState::Live
+                            && a.tx.is_some()
+                            && a.cell.is_none()
+                            && !picked.contains(id)
+                    })
+                    .map(|(id, _)| id.clone());
+                match idle {
+                    Some(id) => picked.push(id),
+                    None => break,
+                }
+            }
+            if picked.len() == roles.len() {
+                self.start_cell(idx, picked).await;
                 continue;
             }
-            let hope = self
-                .agents
-                .values()
-                .any(|a| a.class == class && a.state != AgentState::Lost);
-            if !hope {
+            // Enough agents may still come (registering, busy): wait. If
+            // not, the cell can never run.
+            let mut need: BTreeMap<&str, usize> = BTreeMap::new();
+            for (_, class) in &roles {
+                *need.entry(class.as_str()).or_default() += 1;
+            }
+            let short = need.into_iter().find(|(class, n)| {
+                self.agents
+                    .values()
+                    .filter(|a| a.class == *class && a.state != AgentState::Lost)
+                    .count()
+                    < *n
+            });
+            if let Some((class, n)) = short {
                 let why: Vec<String> = self
                     .agents
                     .iter()
-                    .filter(|(_, a)| a.class == class)
+                    .filter(|(_, a)| a.class == class && a.state == AgentState::Lost)
                     .map(|(id, a)| format!("{id}: {}", a.why_lost))
                     .collect();
-                let msg = if why.is_empty() {
-                    format!("no agent of instance class `{class}` in the fleet")
-                } else {
-                    format!(
+                let msg = match (why.is_empty(), n) {
+                    (true, 1) => format!("no agent of instance class `{class}` in the fleet"),
+                    (true, _) => format!(
+                        "the cell needs {n} agents of instance class `{class}` at once and the fleet has fewer"
+                    ),
+                    (false, _) => format!(
                         "no live agent of instance class `{class}` ({})",
                         why.join("; ")
-                    )
+                    ),
                 };
                 self.fail_cell(idx, &msg);
             }
         }
     }
 
-    async fn start_cell(&mut self, idx: usize, agent_id: &str) {
-        let c = &self.cells[idx].planned;
-        let assign = Assign {
-            cell_id: c.cell_id.clone(),
-            run_id: self.run_id.clone(),
-            workload: c.workload().to_string(),
-            params_json: c.params.to_json(),
-            settings: c.settings.clone().into_iter().collect(),
-        };
-        let Some(a) = self.agents.get_mut(agent_id) else {
-            return;
-        };
-        let Some(tx) = a.tx.clone() else { return };
-        if tx.send(Ok(cmsg(CMsg::Assign(assign)))).await.is_err() {
-            a.tx = None;
-            return;
+    async fn start_cell(&mut self, idx: usize, agents: Vec<String>) {
+        let c = self.cells[idx].planned.clone();
+        let runs: Vec<RoleRun> = c
+            .roles
+            .iter()
+            .zip(&agents)
+            .map(|((role, _), agent)| RoleRun {
+                role: role.clone(),
+                agent: agent.clone(),
+                endpoint: None,
+                outcome: None,
+            })
+            .collect();
+        for run in &runs {
+            let peers = runs
+                .iter()
+                .filter(|p| p.role != run.role)
+                .map(|p| Peer {
+                    role: p.role.clone(),
+                    agent_id: p.agent.clone(),
+                    address: self
+                        .agents
+                        .get(&p.agent)
+                        .map(|a| a.address.clone())
+                        .unwrap_or_default(),
+                })
+                .collect();
+            let mut settings = c.settings.clone();
+            for (k, v) in c.params.settings(&run.role) {
+                settings.insert(k.to_string(), v);
+            }
+            let assign = Assign {
+                cell_id: c.cell_id.clone(),
+                run_id: self.run_id.clone(),
+                workload: c.workload().to_string(),
+                params_json: c.params.to_json(),
+                settings: settings.into_iter().collect(),
+                role: run.role.clone(),
+                peers,
+            };
+            let Some(a) = self.agents.get_mut(&run.agent) else {
+                continue;
+            };
+            a.cell = Some((idx, run.role.clone()));
+            // A send that fails leaves the role without an answer; its agent
+            // re-registers without the cell, which fails or re-queues it.
+            if let Some(tx) = a.tx.clone()
+                && tx.send(Ok(cmsg(CMsg::Assign(assign)))).await.is_err()
+            {
+                a.tx = None;
+            }
         }
-        a.cell = Some(idx);
-        if let Err(e) = self.store.start_cell(&self.run_id, &c.cell_id, agent_id) {
+        let who = if c.multi_role() {
+            runs.iter()
+                .map(|r| format!("{}:{}", r.role, r.agent))
+                .collect::<Vec<_>>()
+                .join(", ")
+        } else {
+            agents.join(", ")
+        };
+        if let Err(e) = self.store.start_cell(&self.run_id, &c.cell_id, &who) {
             self.ui
                 .line(format!("warning: storing cell start failed: {e}"));
         }
         let cell = &mut self.cells[idx];
         cell.state = CellState::Running;
-        cell.agent = Some(agent_id.to_string());
-        cell.bar = Some(
-            self.ui
-                .bar(&format!("{} @ {agent_id}", cell.planned.cell_id)),
-        );
+        cell.started = Some(Instant::now());
+        cell.roles = runs;
+        cell.bar = Some(self.ui.bar(&format!("{} @ {who}", cell.planned.cell_id)));
     }
 
     fn fail_cell(&mut self, idx: usize, error: &str) {
@@ -469,12 +786,43 @@ impl Scheduler {
         if let Some(bar) = cell.bar.take() {
             bar.abandon_with_message(text.clone());
         }
-        self.ui
-            .line(format!("cell {} {text}", cell.planned.cell_id));
+        let line = format!("cell {} {text}", cell.planned.cell_id);
+        self.ui.line(line);
+        let done = self.cells.iter().filter(|c| c.state.is_terminal()).count();
+        if let Some(left) = self.eta() {
+            self.ui.progress_line(format!(
+                "{done}/{} cells done; about {} left (estimated)",
+                self.cells.len(),
+                pgfleet_proto::workload::approx_seconds(left.as_secs_f64())
+            ));
+        }
+    }
+
+    /// Time left: the plan's wall-clock estimate scaled by the share of
+    /// estimated cell-seconds not done yet (finished cells count whole,
+    /// running ones by their time so far, up to their estimate).
+    fn eta(&self) -> Option<Duration> {
+        let wall = self.opts.estimated_wall?.as_secs_f64();
+        let total: f64 = self.cells.iter().map(|c| c.estimate).sum();
+        if total <= 0.0 {
+            return None;
+        }
+        let done: f64 = self
+            .cells
+            .iter()
+            .map(|c| match (c.state, c.started) {
+                (s, _) if s.is_terminal() => c.estimate,
+                (CellState::Running, Some(t)) => t.elapsed().as_secs_f64().min(c.estimate),
+                _ => 0.0,
+            })
+            .sum();
+        Some(Duration::from_secs_f64(
+            wall * (1.0 - done / total).max(0.0),
+        ))
     }
 
     /// Leases and registration deadlines.
-    fn check_time(&mut self) {
+    async fn check_time(&mut self) {
         let now = Instant::now();
         let mut lost = Vec::new();
         for (id, a) in &self.agents {
@@ -500,7 +848,7 @@ impl Scheduler {
             }
         }
         for (id, why) in lost {
-            self.lose(&id, why);
+            self.lose(&id, why).await;
         }
         if let Some(at) = self.cancelled
             && now.duration_since(at) > self.opts.cancel_grace
@@ -517,7 +865,7 @@ impl Scheduler {
         }
     }
 
-    fn lose(&mut self, id: &str, why: String) {
+    async fn lose(&mut self, id: &str, why: String) {
         let Some(a) = self.agents.get_mut(id) else {
             return;
         };
@@ -530,10 +878,15 @@ impl Scheduler {
                 .line(format!("warning: storing agent loss failed: {e}"));
         }
         self.ui.line(format!("agent {id} lost: {why}"));
-        if let Some(idx) = cell
+        if let Some((idx, role)) = cell
             && !self.cells[idx].state.is_terminal()
         {
-            self.fail_cell(idx, &format!("agent {id} lost: {why}"));
+            self.role_outcome(
+                idx,
+                &role,
+                failed_outcome(format!("agent {id} lost: {why}")),
+            )
+            .await;
         }
     }
 
@@ -549,22 +902,7 @@ impl Scheduler {
                     CellState::Cancelled,
                     "run cancelled before the cell started",
                 ),
-                CellState::Running => {
-                    let cell_id = self.cells[idx].planned.cell_id.clone();
-                    if let Some(a) = self.cells[idx]
-                        .agent
-                        .as_ref()
-                        .and_then(|id| self.agents.get(id))
-                        && let Some(tx) = &a.tx
-                    {
-                        let _ = tx
-                            .send(Ok(cmsg(CMsg::Cancel(Cancel {
-                                cell_id,
-                                reason: "run cancelled".into(),
-                            }))))
-                            .await;
-                    }
-                }
+                CellState::Running => self.stop_roles(idx, "run cancelled", false).await,
                 _ => {}
             }
         }
@@ -572,6 +910,15 @@ impl Scheduler {
 
     fn cell_mut(&mut self, id: &str) -> Option<&mut CellSlot> {
         self.cells.iter_mut().find(|c| c.planned.cell_id == id)
+    }
+}
+
+fn failed_outcome(error: String) -> Outcome {
+    Outcome {
+        state: CellState::Failed,
+        error,
+        points: Vec::new(),
+        environment: None,
     }
 }
 
@@ -588,13 +935,41 @@ fn cmsg(m: CMsg) -> ControllerMessage {
 /// Progress bars on a terminal; plain lines otherwise (CI logs).
 struct Ui {
     multi: Option<MultiProgress>,
+    /// The whole run: cells done and the estimated time left.
+    run: Option<ProgressBar>,
 }
 
 impl Ui {
     fn new() -> Self {
         let tty = std::io::stderr().is_terminal();
-        Ui {
-            multi: tty.then(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr())),
+        let multi = tty.then(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr()));
+        let run = multi.as_ref().map(|m| {
+            let bar = m.add(ProgressBar::new(1));
+            bar.set_style(
+                ProgressStyle::with_template("{prefix:.bold} [{elapsed_precise}] {bar:25.green/white} {pos}/{len} cells {wide_msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            bar.set_prefix("run");
+            bar
+        });
+        Ui { multi, run }
+    }
+
+    fn overall(&self, done: usize, total: usize, left: Duration) {
+        if let Some(bar) = &self.run {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+            bar.set_message(format!(
+                "about {} left (estimated)",
+                pgfleet_proto::workload::approx_seconds(left.as_secs_f64())
+            ));
+        }
+    }
+
+    /// A progress line for logs (a terminal shows the run bar instead).
+    fn progress_line(&self, text: String) {
+        if self.multi.is_none() {
+            eprintln!("{text}");
         }
     }
 

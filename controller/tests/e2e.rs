@@ -421,15 +421,16 @@ fn an_agent_cut_off_reconnects_replays_unacknowledged_results_and_nothing_is_los
     let proxy = Proxy::start(controller_port);
     let bind = format!("127.0.0.1:{controller_port}");
     let url = format!("http://127.0.0.1:{}", proxy.port);
-    let child = s
-        .run_cmd(
+    let child = std::cell::RefCell::new(
+        s.run_cmd(
             &sc,
             &["--bind", &bind, "--advertise-url", &url, "--lease-s", "30"],
         )
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap(),
+    );
     let store_state = || -> Option<(String, Vec<String>, usize)> {
         let store = Store::open(&s.store()).ok()?;
         let run = store.runs().ok()?.pop()?;
@@ -445,6 +446,14 @@ fn an_agent_cut_off_reconnects_replays_unacknowledged_results_and_nothing_is_los
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            if let Ok(Some(status)) = child.borrow_mut().try_wait() {
+                let mut err = String::new();
+                if let Some(e) = child.borrow_mut().stderr.as_mut() {
+                    use std::io::Read;
+                    let _ = e.read_to_string(&mut err);
+                }
+                panic!("pgfleet exited ({status}) while waiting for {what}:\n{err}");
+            }
             if let Some((_, cells, explains)) = store_state()
                 && ok(&cells, explains)
             {
@@ -465,7 +474,7 @@ fn an_agent_cut_off_reconnects_replays_unacknowledged_results_and_nothing_is_los
     // Then the connection breaks for a while.
     proxy.outage(Duration::from_secs(3));
 
-    let out = child.wait_with_output().unwrap();
+    let out = child.into_inner().wait_with_output().unwrap();
     assert!(out.status.success(), "{}", show(&out));
     let r = s.report();
     assert_eq!(r["status"], "succeeded");

@@ -36,6 +36,8 @@ pub async fn cluster(settings: &[(&str, &str)]) -> anyhow::Result<(Cluster, Path
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect::<BTreeMap<_, _>>(),
         caps: Default::default(),
+        listen: Vec::new(),
+        peers: Vec::new(),
     };
     Ok((Cluster::provision(&spec).await?, root))
 }

@@ -67,6 +67,47 @@ impl RunAs {
     }
 }
 
+/// A PostgreSQL server the agent connects to: its own cluster, or a peer
+/// role's (over the network, with the endpoint the peer reported).
+#[derive(Debug, Clone)]
+pub struct Server {
+    pub config: tokio_postgres::Config,
+    /// The same as a libpq connection string (for pgbench, subscriptions).
+    pub conninfo: String,
+    /// Its major version.
+    pub major: u32,
+}
+
+impl Server {
+    pub fn of(ep: &pgfleet_proto::v1::Endpoint, major: u32) -> Server {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host(&ep.host)
+            .port(ep.port as u16)
+            .user(&ep.user)
+            .password(&ep.password)
+            .dbname(&ep.dbname)
+            .application_name("pgfleet-agent")
+            .connect_timeout(Duration::from_secs(10));
+        Server {
+            config,
+            conninfo: format!(
+                "host={} port={} user={} password={} dbname={}",
+                ep.host, ep.port, ep.user, ep.password, ep.dbname
+            ),
+            major,
+        }
+    }
+
+    pub async fn connect(&self) -> Result<tokio_postgres::Client> {
+        let (client, conn) = self.config.connect(tokio_postgres::NoTls).await?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(client)
+    }
+}
+
 /// What to provision.
 #[derive(Debug, Clone)]
 pub struct ClusterSpec {
@@ -77,6 +118,12 @@ pub struct ClusterSpec {
     pub name: String,
     pub run_as: Option<RunAs>,
     pub settings: BTreeMap<String, String>,
+    /// Addresses to listen on besides 127.0.0.1 (the agent's address, when
+    /// peers on other hosts must reach the cluster).
+    pub listen: Vec<std::net::IpAddr>,
+    /// Peers' addresses admitted by pg_hba.conf (scram-sha-256, exactly
+    /// these hosts; databases and replication).
+    pub peers: Vec<std::net::IpAddr>,
     /// Storage caps to emulate (block-I/O throttling); uncapped = as is.
     pub caps: Caps,
 }
@@ -217,7 +264,10 @@ impl Cluster {
     fn write_config(&self, spec: &ClusterSpec) -> Result<()> {
         let mut conf =
             String::from("# written by pgfleet; settings below override postgresql.conf\n");
-        conf += "listen_addresses = '127.0.0.1'\n";
+        let listen: Vec<String> = std::iter::once("127.0.0.1".to_string())
+            .chain(spec.listen.iter().map(|a| a.to_string()))
+            .collect();
+        conf += &format!("listen_addresses = '{}'\n", listen.join(","));
         conf += &format!("port = {}\n", self.port);
         conf += "unix_socket_directories = ''\n";
         conf += "logging_collector = off\n";
@@ -232,6 +282,7 @@ impl Cluster {
         }
         let path = self.data.join("pgfleet.conf");
         std::fs::write(&path, conf).map_err(|e| Error::io("writing pgfleet.conf", e))?;
+        self.admit_peers(&spec.peers)?;
         let main = self.data.join("postgresql.conf");
         let text =
             std::fs::read_to_string(&main).map_err(|e| Error::io("reading postgresql.conf", e))?;
@@ -335,6 +386,39 @@ impl Cluster {
         }
     }
 
+    /// Admits each peer address to every database and to replication with
+    /// scram-sha-256 (initdb's pg_hba.conf admits loopback only).
+    fn admit_peers(&self, peers: &[std::net::IpAddr]) -> Result<()> {
+        if peers.is_empty() {
+            return Ok(());
+        }
+        let hba = self.data.join("pg_hba.conf");
+        let mut text =
+            std::fs::read_to_string(&hba).map_err(|e| Error::io("reading pg_hba.conf", e))?;
+        text += "\n# pgfleet: this cell's peers\n";
+        for p in peers {
+            let mask = if p.is_ipv4() { 32 } else { 128 };
+            for db in ["all", "replication"] {
+                let line = format!("host {db} all {p}/{mask} scram-sha-256\n");
+                if !text.contains(&line) {
+                    text += &line;
+                }
+            }
+        }
+        std::fs::write(&hba, text).map_err(|e| Error::io("writing pg_hba.conf", e))
+    }
+
+    /// Where a peer on `host` reaches this cluster as the superuser.
+    pub fn endpoint(&self, host: &str) -> pgfleet_proto::v1::Endpoint {
+        pgfleet_proto::v1::Endpoint {
+            host: host.to_string(),
+            port: self.port as u32,
+            user: SUPERUSER.to_string(),
+            password: self.password.clone(),
+            dbname: "postgres".to_string(),
+        }
+    }
+
     /// Whether the postmaster is still running (not exited, not a zombie).
     pub fn server_alive(&self) -> bool {
         self.pid().is_some_and(|pid| {
@@ -348,25 +432,11 @@ impl Cluster {
         })
     }
 
-    /// Adds the server's own reason to a workload error when the client
-    /// alone cannot know it: the connection broke, or the server is gone
-    /// (a crash, an OOM kill, a full disk). The reason comes from the
-    /// server log's last PANIC / FATAL / ERROR lines and crash reports.
-    pub fn explain_failure(&self, e: Error) -> Error {
-        let alive = self.server_alive();
-        let client_only = match &e {
-            Error::Postgres(pe) => pe.as_db_error().is_none(),
-            Error::Cancelled(_) | Error::ServerFailed { .. } => return e,
-            other => {
-                let t = other.to_string();
-                t.contains("connection") || t.contains("closed") || t.contains("terminat")
-            }
-        };
-        if alive && !client_only {
-            return e;
-        }
+    /// The server log's last lines that say why something failed: PANIC,
+    /// FATAL and ERROR messages, crashes and kills, a full disk, OOM.
+    fn log_reasons(&self) -> Vec<String> {
         let log = std::fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default();
-        let mut lines: Vec<&str> = log
+        let mut lines: Vec<String> = log
             .lines()
             .rev()
             .filter(|l| {
@@ -383,8 +453,48 @@ impl Cluster {
                 .any(|k| l.contains(k))
             })
             .take(4)
+            .map(str::to_string)
             .collect();
         lines.reverse();
+        lines
+    }
+
+    /// Resolves when the postmaster has exited (crash, OOM kill, kill -9):
+    /// a cell waiting on something else notices its server is gone.
+    pub async fn exited(&self) {
+        while self.server_alive() {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Adds the server's own reason to a workload error when the client
+    /// alone cannot know it: the connection broke, or the server is gone
+    /// (a crash, an OOM kill, a full disk). The reason comes from the
+    /// server log's last PANIC / FATAL / ERROR lines and crash reports.
+    pub async fn explain_failure(&self, e: Error) -> Error {
+        let alive = self.server_alive();
+        let client_only = match &e {
+            Error::Postgres(pe) => pe.as_db_error().is_none(),
+            Error::Cancelled(_) | Error::ServerFailed { .. } | Error::Peer { .. } => return e,
+            other => {
+                let t = other.to_string();
+                t.contains("connection") || t.contains("closed") || t.contains("terminat")
+            }
+        };
+        if alive && !client_only {
+            return e;
+        }
+        // The client can see its connection break before the server has
+        // logged why (the postmaster logs a killed backend once it reaped
+        // it): give the log a moment.
+        let mut lines = Vec::new();
+        for _ in 0..20 {
+            lines = self.log_reasons();
+            if !lines.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         let mut why = if alive {
             String::new()
         } else {
@@ -485,6 +595,15 @@ impl Cluster {
             }
         }
         Ok(bytes)
+    }
+
+    /// This cluster as a `Server` (loopback).
+    pub fn server(&self) -> Server {
+        Server {
+            config: self.pg_config(),
+            conninfo: self.conninfo(),
+            major: self.pg.major,
+        }
     }
 
     /// A new connection as the superuser over loopback TCP.

@@ -49,6 +49,9 @@ pub struct DriverConfig {
     /// Script variables (`scale`, `naccounts`, defines).
     pub vars: HashMap<String, Value>,
     pub seed: u64,
+    /// Ends the run early as its duration would (results are kept), e.g.
+    /// once a backlog reached its size. None: duration or transactions.
+    pub stop_when: Option<tokio_util::sync::CancellationToken>,
 }
 
 /// One second of the measured window (by scheduled start).
@@ -208,6 +211,8 @@ pub fn run_blocking(
     // All clients connected and prepared: start the clock together, then
     // report progress until every thread is done.
     let total = cfg.warmup + cfg.duration.unwrap_or_default();
+    let stop_when = cfg.stop_when.clone().unwrap_or_default();
+    let mut stopped_early = false;
     let t0 = runtime()?.block_on(async {
         barrier.wait().await;
         let t0 = *start.get_or_init(Instant::now);
@@ -216,6 +221,10 @@ pub fn run_blocking(
                 _ = tokio::time::sleep(Duration::from_millis(250)) => {}
                 _ = cancel.cancelled(), if !stop.load(Ordering::Relaxed) => {
                     stop.store(true, Ordering::Relaxed);
+                }
+                _ = stop_when.cancelled(), if !stop.load(Ordering::Relaxed) => {
+                    stop.store(true, Ordering::Relaxed);
+                    stopped_early = true;
                 }
             }
             progress(
@@ -255,8 +264,8 @@ pub fn run_blocking(
     }
     let m = merged.ok_or_else(|| DriverError("no clients".into()))?;
     let elapsed_s = match cfg.duration {
-        Some(d) => d.as_secs_f64(),
-        None => m
+        Some(d) if !stopped_early => d.as_secs_f64(),
+        _ => m
             .last_end
             .map(|e| e.duration_since(t0 + cfg.warmup).as_secs_f64())
             .unwrap_or(0.0),

@@ -6,14 +6,16 @@
 //! parameters to it. How to add a kind: see the DEVELOPER NOTE in
 //! `proto/src/workload/mod.rs` (here: a file and one line in `run`).
 
+use std::collections::BTreeMap;
+
 use futures::future::BoxFuture;
 use serde::Serialize;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::Cluster;
 use crate::{Error, Result};
-use pgfleet_proto::v1::{AgentMessage, CellProgress, CellSample, agent_message::Msg};
+use pgfleet_proto::v1::{AgentMessage, CellProgress, CellSample, Endpoint, agent_message::Msg};
 use pgfleet_proto::workload::{self as kinds, Params};
 
 pub mod pgbench;
@@ -71,12 +73,67 @@ impl Output {
     }
 }
 
-/// What a workload gets: the cluster, a way to report, and a cancel signal.
+/// What a workload gets: the cluster, a way to report, a cancel signal,
+/// and in a multi-role cell its role and its peers.
 pub struct CellContext<'c> {
     pub cell_id: String,
     pub cluster: &'c Cluster,
     pub events: mpsc::Sender<AgentMessage>,
     pub cancel: CancellationToken,
+    /// "" in a single-role cell.
+    pub role: String,
+    /// Fired when the cell's lead role has reported: a role that serves its
+    /// cluster to peers ends then.
+    pub release: CancellationToken,
+    /// The other roles' endpoints, as the controller relays them.
+    pub peers: watch::Receiver<BTreeMap<String, Endpoint>>,
+}
+
+impl<'c> CellContext<'c> {
+    /// A single-role cell's context (tests, tools).
+    pub fn new(
+        cell_id: &str,
+        cluster: &'c Cluster,
+        events: mpsc::Sender<AgentMessage>,
+        cancel: CancellationToken,
+    ) -> Self {
+        CellContext {
+            cell_id: cell_id.to_string(),
+            cluster,
+            events,
+            cancel,
+            role: String::new(),
+            release: CancellationToken::new(),
+            peers: watch::channel(BTreeMap::new()).1,
+        }
+    }
+
+    /// Waits until `role`'s cluster is up and returns where it is; fails
+    /// after `timeout`, or when the cell is cancelled.
+    pub async fn peer(&self, role: &str, timeout: std::time::Duration) -> Result<Endpoint> {
+        let mut rx = self.peers.clone();
+        let wait = rx.wait_for(|m| m.contains_key(role));
+        tokio::select! {
+            r = tokio::time::timeout(timeout, wait) => match r {
+                Ok(Ok(m)) => Ok(m[role].clone()),
+                Ok(Err(_)) => Err(Error::Session("the session ended while waiting for a peer".into())),
+                Err(_) => Err(Error::Workload {
+                    workload: "peers".into(),
+                    message: format!("role {role} did not report its cluster within {timeout:?}"),
+                }),
+            },
+            _ = self.cancel.cancelled() => Err(Error::Cancelled(format!("cancelled while waiting for role {role}"))),
+        }
+    }
+
+    /// Serves this role's cluster to its peers until the cell's lead role
+    /// is done (success) or the cell is cancelled.
+    pub async fn serve_until_released(&self) -> Result<Output> {
+        tokio::select! {
+            _ = self.release.cancelled() => Ok(Output::default()),
+            _ = self.cancel.cancelled() => Err(Error::Cancelled("cancelled while serving peers".into())),
+        }
+    }
 }
 
 impl CellContext<'_> {

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use super::pgbench_init;
 use super::{CellContext, Output};
+use crate::cluster::Server;
 use crate::driver::script::{Script, Value};
 use crate::driver::{self, DriverConfig, DriverResult};
 use crate::sampler::Sampler;
@@ -34,7 +35,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
         let client = ctx.cluster.connect().await?;
         let loaded = pgbench_init::load(ctx, &p.init).await?;
         client.batch_execute("CHECKPOINT").await?;
-        let (result, internals) = drive(ctx, &p.drive, p.init.scale).await?;
+        let (result, internals) = drive(ctx, &ctx.cluster.server(), &p.drive, p.init.scale).await?;
         for s in per_second(&result) {
             ctx.sample("second", &s).await?;
         }
@@ -75,13 +76,26 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
     .boxed()
 }
 
-/// Runs a driver script against the cell's cluster (the schema loaded at
-/// `scale`), sampling PostgreSQL's statistics over the measured window.
-/// Shared by every kind that drives a script.
+/// Runs a driver script against `server` (the schema loaded at `scale`),
+/// sampling its statistics over the measured window. Shared by every kind
+/// that drives a script; the cell's `cancel` stops it.
 pub async fn drive(
     ctx: &CellContext<'_>,
+    server: &Server,
     d: &DriveParams,
     scale: u64,
+) -> Result<(DriverResult, Internals)> {
+    drive_until(ctx, server, d, scale, None).await
+}
+
+/// `drive`, ended early when `stop` fires (the built-in driver then returns
+/// what it measured until then).
+pub async fn drive_until(
+    ctx: &CellContext<'_>,
+    server: &Server,
+    d: &DriveParams,
+    scale: u64,
+    stop: Option<&tokio_util::sync::CancellationToken>,
 ) -> Result<(DriverResult, Internals)> {
     let text = d.text().map_err(werr)?.to_string();
     let script = Script::parse(&d.script, &text).map_err(|e| werr(e.to_string()))?;
@@ -130,10 +144,11 @@ pub async fn drive(
         max_tries: d.max_tries.max(1),
         vars,
         seed,
+        stop_when: stop.cloned(),
     };
 
     let sampler = Sampler::start(
-        ctx.cluster,
+        server,
         Duration::from_secs(1),
         ctx.events.clone(),
         ctx.cell_id.clone(),
@@ -157,18 +172,23 @@ pub async fn drive(
                 0.0,
                 (cfg.warmup + cfg.duration.unwrap_or_default()).as_secs_f64(),
             );
+            if stop.is_some() {
+                return Err(werr(
+                    "driver: pgbench cannot be stopped early; use driver: pgfleet".into(),
+                ));
+            }
             driver::pgbench_bin::run(
                 &cfg,
                 &text,
                 &ctx.cluster.pg,
-                &ctx.cluster.conninfo(),
+                &server.conninfo,
                 ctx.cluster.dir(),
                 &ctx.cancel,
             )
             .await
         }
         "pgfleet" => {
-            let (pg, cancel) = (ctx.cluster.pg_config(), ctx.cancel.clone());
+            let (pg, cancel) = (server.config.clone(), ctx.cancel.clone());
             tokio::task::spawn_blocking(move || driver::run_blocking(cfg, pg, cancel, progress))
                 .await
                 .map_err(|e| werr(format!("driver thread: {e}")))?

@@ -13,6 +13,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use super::{CellContext, Output};
+use crate::cluster::Server;
 use crate::{Error, Result};
 
 use pgfleet_proto::workload::Point;
@@ -248,13 +249,19 @@ async fn sql_all(conns: &[tokio_postgres::Client], stmts: &[String]) -> Result<(
     Ok(())
 }
 
-/// Drops and creates the schema, loads it in parallel, vacuums, adds keys.
+/// Drops and creates the schema in the cell's cluster, loads it in
+/// parallel, vacuums, adds keys.
 pub async fn load(ctx: &CellContext<'_>, p: &InitParams) -> Result<Loaded> {
+    load_into(ctx, &ctx.cluster.server(), p).await
+}
+
+/// `load` into any server (e.g. a peer role's cluster).
+pub async fn load_into(ctx: &CellContext<'_>, server: &Server, p: &InitParams) -> Result<Loaded> {
     if p.scale == 0 {
         return Err(werr("scale must be at least 1".into()));
     }
     let started = Instant::now();
-    let client = ctx.cluster.connect().await?;
+    let client = server.connect().await?;
     for stmt in ddl(p) {
         client.batch_execute(&stmt).await?;
     }
@@ -272,7 +279,7 @@ pub async fn load(ctx: &CellContext<'_>, p: &InitParams) -> Result<Loaded> {
     let units = plan(p, n_conns);
     let mut conns = Vec::new();
     for _ in 0..n_conns.min(units.len() as u32).max(1) {
-        conns.push(ctx.cluster.connect().await?);
+        conns.push(server.connect().await?);
     }
     let done = AtomicU64::new(0);
     let load = copy_all(&conns, &units, &done);

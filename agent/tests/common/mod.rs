@@ -30,6 +30,8 @@ pub fn spec(root: &Path, name: &str, shared_buffers: &str, caps: Caps) -> Cluste
         name: name.into(),
         run_as: RunAs::resolve("postgres").unwrap(),
         settings: BTreeMap::from([("shared_buffers".into(), shared_buffers.into())]),
+        listen: Vec::new(),
+        peers: Vec::new(),
         caps,
     }
 }

@@ -31,6 +31,11 @@ pub struct LocalOptions {
     pub pg_user: Option<String>,
     /// Agents' data roots go under `<data_dir>/<run_id>/<agent_id>`.
     pub data_dir: PathBuf,
+    /// Network namespaces (made by the user) to start agents in, one after
+    /// the other; each agent advertises its namespace's address, so the
+    /// clusters of multi-role cells talk over real interfaces. Empty: every
+    /// agent on this host's network, peers over loopback.
+    pub netns: Vec<String>,
 }
 
 struct Child {
@@ -73,6 +78,7 @@ impl LocalAgents {
             run_dir,
             children: Vec::new(),
         };
+        let mut n = 0;
         for f in &scenario.fleet.value {
             for i in 0..f.count() {
                 let agent_id = format!("{}-{i}", f.name.value);
@@ -80,9 +86,24 @@ impl LocalAgents {
                 let log_path = log_dir.join(format!("{agent_id}.log"));
                 let log = std::fs::File::create(&log_path)
                     .map_err(|e| Error::Agents(format!("creating {}: {e}", log_path.display())))?;
-                let mut cmd = Command::new(&me.opts.agent_bin);
-                cmd.arg("run")
-                    .args(["--controller", controller])
+                let mut cmd = match me.opts.netns.get(n % me.opts.netns.len().max(1)) {
+                    Some(ns) => {
+                        let address = netns_address(ns).await?;
+                        // `ip netns exec` enters the namespace and execs the
+                        // agent: same process, so the parent-death signal holds.
+                        let mut c = Command::new("ip");
+                        c.args(["netns", "exec", ns]).arg(&me.opts.agent_bin);
+                        c.arg("run").args(["--advertise-address", &address]);
+                        c
+                    }
+                    None => {
+                        let mut c = Command::new(&me.opts.agent_bin);
+                        c.arg("run");
+                        c
+                    }
+                };
+                n += 1;
+                cmd.args(["--controller", controller])
                     .args(["--agent-id", &agent_id])
                     .args(["--instance-class", &f.name.value])
                     .args(["--storage-profile", &f.profile()])
@@ -189,6 +210,27 @@ impl LocalAgents {
         // The data dir itself goes too when no other run uses it.
         let _ = std::fs::remove_dir(&self.opts.data_dir);
     }
+}
+
+/// The first global IPv4 address in network namespace `ns`.
+async fn netns_address(ns: &str) -> Result<String> {
+    let out = Command::new("ip")
+        .args(["-n", ns, "-4", "-o", "addr", "show", "scope", "global"])
+        .output()
+        .await
+        .map_err(|e| Error::Agents(format!("running `ip -n {ns} addr`: {e}")))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)
+        .and_then(|a| a.split('/').next())
+        .map(str::to_string)
+        .ok_or_else(|| {
+            Error::Agents(format!(
+                "network namespace `{ns}` has no global IPv4 address ({}): create it with `ip netns add {ns}` and give it an interface and address",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        })
 }
 
 /// Removes the data dirs of this store's runs that are no longer running

@@ -103,6 +103,100 @@ pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
     (md, plots)
 }
 
+/// Bytes as MiB with one decimal.
+pub fn mib(v: &Json) -> String {
+    num(
+        &Json::from(v.as_f64().unwrap_or(f64::NAN) / (1u64 << 20) as f64),
+        1,
+    )
+}
+
+/// A column of a per-class table: header, metric, decimals; `bytes` columns
+/// show the median in MiB.
+pub struct Column {
+    pub header: &'static str,
+    pub metric: &'static str,
+    pub digits: usize,
+    pub bytes: bool,
+}
+
+/// A seconds figure the seeds published per storage class, for the ratio
+/// line under a per-class table.
+pub struct Seeds {
+    pub what: &'static str,
+    pub metric: &'static str,
+    pub nvme_s: f64,
+    pub ebs_s: f64,
+}
+
+/// The per-class table of a kind's summaries (median over its clusters,
+/// min–max) and each class's ratio to the first for `seeds.metric`, next
+/// to the seeds' EBS gp3 / NVMe ratio.
+pub fn class_table(
+    md: &mut String,
+    doc: &Json,
+    kind: &str,
+    title: &str,
+    columns: &[Column],
+    seeds: &Seeds,
+) {
+    for sm in doc["summaries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["workload"] == kind)
+    {
+        let Some(classes) = sm["classes"].as_object() else {
+            continue;
+        };
+        let headers: Vec<&str> = columns.iter().map(|c| c.header).collect();
+        let _ = writeln!(
+            md,
+            "\n### {title} per instance class (median over clusters, min–max)\n\n| class | cells | {} |\n|---|---|{}",
+            headers.join(" | "),
+            "---|".repeat(columns.len())
+        );
+        for (name, c) in classes {
+            let cells: Vec<String> = columns
+                .iter()
+                .map(|col| {
+                    let x = &c[col.metric];
+                    if col.bytes {
+                        mib(&x["median"])
+                    } else {
+                        let d = col.digits;
+                        format!(
+                            "{} ({}–{})",
+                            num(&x["median"], d),
+                            num(&x["min"], d),
+                            num(&x["max"], d)
+                        )
+                    }
+                })
+                .collect();
+            let _ = writeln!(md, "| {name} | {} | {} |", c["cells"], cells.join(" | "));
+        }
+    }
+    for c in doc["comparisons"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["workload"] == kind && c["metric"] == seeds.metric)
+    {
+        let _ = writeln!(
+            md,
+            "\n{} ratio: {} / {} = **{}x** (seeds/002: EBS gp3 / NVMe = {:.0} / {:.0} s = {:.2}x)",
+            seeds.what,
+            c["class"].as_str().unwrap_or(""),
+            c["baseline_class"].as_str().unwrap_or(""),
+            num(&c["ratio"], 2),
+            seeds.ebs_s,
+            seeds.nvme_s,
+            seeds.ebs_s / seeds.nvme_s
+        );
+    }
+}
+
 pub fn ms(v: &Json) -> String {
     v.as_f64()
         .map(|x| format!("{x:.3}"))

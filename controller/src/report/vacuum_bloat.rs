@@ -6,7 +6,7 @@ use std::fmt::Write;
 
 use serde_json::Value as Json;
 
-use super::markdown::num;
+use super::markdown::{Column, Seeds, class_table, mib, num};
 use super::plot::{Series, line_chart};
 
 /// seeds/002: VACUUM of >10 GB of bloat, NVMe vs EBS gp3.
@@ -14,12 +14,6 @@ const SEEDS_NVME_S: f64 = 366.0;
 const SEEDS_EBS_S: f64 = 964.0;
 
 pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, rs: &[&Json]) {
-    let mib = |v: &Json| {
-        num(
-            &Json::from(v.as_f64().unwrap_or(f64::NAN) / (1u64 << 20) as f64),
-            1,
-        )
-    };
     let _ = writeln!(
         md,
         "\n## vacuum-bloat: VACUUM of dead tuples\n\n\
@@ -64,54 +58,38 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
             p["params"]["vacuum"].as_str().unwrap_or("")
         );
     }
-    for sm in doc["summaries"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|s| s["workload"] == "vacuum-bloat")
-    {
-        let Some(classes) = sm["classes"].as_object() else {
-            continue;
-        };
-        let _ = writeln!(
-            md,
-            "\n### VACUUM per instance class (median over clusters, min–max)\n\n\
-             | class | clusters | VACUUM s | heap MB/s | bloat MiB |\n|---|---|---|---|---|"
-        );
-        for (name, c) in classes {
-            let v = |k: &str, d| {
-                format!(
-                    "{} ({}–{})",
-                    num(&c[k]["median"], d),
-                    num(&c[k]["min"], d),
-                    num(&c[k]["max"], d)
-                )
-            };
-            let _ = writeln!(
-                md,
-                "| {name} | {} | {} | {} | {} |",
-                c["cells"],
-                v("vacuum_seconds", 2),
-                v("heap_mb_per_s", 1),
-                mib(&c["bloat_bytes"]["median"])
-            );
-        }
-        for c in doc["comparisons"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|c| c["workload"] == "vacuum-bloat" && c["metric"] == "vacuum_seconds")
-        {
-            let _ = writeln!(
-                md,
-                "\nVACUUM time ratio: {} / {} = **{}x** (seeds/002: EBS gp3 / NVMe = {SEEDS_EBS_S:.0} / {SEEDS_NVME_S:.0} s = {:.2}x)",
-                c["class"].as_str().unwrap_or(""),
-                c["baseline_class"].as_str().unwrap_or(""),
-                num(&c["ratio"], 2),
-                SEEDS_EBS_S / SEEDS_NVME_S
-            );
-        }
-    }
+    class_table(
+        md,
+        doc,
+        "vacuum-bloat",
+        "VACUUM",
+        &[
+            Column {
+                header: "VACUUM s",
+                metric: "vacuum_seconds",
+                digits: 2,
+                bytes: false,
+            },
+            Column {
+                header: "heap MB/s",
+                metric: "heap_mb_per_s",
+                digits: 1,
+                bytes: false,
+            },
+            Column {
+                header: "bloat MiB",
+                metric: "bloat_bytes",
+                digits: 1,
+                bytes: true,
+            },
+        ],
+        &Seeds {
+            what: "VACUUM time",
+            metric: "vacuum_seconds",
+            nvme_s: SEEDS_NVME_S,
+            ebs_s: SEEDS_EBS_S,
+        },
+    );
     // Heap blocks scanned over time, per cell: VACUUM's pace.
     let series: Vec<Series> = rs
         .iter()

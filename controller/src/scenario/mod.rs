@@ -16,7 +16,7 @@ use serde_saphyr::Spanned;
 use pgfleet_proto::workload::{self, KindOnly, Params};
 
 pub mod plan;
-mod validate;
+pub mod validate;
 
 pub use pgfleet_proto::workload::Entry as WorkloadEntry;
 pub use plan::{PlannedCell, plan};

@@ -17,12 +17,20 @@ use super::Scenario;
 pub struct PlannedCell {
     pub cell_id: String,
     pub instance_class: String,
+    /// Each role and the class it runs on, the lead first; one role named
+    /// "" on `instance_class` for single-role kinds.
+    pub roles: Vec<(String, String)>,
     /// The kind's parameters (defaults applied, offsets resolved).
     pub params: Params,
     pub settings: BTreeMap<String, String>,
 }
 
 impl PlannedCell {
+    /// Whether the cell has several roles, each on its own agent.
+    pub fn multi_role(&self) -> bool {
+        self.roles.len() > 1
+    }
+
     /// The workload kind, e.g. `toast-slice`.
     pub fn workload(&self) -> &'static str {
         self.params.kind()
@@ -51,6 +59,17 @@ pub fn plan(s: &Scenario) -> Vec<PlannedCell> {
                     cells.push(PlannedCell {
                         cell_id: format!("w{wi}-{}-{stem}{suffix}", class.name.value),
                         instance_class: class.name.value.clone(),
+                        roles: params
+                            .roles()
+                            .iter()
+                            .map(|r| {
+                                (
+                                    r.to_string(),
+                                    super::validate::role_class(w, r, &class.name.value)
+                                        .to_string(),
+                                )
+                            })
+                            .collect(),
                         params: params.clone(),
                         settings: class.settings(),
                     });
@@ -78,17 +97,29 @@ pub struct PlanEstimate {
 pub fn estimate(s: &Scenario, cells: &[PlannedCell]) -> PlanEstimate {
     let mut wall: f64 = 0.0;
     for f in &s.fleet.value {
-        let mut mine: Vec<f64> = cells
+        // (seconds, agents of this class the cell holds at once)
+        let mut mine: Vec<(f64, usize)> = cells
             .iter()
             .filter(|c| c.instance_class == f.name.value)
-            .map(|c| c.estimate().seconds)
+            .map(|c| {
+                let here = c
+                    .roles
+                    .iter()
+                    .filter(|(_, class)| *class == f.name.value)
+                    .count();
+                (c.estimate().seconds, here.max(1))
+            })
             .collect();
-        mine.sort_by(|a, b| b.total_cmp(a));
-        // Longest first onto the least loaded agent.
+        mine.sort_by(|a, b| b.0.total_cmp(&a.0));
+        // Longest first onto the least loaded agents; a multi-role cell
+        // starts when all the agents it needs are free.
         let mut agents = vec![0.0f64; f.count().max(1) as usize];
-        for secs in mine {
-            if let Some(a) = agents.iter_mut().min_by(|a, b| a.total_cmp(b)) {
-                *a += secs;
+        for (secs, k) in mine {
+            agents.sort_by(|a, b| a.total_cmp(b));
+            let k = k.min(agents.len());
+            let start = agents[k - 1];
+            for a in &mut agents[..k] {
+                *a = start + secs;
             }
         }
         wall = wall.max(agents.into_iter().fold(0.0, f64::max));

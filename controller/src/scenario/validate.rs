@@ -2,7 +2,7 @@
 //! the offending value (kept by `Spanned`), its field path, and what is
 //! allowed.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_saphyr::{Location, Spanned};
 
@@ -53,6 +53,12 @@ pub fn validate(s: &Scenario) -> Result<Vec<Vec<(String, Params)>>, Invalid> {
         );
     }
     let mut classes = BTreeSet::new();
+    let counts: BTreeMap<String, u32> = s
+        .fleet
+        .value
+        .iter()
+        .map(|f| (f.name.value.clone(), f.count()))
+        .collect();
     for (i, f) in s.fleet.value.iter().enumerate() {
         let at = |k: &str| format!("fleet[{i}].{k}");
         if !is_name(&f.name.value) {
@@ -158,7 +164,7 @@ pub fn validate(s: &Scenario) -> Result<Vec<Vec<(String, Params)>>, Invalid> {
         .value
         .iter()
         .enumerate()
-        .map(|(i, w)| validate_workload(i, w, &classes))
+        .map(|(i, w)| validate_workload(i, w, &counts))
         .collect()
 }
 
@@ -200,8 +206,9 @@ fn in_range<T: PartialOrd + std::fmt::Display + Copy>(
 fn validate_workload(
     i: usize,
     w: &WorkloadEntry,
-    classes: &BTreeSet<String>,
+    counts: &BTreeMap<String, u32>,
 ) -> Result<Vec<(String, Params)>, Invalid> {
+    let classes: BTreeSet<String> = counts.keys().cloned().collect();
     let f = Field::new(format!("workloads[{i}]"), w.kind.referenced);
     if let Some(on) = &w.on {
         for (j, c) in on.iter().enumerate() {
@@ -219,5 +226,86 @@ fn validate_workload(
         }
     }
     in_range(&w.replicas, f.at("replicas"), 1, 64, "")?;
-    w.spec.plan(&f)
+    let units = w.spec.plan(&f)?;
+    let Some((_, params)) = units.first() else {
+        return Ok(units);
+    };
+    check_roles(&f, w, params, counts)?;
+    Ok(units)
+}
+
+/// A multi-role cell needs one agent per role at once: `roles:` must name
+/// the kind's roles and fleet classes, and every class the entry runs on
+/// must have enough agents for the roles placed on it.
+fn check_roles(
+    f: &Field,
+    w: &WorkloadEntry,
+    params: &Params,
+    counts: &BTreeMap<String, u32>,
+) -> Result<(), Invalid> {
+    let roles = params.roles();
+    let named: Vec<&str> = roles.iter().copied().filter(|r| !r.is_empty()).collect();
+    for (role, class) in w.roles.iter().flatten() {
+        let field = f.at(&format!("roles.{role}"));
+        if !named.contains(&role.as_str()) {
+            let allowed = if named.is_empty() {
+                format!("kind {} has one role, on the cell's class", w.kind.value)
+            } else {
+                format!("allowed {}", named.join(", "))
+            };
+            return err(
+                class.referenced,
+                field,
+                format!("unknown role `{role}`: {allowed}"),
+            );
+        }
+        if !counts.contains_key(&class.value) {
+            return err(
+                class.referenced,
+                field,
+                format!(
+                    "`{}` is not an instance class of the fleet: allowed {}",
+                    class.value,
+                    counts.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            );
+        }
+    }
+    for cell_class in counts.keys().filter(|c| {
+        w.on.as_ref()
+            .is_none_or(|on| on.iter().any(|x| &x.value == *c))
+    }) {
+        let mut need: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for role in roles {
+            need.entry(role_class(w, role, cell_class))
+                .or_default()
+                .push(role);
+        }
+        for (class, rs) in need {
+            let have = counts.get(class).copied().unwrap_or(0);
+            if (rs.len() as u32) > have {
+                return err(
+                    w.kind.referenced,
+                    f.at("kind"),
+                    format!(
+                        "a {} cell needs {} agents of class `{class}` at once (roles {}), but the fleet has {have}: raise that class's count, or place a role on another class with `roles: {{{}: <class>}}`",
+                        w.kind.value,
+                        rs.len(),
+                        rs.join(", "),
+                        rs.last().copied().unwrap_or_default()
+                    ),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The class a role of a cell of `cell_class` runs on.
+pub fn role_class<'a>(w: &'a WorkloadEntry, role: &str, cell_class: &'a str) -> &'a str {
+    w.roles
+        .as_ref()
+        .and_then(|r| r.get(role))
+        .map(|c| c.value.as_str())
+        .unwrap_or(cell_class)
 }

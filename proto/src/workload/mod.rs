@@ -23,6 +23,7 @@
 //!    the report's section table.
 //! 5. A test against real clusters (`agent/tests/`).
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::de::value::MapAccessDeserializer;
@@ -90,6 +91,34 @@ impl Field {
             _ => Ok(()),
         }
     }
+    /// A size key (`"10GB"` or bytes) of at least `min` bytes, if given.
+    pub fn bytes(
+        &self,
+        v: &Option<Spanned<ByteSize>>,
+        key: &str,
+        min: u64,
+    ) -> Checked<Option<u64>> {
+        let Some(b) = v else {
+            return Ok(None);
+        };
+        let n = b
+            .value
+            .bytes()
+            .or_else(|m| self.err(b.referenced, key, m))?;
+        if n < min {
+            return self.err(
+                b.referenced,
+                key,
+                format!(
+                    "{} is out of range: allowed at least {}",
+                    approx_bytes(n),
+                    approx_bytes(min)
+                ),
+            );
+        }
+        Ok(Some(n))
+    }
+
     /// `v` must be one of `allowed`.
     pub fn one_of(
         &self,
@@ -156,6 +185,18 @@ pub trait KindSpec {
 /// The agent side of a kind's parameters.
 pub trait KindParams {
     fn estimate(&self) -> Estimate;
+    /// The roles of a cell of this kind, each on its own agent and cluster,
+    /// the lead first: the lead's result holds the measurement, and when it
+    /// reports, the other roles are released. One role named "" is a
+    /// single-role cell.
+    fn roles(&self) -> &'static [&'static str] {
+        &[""]
+    }
+    /// PostgreSQL settings the kind needs on a role's cluster; they override
+    /// the instance class's, and the cell's environment reports them.
+    fn settings(&self, _role: &str) -> Vec<(&'static str, String)> {
+        Vec::new()
+    }
 }
 
 /// A size in bytes as a scenario writes it: `10737418240`, `"10GiB"`,
@@ -319,6 +360,18 @@ macro_rules! kinds {
                     $(Params::$variant(p) => p.estimate(),)*
                 }
             }
+
+            pub fn roles(&self) -> &'static [&'static str] {
+                match self {
+                    $(Params::$variant(p) => p.roles(),)*
+                }
+            }
+
+            pub fn settings(&self, role: &str) -> Vec<(&'static str, String)> {
+                match self {
+                    $(Params::$variant(p) => p.settings(role),)*
+                }
+            }
         }
     };
 }
@@ -360,6 +413,9 @@ pub struct Entry {
     /// Cells per instance class: each runs on its own cluster (its own
     /// agent when the class has that many), for medians across clusters.
     pub replicas: Option<Spanned<u32>>,
+    /// For multi-role kinds: role -> instance class, for roles that run on
+    /// another class than the cell's (default: the cell's class).
+    pub roles: Option<BTreeMap<String, Spanned<String>>>,
     pub spec: Spec,
 }
 
@@ -423,6 +479,7 @@ impl<'de> Visitor<'de> for EntryVisitor {
             kind,
             on: common.on,
             replicas: common.replicas,
+            roles: common.roles,
             spec,
         })
     }
@@ -434,6 +491,7 @@ impl<'de> Visitor<'de> for EntryVisitor {
 struct Common {
     on: Option<Vec<Spanned<String>>>,
     replicas: Option<Spanned<u32>>,
+    roles: Option<BTreeMap<String, Spanned<String>>>,
 }
 
 impl Common {
@@ -464,6 +522,7 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for Filter<'_, A> {
                 }
                 "on" => self.common.on = Some(self.inner.next_value()?),
                 "replicas" => self.common.replicas = Some(self.inner.next_value()?),
+                "roles" => self.common.roles = Some(self.inner.next_value()?),
                 _ => return seed.deserialize(key.into_deserializer()).map(Some),
             }
         }

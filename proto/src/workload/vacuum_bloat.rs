@@ -152,39 +152,31 @@ impl KindSpec for Spec {
             &self.load_connections,
         )?;
         let heap = init.accounts_heap_bytes();
-        let bloat_bytes = match &self.bloat_bytes {
+        let bloat_bytes = match f.bytes(&self.bloat_bytes, "bloat_bytes", 1 << 20)? {
             None => heap / 2,
-            Some(b) => {
-                let n = b
-                    .value
-                    .bytes()
-                    .or_else(|m| f.err(b.referenced, "bloat_bytes", m))?;
-                if n < 1 << 20 {
-                    return f.err(
-                        b.referenced,
-                        "bloat_bytes",
-                        format!("{n} is out of range: allowed at least 1MiB"),
-                    );
-                }
-                // One UPDATE pass leaves at most the table's rows dead.
-                if n > heap * 9 / 10 {
-                    let need = n * 10 / 9 / pgbench_init::ACCOUNTS_HEAP_BYTES_PER_SCALE
-                        * init.fillfactor as u64
-                        / 100
-                        + 1;
-                    return f.err(
-                        b.referenced,
-                        "bloat_bytes",
-                        format!(
-                            "{} is more than one UPDATE pass over pgbench_accounts at scale {} leaves (at most 90 % of its ~{} heap): raise scale to at least {need}",
-                            approx_bytes(n),
-                            init.scale,
-                            approx_bytes(heap)
-                        ),
-                    );
-                }
-                n
+            // One UPDATE pass leaves at most the table's rows dead.
+            Some(n) if n > heap * 9 / 10 => {
+                let need = n * 10 / 9 / pgbench_init::ACCOUNTS_HEAP_BYTES_PER_SCALE
+                    * init.fillfactor as u64
+                    / 100
+                    + 1;
+                let at = self
+                    .bloat_bytes
+                    .as_ref()
+                    .map(|b| b.referenced)
+                    .unwrap_or(f.kind_at);
+                return f.err(
+                    at,
+                    "bloat_bytes",
+                    format!(
+                        "{} is more than one UPDATE pass over pgbench_accounts at scale {} leaves (at most 90 % of its ~{} heap): raise scale to at least {need}",
+                        approx_bytes(n),
+                        init.scale,
+                        approx_bytes(heap)
+                    ),
+                );
             }
+            Some(n) => n,
         };
         if let Some(ic) = &self.index_cleanup {
             f.one_of(ic, "index_cleanup", INDEX_CLEANUP, "INDEX_CLEANUP value")?;
