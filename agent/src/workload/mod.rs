@@ -18,6 +18,7 @@ use crate::{Error, Result};
 use pgfleet_proto::v1::{AgentMessage, CellProgress, CellSample, Endpoint, agent_message::Msg};
 use pgfleet_proto::workload::{self as kinds, Params};
 
+pub mod logical_drain;
 pub mod pgbench;
 pub mod pgbench_init;
 pub mod toast_slice;
@@ -30,6 +31,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Params) -> BoxFuture<'a
         Params::PgbenchInit(p) => pgbench_init::run(ctx, p),
         Params::Pgbench(p) => pgbench::run(ctx, p),
         Params::VacuumBloat(p) => vacuum_bloat::run(ctx, p),
+        Params::LogicalDrain(p) => logical_drain::run(ctx, p),
     }
 }
 

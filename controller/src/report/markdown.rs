@@ -15,6 +15,7 @@ const SECTIONS: &[(&str, Section)] = &[
     ("pgbench-init", super::pgbench_init::section),
     ("pgbench", super::pgbench::section),
     ("vacuum-bloat", super::vacuum_bloat::section),
+    ("logical-drain", super::logical_drain::section),
 ];
 
 /// Returns the markdown and the plots it embeds (file name, SVG).

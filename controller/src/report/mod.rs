@@ -31,6 +31,7 @@ use serde_json::{Value as Json, json};
 use crate::store::Store;
 use crate::{Error, Result};
 
+mod logical_drain;
 mod markdown;
 mod pgbench;
 mod pgbench_init;

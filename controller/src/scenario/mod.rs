@@ -389,6 +389,8 @@ workloads:
             "at-scale/nvme-vs-ebs.yaml",
             "vacuum.yaml",
             "at-scale/vacuum.yaml",
+            "logical-drain.yaml",
+            "at-scale/logical-drain.yaml",
         ] {
             let path = Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../scenarios")
@@ -713,6 +715,73 @@ workloads:
         assert!(e.message.contains("vacuum-bloat"), "{e}");
         let e = err(&VACUUM.replace("parallel: 2", "verbose: loudly"));
         assert_eq!(e.field, "workloads[0].verbose", "{e}");
+    }
+
+    const DRAIN: &str = "name: d
+fleet:
+  - name: nvme
+    count: 2
+  - name: gp3
+    count: 1
+workloads:
+  - kind: logical-drain
+    on: [nvme]
+    scale: 2
+    backlog_bytes: 64MiB
+";
+
+    #[test]
+    fn drain_cells_have_two_roles_placed_by_class() {
+        let s = parse(Path::new("d.yaml"), DRAIN).unwrap();
+        let cells = plan(&s);
+        assert_eq!(cells.len(), 1);
+        assert_eq!(
+            cells[0].roles,
+            vec![
+                ("subscriber".to_string(), "nvme".to_string()),
+                ("publisher".to_string(), "nvme".to_string())
+            ]
+        );
+        // The kind sets what logical replication needs, per role.
+        let pubs = cells[0].params.settings("publisher");
+        assert!(
+            pubs.contains(&("wal_level", "logical".to_string())),
+            "{pubs:?}"
+        );
+        let s = parse(
+            Path::new("d.yaml"),
+            &DRAIN.replace(
+                "    scale: 2",
+                "    scale: 2\n    roles: { subscriber: gp3 }",
+            ),
+        )
+        .unwrap();
+        assert_eq!(plan(&s)[0].roles[0], ("subscriber".into(), "gp3".into()));
+    }
+
+    #[test]
+    fn drain_errors() {
+        // A class with fewer agents than the cell has roles.
+        let e = err(&DRAIN.replace("on: [nvme]", "on: [gp3]"));
+        assert_eq!((e.line, e.field.as_str()), (8, "workloads[0].kind"), "{e}");
+        assert!(
+            e.message.contains("needs 2 agents of class `gp3`")
+                && e.message.contains("the fleet has 1"),
+            "{e}"
+        );
+        let e = err(&DRAIN.replace("    scale: 2", "    scale: 2\n    roles: { leader: gp3 }"));
+        assert_eq!(e.field, "workloads[0].roles.leader", "{e}");
+        assert!(e.message.contains("allowed subscriber, publisher"), "{e}");
+        let e = err(&DRAIN.replace(
+            "    scale: 2",
+            "    scale: 2\n    roles: { publisher: ebs }",
+        ));
+        assert_eq!(e.field, "workloads[0].roles.publisher", "{e}");
+        let e = err(&DRAIN.replace("64MiB", "0.5MiB"));
+        assert_eq!(e.field, "workloads[0].backlog_bytes", "{e}");
+        // Roles of a single-role kind.
+        let e = err(&VACUUM.replace("parallel: 2", "roles: { publisher: local }"));
+        assert!(e.message.contains("has one role"), "{e}");
     }
 
     #[test]

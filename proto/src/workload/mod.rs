@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 
 pub use serde_saphyr::{Location, Spanned};
 
+pub mod logical_drain;
 pub mod pgbench;
 pub mod pgbench_init;
 pub mod toast_slice;
@@ -382,6 +383,7 @@ kinds! {
     "pgbench-init" => PgbenchInit(pgbench_init),
     "pgbench" => Pgbench(pgbench),
     "vacuum-bloat" => VacuumBloat(vacuum_bloat),
+    "logical-drain" => LogicalDrain(logical_drain),
 }
 
 /// What the controller knows of a kind without its parameters.

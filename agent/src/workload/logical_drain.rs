@@ -1,0 +1,407 @@
+//! `logical-drain`: two roles on two agents. The publisher's agent serves
+//! its cluster (set up by the kind's settings: `wal_level = logical`, ...)
+//! until released. The subscriber's agent, the lead, drives the whole
+//! measurement over SQL connections to both clusters, as a replication
+//! client would:
+//!
+//! 1. Wait for the publisher's endpoint (relayed by the controller).
+//! 2. Load pgbench's schema into the publisher; create the same tables with
+//!    their keys (no rows) in its own cluster, plus a one-row marker table
+//!    on both.
+//! 3. Publication on the publisher, subscription here over the relayed
+//!    endpoint; wait for the initial sync.
+//! 4. `ALTER SUBSCRIPTION ... DISABLE` (apply paused, the slot keeps WAL),
+//!    then random UPDATEs on the publisher until the slot retains the target
+//!    backlog (`pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)`);
+//!    then one marker row committed after the backlog.
+//! 5. `ALTER SUBSCRIPTION ... ENABLE`, timed until the marker is visible
+//!    here (apply is in commit order, so the whole backlog is applied),
+//!    sampling the lag every second.
+//! 6. Row count and an order-independent checksum of pgbench_accounts on
+//!    both sides; spill statistics; subscription, slot and publication
+//!    dropped on every path that reaches the clusters.
+
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use tokio_postgres::Client;
+
+use super::pgbench::{DriveParams, drive_until};
+use super::{CellContext, Output, pgbench_init};
+use crate::cluster::Server;
+use crate::sampler::Sampler;
+use crate::{Error, Result};
+use pgfleet_proto::workload::Point;
+pub use pgfleet_proto::workload::logical_drain::{
+    Lag, Metrics, NAME, PUBLISHER, Params, PointParams, SUBSCRIBER,
+};
+
+const MARKER: &str = "pgfleet_drain_marker";
+
+pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Result<Output>> {
+    async move {
+        match ctx.role.as_str() {
+            PUBLISHER => ctx.serve_until_released().await,
+            SUBSCRIBER => {
+                let publisher = ctx
+                    .peer(PUBLISHER, Duration::from_secs_f64(p.timeout_s))
+                    .await?;
+                let publisher = Server::of(&publisher, ctx.cluster.pg.major);
+                let here = ctx.cluster.connect().await?;
+                let there = publisher.connect().await.map_err(|e| Error::Peer {
+                    role: PUBLISHER.into(),
+                    message: format!(
+                        "cannot connect to {}: {e}",
+                        publisher.conninfo.split(" password=").next().unwrap_or("")
+                    ),
+                })?;
+                let measured = measure(ctx, p, &publisher, &here, &there).await;
+                // Whatever happened, leave no subscription, slot or
+                // publication behind (a slot pins the publisher's WAL).
+                let cleanup = drop_replication(&here, &there).await;
+                let out = measured?;
+                cleanup?;
+                Ok(out)
+            }
+            other => Err(werr(format!(
+                "unknown role `{other}`: allowed {SUBSCRIBER}, {PUBLISHER}"
+            ))),
+        }
+    }
+    .boxed()
+}
+
+/// An error of a statement run on the publisher's cluster.
+fn on_publisher(e: tokio_postgres::Error) -> Error {
+    Error::Peer {
+        role: PUBLISHER.into(),
+        message: crate::pg_text(&e),
+    }
+}
+
+fn werr(message: String) -> Error {
+    Error::Workload {
+        workload: "logical-drain".into(),
+        message,
+    }
+}
+
+async fn measure(
+    ctx: &CellContext<'_>,
+    p: &Params,
+    publisher: &Server,
+    here: &Client,
+    there: &Client,
+) -> Result<Output> {
+    let timeout = Duration::from_secs_f64(p.timeout_s);
+    let loaded = pgbench_init::load_into(ctx, publisher, &p.init)
+        .await
+        .map_err(|e| match e {
+            Error::Cancelled(_) => e,
+            other => Error::Peer {
+                role: PUBLISHER.into(),
+                message: format!("loading pgbench's schema: {other}"),
+            },
+        })?;
+    // The subscriber's tables: pgbench's schema with its keys, no rows.
+    for stmt in pgbench_init::ddl(&p.init) {
+        here.batch_execute(&stmt).await?;
+    }
+    here.batch_execute(
+        "ALTER TABLE pgbench_accounts ADD PRIMARY KEY (aid); \
+         ALTER TABLE pgbench_branches ADD PRIMARY KEY (bid); \
+         ALTER TABLE pgbench_tellers ADD PRIMARY KEY (tid)",
+    )
+    .await?;
+    let marker = format!("CREATE TABLE {MARKER} (id int PRIMARY KEY, at timestamptz)");
+    here.batch_execute(&marker).await?;
+    there.batch_execute(&marker).await.map_err(on_publisher)?;
+    there
+        .batch_execute(&format!(
+            "CREATE PUBLICATION {NAME} FOR TABLE pgbench_accounts, {MARKER}"
+        ))
+        .await
+        .map_err(on_publisher)?;
+
+    ctx.progress("sync", 0, 1, "initial sync");
+    let started = Instant::now();
+    here.batch_execute(&format!(
+        "CREATE SUBSCRIPTION {NAME} CONNECTION '{}' PUBLICATION {NAME}",
+        publisher.conninfo.replace('\'', "''")
+    ))
+    .await?;
+    wait(ctx, timeout, "the initial sync", || async {
+        let n: i64 = here
+            .query_one(
+                "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'",
+                &[],
+            )
+            .await?
+            .get(0);
+        Ok(n == 0)
+    })
+    .await?;
+    let initial_sync_seconds = started.elapsed().as_secs_f64();
+
+    // Pause apply; the slot now keeps every WAL byte the publisher writes.
+    here.batch_execute(&format!("ALTER SUBSCRIPTION {NAME} DISABLE"))
+        .await?;
+    wait(ctx, timeout, "the subscription to stop", || async {
+        let active: bool = there
+            .query_one(
+                "SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1",
+                &[&NAME],
+            )
+            .await.map_err(on_publisher)?
+            .get(0);
+        Ok(!active)
+    })
+    .await?;
+
+    let backlog_started = Instant::now();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let drive = DriveParams {
+        script: "random-update".into(),
+        script_text: None,
+        clients: p.clients,
+        threads: p.threads,
+        duration_s: Some(p.timeout_s),
+        transactions: None,
+        warmup_s: 0.0,
+        rate: None,
+        latency_limit_ms: None,
+        max_tries: 10,
+        defines: Default::default(),
+        seed: None,
+        driver: "pgfleet".into(),
+    };
+    let builder = drive_until(ctx, publisher, &drive, p.init.scale, Some(&stop));
+    tokio::pin!(builder);
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let driven = loop {
+        tokio::select! {
+            r = &mut builder => break r.map_err(|e| match e {
+                Error::Cancelled(_) => e,
+                other => Error::Peer { role: PUBLISHER.into(), message: format!("building the backlog: {other}") },
+            })?,
+            _ = tick.tick() => {
+                let retained = slot_lag(there, None).await?;
+                ctx.progress("backlog", retained.min(p.backlog_bytes), p.backlog_bytes, format!("{} MiB retained", retained >> 20));
+                if retained >= p.backlog_bytes {
+                    stop.cancel();
+                }
+            }
+        }
+    };
+    if !stop.is_cancelled() {
+        return Err(werr(format!(
+            "the backlog did not reach {} bytes within timeout_s = {} s (raise timeout_s or clients)",
+            p.backlog_bytes, p.timeout_s
+        )));
+    }
+    let backlog_seconds = backlog_started.elapsed().as_secs_f64();
+    // The marker commits after the whole backlog: seeing it here means
+    // everything before it was applied.
+    there
+        .batch_execute(&format!("INSERT INTO {MARKER} VALUES (1, now())"))
+        .await
+        .map_err(on_publisher)?;
+    let target: String = there
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .map_err(on_publisher)?
+        .get(0);
+    let backlog_bytes = slot_lag(there, Some(&target)).await?;
+
+    let sampler = Sampler::start(
+        &ctx.cluster.server(),
+        Duration::from_secs(1),
+        ctx.events.clone(),
+        ctx.cell_id.clone(),
+    )
+    .await?;
+    let t0 = Instant::now();
+    here.batch_execute(&format!("ALTER SUBSCRIPTION {NAME} ENABLE"))
+        .await?;
+    let mut next_sample = Duration::from_secs(1);
+    loop {
+        ctx.check_cancel()?;
+        let seen: i64 = here
+            .query_one(&format!("SELECT count(*) FROM {MARKER}"), &[])
+            .await?
+            .get(0);
+        if seen > 0 {
+            break;
+        }
+        if t0.elapsed() > timeout {
+            return Err(werr(format!(
+                "the backlog did not drain within timeout_s = {} s",
+                p.timeout_s
+            )));
+        }
+        if t0.elapsed() >= next_sample {
+            next_sample += Duration::from_secs(1);
+            let lag = Lag {
+                second: t0.elapsed().as_secs_f64(),
+                lag_bytes: received_lag(here, &target).await?,
+                slot_lag_bytes: slot_lag(there, Some(&target)).await?,
+            };
+            ctx.progress(
+                "drain",
+                backlog_bytes.saturating_sub(lag.lag_bytes),
+                backlog_bytes.max(1),
+                format!("{} MiB to go", lag.lag_bytes >> 20),
+            );
+            ctx.sample("lag", &lag).await?;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let drain_seconds = t0.elapsed().as_secs_f64();
+    let internals = sampler.finish().await?.internals();
+
+    let (rows_here, sum_here) = checksum(here).await?;
+    let (rows_there, sum_there) = checksum(there).await?;
+    let spill = there
+        .query_opt(
+            "SELECT spill_txns, spill_bytes, stream_txns, total_txns, total_bytes \
+             FROM pg_stat_replication_slots WHERE slot_name = $1",
+            &[&NAME],
+        )
+        .await
+        .ok()
+        .flatten();
+    let stat = |i: usize| spill.as_ref().map(|r| r.get::<_, i64>(i).max(0) as u64);
+    Ok(Output::of(&[Point {
+        params: PointParams {
+            scale: p.init.scale,
+            backlog_target_bytes: p.backlog_bytes,
+            clients: p.clients,
+        },
+        metrics: Metrics {
+            backlog_bytes,
+            backlog_target_bytes: p.backlog_bytes,
+            backlog_seconds,
+            backlog_transactions: driven.0.transactions,
+            drain_seconds,
+            drain_mb_per_s: backlog_bytes as f64 / (1 << 20) as f64 / drain_seconds.max(1e-9),
+            initial_sync_seconds,
+            rows_match: rows_here == rows_there && sum_here == sum_there,
+            rows: rows_here,
+            spill_txns: stat(0),
+            spill_bytes: stat(1),
+            stream_txns: stat(2),
+            total_txns: stat(3),
+            total_bytes: stat(4),
+            internals,
+            load: loaded.metrics(),
+        },
+    }]))
+}
+
+/// Polls `done` every 100 ms until it holds; fails naming `what` after
+/// `timeout`, or when the cell is cancelled.
+async fn wait<F, Fut>(ctx: &CellContext<'_>, timeout: Duration, what: &str, done: F) -> Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let started = Instant::now();
+    loop {
+        ctx.check_cancel()?;
+        if done().await? {
+            return Ok(());
+        }
+        if started.elapsed() > timeout {
+            return Err(werr(format!(
+                "timed out after {timeout:?} waiting for {what}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// WAL the slot retains: from its confirmed position to `to` (default: the
+/// publisher's current position).
+async fn slot_lag(there: &Client, to: Option<&str>) -> Result<u64> {
+    let row = there
+        .query_one(
+            "SELECT coalesce(pg_wal_lsn_diff(coalesce($2::text::pg_lsn, pg_current_wal_lsn()), confirmed_flush_lsn), 0)::int8 \
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[&NAME, &to],
+        )
+        .await
+        .map_err(|e| Error::Peer {
+            role: PUBLISHER.into(),
+            message: format!("reading the slot `{NAME}`: {}", crate::pg_text(&e)),
+        })?;
+    Ok(row.get::<_, i64>(0).max(0) as u64)
+}
+
+/// WAL the subscriber has still to receive up to `target`.
+async fn received_lag(here: &Client, target: &str) -> Result<u64> {
+    let row = here
+        .query_one(
+            "SELECT coalesce(max(pg_wal_lsn_diff($1::text::pg_lsn, received_lsn)), pg_wal_lsn_diff($1::text::pg_lsn, '0/0'))::int8 \
+             FROM pg_stat_subscription WHERE subname = $2",
+            &[&target, &NAME],
+        )
+        .await?;
+    Ok(row.get::<_, i64>(0).max(0) as u64)
+}
+
+/// pgbench_accounts' rows and a checksum that does not depend on order.
+async fn checksum(c: &Client) -> Result<(u64, String)> {
+    let r = c
+        .query_one(
+            "SELECT count(*), coalesce(sum(hashtext(aid::text || ':' || abalance::text)::numeric), 0)::text FROM pgbench_accounts",
+            &[],
+        )
+        .await?;
+    Ok((r.get::<_, i64>(0) as u64, r.get(1)))
+}
+
+/// Drops the subscription (and with it the slot on the publisher), any slot
+/// left, and the publication. Errors of an unreachable side are reported,
+/// after trying the other.
+async fn drop_replication(here: &Client, there: &Client) -> Result<()> {
+    let exists: i64 = here
+        .query_one(
+            "SELECT count(*) FROM pg_subscription WHERE subname = $1",
+            &[&NAME],
+        )
+        .await?
+        .get(0);
+    let mut first_err = None;
+    if exists > 0 {
+        // Dropping an enabled subscription drops its slot remotely; if the
+        // publisher cannot be reached, detach the slot and drop it there.
+        if let Err(e) = here
+            .batch_execute(&format!("DROP SUBSCRIPTION {NAME}"))
+            .await
+        {
+            tracing::warn!(error = %e, "dropping the subscription with its slot failed; detaching");
+            let r = here
+                .batch_execute(&format!(
+                    "ALTER SUBSCRIPTION {NAME} DISABLE; ALTER SUBSCRIPTION {NAME} SET (slot_name = NONE); DROP SUBSCRIPTION {NAME}"
+                ))
+                .await;
+            if let Err(e) = r {
+                first_err.get_or_insert(Error::from(e));
+            }
+        }
+    }
+    let r = there
+        .batch_execute(&format!(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = '{NAME}' AND NOT active; \
+             DROP PUBLICATION IF EXISTS {NAME}"
+        ))
+        .await;
+    if let Err(e) = r {
+        first_err.get_or_insert(Error::from(e));
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}

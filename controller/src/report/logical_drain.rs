@@ -1,0 +1,134 @@
+//! report.md's logical-drain section: the backlog each cell built, how long
+//! it took to drain, per-class medians against the seeds' figures, the lag
+//! over time, and the settings the kind gave each role's cluster.
+
+use std::fmt::Write;
+
+use serde_json::Value as Json;
+
+use super::markdown::{Column, Seeds, class_table, mib, num};
+use super::plot::{Series, line_chart};
+
+/// seeds/002: draining a 10 GB logical-replication backlog, NVMe vs EBS gp3.
+const SEEDS_NVME_S: f64 = 139.0;
+const SEEDS_EBS_S: f64 = 238.0;
+
+pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, rs: &[&Json]) {
+    let _ = writeln!(
+        md,
+        "\n## logical-drain: draining a logical-replication backlog\n\n\
+         Backlog = WAL the slot retained when apply resumed. Drain = from `ALTER SUBSCRIPTION ... ENABLE` \
+         to the subscriber seeing a marker committed after the backlog. Rows match = pgbench_accounts' \
+         row count and order-independent checksum equal on both clusters afterwards.\n\n\
+         | cell | agents | scale | backlog target MiB | backlog MiB | built in s | drain s | drain MB/s | rows match | initial sync s | spilled txns |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for r in rs {
+        let (p, m) = (&r["params"], &r["metrics"]);
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r["cell_id"].as_str().unwrap_or(""),
+            r["agent"].as_str().unwrap_or(""),
+            p["scale"],
+            mib(&m["backlog_target_bytes"]),
+            mib(&m["backlog_bytes"]),
+            num(&m["backlog_seconds"], 1),
+            num(&m["drain_seconds"], 2),
+            num(&m["drain_mb_per_s"], 1),
+            match m["rows_match"].as_bool() {
+                Some(true) => "yes",
+                Some(false) => "**NO**",
+                None => "–",
+            },
+            num(&m["initial_sync_seconds"], 2),
+            m["spill_txns"],
+        );
+    }
+    class_table(
+        md,
+        doc,
+        "logical-drain",
+        "Drain",
+        &[
+            Column {
+                header: "drain s",
+                metric: "drain_seconds",
+                digits: 2,
+                bytes: false,
+            },
+            Column {
+                header: "drain MB/s",
+                metric: "drain_mb_per_s",
+                digits: 1,
+                bytes: false,
+            },
+            Column {
+                header: "backlog MiB",
+                metric: "backlog_bytes",
+                digits: 1,
+                bytes: true,
+            },
+        ],
+        &Seeds {
+            what: "Drain time",
+            metric: "drain_seconds",
+            nvme_s: SEEDS_NVME_S,
+            ebs_s: SEEDS_EBS_S,
+        },
+    );
+    // The settings the kind gave each role's cluster, from the first cell.
+    if let Some(env) = rs
+        .first()
+        .and_then(|r| r["cell_id"].as_str())
+        .and_then(|id| doc["cells"].as_array()?.iter().find(|c| c["cell_id"] == id))
+        .map(|c| &c["environment"])
+        .and_then(|e| e.as_object())
+    {
+        let _ = writeln!(md, "\nRole clusters (first cell):\n");
+        for (role, e) in env {
+            let s = &e["postgres"]["settings"];
+            let _ = writeln!(
+                md,
+                "- {role}: PostgreSQL {}, wal_level={}, max_wal_senders={}, max_replication_slots={}",
+                e["postgres"]["version"].as_str().unwrap_or("?"),
+                s["wal_level"].as_str().unwrap_or("?"),
+                s["max_wal_senders"].as_str().unwrap_or("?"),
+                s["max_replication_slots"].as_str().unwrap_or("?"),
+            );
+        }
+    }
+    let series: Vec<Series> = rs
+        .iter()
+        .filter_map(|r| {
+            let id = r["cell_id"].as_str()?;
+            let points = doc["samples"]["lag"][id]
+                .as_array()?
+                .iter()
+                .filter_map(|p| {
+                    Some((
+                        p["second"].as_f64()?,
+                        p["lag_bytes"].as_f64()? / (1u64 << 20) as f64,
+                    ))
+                })
+                .collect();
+            Some(Series {
+                name: id.to_string(),
+                points,
+            })
+        })
+        .collect();
+    if series.iter().any(|s| !s.points.is_empty()) {
+        let name = "drain-lag.svg".to_string();
+        plots.push((
+            name.clone(),
+            line_chart(
+                "Logical replication: backlog left while draining",
+                "second",
+                "lag (MiB)",
+                &series,
+            ),
+        ));
+        let _ = writeln!(md, "\n![Replication lag over the drain]({name})");
+    }
+}

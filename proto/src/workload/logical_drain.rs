@@ -1,0 +1,194 @@
+//! `logical-drain` (SPEC Experiment 1, seeds/002: draining a 10 GB
+//! logical-replication backlog took 139 s on NVMe vs 238 s on EBS): two
+//! clusters on two agents. The publisher's cluster holds pgbench's schema
+//! and a publication; the subscriber's subscribes, syncs, pauses apply while
+//! a random-UPDATE backlog of the target size piles up in the slot, then
+//! resumes and is timed until it has applied everything.
+
+use serde::{Deserialize, Serialize};
+use serde_saphyr::Spanned;
+
+use super::pgbench_init::{self, InitParams};
+use super::{
+    ByteSize, Checked, ESTIMATE_BYTES_PER_SECOND, Estimate, Field, Internals, KindParams, KindSpec,
+    human_bytes, or,
+};
+
+pub const DESCRIPTION: &str = "publisher and subscriber on two agents: build a logical-replication backlog, time its drain: seconds, MB/s, rows match";
+/// Summarized per class and compared between classes in reports.
+pub const COMPARED: &[&str] = &["drain_seconds", "drain_mb_per_s", "backlog_bytes"];
+
+/// The roles, the lead first: the subscriber's agent drives the measurement
+/// (over the network to the publisher's cluster, as a replication client
+/// would); the publisher's agent serves its cluster until released.
+pub const ROLES: &[&str] = &["subscriber", "publisher"];
+pub const PUBLISHER: &str = "publisher";
+pub const SUBSCRIBER: &str = "subscriber";
+/// Names of the publication, subscription and slot.
+pub const NAME: &str = "pgfleet_drain";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Spec {
+    #[serde(default)]
+    pub scale: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub fillfactor: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub load_connections: Option<Spanned<u32>>,
+    /// WAL to leave unconsumed in the slot before apply resumes (`"10GB"`,
+    /// bytes). Default 256 MiB.
+    #[serde(default)]
+    pub backlog_bytes: Option<Spanned<ByteSize>>,
+    /// Clients and threads of the random UPDATE that builds the backlog.
+    #[serde(default)]
+    pub clients: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub threads: Option<Spanned<u32>>,
+    /// Bound on each wait (initial sync, building the backlog, the drain):
+    /// past it the cell fails saying which, instead of hanging.
+    #[serde(default)]
+    pub timeout_s: Option<Spanned<f64>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    pub init: InitParams,
+    pub backlog_bytes: u64,
+    pub clients: u32,
+    pub threads: u32,
+    pub timeout_s: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PointParams {
+    pub scale: u64,
+    pub backlog_target_bytes: u64,
+    pub clients: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Metrics {
+    /// WAL the slot retained when apply resumed: pg_wal_lsn_diff(target
+    /// LSN, the slot's confirmed_flush_lsn).
+    pub backlog_bytes: u64,
+    pub backlog_target_bytes: u64,
+    pub backlog_seconds: f64,
+    pub backlog_transactions: u64,
+    /// From `ALTER SUBSCRIPTION ... ENABLE` to the subscriber seeing the
+    /// marker committed after the backlog (apply is in commit order).
+    pub drain_seconds: f64,
+    pub drain_mb_per_s: f64,
+    pub initial_sync_seconds: f64,
+    /// pgbench_accounts' row count and an order-independent checksum are
+    /// equal on both clusters after the drain.
+    pub rows_match: bool,
+    pub rows: u64,
+    /// pg_stat_replication_slots (PostgreSQL 14+) for the slot, over its life.
+    pub spill_txns: Option<u64>,
+    pub spill_bytes: Option<u64>,
+    pub stream_txns: Option<u64>,
+    pub total_txns: Option<u64>,
+    pub total_bytes: Option<u64>,
+    /// The subscriber's own I/O over the drain window (its apply writes).
+    #[serde(flatten)]
+    pub internals: Internals,
+    #[serde(flatten)]
+    pub load: pgbench_init::Metrics,
+}
+
+pub type Point = super::Point<PointParams, Metrics>;
+
+/// One second of the drain (samples of kind `lag`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Lag {
+    pub second: f64,
+    /// Target LSN minus what the subscriber has received.
+    pub lag_bytes: u64,
+    /// Target LSN minus the slot's confirmed_flush_lsn on the publisher.
+    pub slot_lag_bytes: u64,
+}
+
+impl KindSpec for Spec {
+    type Params = Params;
+    fn plan(&self, f: &Field) -> Checked<Vec<(String, Params)>> {
+        let init = pgbench_init::check(
+            f,
+            &self.scale,
+            &self.fillfactor,
+            &None,
+            &self.load_connections,
+        )?;
+        let backlog_bytes = f
+            .bytes(&self.backlog_bytes, "backlog_bytes", 1 << 20)?
+            .unwrap_or(256 << 20);
+        f.in_range(&self.clients, "clients", 1, 1000, "")?;
+        let clients = or(&self.clients, 4);
+        f.in_range(
+            &self.threads,
+            "threads",
+            1,
+            clients,
+            " (no more threads than clients)",
+        )?;
+        f.in_range(
+            &self.timeout_s,
+            "timeout_s",
+            1.0,
+            7.0 * 86_400.0,
+            " seconds",
+        )?;
+        Ok(vec![(
+            format!("backlog-{}", human_bytes(backlog_bytes)),
+            Params {
+                init,
+                backlog_bytes,
+                clients,
+                threads: or(&self.threads, 1),
+                timeout_s: or(&self.timeout_s, 3600.0),
+            },
+        )])
+    }
+}
+
+impl KindParams for Params {
+    fn estimate(&self) -> Estimate {
+        let load = self.init.estimate();
+        let data = self.init.data_bytes() as f64;
+        let backlog = self.backlog_bytes as f64;
+        // Initial sync copies the table; the backlog is WAL written at the
+        // random UPDATE's pace (full-page images first); the drain decodes
+        // and applies it.
+        let sync = data / ESTIMATE_BYTES_PER_SECOND;
+        let build = backlog / (ESTIMATE_BYTES_PER_SECOND / 2.0);
+        let drain = backlog / (ESTIMATE_BYTES_PER_SECOND / 2.0);
+        Estimate {
+            seconds: load.seconds + sync + build + drain,
+            measured_seconds: drain,
+            // The publisher: its data, the backlog held by the slot, the
+            // updates' new row versions, WAL headroom.
+            disk_bytes: load.disk_bytes + 2 * self.backlog_bytes + (1 << 30),
+        }
+    }
+
+    fn roles(&self) -> &'static [&'static str] {
+        ROLES
+    }
+
+    fn settings(&self, role: &str) -> Vec<(&'static str, String)> {
+        match role {
+            PUBLISHER => vec![
+                ("wal_level", "logical".into()),
+                ("max_wal_senders", "10".into()),
+                ("max_replication_slots", "10".into()),
+                // The slot must keep the whole backlog.
+                ("max_slot_wal_keep_size", "-1".into()),
+            ],
+            _ => vec![
+                ("max_logical_replication_workers", "4".into()),
+                ("max_replication_slots", "10".into()),
+            ],
+        }
+    }
+}
