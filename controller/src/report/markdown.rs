@@ -35,6 +35,8 @@ pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
     let _ = writeln!(md, "| started | {} |", s(&doc["started_at"]));
     let _ = writeln!(md, "| finished | {} |\n", s(&doc["finished_at"]));
 
+    storage_classes(&mut md, doc);
+
     let _ = writeln!(md, "## Environment\n");
     let _ = writeln!(
         md,
@@ -102,6 +104,118 @@ pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
         }
     }
     (md, plots)
+}
+
+/// The seeds/002 talk's figures: NVMe, then EBS gp3.
+const SEEDS: &[(&str, &str, f64, f64)] = &[
+    ("tps", "TPS", 16_030.0, 1_734.0),
+    ("latency_ms_mean", "latency ms", 4.0, 36.9),
+    ("vacuum_seconds", "VACUUM s", 366.0, 964.0),
+    ("drain_seconds", "drain s", 139.0, 238.0),
+];
+
+/// The talk's table (seeds/002), when a run measured more than one of its
+/// three measurements: per class the median TPS, latency, VACUUM and drain
+/// seconds with min–max, each class's ratio to the first, and the seeds'
+/// published figures.
+fn storage_classes(md: &mut String, doc: &Json) {
+    let kinds = [
+        ("pgbench", "tps"),
+        ("pgbench", "latency_ms_mean"),
+        ("vacuum-bloat", "vacuum_seconds"),
+        ("logical-drain", "drain_seconds"),
+    ];
+    let summaries: Vec<&Json> = doc["summaries"].as_array().into_iter().flatten().collect();
+    let first = |kind: &str| summaries.iter().find(|s| s["workload"] == kind).copied();
+    let present = ["pgbench", "vacuum-bloat", "logical-drain"]
+        .iter()
+        .filter(|k| first(k).is_some())
+        .count();
+    if present < 2 {
+        return;
+    }
+    let mut classes: Vec<String> = Vec::new();
+    for sm in &summaries {
+        for c in sm["classes"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, _)| k)
+        {
+            if !classes.contains(c) {
+                classes.push(c.clone());
+            }
+        }
+    }
+    // The baseline is the first class of the fleet, as in the comparisons.
+    let baseline = doc["comparisons"]
+        .as_array()
+        .and_then(|c| c.first())
+        .and_then(|c| c["baseline_class"].as_str())
+        .map(str::to_string);
+    if let Some(b) = &baseline {
+        classes.retain(|c| c != b);
+        classes.insert(0, b.clone());
+    }
+    let _ = writeln!(
+        md,
+        "## Storage classes at a glance (seeds/002's table)\n\n\
+         Median over each class's clusters (min–max). Latency is the mean transaction latency of the \
+         random UPDATE, as the talk reports it.\n\n\
+         | class | TPS | latency ms | VACUUM s | drain s |\n|---|---|---|---|---|"
+    );
+    let figure = |class: &str, kind: &str, metric: &str, d: usize| -> (String, Option<f64>) {
+        let Some(x) = first(kind).map(|s| &s["classes"][class][metric]) else {
+            return ("–".into(), None);
+        };
+        if x.is_null() {
+            return ("–".into(), None);
+        }
+        (
+            format!(
+                "{} ({}–{})",
+                num(&x["median"], d),
+                num(&x["min"], d),
+                num(&x["max"], d)
+            ),
+            x["median"].as_f64(),
+        )
+    };
+    let mut medians: Vec<Vec<Option<f64>>> = Vec::new();
+    for c in &classes {
+        let cells: Vec<(String, Option<f64>)> = kinds
+            .iter()
+            .zip([0, 3, 1, 1])
+            .map(|((k, m), d)| figure(c, k, m, d))
+            .collect();
+        let _ = writeln!(
+            md,
+            "| {c} | {} |",
+            cells
+                .iter()
+                .map(|x| x.0.clone())
+                .collect::<Vec<_>>()
+                .join(" | ")
+        );
+        medians.push(cells.iter().map(|x| x.1).collect());
+    }
+    for (i, c) in classes.iter().enumerate().skip(1) {
+        let ratios: Vec<String> = (0..kinds.len())
+            .map(|k| match (medians[0][k], medians[i][k]) {
+                (Some(b), Some(x)) if b != 0.0 => format!("{:.2}x", x / b),
+                _ => "–".into(),
+            })
+            .collect();
+        let _ = writeln!(md, "| **{c} / {}** | {} |", classes[0], ratios.join(" | "));
+    }
+    let seeds: Vec<String> = SEEDS.iter().map(|s| format!("{} / {}", s.2, s.3)).collect();
+    let ratios: Vec<String> = SEEDS.iter().map(|s| format!("{:.2}x", s.3 / s.2)).collect();
+    let _ = writeln!(md, "| seeds/002: NVMe / EBS gp3 | {} |", seeds.join(" | "));
+    let _ = writeln!(
+        md,
+        "| **seeds/002: EBS gp3 / NVMe** | {} |\n",
+        ratios.join(" | ")
+    );
 }
 
 /// Bytes as MiB with one decimal.

@@ -391,6 +391,8 @@ workloads:
             "at-scale/vacuum.yaml",
             "logical-drain.yaml",
             "at-scale/logical-drain.yaml",
+            "storage-suite.yaml",
+            "at-scale/storage-suite.yaml",
         ] {
             let path = Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../scenarios")

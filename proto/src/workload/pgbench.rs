@@ -16,6 +16,7 @@ pub const DESCRIPTION: &str = "load, then run a pgbench-style script: tps, laten
 /// Summarized per class and compared between classes in reports.
 pub const COMPARED: &[&str] = &[
     "tps",
+    "latency_ms_mean",
     "latency_ms_p50",
     "latency_ms_p99",
     "page_read_ms_avg",
