@@ -30,10 +30,7 @@ async fn run_params(
     cluster: &Cluster,
     params: pgfleet_proto::workload::Params,
 ) -> pgfleet_agent::Result<Output> {
-    let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
-    tokio::spawn(async move { while rx.recv().await.is_some() {} });
-    let mut ctx = CellContext::new("c", cluster, tx, CancellationToken::new());
-    workload::run(&mut ctx, &params).await
+    common::run(cluster, &params).await
 }
 
 /// A kind's parameters as a scenario entry would give them (same checks

@@ -9,21 +9,10 @@ use std::path::PathBuf;
 use pgfleet_agent::cell::{self, AgentEnv};
 use pgfleet_agent::cluster::{Cluster, RunAs};
 use pgfleet_agent::pgbin::PgBin;
-use pgfleet_agent::workload::{self, CellContext, Output};
 use pgfleet_proto::v1::{Assign, CellStatus};
-use pgfleet_proto::workload::{Params, plan_entry};
 use tokio_util::sync::CancellationToken;
 
-fn params(yaml: &str) -> Params {
-    plan_entry(yaml).unwrap().remove(0).1
-}
-
-async fn run(cluster: &Cluster, params: &Params) -> pgfleet_agent::Result<Output> {
-    let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
-    tokio::spawn(async move { while rx.recv().await.is_some() {} });
-    let mut ctx = CellContext::new("c", cluster, tx, CancellationToken::new());
-    workload::run(&mut ctx, params).await
-}
+use common::{params, run};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_server_process_is_explained_by_the_server_log() {

@@ -4,20 +4,9 @@
 mod common;
 
 use pgfleet_agent::cluster::Cluster;
-use pgfleet_agent::workload::{self, CellContext, Output};
-use pgfleet_proto::workload::{Params, plan_entry, vacuum_bloat};
-use tokio_util::sync::CancellationToken;
+use pgfleet_proto::workload::vacuum_bloat;
 
-fn params(yaml: &str) -> Params {
-    plan_entry(yaml).unwrap().remove(0).1
-}
-
-async fn run(cluster: &Cluster, params: &Params) -> pgfleet_agent::Result<Output> {
-    let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
-    tokio::spawn(async move { while rx.recv().await.is_some() {} });
-    let mut ctx = CellContext::new("c", cluster, tx, CancellationToken::new());
-    workload::run(&mut ctx, params).await
-}
+use common::{params, run};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vacuum_removes_the_bloat_it_was_given() {

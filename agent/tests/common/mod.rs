@@ -1,14 +1,17 @@
 //! What the agent's PostgreSQL tests share: a scratch dir the server's user
-//! can reach, and a cluster spec in it.
+//! can reach, a cluster spec in it, and running a kind in a cluster.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use pgfleet_agent::cluster::ClusterSpec;
 use pgfleet_agent::cluster::RunAs;
 use pgfleet_agent::cluster::throttle::Caps;
+use pgfleet_agent::cluster::{Cluster, ClusterSpec};
 use pgfleet_agent::pgbin::PgBin;
+use pgfleet_agent::workload::{self, CellContext, Output};
+use pgfleet_proto::workload::{Params, plan_entry};
+use tokio_util::sync::CancellationToken;
 
 pub fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("pgfleet-test-{}-{name}", std::process::id()));
@@ -34,4 +37,18 @@ pub fn spec(root: &Path, name: &str, shared_buffers: &str, caps: Caps) -> Cluste
         peers: Vec::new(),
         caps,
     }
+}
+
+/// A kind's parameters from a scenario entry in YAML / JSON, e.g.
+/// `{kind: pgbench, scale: 1}`: the scenario's checks and defaults.
+pub fn params(entry: &str) -> Params {
+    plan_entry(entry).unwrap().remove(0).1
+}
+
+/// Runs a kind's cell workload in `cluster` (events discarded).
+pub async fn run(cluster: &Cluster, params: &Params) -> pgfleet_agent::Result<Output> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
+    tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    let mut ctx = CellContext::new("c", cluster, tx, CancellationToken::new());
+    workload::run(&mut ctx, params).await
 }

@@ -6,8 +6,7 @@ use std::fmt::Write;
 
 use serde_json::Value as Json;
 
-use super::markdown::{Column, Seeds, class_table, mib, num};
-use super::plot::{Series, line_chart};
+use super::markdown::{Column, Seeds, class_table, mib, num, samples_plot};
 
 /// seeds/002: draining a 10 GB logical-replication backlog, NVMe vs EBS gp3.
 const SEEDS_NVME_S: f64 = 139.0;
@@ -98,37 +97,29 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
             );
         }
     }
-    let series: Vec<Series> = rs
-        .iter()
-        .filter_map(|r| {
-            let id = r["cell_id"].as_str()?;
-            let points = doc["samples"]["lag"][id]
-                .as_array()?
-                .iter()
-                .filter_map(|p| {
-                    Some((
-                        p["second"].as_f64()?,
-                        p["lag_bytes"].as_f64()? / (1u64 << 20) as f64,
-                    ))
-                })
-                .collect();
-            Some(Series {
-                name: id.to_string(),
-                points,
-            })
-        })
-        .collect();
-    if series.iter().any(|s| !s.points.is_empty()) {
-        let name = "drain-lag.svg".to_string();
-        plots.push((
-            name.clone(),
-            line_chart(
-                "Logical replication: backlog left while draining",
-                "second",
-                "lag (MiB)",
-                &series,
-            ),
-        ));
-        let _ = writeln!(md, "\n![Replication lag over the drain]({name})");
-    }
+    samples_plot(
+        md,
+        plots,
+        doc,
+        rs,
+        "lag",
+        "drain-lag.svg",
+        (
+            "Logical replication: backlog left while draining",
+            "second",
+            "lag (MiB)",
+        ),
+        |p| {
+            Some((
+                p["second"].as_f64()?,
+                p["lag_bytes"].as_f64()? / (1u64 << 20) as f64,
+            ))
+        },
+        |m| {
+            let start = m["backlog_bytes"]
+                .as_f64()
+                .map(|b| (0.0, b / (1u64 << 20) as f64));
+            [start, m["drain_seconds"].as_f64().map(|s| (s, 0.0))]
+        },
+    );
 }

@@ -5,6 +5,8 @@ use std::fmt::Write;
 
 use serde_json::Value as Json;
 
+use super::plot::{Series, line_chart};
+
 /// A kind's section of report.md: the markdown, the plots it embeds (file
 /// name, SVG), the whole report document, and the kind's results.
 pub type Section = fn(&mut String, &mut Vec<(String, String)>, &Json, &[&Json]);
@@ -216,6 +218,61 @@ fn storage_classes(md: &mut String, doc: &Json) {
         "| **seeds/002: EBS gp3 / NVMe** | {} |\n",
         ratios.join(" | ")
     );
+}
+
+/// A point of a plot.
+pub type XY = (f64, f64);
+
+/// A plot of a kind's per-second samples (`doc.samples.<kind>.<cell>`),
+/// one line per cell named by its class and replica; `point` takes (x, y)
+/// from a sample, `edges` the first and last points from the cell's result
+/// (e.g. 0 % at second 0, 100 % when VACUUM ended), so a short run still
+/// draws its whole course. Embedded in report.md when any cell has points.
+#[allow(clippy::too_many_arguments)]
+pub fn samples_plot(
+    md: &mut String,
+    plots: &mut Vec<(String, String)>,
+    doc: &Json,
+    rs: &[&Json],
+    sample: &str,
+    file: &str,
+    (title, x_label, y_label): (&str, &str, &str),
+    point: fn(&Json) -> Option<XY>,
+    edges: fn(&Json) -> [Option<XY>; 2],
+) {
+    let series: Vec<Series> = rs
+        .iter()
+        .filter_map(|r| {
+            let id = r["cell_id"].as_str()?;
+            let [first, last] = edges(&r["metrics"]);
+            let points = first
+                .into_iter()
+                .chain(
+                    doc["samples"][sample][id]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(point),
+                )
+                .chain(last)
+                .collect();
+            let replica = id
+                .rsplit_once("-r")
+                .map(|(_, n)| format!(" r{n}"))
+                .unwrap_or_default();
+            Some(Series {
+                name: format!("{}{replica}", r["instance_class"].as_str().unwrap_or(id)),
+                points,
+            })
+        })
+        .collect();
+    if series.iter().any(|s| s.points.len() > 1) {
+        plots.push((
+            file.to_string(),
+            line_chart(title, x_label, y_label, &series),
+        ));
+        let _ = writeln!(md, "\n![{title}]({file})");
+    }
 }
 
 /// Bytes as MiB with one decimal.

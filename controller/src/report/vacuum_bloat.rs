@@ -6,8 +6,7 @@ use std::fmt::Write;
 
 use serde_json::Value as Json;
 
-use super::markdown::{Column, Seeds, class_table, mib, num};
-use super::plot::{Series, line_chart};
+use super::markdown::{Column, Seeds, class_table, mib, num, samples_plot};
 
 /// seeds/002: VACUUM of >10 GB of bloat, NVMe vs EBS gp3.
 const SEEDS_NVME_S: f64 = 366.0;
@@ -91,41 +90,30 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
         },
     );
     // Heap blocks scanned over time, per cell: VACUUM's pace.
-    let series: Vec<Series> = rs
-        .iter()
-        .filter_map(|r| {
-            let id = r["cell_id"].as_str()?;
-            let points = doc["samples"]["vacuum"][id]
-                .as_array()?
-                .iter()
-                .filter_map(|p| {
-                    let total = p["heap_blks_total"].as_f64().filter(|t| *t > 0.0)?;
-                    Some((
-                        p["second"].as_f64()?,
-                        100.0 * p["heap_blks_scanned"].as_f64()? / total,
-                    ))
-                })
-                .collect();
-            Some(Series {
-                name: id.to_string(),
-                points,
-            })
-        })
-        .collect();
-    if series.iter().any(|s| !s.points.is_empty()) {
-        let name = "vacuum-progress.svg".to_string();
-        plots.push((
-            name.clone(),
-            line_chart(
-                "VACUUM: heap blocks scanned",
-                "second",
-                "% of heap blocks scanned",
-                &series,
-            ),
-        ));
-        let _ = writeln!(
-            md,
-            "\n![VACUUM progress: heap blocks scanned over time]({name})"
-        );
-    }
+    samples_plot(
+        md,
+        plots,
+        doc,
+        rs,
+        "vacuum",
+        "vacuum-progress.svg",
+        (
+            "VACUUM: heap blocks scanned",
+            "second",
+            "% of heap blocks scanned",
+        ),
+        |p| {
+            let total = p["heap_blks_total"].as_f64().filter(|t| *t > 0.0)?;
+            Some((
+                p["second"].as_f64()?,
+                100.0 * p["heap_blks_scanned"].as_f64()? / total,
+            ))
+        },
+        |m| {
+            [
+                Some((0.0, 0.0)),
+                m["vacuum_seconds"].as_f64().map(|s| (s, 100.0)),
+            ]
+        },
+    );
 }
