@@ -43,6 +43,10 @@ pub enum Error {
     Cancelled(String),
     #[error("session with the controller: {0}")]
     Session(String),
+    /// The controller will not take this agent (token, identity, TLS
+    /// setup): retrying the same way cannot help.
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl Error {

@@ -86,6 +86,12 @@ struct RunArgs {
     /// none, peers must be on this host (loopback).
     #[arg(long, env = "PGFLEET_ADVERTISE_ADDRESS")]
     advertise_address: Option<std::net::IpAddr>,
+    /// File holding the controller's join token (sent with every session).
+    #[arg(long, env = "PGFLEET_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// PEM CA certificate to trust for an https:// controller.
+    #[arg(long, env = "PGFLEET_CA")]
+    ca: Option<PathBuf>,
     /// Exit (after tearing down) when the controller is unreachable this many seconds.
     #[arg(long, default_value_t = 30)]
     give_up_after_s: u64,
@@ -177,11 +183,28 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         sig.cancel();
     });
+    let token = match &args.token_file {
+        Some(f) => Some(
+            std::fs::read_to_string(f)
+                .with_context(|| format!("reading the join token file {}", f.display()))?
+                .trim()
+                .to_string(),
+        ),
+        None => None,
+    };
+    let ca = match &args.ca {
+        Some(f) => {
+            Some(std::fs::read(f).with_context(|| format!("reading the CA file {}", f.display()))?)
+        }
+        None => None,
+    };
     let cfg = session::SessionConfig {
         controller: args.controller,
         agent_id: args.agent_id,
         instance_class: args.instance_class,
         give_up_after: Duration::from_secs(args.give_up_after_s),
+        token,
+        ca,
     };
     let result = session::run(cfg, env, shutdown).await;
     // Whatever happened, leave nothing behind.

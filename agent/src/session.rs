@@ -29,6 +29,10 @@ pub struct SessionConfig {
     /// Give up (tear down, exit non-zero) when the controller has been
     /// unreachable this long.
     pub give_up_after: Duration,
+    /// The join token, sent as `authorization: Bearer <token>`.
+    pub token: Option<String>,
+    /// PEM CA certificate(s) to trust for an `https://` controller.
+    pub ca: Option<Vec<u8>>,
 }
 
 struct Running {
@@ -45,6 +49,7 @@ struct Running {
 enum End {
     Reconnect(String),
     Shutdown,
+    Refused(String),
 }
 
 pub async fn run(
@@ -68,11 +73,21 @@ pub async fn run(
         };
         let (out_tx, inbound, heartbeat) = match connected {
             Ok(c) => c,
+            Err(e @ Error::Refused(_)) => {
+                // Retrying with the same token or id cannot help.
+                stop_cells(&mut cells, &mut ev_rx, None).await;
+                return Err(e);
+            }
             Err(e) => {
                 if last_ok.elapsed() > cfg.give_up_after {
                     stop_cells(&mut cells, &mut ev_rx, None).await;
+                    let hint = if cfg.controller.starts_with("http://") {
+                        " (if the controller serves TLS, dial https:// with --ca)"
+                    } else {
+                        ""
+                    };
                     return Err(Error::Session(format!(
-                        "controller {} unreachable for {:?}: {e}",
+                        "controller {} unreachable for {:?}: {e}{hint}",
                         cfg.controller, cfg.give_up_after
                     )));
                 }
@@ -114,6 +129,13 @@ pub async fn run(
                 stop_cells(&mut cells, &mut ev_rx, Some(&out_tx)).await;
                 return Ok(());
             }
+            End::Refused(why) => {
+                stop_cells(&mut cells, &mut ev_rx, Some(&out_tx)).await;
+                return Err(Error::Refused(format!(
+                    "the controller {} refused this agent: {why}",
+                    cfg.controller
+                )));
+            }
             End::Reconnect(why) => tracing::warn!(%why, "session lost; reconnecting"),
         }
     }
@@ -129,9 +151,28 @@ async fn connect(
     Streaming<ControllerMessage>,
     Duration,
 )> {
-    let mut client = AgentSessionClient::connect(cfg.controller.clone())
+    let mut endpoint = tonic::transport::Endpoint::from_shared(cfg.controller.clone())
+        .map_err(|e| Error::Refused(format!("controller URL `{}`: {e}", cfg.controller)))?
+        .connect_timeout(Duration::from_secs(5));
+    if cfg.controller.starts_with("https://") {
+        let ca = cfg.ca.as_ref().ok_or_else(|| {
+            Error::Refused(format!(
+                "{} is TLS: give the CA certificate that signed its certificate with --ca FILE",
+                cfg.controller
+            ))
+        })?;
+        endpoint = endpoint
+            .tls_config(
+                tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(ca)),
+            )
+            .map_err(|e| Error::Refused(format!("TLS configuration: {e}")))?;
+    }
+    let channel = endpoint
+        .connect()
         .await
-        .map_err(|e| Error::Session(e.to_string()))?;
+        .map_err(|e| Error::Session(format!("{e}: {}", source_chain(&e))))?;
+    let mut client = AgentSessionClient::new(channel);
     let (out_tx, out_rx) = mpsc::channel(1024);
     let (pg_version, pg_dir) = match &env.pg {
         Ok(pg) => (pg.version.clone(), pg.dir.display().to_string()),
@@ -165,10 +206,26 @@ async fn connect(
         .send(msg(Msg::Register(register)))
         .await
         .map_err(|_| Error::Session("stream closed".into()))?;
+    let mut request = tonic::Request::new(ReceiverStream::new(out_rx));
+    if let Some(token) = &cfg.token {
+        let value = format!("Bearer {token}").parse().map_err(|_| {
+            Error::Refused("the join token has characters a header cannot carry".into())
+        })?;
+        request.metadata_mut().insert("authorization", value);
+    }
     let mut inbound = client
-        .session(ReceiverStream::new(out_rx))
+        .session(request)
         .await
-        .map_err(|e| Error::Session(e.message().to_string()))?
+        .map_err(|e| match e.code() {
+            tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
+                Error::Refused(format!(
+                    "the controller {} refused this agent: {}",
+                    cfg.controller,
+                    e.message()
+                ))
+            }
+            _ => Error::Session(e.message().to_string()),
+        })?
         .into_inner();
     match inbound.message().await {
         Ok(Some(ControllerMessage {
@@ -250,6 +307,10 @@ async fn connected_loop(
                     }
                     CMsg::ResultAck(a) => {
                         unacked.remove(&a.cell_id);
+                    }
+                    CMsg::Shutdown(s) if s.refused => {
+                        tracing::error!(reason = %s.reason, "the controller refused this agent");
+                        return End::Refused(s.reason);
                     }
                     CMsg::Shutdown(s) => {
                         tracing::info!(reason = %s.reason, "shutdown requested");
@@ -334,6 +395,17 @@ fn failed(cell_id: &str, error: String) -> CellResult {
         environment_json: String::new(),
         role: String::new(),
     }
+}
+
+/// An error's causes, which say what a transport error really was.
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut out = Vec::new();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        out.push(c.to_string());
+        cur = c.source();
+    }
+    out.join(": ")
 }
 
 fn msg(m: Msg) -> AgentMessage {

@@ -1,6 +1,11 @@
 //! The gRPC side of agent sessions. Each session becomes events for the
 //! scheduler: `Registered` (with a sender for messages to the agent),
 //! `Message`, and `Disconnected`. The service itself keeps no state.
+//!
+//! Security: a session must carry the join token (`authorization: Bearer
+//! <token>` metadata, compared in constant time) or it is refused with
+//! `unauthenticated` before anything else; the server speaks TLS when given
+//! a certificate and key (agents then dial `https://` with `--ca`).
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -49,16 +54,53 @@ pub struct SessionService {
     events: mpsc::Sender<Event>,
     lease: Duration,
     next_conn: AtomicU64,
+    token: Option<String>,
 }
 
 impl SessionService {
-    pub fn new(events: mpsc::Sender<Event>, lease: Duration) -> Self {
+    pub fn new(events: mpsc::Sender<Event>, lease: Duration, token: Option<String>) -> Self {
         SessionService {
             events,
             lease,
             next_conn: AtomicU64::new(1),
+            token,
         }
     }
+
+    /// The session's join token must match (when the server has one).
+    fn admit<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let Some(expected) = &self.token else {
+            return Ok(());
+        };
+        let given = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if constant_time_eq(given.as_bytes(), expected.as_bytes()) {
+            Ok(())
+        } else {
+            tracing::warn!(peer = ?req.remote_addr(), "refused an agent session: wrong or missing join token");
+            Err(Status::unauthenticated(
+                "wrong or missing join token: start the agent with the controller's token (--token-file)",
+            ))
+        }
+    }
+}
+
+/// Equal bytes, in time that depends only on the lengths.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// How the session endpoint protects itself.
+#[derive(Debug, Clone, Default)]
+pub struct Security {
+    /// PEM certificate (chain) and key: serve TLS.
+    pub tls: Option<(Vec<u8>, Vec<u8>)>,
+    /// The join token agents must present.
+    pub token: Option<String>,
 }
 
 type OutStream = Pin<Box<dyn Stream<Item = Result<ControllerMessage, Status>> + Send>>;
@@ -71,6 +113,7 @@ impl AgentSession for SessionService {
         &self,
         req: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<OutStream>, Status> {
+        self.admit(&req)?;
         let mut inbound = req.into_inner();
         let info = match inbound.message().await? {
             Some(AgentMessage {
@@ -133,11 +176,19 @@ impl AgentSession for SessionService {
 /// A running gRPC server; dropping the handle does not stop it, `shutdown` does.
 pub struct Server {
     pub addr: SocketAddr,
+    /// Whether it serves TLS (agents dial `https://`).
+    pub tls: bool,
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Server {
+    /// The URL agents dial when nothing in between changes it.
+    pub fn url(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
+    }
+
     pub async fn shutdown(self) {
         let _ = self.stop.send(());
         let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
@@ -149,6 +200,7 @@ pub async fn serve(
     bind: SocketAddr,
     events: mpsc::Sender<Event>,
     lease: Duration,
+    security: Security,
 ) -> Result<Server> {
     let listener = tokio::net::TcpListener::bind(bind)
         .await
@@ -157,9 +209,19 @@ pub async fn serve(
         .local_addr()
         .map_err(|e| Error::Server(e.to_string()))?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let svc = AgentSessionServer::new(SessionService::new(events, lease));
+    let svc = AgentSessionServer::new(SessionService::new(events, lease, security.token));
+    let mut builder = tonic::transport::Server::builder();
+    let tls = security.tls.is_some();
+    if let Some((cert, key)) = security.tls {
+        builder = builder
+            .tls_config(
+                tonic::transport::ServerTlsConfig::new()
+                    .identity(tonic::transport::Identity::from_pem(cert, key)),
+            )
+            .map_err(|e| Error::Server(format!("TLS configuration: {e}")))?;
+    }
     let task = tokio::spawn(async move {
-        let r = tonic::transport::Server::builder()
+        let r = builder
             .http2_keepalive_interval(Some(Duration::from_secs(5)))
             .add_service(svc)
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
@@ -170,5 +232,22 @@ pub async fn serve(
             tracing::error!(error = %e, "gRPC server ended");
         }
     });
-    Ok(Server { addr, stop, task })
+    Ok(Server {
+        addr,
+        tls,
+        stop,
+        task,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tokens_compare_whole() {
+        use super::constant_time_eq as eq;
+        assert!(eq(b"s3cret", b"s3cret"));
+        assert!(!eq(b"s3cret", b"s3creT"));
+        assert!(!eq(b"s3cret", b"s3cre"));
+        assert!(!eq(b"", b"x"));
+    }
 }

@@ -34,7 +34,7 @@ pub enum Command {
     /// local agent process per fleet instance, run every cell, write the report.
     ///
     /// Example: pgfleet run scenarios/toast-slice.yaml --out runs/toast
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Render the report of a stored run again.
     ///
     /// Example: pgfleet report 20261130-211500-a1b2c3 --out runs/again
@@ -77,6 +77,22 @@ pub struct RunArgs {
     /// address (a proxy or port-forward in between), e.g. http://10.0.0.5:7070.
     #[arg(long)]
     pub advertise_url: Option<String>,
+    /// Serve the agent session over TLS with this PEM certificate (chain);
+    /// agents dial https:// and trust it with `--ca` (local agents are given
+    /// this file). Use when agents connect from other hosts.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The TLS certificate's PEM private key.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate the local agents trust (default: the
+    /// --tls-cert file, which then should hold the chain up to its CA).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_ca: Option<PathBuf>,
+    /// File holding the join token agents must present (16+ characters).
+    /// Default: a random token per run, handed to the local agents.
+    #[arg(long, env = "PGFLEET_JOIN_TOKEN_FILE")]
+    pub join_token_file: Option<PathBuf>,
     /// The agent binary. Default: pgfleet-agent next to pgfleet, else PATH.
     #[arg(long, env = "PGFLEET_AGENT_BIN")]
     pub agent_bin: Option<PathBuf>,

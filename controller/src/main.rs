@@ -98,6 +98,10 @@ async fn dispatch(cli: Cli) -> Result<u8, Error> {
                 registration_timeout: Duration::from_secs_f64(args.registration_timeout_s.max(1.0)),
                 bind: args.bind,
                 advertise_url: args.advertise_url,
+                tls_cert: args.tls_cert,
+                tls_key: args.tls_key,
+                tls_ca: args.tls_ca,
+                join_token_file: args.join_token_file,
                 local: LocalOptions {
                     agent_bin: args.agent_bin.unwrap_or_else(default_agent_bin),
                     pg_bin: args.pg_bin,

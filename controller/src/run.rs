@@ -12,7 +12,7 @@ use crate::agents::AgentSource;
 use crate::agents::local::{self, LocalAgents, LocalOptions};
 use crate::scheduler::{self, Scheduler};
 use crate::store::{RunStatus, Store};
-use crate::{Result, api, report, scenario};
+use crate::{Error, Result, api, report, scenario};
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -22,9 +22,63 @@ pub struct RunOptions {
     pub lease: Duration,
     pub registration_timeout: Duration,
     pub bind: SocketAddr,
-    /// What agents dial (default: `http://<bound address>`).
+    /// What agents dial (default: `http(s)://<bound address>`).
     pub advertise_url: Option<String>,
+    /// PEM certificate and key: the agent session speaks TLS.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// The CA the local agents trust (default: `tls_cert`).
+    pub tls_ca: Option<PathBuf>,
+    /// The join token agents must present (default: a random one per run,
+    /// handed to the local agents in a file only root can read).
+    pub join_token_file: Option<PathBuf>,
     pub local: LocalOptions,
+}
+
+/// The session's security from the options: TLS material and the token.
+fn security(opts: &RunOptions) -> Result<api::Security> {
+    let read = |p: &Path, what: &str| {
+        std::fs::read(p)
+            .map_err(|e| Error::Usage(format!("reading the {what} {}: {e}", p.display())))
+    };
+    let tls = match (&opts.tls_cert, &opts.tls_key) {
+        (Some(c), Some(k)) => Some((read(c, "TLS certificate")?, read(k, "TLS key")?)),
+        (None, None) => None,
+        _ => {
+            return Err(Error::Usage(
+                "--tls-cert and --tls-key go together: give both, or neither for plaintext on loopback".into(),
+            ));
+        }
+    };
+    let token = match &opts.join_token_file {
+        Some(f) => {
+            let t = String::from_utf8_lossy(&read(f, "join token file")?)
+                .trim()
+                .to_string();
+            if t.len() < 16 {
+                return Err(Error::Usage(format!(
+                    "the join token in {} is too short: use at least 16 characters (e.g. `openssl rand -hex 32`)",
+                    f.display()
+                )));
+            }
+            t
+        }
+        None => random_hex(32),
+    };
+    Ok(api::Security {
+        tls,
+        token: Some(token),
+    })
+}
+
+/// `n` random bytes as hex.
+fn random_hex(n: usize) -> String {
+    let mut b = vec![0u8; n];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut b);
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 #[derive(Debug, Clone)]
@@ -78,23 +132,33 @@ pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunS
         opts.store.display()
     );
 
-    let (tx, rx) = mpsc::channel(4096);
-    let server = match api::serve(opts.bind, tx.clone(), opts.lease).await {
+    let security = match security(&opts) {
         Ok(s) => s,
         Err(e) => {
             store.finish_run(&run_id, RunStatus::Failed)?;
             return Err(e);
         }
     };
-    let controller = opts
-        .advertise_url
-        .clone()
-        .unwrap_or_else(|| format!("http://{}", server.addr));
+    let token = security.token.clone().unwrap_or_default();
+    let (tx, rx) = mpsc::channel(4096);
+    let server = match api::serve(opts.bind, tx.clone(), opts.lease, security).await {
+        Ok(s) => s,
+        Err(e) => {
+            store.finish_run(&run_id, RunStatus::Failed)?;
+            return Err(e);
+        }
+    };
+    let controller = opts.advertise_url.clone().unwrap_or_else(|| server.url());
     let log_dir = opts.out.join("logs");
+    let access = local::Access {
+        controller,
+        token,
+        ca: opts.tls_ca.clone().or_else(|| opts.tls_cert.clone()),
+    };
     let mut source = match LocalAgents::launch(
         &sc,
         &run_id,
-        &controller,
+        &access,
         opts.local.clone(),
         &log_dir,
         tx.clone(),

@@ -207,6 +207,7 @@ impl Scheduler {
                 let _ = tx
                     .send(Ok(cmsg(CMsg::Shutdown(Shutdown {
                         reason: "run finished".into(),
+                        refused: false,
                     }))))
                     .await;
             }
@@ -296,27 +297,42 @@ impl Scheduler {
             "cores": info.cores, "memory_bytes": info.memory_bytes, "postgres_version": info.postgres_version,
             "postgres_bin_dir": info.postgres_bin_dir, "hostname": info.hostname, "agent_version": info.agent_version,
         });
-        let slot = self
-            .agents
-            .entry(id.clone())
-            .or_insert_with(|| AgentSlot::new(class.clone()));
+        let refuse = |reason: String| {
+            cmsg(CMsg::Shutdown(Shutdown {
+                reason,
+                refused: true,
+            }))
+        };
+        let Some(slot) = self.agents.get_mut(&id) else {
+            let known: Vec<&str> = self.agents.keys().map(String::as_str).collect();
+            self.ui.line(format!(
+                "refused agent {id}: not one this run launched ({})",
+                known.join(", ")
+            ));
+            let _ = tx
+                .send(Ok(refuse(format!(
+                    "unknown agent `{id}`: this run expects {}",
+                    known.join(", ")
+                ))))
+                .await;
+            return;
+        };
         if slot.state == AgentState::Lost {
             // Its cells were already failed; it must not run more.
             let _ = tx
-                .send(Ok(cmsg(CMsg::Shutdown(Shutdown {
-                    reason: format!("agent {id} was declared lost: {}", slot.why_lost),
-                }))))
+                .send(Ok(refuse(format!(
+                    "agent {id} was declared lost: {}",
+                    slot.why_lost
+                ))))
                 .await;
             return;
         }
         if slot.class != class {
             let _ = tx
-                .send(Ok(cmsg(CMsg::Shutdown(Shutdown {
-                    reason: format!(
-                        "agent {id} registered as class {class}, expected {}",
-                        slot.class
-                    ),
-                }))))
+                .send(Ok(refuse(format!(
+                    "agent {id} registered as class {class}, expected {}",
+                    slot.class
+                ))))
                 .await;
             return;
         }

@@ -45,6 +45,16 @@ struct Child {
     wait: Option<JoinHandle<()>>,
 }
 
+/// How local agents reach the controller: its URL, the join token (handed
+/// over in a file in the run's directory that only its owner can read), and
+/// the CA to trust when the session is TLS.
+#[derive(Debug, Clone)]
+pub struct Access {
+    pub controller: String,
+    pub token: String,
+    pub ca: Option<PathBuf>,
+}
+
 pub struct LocalAgents {
     opts: LocalOptions,
     run_dir: PathBuf,
@@ -64,7 +74,7 @@ impl LocalAgents {
     pub async fn launch(
         scenario: &Scenario,
         run_id: &str,
-        controller: &str,
+        access: &Access,
         opts: LocalOptions,
         log_dir: &Path,
         events: mpsc::Sender<Event>,
@@ -73,6 +83,19 @@ impl LocalAgents {
         create_traversable(&run_dir)?;
         std::fs::create_dir_all(log_dir)
             .map_err(|e| Error::Agents(format!("creating {}: {e}", log_dir.display())))?;
+        let token_file = run_dir.join("join-token");
+        {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&token_file)
+                .and_then(|mut f| f.write_all(access.token.as_bytes()))
+                .map_err(|e| Error::Agents(format!("writing {}: {e}", token_file.display())))?;
+        }
         let mut me = LocalAgents {
             opts,
             run_dir,
@@ -103,7 +126,9 @@ impl LocalAgents {
                     }
                 };
                 n += 1;
-                cmd.args(["--controller", controller])
+                cmd.args(["--controller", &access.controller])
+                    .arg("--token-file")
+                    .arg(&token_file)
                     .args(["--agent-id", &agent_id])
                     .args(["--instance-class", &f.name.value])
                     .args(["--storage-profile", &f.profile()])
@@ -120,6 +145,9 @@ impl LocalAgents {
                     .args(["--write-mbps", &caps.write_mbps.to_string()]);
                 if !f.emulate() {
                     cmd.arg("--no-emulate");
+                }
+                if let Some(ca) = &access.ca {
+                    cmd.arg("--ca").arg(ca);
                 }
                 if let Some(p) = &me.opts.pg_bin {
                     cmd.arg("--pg-bin").arg(p);
@@ -206,6 +234,7 @@ impl LocalAgents {
             }
             cleanup(&self.opts.agent_bin, &c.data_root).await;
         }
+        let _ = std::fs::remove_file(self.run_dir.join("join-token"));
         let _ = std::fs::remove_dir(&self.run_dir);
         // The data dir itself goes too when no other run uses it.
         let _ = std::fs::remove_dir(&self.opts.data_dir);

@@ -1,0 +1,207 @@
+//! The agent session's security end to end: TLS with a CA-signed
+//! certificate, a join token, and the agents the controller refuses (wrong
+//! token, plaintext to a TLS controller, no CA, an id the run did not
+//! launch), each with a clear error on both sides and nothing left behind.
+
+mod common;
+
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Scratch, agent_bin, show};
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+
+/// A CA, and a server certificate for 127.0.0.1 signed by it: writes
+/// `ca.pem`, `server.pem` (the chain: server, then CA) and `server.key`.
+fn certificates(s: &Scratch) {
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let server = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    s.write("ca.pem", &ca.pem());
+    s.write("server.pem", &format!("{}{}", server.pem(), ca.pem()));
+    s.write("server.key", &key.serialize_pem());
+}
+
+const SCENARIO: &str = "name: secure
+fleet:
+  - name: local
+    count: 1
+workloads:
+  - kind: pgbench
+    scale: 1
+    script: select-only
+    duration_s: DURATION
+";
+
+#[test]
+fn agents_join_over_tls_with_the_join_token() {
+    let s = Scratch::new("tls");
+    certificates(&s);
+    s.write("token", "0123456789abcdef0123456789abcdef\n");
+    let sc = s.write("sc.yaml", &SCENARIO.replace("DURATION", "2"));
+    let (cert, key, token) = (
+        s.dir.join("server.pem"),
+        s.dir.join("server.key"),
+        s.dir.join("token"),
+    );
+    let out = s
+        .run_cmd(
+            &sc,
+            &[
+                "--tls-cert",
+                cert.to_str().unwrap(),
+                "--tls-key",
+                key.to_str().unwrap(),
+                "--join-token-file",
+                token.to_str().unwrap(),
+            ],
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let log = std::fs::read_to_string(s.out().join("logs/local-0.log")).unwrap();
+    assert!(
+        log.contains("registered") && log.contains("controller=https://127.0.0.1:"),
+        "{log}"
+    );
+    let r = s.report();
+    assert_eq!(r["status"], "succeeded");
+    s.assert_clean(&common::ports(&r));
+}
+
+/// Runs an extra agent against the running controller; returns its exit
+/// code, its stderr and how long it took.
+fn intruder(s: &Scratch, args: &[&str]) -> (Option<i32>, String, Duration) {
+    let t0 = Instant::now();
+    let root = s.dir.join("intruder");
+    let out = Command::new(agent_bin())
+        .arg("run")
+        .args([
+            "--agent-id",
+            "intruder",
+            "--instance-class",
+            "local",
+            "--give-up-after-s",
+            "3",
+        ])
+        .arg("--data-root")
+        .arg(&root)
+        .args(args)
+        .env("PGFLEET_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!root.exists(), "the refused agent left {}", root.display());
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    eprintln!("refused agent {args:?}: {}", err.trim());
+    (out.status.code(), err, t0.elapsed())
+}
+
+#[test]
+fn wrong_tokens_plaintext_missing_ca_and_unknown_agents_are_refused_clearly() {
+    let s = Scratch::new("refuse");
+    certificates(&s);
+    s.write("token", "0123456789abcdef0123456789abcdef");
+    s.write("wrong", "fedcba9876543210fedcba9876543210");
+    let sc = s.write("sc.yaml", &SCENARIO.replace("DURATION", "12"));
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let p = |f: &str| s.dir.join(f).to_str().unwrap().to_string();
+    let bind = format!("127.0.0.1:{port}");
+    let child = s
+        .run_cmd(
+            &sc,
+            &[
+                "--bind",
+                &bind,
+                "--tls-cert",
+                &p("server.pem"),
+                "--tls-key",
+                &p("server.key"),
+                "--join-token-file",
+                &p("token"),
+            ],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the run's own agent works: the controller is up.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(s.out().join("logs/local-0.log"))
+        .is_ok_and(|l| l.contains("assigned"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the run's agent never got its cell"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let https = format!("https://127.0.0.1:{port}");
+    let http = format!("http://127.0.0.1:{port}");
+
+    let (code, err, took) = intruder(
+        &s,
+        &[
+            "--controller",
+            &https,
+            "--ca",
+            &p("ca.pem"),
+            "--token-file",
+            &p("wrong"),
+        ],
+    );
+    assert_ne!(code, Some(0), "{err}");
+    assert!(
+        err.contains("refused this agent") && err.contains("join token"),
+        "{err}"
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "a refusal is not retried: {took:?}"
+    );
+
+    let (code, err, _) = intruder(&s, &["--controller", &https, "--token-file", &p("token")]);
+    assert_ne!(code, Some(0), "{err}");
+    assert!(err.contains("--ca"), "{err}");
+
+    let (code, err, _) = intruder(&s, &["--controller", &http, "--token-file", &p("token")]);
+    assert_ne!(code, Some(0), "{err}");
+    assert!(
+        err.contains("unreachable") && err.contains("https:// with --ca"),
+        "{err}"
+    );
+
+    let (code, err, _) = intruder(
+        &s,
+        &[
+            "--controller",
+            &https,
+            "--ca",
+            &p("ca.pem"),
+            "--token-file",
+            &p("token"),
+        ],
+    );
+    assert_ne!(code, Some(0), "{err}");
+    assert!(
+        err.contains("unknown agent `intruder`") && err.contains("local-0"),
+        "{err}"
+    );
+
+    // The run went on and says whom it refused.
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("refused agent intruder"), "{stderr}");
+    s.assert_clean(&common::ports(&s.report()));
+}
