@@ -118,7 +118,8 @@ CREATE TABLE IF NOT EXISTS runs (
     scenario_yaml TEXT NOT NULL,
     status TEXT NOT NULL,
     started_at TEXT NOT NULL,
-    finished_at TEXT
+    finished_at TEXT,
+    controller_pid INTEGER
 );
 CREATE TABLE IF NOT EXISTS agents (
     run_id TEXT NOT NULL REFERENCES runs(id),
@@ -215,7 +216,11 @@ impl Store {
             |r| r.get(0),
         )?;
         if !has_pid {
-            conn.execute_batch("ALTER TABLE runs ADD COLUMN controller_pid INTEGER")?;
+            // Another process opening the same old store may add it first.
+            match conn.execute_batch("ALTER TABLE runs ADD COLUMN controller_pid INTEGER") {
+                Err(e) if e.to_string().contains("duplicate column name") => {}
+                r => r?,
+            }
         }
         let store = Store {
             conn: Arc::new(Mutex::new(conn)),

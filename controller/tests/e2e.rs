@@ -446,7 +446,8 @@ fn an_agent_cut_off_reconnects_replays_unacknowledged_results_and_nothing_is_los
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            if let Ok(Some(status)) = child.borrow_mut().try_wait() {
+            let exited = child.borrow_mut().try_wait().ok().flatten();
+            if let Some(status) = exited {
                 let mut err = String::new();
                 if let Some(e) = child.borrow_mut().stderr.as_mut() {
                     use std::io::Read;
