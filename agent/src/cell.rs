@@ -35,6 +35,18 @@ pub struct AgentEnv {
     /// Where peers on other hosts reach this agent's clusters; None: this
     /// host only (loopback).
     pub address: Option<std::net::IpAddr>,
+    /// The instance this agent stands for.
+    pub instance: Instance,
+}
+
+/// The instance class's machine: a label, and the memory and CPUs its
+/// clusters are limited to when emulated (0 = the host's).
+#[derive(Debug, Clone, Default)]
+pub struct Instance {
+    pub instance_type: String,
+    pub memory_bytes: u64,
+    pub cpus: u32,
+    pub emulated: bool,
 }
 
 /// How the session steers a running cell: cancel it, release a serving
@@ -119,6 +131,16 @@ async fn run_inner(
             env.caps
         } else {
             Caps::default()
+        },
+        memory_bytes: if env.instance.emulated {
+            env.instance.memory_bytes
+        } else {
+            0
+        },
+        cpus: if env.instance.emulated {
+            env.instance.cpus
+        } else {
+            0
         },
         // A multi-role cell's cluster is reached by its peers: it listens on
         // the agent's address too and admits exactly the peers' addresses.
@@ -259,7 +281,12 @@ async fn collect_environment(
             "profile": env.storage_profile, "emulated": env.emulated, "data_root": env.data_root,
             "caps": {"read_iops": env.caps.read_iops, "write_iops": env.caps.write_iops,
                      "read_mbps": env.caps.read_mbps, "write_mbps": env.caps.write_mbps},
-            "cgroup": cluster.cgroup(),
+            "cgroup": cluster.cgroups().first().filter(|_| env.emulated && env.caps.is_capped()),
+        },
+        "instance": {
+            "type": env.instance.instance_type, "memory_bytes": env.instance.memory_bytes,
+            "cpus": env.instance.cpus, "emulated": env.instance.emulated,
+            "cgroups": cluster.cgroups(),
         },
         "host": {"hostname": host::hostname(), "cores": host::cores(), "memory_bytes": host::memory_bytes()},
     }))

@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
-use pgfleet_agent::cell::AgentEnv;
+use pgfleet_agent::cell::{AgentEnv, Instance};
 use pgfleet_agent::cluster::throttle::Caps;
 use pgfleet_agent::cluster::{self, RunAs};
 use pgfleet_agent::pgbin::PgBin;
@@ -69,6 +69,23 @@ struct RunArgs {
     /// Do not apply the caps: run uncapped and report the profile as not emulated.
     #[arg(long)]
     no_emulate: bool,
+    /// The instance type this agent stands for (a label in reports, e.g.
+    /// m6id.4xlarge).
+    #[arg(long, env = "PGFLEET_INSTANCE_TYPE", default_value = "")]
+    instance_type: String,
+    /// Limit each cluster's memory, page cache included, to this many bytes
+    /// (a memory cgroup; needs root), as on an instance of that size.
+    /// 0: the host's memory.
+    #[arg(long, default_value_t = 0)]
+    memory_bytes: u64,
+    /// Limit each cluster to this many CPUs' worth of CPU time (a CPU quota;
+    /// needs root). 0: unlimited.
+    #[arg(long, default_value_t = 0)]
+    cpus: u32,
+    /// Do not apply --memory-bytes / --cpus: run with the host's, and
+    /// report the instance as not emulated.
+    #[arg(long)]
+    no_emulate_instance: bool,
     /// Where clusters are created. Must be reachable by --pg-user.
     /// Default: $TMPDIR/pgfleet/agents/<agent-id>
     #[arg(long, env = "PGFLEET_DATA_ROOT")]
@@ -167,6 +184,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         caps,
         emulated: caps.is_capped() && !args.no_emulate,
         address: args.advertise_address,
+        instance: Instance {
+            instance_type: args.instance_type.clone(),
+            memory_bytes: args.memory_bytes,
+            cpus: args.cpus,
+            emulated: (args.memory_bytes > 0 || args.cpus > 0) && !args.no_emulate_instance,
+        },
     });
     if let Err(e) = &env.pg {
         tracing::error!("{e}");

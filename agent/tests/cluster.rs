@@ -163,3 +163,76 @@ async fn toast_slice_reproduces_the_articles_storage_and_buffer_facts() {
     cluster.teardown().await.unwrap();
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// An emulated instance: a memory cgroup bounds the cluster's memory, page
+/// cache included (reading a table larger than it leaves at most the limit
+/// cached), and a CPU quota its CPU time; both go with the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emulated_instance_bounds_the_page_cache_and_the_cpus() {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("skipped: cgroups need root");
+        return;
+    }
+    let root = scratch("instance");
+    let limit: u64 = 96 << 20;
+    let mut s = common::spec(&root, "c1", "16MB", Default::default());
+    s.memory_bytes = limit;
+    s.cpus = 1;
+    let cluster = Cluster::provision(&s).await.unwrap();
+    let cgroups: Vec<PathBuf> = cluster.cgroups().iter().map(|p| p.to_path_buf()).collect();
+    assert_eq!(cgroups.len(), 2, "{cgroups:?}");
+    let pid = cluster.pid().unwrap();
+    for cg in &cgroups {
+        let procs = std::fs::read_to_string(cg.join("cgroup.procs")).unwrap();
+        assert!(
+            procs.lines().any(|l| l.trim() == pid.to_string()),
+            "postmaster not in {}",
+            cg.display()
+        );
+    }
+    let quota = cgroups
+        .iter()
+        .find_map(|cg| std::fs::read_to_string(cg.join("cpu.cfs_quota_us")).ok())
+        .expect("a CPU cgroup");
+    assert_eq!(quota.trim(), "100000", "one CPU's time per 100 ms period");
+    let c = cluster.connect().await.unwrap();
+    // ~250 MiB of heap, well over the limit.
+    c.batch_execute(
+        "CREATE TABLE t (id int, pad text); \
+         INSERT INTO t SELECT i, repeat(md5(i::text), 28) FROM generate_series(1, 250000) i; CHECKPOINT",
+    )
+    .await
+    .unwrap();
+    let (file, size): (String, i64) = {
+        let r = c
+            .query_one(
+                "SELECT current_setting('data_directory') || '/' || pg_relation_filepath('t'), pg_relation_size('t')",
+                &[],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert!(size as u64 > 2 * limit, "table {size} bytes");
+    let n: i64 = c
+        .query_one("SELECT count(*) FROM t", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 250_000);
+    let out = std::process::Command::new("fincore")
+        .args(["--bytes", "--noheadings", "--output", "RES", &file])
+        .output()
+        .unwrap();
+    let resident: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(
+        resident <= limit,
+        "{resident} bytes of the table cached, over the instance's {limit}"
+    );
+    drop(c);
+    cluster.teardown().await.unwrap();
+    for cg in &cgroups {
+        assert!(!cg.exists(), "{} left behind", cg.display());
+    }
+    std::fs::remove_dir_all(&root).unwrap();
+}

@@ -443,7 +443,11 @@ async fn a_low_iops_cap_clearly_lowers_tps() {
         write_mbps: 0,
     };
     let (capped, root2) = capped_cluster("capped", caps).await;
-    let cg = capped.cgroup().expect("a throttling cgroup").to_path_buf();
+    let cg = capped
+        .cgroups()
+        .first()
+        .expect("a throttling cgroup")
+        .to_path_buf();
     // Every server process is in it, from the postmaster down.
     let procs = throttle::pids(&cg);
     assert!(procs.contains(&capped.pid().unwrap()), "{procs:?}");

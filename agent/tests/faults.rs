@@ -97,6 +97,7 @@ async fn a_cell_larger_than_the_free_disk_is_refused_before_loading() {
         caps: Default::default(),
         emulated: false,
         address: None,
+        instance: Default::default(),
     };
     let p = params("{kind: pgbench-init, scale: 40}");
     let assign = Assign {

@@ -38,6 +38,8 @@ pub async fn cluster(settings: &[(&str, &str)]) -> anyhow::Result<(Cluster, Path
         caps: Default::default(),
         listen: Vec::new(),
         peers: Vec::new(),
+        memory_bytes: 0,
+        cpus: 0,
     };
     Ok((Cluster::provision(&spec).await?, root))
 }

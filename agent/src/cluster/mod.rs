@@ -126,6 +126,10 @@ pub struct ClusterSpec {
     pub peers: Vec<std::net::IpAddr>,
     /// Storage caps to emulate (block-I/O throttling); uncapped = as is.
     pub caps: Caps,
+    /// The emulated instance's memory (page cache included; 0 = the host's)
+    /// and CPUs (0 = the host's).
+    pub memory_bytes: u64,
+    pub cpus: u32,
 }
 
 /// A running cluster. Dropping it stops the server and removes its files.
@@ -135,8 +139,9 @@ pub struct Cluster {
     port: u16,
     password: String,
     child: Option<Child>,
-    /// The throttling cgroup, when the storage profile is emulated.
-    cgroup: Option<throttle::Cgroup>,
+    /// The cgroups emulating the instance and its storage (none when
+    /// nothing is emulated).
+    cgroups: Vec<throttle::Cgroup>,
     pub pg: PgBin,
 }
 
@@ -147,9 +152,9 @@ impl Cluster {
     pub fn port(&self) -> u16 {
         self.port
     }
-    /// The block-I/O cgroup the server runs in, if its storage is emulated.
-    pub fn cgroup(&self) -> Option<&Path> {
-        self.cgroup.as_ref().map(|c| c.path.as_path())
+    /// The cgroups the server runs in (instance and storage emulation).
+    pub fn cgroups(&self) -> Vec<&Path> {
+        self.cgroups.iter().map(|c| c.path.as_path()).collect()
     }
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().and_then(|c| c.id())
@@ -176,7 +181,7 @@ impl Cluster {
             port: 0,
             password: random_hex(16)?,
             child: None,
-            cgroup: None,
+            cgroups: Vec::new(),
             pg: spec.pg.clone(),
         };
         // From here on, Drop removes the directory on any error.
@@ -195,16 +200,22 @@ impl Cluster {
             check_reachable(&cluster.dir, u)?;
         }
         cluster.initdb(spec).await?;
-        if spec.caps.is_capped() {
+        let limits = throttle::Limits {
+            caps: spec.caps,
+            memory_bytes: spec.memory_bytes,
+            cpus: spec.cpus,
+        };
+        if limits.any() {
             let name = format!("{}-{:016x}", spec.name, path_hash(&cluster.dir));
-            let cg = throttle::create(&name, &cluster.dir, spec.caps, spec.run_as.as_ref())?;
-            // Recorded so a later `reap_stale` can remove it.
-            std::fs::write(
-                cluster.dir.join("cgroup"),
-                cg.path.to_string_lossy().as_bytes(),
-            )
-            .map_err(|e| Error::io("recording the cgroup", e))?;
-            cluster.cgroup = Some(cg);
+            cluster.cgroups = throttle::create(&name, &cluster.dir, &limits, spec.run_as.as_ref())?;
+            // Recorded so a later `reap_stale` can remove them.
+            let paths: Vec<String> = cluster
+                .cgroups
+                .iter()
+                .map(|c| c.path.to_string_lossy().to_string())
+                .collect();
+            std::fs::write(cluster.dir.join("cgroup"), paths.join("\n"))
+                .map_err(|e| Error::io("recording the cgroups", e))?;
         }
         // A free port can be taken between probing and binding: retry.
         let mut last = String::new();
@@ -311,14 +322,14 @@ impl Cluster {
             .process_group(0);
         apply_identity(&mut cmd, spec.run_as.as_ref());
         let parent = std::process::id();
-        let join = self
-            .cgroup
-            .as_ref()
+        let join: Vec<std::ffi::CString> = self
+            .cgroups
+            .iter()
             .filter(|c| c.self_join)
             .map(|c| {
                 std::ffi::CString::new(c.path.join("cgroup.procs").as_os_str().as_encoded_bytes())
             })
-            .transpose()
+            .collect::<std::result::Result<_, _>>()
             .map_err(|e| Error::Provision(format!("cgroup path: {e}")))?;
         // SAFETY: only async-signal-safe calls (prctl, getppid, open, write,
         // close, _exit). The death signal is set after the uid switch, which
@@ -338,7 +349,7 @@ impl Cluster {
                 if libc::getppid() as u32 != parent {
                     libc::_exit(1);
                 }
-                if let Some(procs) = &join {
+                for procs in &join {
                     // "0" moves the writing process into the cgroup.
                     let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
                     if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
@@ -352,7 +363,8 @@ impl Cluster {
         let child = cmd
             .spawn()
             .map_err(|e| Error::Provision(format!("starting postgres: {e}")))?;
-        if let (Some(cg), Some(pid)) = (self.cgroup.as_ref().filter(|c| !c.self_join), child.id()) {
+        for cg in self.cgroups.iter().filter(|c| !c.self_join) {
+            let Some(pid) = child.id() else { break };
             std::fs::write(cg.path.join("cgroup.procs"), pid.to_string()).map_err(|e| {
                 Error::Provision(format!("moving postgres into {}: {e}", cg.path.display()))
             })?;
@@ -655,7 +667,7 @@ impl Cluster {
                 }
             }
         }
-        if let Some(cg) = self.cgroup.take() {
+        for cg in std::mem::take(&mut self.cgroups) {
             throttle::remove_path(&cg.path)?;
         }
         let dir = std::mem::take(&mut self.dir);
@@ -668,7 +680,7 @@ impl Drop for Cluster {
         if let Some(mut child) = self.child.take() {
             stop_blocking(&mut child);
         }
-        if let Some(cg) = self.cgroup.take() {
+        for cg in std::mem::take(&mut self.cgroups) {
             let _ = throttle::remove_path(&cg.path);
         }
         if !self.dir.as_os_str().is_empty() {
@@ -791,8 +803,10 @@ pub fn reap_stale(clusters_dir: &Path) -> Result<usize> {
         if let Some(pid) = postmaster_pid(&dir.join("data")) {
             stop_pid(pid);
         }
-        if let Ok(cg) = std::fs::read_to_string(dir.join("cgroup")) {
-            throttle::remove_path(Path::new(cg.trim()))?;
+        if let Ok(cgs) = std::fs::read_to_string(dir.join("cgroup")) {
+            for cg in cgs.lines().filter(|l| !l.trim().is_empty()) {
+                throttle::remove_path(Path::new(cg.trim()))?;
+            }
         }
         remove_tree(&dir)?;
         n += 1;

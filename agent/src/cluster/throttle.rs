@@ -1,13 +1,22 @@
-//! Storage emulation: the cluster's server processes go into a block-I/O
-//! throttled cgroup on the device behind the data directory (cgroup v1
-//! `blkio.throttle.*`, or v2 `io.max`), so a local disk behaves like a
-//! capped network volume (gp3: 3,000 IOPS, 125 MiB/s).
+//! Instance emulation: the cluster's server processes go into cgroups that
+//! make this host behave like the instance under test.
+//! - Storage: block-I/O throttling on the device behind the data directory
+//!   (cgroup v1 `blkio.throttle.*`, v2 `io.max`), so a local disk behaves
+//!   like a capped network volume (gp3: 3,000 IOPS, 125 MiB/s).
+//! - Memory: a memory cgroup (v1 `memory.limit_in_bytes`, v2 `memory.max`)
+//!   that counts the page cache of the cluster's files, so reads of a
+//!   dataset larger than the instance's memory reach the device, as on the
+//!   real instance.
+//! - CPUs: CPU time of that many CPUs (v1 `cpu.cfs_quota_us`, v2
+//!   `cpu.max`), not pinned: clusters of several agents on one host share
+//!   its cores as the scheduler sees fit.
 //!
-//! The postmaster joins the cgroup itself, before exec (it writes `0` to
-//! `cgroup.procs`, which the agent made writable for the server's user), so
-//! every process it forks is throttled from the first I/O. The cgroup is
-//! removed after the server stops; its path is kept in the cluster's
-//! directory so `reap_stale` can remove it after an agent died.
+//! cgroup v1 has a hierarchy per controller, so a cluster may have up to
+//! three cgroups; v2 one. The postmaster joins them itself, before exec (it
+//! writes `0` to each `cgroup.procs`, which the agent made writable for the
+//! server's user), so every process it forks is limited from the start. The
+//! cgroups are removed after the server stops; their paths are kept in the
+//! cluster's directory so `reap_stale` can remove them after an agent died.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -39,6 +48,22 @@ impl Caps {
     }
 }
 
+/// What to emulate; zero / empty fields are not limited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    pub caps: Caps,
+    /// Memory, page cache included.
+    pub memory_bytes: u64,
+    pub cpus: u32,
+}
+
+impl Limits {
+    pub fn any(&self) -> bool {
+        self.caps.is_capped() || self.memory_bytes > 0 || self.cpus > 0
+    }
+}
+
+const CG_ROOT: &str = "/sys/fs/cgroup";
 const V1_ROOT: &str = "/sys/fs/cgroup/blkio";
 const V2_ROOT: &str = "/sys/fs/cgroup";
 
@@ -74,16 +99,119 @@ pub fn device_of(dir: &Path) -> Result<String> {
     Ok(format!("{major}:{minor}"))
 }
 
-/// Creates `pgfleet/<name>` with the caps on the device behind `data_dir`,
-/// writable for `run_as` so the postmaster can join it.
-pub fn create(name: &str, data_dir: &Path, caps: Caps, run_as: Option<&RunAs>) -> Result<Cgroup> {
+/// Creates the cgroups `limits` need (each `pgfleet/<name>` in its
+/// hierarchy), writable for `run_as` so the postmaster can join them.
+/// On any error, what was created is removed.
+pub fn create(
+    name: &str,
+    data_dir: &Path,
+    limits: &Limits,
+    run_as: Option<&RunAs>,
+) -> Result<Vec<Cgroup>> {
     if !nix::unistd::geteuid().is_root() {
         return Err(Error::Provision(
-            "emulating a capped storage profile needs root (block-I/O cgroups); run the agent as root, \
-             or set `emulate: false` on the storage profile to run uncapped (the report will say so)"
+            "emulating an instance or a capped storage profile needs root (cgroups); run the agent as root, \
+             or set `emulate: false` on the class's storage / instance to run unlimited (the report will say so)"
                 .into(),
         ));
     }
+    let v2 = !Path::new(CG_ROOT).join("memory").exists()
+        && Path::new(CG_ROOT).join("cgroup.controllers").exists();
+    let mut made: Vec<Cgroup> = Vec::new();
+    let r = (|| -> Result<()> {
+        if limits.caps.is_capped() {
+            made.push(create_io(name, data_dir, limits.caps, run_as)?);
+        }
+        if v2 {
+            if limits.memory_bytes > 0 || limits.cpus > 0 {
+                made.push(create_v2(name, limits, run_as)?);
+            }
+            return Ok(());
+        }
+        if limits.memory_bytes > 0 {
+            let cg = v1_group("memory", name, run_as)?;
+            made.push(cg);
+            let cg = made.last().expect("just pushed");
+            write(
+                &cg.path.join("memory.limit_in_bytes"),
+                &limits.memory_bytes.to_string(),
+            )?;
+        }
+        if limits.cpus > 0 {
+            let cg = v1_group("cpu", name, run_as)?;
+            made.push(cg);
+            let cg = made.last().expect("just pushed");
+            write(&cg.path.join("cpu.cfs_period_us"), "100000")?;
+            write(
+                &cg.path.join("cpu.cfs_quota_us"),
+                &(limits.cpus as u64 * 100_000).to_string(),
+            )?;
+        }
+        Ok(())
+    })();
+    match r {
+        Ok(()) => Ok(made),
+        Err(e) => {
+            for cg in &made {
+                let _ = remove_path(&cg.path);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// `pgfleet/<name>` in a cgroup v1 hierarchy, its `cgroup.procs` owned by
+/// `run_as`.
+fn v1_group(controller: &str, name: &str, run_as: Option<&RunAs>) -> Result<Cgroup> {
+    let parent = Path::new(CG_ROOT).join(controller).join("pgfleet");
+    let path = parent.join(name);
+    if path.exists() {
+        let _ = std::fs::remove_dir(&path);
+    }
+    mkdir(&parent)?;
+    mkdir(&path)?;
+    if let Some(u) = run_as {
+        nix::unistd::chown(
+            &path.join("cgroup.procs"),
+            Some(u.uid.into()),
+            Some(u.gid.into()),
+        )
+        .map_err(|e| Error::Provision(format!("chown {}/cgroup.procs: {e}", path.display())))?;
+    }
+    Ok(Cgroup {
+        path,
+        self_join: true,
+    })
+}
+
+/// cgroup v2: memory and CPU time in one `pgfleet-mem/<name>` (the io
+/// cgroup is its own, see `create_io`).
+fn create_v2(name: &str, limits: &Limits, _run_as: Option<&RunAs>) -> Result<Cgroup> {
+    let root = Path::new(V2_ROOT);
+    let parent = root.join("pgfleet-instance");
+    let path = parent.join(name);
+    mkdir(&parent)?;
+    write(&root.join("cgroup.subtree_control"), "+memory +cpu")?;
+    write(&parent.join("cgroup.subtree_control"), "+memory +cpu")?;
+    mkdir(&path)?;
+    if limits.memory_bytes > 0 {
+        write(&path.join("memory.max"), &limits.memory_bytes.to_string())?;
+    }
+    if limits.cpus > 0 {
+        write(
+            &path.join("cpu.max"),
+            &format!("{} 100000", limits.cpus as u64 * 100_000),
+        )?;
+    }
+    Ok(Cgroup {
+        path,
+        self_join: false,
+    })
+}
+
+/// The block-I/O cgroup `pgfleet/<name>` with the caps on the device behind
+/// `data_dir`, writable for `run_as` so the postmaster can join it.
+fn create_io(name: &str, data_dir: &Path, caps: Caps, run_as: Option<&RunAs>) -> Result<Cgroup> {
     let dev = device_of(data_dir)?;
     let v1 = Path::new(V1_ROOT)
         .join("blkio.throttle.read_iops_device")
@@ -193,10 +321,10 @@ pub fn remove_path(path: &Path) -> Result<()> {
         std::fs::remove_dir(path)
             .map_err(|e| Error::io(format!("removing cgroup {}", path.display()), e))
     })();
-    if let Some(parent) = path
-        .parent()
-        .filter(|p| p.file_name().is_some_and(|n| n == "pgfleet"))
-    {
+    if let Some(parent) = path.parent().filter(|p| {
+        p.file_name()
+            .is_some_and(|n| n == "pgfleet" || n == "pgfleet-instance")
+    }) {
         // Fails harmlessly while other clusters still use it.
         let _ = std::fs::remove_dir(parent);
     }

@@ -35,6 +35,8 @@ pub fn spec(root: &Path, name: &str, shared_buffers: &str, caps: Caps) -> Cluste
         settings: BTreeMap::from([("shared_buffers".into(), shared_buffers.into())]),
         listen: Vec::new(),
         peers: Vec::new(),
+        memory_bytes: 0,
+        cpus: 0,
         caps,
     }
 }

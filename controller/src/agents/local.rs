@@ -146,6 +146,15 @@ impl LocalAgents {
                 if !f.emulate() {
                     cmd.arg("--no-emulate");
                 }
+                let instance = f.instance();
+                if !instance.instance_type.is_empty() {
+                    cmd.args(["--instance-type", &instance.instance_type]);
+                }
+                cmd.args(["--memory-bytes", &instance.memory_bytes.to_string()])
+                    .args(["--cpus", &instance.cpus.to_string()]);
+                if !instance.emulate {
+                    cmd.arg("--no-emulate-instance");
+                }
                 if let Some(ca) = &access.ca {
                     cmd.arg("--ca").arg(ca);
                 }

@@ -42,7 +42,7 @@ pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
     let _ = writeln!(md, "## Environment\n");
     let _ = writeln!(
         md,
-        "| instance class | agents | PostgreSQL | storage | host | settings |\n|---|---|---|---|---|---|"
+        "| instance class | agents | PostgreSQL | instance | storage | host | settings |\n|---|---|---|---|---|---|---|"
     );
     if let Some(classes) = doc["environment"]["instance_classes"].as_object() {
         for (name, c) in classes {
@@ -67,9 +67,27 @@ pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
                 (false, false) => "real".to_string(),
             };
             let mem = c["host"]["memory_bytes"].as_f64().unwrap_or(0.0) / (1u64 << 30) as f64;
+            let i = &c["instance"];
+            let mut limits = Vec::new();
+            if let Some(m) = i["memory_bytes"].as_u64().filter(|m| *m > 0) {
+                limits.push(pgfleet_proto::workload::approx_bytes(m));
+            }
+            if let Some(n) = i["cpus"].as_u64().filter(|n| *n > 0) {
+                limits.push(format!("{n} CPU{}", if n == 1 { "" } else { "s" }));
+            }
+            let instance = match (s(&i["type"]), limits.is_empty(), i["emulated"].as_bool()) {
+                (t, true, _) if t.is_empty() => "the host".to_string(),
+                (t, true, _) => format!("{t} (the host's memory and CPUs)"),
+                (t, false, Some(true)) => format!("{t} {} (emulated)", limits.join(", "))
+                    .trim()
+                    .to_string(),
+                (t, false, _) => format!("{t} {} (NOT emulated: the host's)", limits.join(", "))
+                    .trim()
+                    .to_string(),
+            };
             let _ = writeln!(
                 md,
-                "| {name} | {} | {} | {} ({emulated}) | {} cores, {mem:.1} GiB | {} |",
+                "| {name} | {} | {} | {instance} | {} ({emulated}) | {} cores, {mem:.1} GiB | {} |",
                 agents.join(", "),
                 s(&c["postgres"]["version"]),
                 s(&c["storage"]["profile"]),

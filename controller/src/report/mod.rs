@@ -5,7 +5,8 @@
 //! report.json:
 //! `{run_id, scenario, status, started_at, finished_at,
 //!   environment: {instance_classes: {<class>: {postgres: {version, settings},
-//!                 storage: {profile, emulated}, host: {cores, memory_bytes, hostname}, agents}}},
+//!                 storage: {profile, emulated}, host: {cores, memory_bytes, hostname},
+//!                 instance: {type, memory_bytes, cpus, emulated, cgroups}, agents}}},
 //!   cells: [{cell_id, workload, instance_class, agent, state, error, started_at, finished_at,
 //!            environment (a multi-role cell's: {<role>: ...})}],
 //!   results: [{workload, instance_class, agent, cell_id, params, metrics}],
@@ -76,6 +77,7 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
             class["postgres"] = env["postgres"].clone();
             class["storage"] = env["storage"].clone();
             class["host"] = env["host"].clone();
+            class["instance"] = env["instance"].clone();
         }
     }
     let by_id: BTreeMap<&str, &crate::store::CellRow> =

@@ -81,8 +81,38 @@ pub struct FleetEntry {
     pub count: Option<Spanned<u32>>,
     #[serde(default)]
     pub storage: Option<StorageSpec>,
+    /// The machine: its type (a label), and the memory and CPUs its
+    /// clusters are limited to (emulated with cgroups).
+    #[serde(default)]
+    pub instance: Option<InstanceSpec>,
     #[serde(default)]
     pub postgres: Option<PostgresSpec>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceSpec {
+    /// e.g. `m6id.4xlarge`: shown in reports.
+    #[serde(default, rename = "type")]
+    pub instance_type: Option<Spanned<String>>,
+    /// Memory of each cluster, page cache included (`"384MiB"`, bytes).
+    #[serde(default)]
+    pub memory: Option<Spanned<pgfleet_proto::workload::ByteSize>>,
+    #[serde(default)]
+    pub cpus: Option<Spanned<u32>>,
+    /// Apply the limits (default). `false` runs with the host's memory and
+    /// CPUs, and reports say the instance was not emulated.
+    #[serde(default)]
+    pub emulate: Option<Spanned<bool>>,
+}
+
+/// An instance class's machine, resolved: what to emulate.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Instance {
+    pub instance_type: String,
+    pub memory_bytes: u64,
+    pub cpus: u32,
+    pub emulate: bool,
 }
 
 impl FleetEntry {
@@ -116,6 +146,26 @@ impl FleetEntry {
                 write_mbps: v(&s.write_mbps),
             },
             _ => StorageCaps::default(),
+        }
+    }
+    /// The class's machine (validated: sizes parse).
+    pub fn instance(&self) -> Instance {
+        let Some(i) = &self.instance else {
+            return Instance::default();
+        };
+        Instance {
+            instance_type: i
+                .instance_type
+                .as_ref()
+                .map(|t| t.value.clone())
+                .unwrap_or_default(),
+            memory_bytes: i
+                .memory
+                .as_ref()
+                .and_then(|m| m.value.bytes().ok())
+                .unwrap_or(0),
+            cpus: i.cpus.as_ref().map(|c| c.value).unwrap_or(0),
+            emulate: i.emulate.as_ref().is_none_or(|e| e.value),
         }
     }
     pub fn emulate(&self) -> bool {
@@ -541,6 +591,39 @@ workloads:
         assert_eq!((e.line, e.field.as_str()), (3, "fleet[0].name"), "{e}");
         let e = err(&with("count: 1", "count: 1000"));
         assert_eq!((e.line, e.field.as_str()), (4, "fleet[0].count"), "{e}");
+        // The instance: a label, memory and CPUs, each checked where written.
+        let ok = parse(
+            Path::new("x"),
+            &with(
+                "count: 1",
+                "count: 1\n    instance: { type: m6id.4xlarge, memory: 384MiB, cpus: 2 }",
+            ),
+        )
+        .unwrap();
+        let i = ok.fleet.value[0].instance();
+        assert_eq!(
+            (i.instance_type.as_str(), i.memory_bytes, i.cpus, i.emulate),
+            ("m6id.4xlarge", 384 << 20, 2, true)
+        );
+        let e = err(&with(
+            "count: 1",
+            "count: 1\n    instance: { memory: 16MiB }",
+        ));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (5, "fleet[0].instance.memory"),
+            "{e}"
+        );
+        assert!(e.message.contains("at least 64MiB"), "{e}");
+        let e = err(&with("count: 1", "count: 1\n    instance: { cpus: 0 }"));
+        assert_eq!(e.field, "fleet[0].instance.cpus", "{e}");
+        let e = err(&with(
+            "count: 1",
+            "count: 1\n    instance: { type: \"m6id 4xlarge\" }",
+        ));
+        assert_eq!(e.field, "fleet[0].instance.type", "{e}");
+        let e = err(&with("count: 1", "count: 1\n    instance: { ram: 1GiB }"));
+        assert_eq!(e.field, "fleet[0].instance.ram", "{e}");
     }
 
     #[test]

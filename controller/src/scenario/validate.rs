@@ -129,6 +129,41 @@ pub fn validate(s: &Scenario) -> Result<Vec<Vec<(String, Params)>>, Invalid> {
                 );
             }
         }
+        if let Some(inst) = &f.instance {
+            if let Some(t) = &inst.instance_type
+                && (t.value.is_empty()
+                    || t.value.len() > 64
+                    || !t
+                        .value
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')))
+            {
+                return err(
+                    t.referenced,
+                    at("instance.type"),
+                    format!(
+                        "`{}` is not an instance type: use letters, digits, `.`, `-`, `_` (e.g. m6id.4xlarge)",
+                        t.value
+                    ),
+                );
+            }
+            if let Some(m) = &inst.memory {
+                let n = m
+                    .value
+                    .bytes()
+                    .or_else(|e| err(m.referenced, at("instance.memory"), e))?;
+                if n < 64 << 20 {
+                    return err(
+                        m.referenced,
+                        at("instance.memory"),
+                        format!(
+                            "{n} bytes is out of range: allowed at least 64MiB (PostgreSQL needs room beside shared_buffers)"
+                        ),
+                    );
+                }
+            }
+            in_range(&inst.cpus, at("instance.cpus"), 1, 1024, "")?;
+        }
         if let Some(pg) = &f.postgres {
             for (k, v) in &pg.settings {
                 let field = at(&format!("postgres.settings.{k}"));
