@@ -142,6 +142,8 @@ pub struct Cluster {
     /// The cgroups emulating the instance and its storage (none when
     /// nothing is emulated).
     cgroups: Vec<throttle::Cgroup>,
+    /// The emulated instance's memory (0: the host's).
+    memory_bytes: u64,
     pub pg: PgBin,
 }
 
@@ -182,6 +184,7 @@ impl Cluster {
             password: random_hex(16)?,
             child: None,
             cgroups: Vec::new(),
+            memory_bytes: spec.memory_bytes,
             pg: spec.pg.clone(),
         };
         // From here on, Drop removes the directory on any error.
@@ -512,6 +515,13 @@ impl Cluster {
         } else {
             "the PostgreSQL server is no longer running".to_string()
         };
+        if self.memory_bytes > 0 && lines.iter().any(|l| l.contains("signal 9")) {
+            lines.push(format!(
+                "(a process killed with signal 9 in an instance of {} MiB is most likely the memory cgroup's OOM kill: \
+                 raise the class's instance.memory, or lower shared_buffers / maintenance_work_mem / work_mem)",
+                self.memory_bytes >> 20
+            ));
+        }
         if !lines.is_empty() {
             if !why.is_empty() {
                 why += "; ";
