@@ -123,6 +123,9 @@ pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunS
         store.insert_cell(&run_id, i, c)?;
     }
     let estimate = scenario::plan::estimate(&sc, &cells);
+    for w in scenario::plan::warnings(&sc, &cells, scenario::plan::host_memory()) {
+        eprintln!("{w}");
+    }
     eprintln!(
         "run {run_id}: scenario {} ({} cells on {} agents, about {} estimated), store {}",
         sc.name.value,

@@ -870,6 +870,47 @@ workloads:
     }
 
     #[test]
+    fn a_storage_comparison_whose_data_fits_in_memory_is_warned_about() {
+        let sc = |instance: &str| {
+            format!(
+                "name: w
+fleet:
+  - name: nvme
+  - name: gp3
+    storage: {{ profile: gp3 }}{instance}
+workloads:
+  - kind: pgbench
+    scale: 64
+    script: random-update
+"
+            )
+        };
+        let host = 24u64 << 30;
+        // Scale 64 (~1 GiB) in this host's 24 GiB: warned, naming the class.
+        let s = parse(Path::new("w.yaml"), &sc("")).unwrap();
+        let w = plan::warnings(&s, &plan(&s), host);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("class `gp3`") && w[0].contains("this host's memory"),
+            "{w:?}"
+        );
+        // In a 128 MiB instance: 7.6x the memory, no warning.
+        let s = parse(
+            Path::new("w.yaml"),
+            &sc("\n    instance: { memory: 128MiB }"),
+        )
+        .unwrap();
+        assert!(plan::warnings(&s, &plan(&s), host).is_empty());
+        // Not emulated: the host's memory counts again.
+        let s = parse(
+            Path::new("w.yaml"),
+            &sc("\n    instance: { memory: 128MiB, emulate: false }"),
+        )
+        .unwrap();
+        assert_eq!(plan::warnings(&s, &plan(&s), host).len(), 1);
+    }
+
+    #[test]
     fn unreadable_file_names_it() {
         let e = load(Path::new("/nonexistent/x.yaml")).unwrap_err();
         assert!(

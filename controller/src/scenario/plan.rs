@@ -170,6 +170,10 @@ pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> 
             approx_bytes(e.disk_bytes)
         );
     }
+    for w in warnings(s, cells, host_memory()) {
+        out += &w;
+        out += "\n";
+    }
     let t = estimate(s, cells);
     out += &format!(
         "estimated: {} of cells ({} of it measuring), about {} on this fleet; up to {} of disk per agent\n",
@@ -179,4 +183,72 @@ pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> 
         approx_bytes(t.disk_bytes_per_agent)
     );
     out
+}
+
+/// The seeds' proportion of data to memory (482 GiB on 64 GiB).
+pub const SEEDS_DATA_PER_MEMORY: f64 = 7.5;
+
+/// Storage comparisons that cannot show the storage: a class with capped
+/// storage whose cells' working set fits in the memory its clusters have
+/// (the instance's when emulated, else `host_memory`), so reads are served
+/// from the page cache and only writes meet the cap.
+pub fn warnings(s: &Scenario, cells: &[PlannedCell], host_memory: u64) -> Vec<String> {
+    use pgfleet_proto::workload::approx_bytes;
+    let mut out = Vec::new();
+    for f in &s.fleet.value {
+        let caps = f.caps();
+        if caps == Default::default() || !f.emulate() {
+            continue;
+        }
+        let instance = f.instance();
+        let (memory, whose) = if instance.emulate && instance.memory_bytes > 0 {
+            (instance.memory_bytes, "the instance's")
+        } else {
+            (host_memory, "this host's")
+        };
+        let largest = cells
+            .iter()
+            .filter(|c| c.instance_class == f.name.value)
+            .filter_map(|c| c.params.working_set_bytes())
+            .max();
+        if let Some(data) = largest
+            && memory > 0
+            && data < 2 * memory
+        {
+            let fit = (data as f64 / SEEDS_DATA_PER_MEMORY) as u64;
+            let advice = if fit >= 96 << 20 {
+                format!(
+                    "give the class `instance: {{memory: {}}}` (1/{SEEDS_DATA_PER_MEMORY} of the data, as in the seeds)",
+                    approx_bytes(fit)
+                )
+            } else {
+                format!(
+                    "raise the scale to ~{:.0}x this data and give the class `instance: {{memory: 96MiB}}` or more (the seeds: data = {SEEDS_DATA_PER_MEMORY}x memory)",
+                    (96u64 << 20) as f64 * SEEDS_DATA_PER_MEMORY / data as f64
+                )
+            };
+            out.push(format!(
+                "warning: class `{}`: the data read at random (~{}) fits in {whose} memory ({}): reads will be served from memory and only writes meet the storage caps. To compare storage as the seeds did, {advice}.",
+                f.name.value,
+                approx_bytes(data),
+                approx_bytes(memory),
+            ));
+        }
+    }
+    out
+}
+
+/// This host's memory (`/proc/meminfo`), the memory local agents' clusters
+/// have when the instance is not emulated; 0 if unknown.
+pub fn host_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
 }

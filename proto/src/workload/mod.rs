@@ -198,6 +198,12 @@ pub trait KindParams {
     fn settings(&self, _role: &str) -> Vec<(&'static str, String)> {
         Vec::new()
     }
+    /// The data the measurement reads at random (e.g. pgbench's accounts
+    /// and key): when it fits in the instance's memory, reads never reach
+    /// the storage under test. None: the kind does not read that way.
+    fn working_set_bytes(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A size in bytes as a scenario writes it: `10737418240`, `"10GiB"`,
@@ -371,6 +377,12 @@ macro_rules! kinds {
             pub fn settings(&self, role: &str) -> Vec<(&'static str, String)> {
                 match self {
                     $(Params::$variant(p) => p.settings(role),)*
+                }
+            }
+
+            pub fn working_set_bytes(&self) -> Option<u64> {
+                match self {
+                    $(Params::$variant(p) => p.working_set_bytes(),)*
                 }
             }
         }

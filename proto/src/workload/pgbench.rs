@@ -319,4 +319,8 @@ impl KindParams for Params {
             disk_bytes: load.disk_bytes + (1 << 30),
         }
     }
+
+    fn working_set_bytes(&self) -> Option<u64> {
+        Some(self.init.data_bytes())
+    }
 }
