@@ -8,7 +8,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Scratch, ports, processes_mentioning, show};
+use common::{Scratch, ports, show};
 use pgfleet_controller::store::Store;
 
 fn root() -> bool {
@@ -280,19 +280,7 @@ fn a_killed_role_server_or_peer_agent_fails_its_cell_and_the_rest_goes_on() {
     // Cell 2: its publisher's agent is SIGKILLed.
     let (agent_cell, agents) = &cells[1];
     let publisher = role(agents, "publisher");
-    let procs = processes_mentioning(&s.data());
-    let victim = procs
-        .iter()
-        .find(|(_, cmd)| {
-            cmd.contains("pgfleet-agent run") && cmd.contains(&format!("--agent-id {publisher} "))
-        })
-        .unwrap_or_else(|| panic!("agent {publisher} not found in {procs:?}"));
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(victim.0 as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    let killed_at = chrono::Utc::now();
+    let killed_at = common::kill_agent(&s.data(), &publisher);
 
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", show(&out));

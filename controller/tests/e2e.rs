@@ -200,20 +200,7 @@ fn sigkill_of_an_agent_fails_its_cell_within_the_lease_and_the_rest_completes() 
             break (c.cell_id.clone(), c.agent_id.clone().unwrap());
         }
     };
-    let procs = processes_mentioning(&s.data());
-    let agent = procs
-        .iter()
-        .find(|(_, cmd)| {
-            cmd.contains("pgfleet-agent run")
-                && cmd.contains(&format!("--agent-id {victim_agent} "))
-        })
-        .unwrap_or_else(|| panic!("agent {victim_agent} not found in {procs:?}"));
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(agent.0 as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    let killed_at = chrono::Utc::now();
+    let killed_at = common::kill_agent(&s.data(), &victim_agent);
 
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", show(&out));

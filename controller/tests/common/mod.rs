@@ -125,6 +125,24 @@ pub fn processes_mentioning(needle: &Path) -> Vec<(u32, String)> {
     out
 }
 
+/// SIGKILLs the `pgfleet-agent` with `agent_id` among the processes that
+/// mention `data_dir`; returns when it was killed.
+pub fn kill_agent(data_dir: &Path, agent_id: &str) -> chrono::DateTime<chrono::Utc> {
+    let procs = processes_mentioning(data_dir);
+    let agent = procs
+        .iter()
+        .find(|(_, cmd)| {
+            cmd.contains("pgfleet-agent run") && cmd.contains(&format!("--agent-id {agent_id} "))
+        })
+        .unwrap_or_else(|| panic!("agent {agent_id} not found in {procs:?}"));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent.0 as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    chrono::Utc::now()
+}
+
 pub fn ports(report: &serde_json::Value) -> Vec<u16> {
     // Cells record their cluster's port in the store's environment; the
     // report keeps the first per class, the store has them all.
