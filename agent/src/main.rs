@@ -44,11 +44,18 @@ struct RunArgs {
     /// Controller address, e.g. http://127.0.0.1:7070
     #[arg(long, env = "PGFLEET_CONTROLLER")]
     controller: String,
-    /// This agent's id; unique in the fleet.
+    /// This agent's id, unique among the controller's agents. Default: the
+    /// host name (one agent per host, container or pod).
     #[arg(long, env = "PGFLEET_AGENT_ID")]
-    agent_id: String,
-    /// The instance class (fleet entry name) this agent stands for.
-    #[arg(long, env = "PGFLEET_INSTANCE_CLASS", default_value = "local")]
+    agent_id: Option<String>,
+    /// The instance class (a scenario's fleet entry name) this agent stands
+    /// for; a serving controller gives it cells of runs that need that class.
+    #[arg(
+        long,
+        visible_alias = "class",
+        env = "PGFLEET_INSTANCE_CLASS",
+        default_value = "local"
+    )]
     instance_class: String,
     /// Storage profile name of the data root (nvme, gp3, custom); reported as is.
     #[arg(long, env = "PGFLEET_STORAGE_PROFILE", default_value = "nvme")]
@@ -151,12 +158,18 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let data_root = args.data_root.clone().unwrap_or_else(|| {
-        std::env::temp_dir()
-            .join("pgfleet/agents")
-            .join(&args.agent_id)
-    });
+async fn run(mut args: RunArgs) -> anyhow::Result<()> {
+    let agent_id = match args.agent_id.take() {
+        Some(id) => id,
+        None => nix::unistd::gethostname()
+            .context("reading the host name for the agent id (or pass --agent-id)")?
+            .to_string_lossy()
+            .to_string(),
+    };
+    let data_root = args
+        .data_root
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join("pgfleet/agents").join(&agent_id));
     std::fs::create_dir_all(data_root.join("clusters"))
         .with_context(|| format!("creating data root {}", data_root.display()))?;
     for d in data_root
@@ -223,7 +236,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let cfg = session::SessionConfig {
         controller: args.controller,
-        agent_id: args.agent_id,
+        agent_id,
         instance_class: args.instance_class,
         give_up_after: Duration::from_secs(args.give_up_after_s),
         token,

@@ -1,6 +1,7 @@
 //! The gRPC side of agent sessions. Each session becomes events for the
-//! scheduler: `Registered` (with a sender for messages to the agent),
-//! `Message`, and `Disconnected`. The service itself keeps no state.
+//! hub, which routes them to the scheduler of the run that holds the agent:
+//! `Registered` (with a sender for messages to the agent), `Message`, and
+//! `Disconnected`. The service itself keeps no state.
 //!
 //! Security: a session must carry the join token (`authorization: Bearer
 //! <token>` metadata, compared in constant time) or it is refused with
@@ -23,6 +24,7 @@ use pgfleet_proto::v1::{
     AgentMessage, ControllerMessage, Register, Registered, controller_message,
 };
 
+use crate::hub::Hub;
 use crate::{Error, Result};
 
 pub type ToAgent = mpsc::Sender<Result<ControllerMessage, Status>>;
@@ -51,16 +53,16 @@ pub enum Event {
 }
 
 pub struct SessionService {
-    events: mpsc::Sender<Event>,
+    hub: Hub,
     lease: Duration,
     next_conn: AtomicU64,
     token: Option<String>,
 }
 
 impl SessionService {
-    pub fn new(events: mpsc::Sender<Event>, lease: Duration, token: Option<String>) -> Self {
+    pub fn new(hub: Hub, lease: Duration, token: Option<String>) -> Self {
         SessionService {
-            events,
+            hub,
             lease,
             next_conn: AtomicU64::new(1),
             token,
@@ -90,7 +92,7 @@ impl SessionService {
 }
 
 /// Equal bytes, in time that depends only on the lengths.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -142,32 +144,24 @@ impl AgentSession for SessionService {
             }))
             .await;
         let agent_id = info.agent_id.clone();
-        self.events
-            .send(Event::Registered { info, conn, tx })
-            .await
-            .map_err(|_| Status::unavailable("controller is shutting down"))?;
-        let events = self.events.clone();
+        self.hub.route(Event::Registered { info, conn, tx }).await;
+        let hub = self.hub.clone();
         tokio::spawn(async move {
             loop {
                 match inbound.message().await {
                     Ok(Some(AgentMessage { msg: Some(msg) })) => {
-                        if events
-                            .send(Event::Message {
-                                agent_id: agent_id.clone(),
-                                conn,
-                                msg,
-                            })
-                            .await
-                            .is_err()
-                        {
-                            break;
-                        }
+                        hub.route(Event::Message {
+                            agent_id: agent_id.clone(),
+                            conn,
+                            msg,
+                        })
+                        .await;
                     }
                     Ok(Some(_)) => {}
                     Ok(None) | Err(_) => break,
                 }
             }
-            let _ = events.send(Event::Disconnected { agent_id, conn }).await;
+            hub.route(Event::Disconnected { agent_id, conn }).await;
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
@@ -198,7 +192,7 @@ impl Server {
 /// Serves agent sessions on `bind` (port 0 picks a free port).
 pub async fn serve(
     bind: SocketAddr,
-    events: mpsc::Sender<Event>,
+    hub: Hub,
     lease: Duration,
     security: Security,
 ) -> Result<Server> {
@@ -209,7 +203,7 @@ pub async fn serve(
         .local_addr()
         .map_err(|e| Error::Server(e.to_string()))?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let svc = AgentSessionServer::new(SessionService::new(events, lease, security.token));
+    let svc = AgentSessionServer::new(SessionService::new(hub, lease, security.token));
     let mut builder = tonic::transport::Server::builder();
     let tls = security.tls.is_some();
     if let Some((cert, key)) = security.tls {

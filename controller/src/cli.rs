@@ -1,4 +1,6 @@
-//! The command line: `pgfleet run | report | list | validate`.
+//! The command line: `pgfleet run | validate | list | report` locally,
+//! `pgfleet serve` as a service, `pgfleet submit | status | cancel | report
+//! --server` against one.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -11,10 +13,12 @@ use clap::{Parser, Subcommand};
 /// clusters, runs workloads, and streams results back. Runs are stored in
 /// SQLite and rendered into report.json, report.md and SVG plots.
 ///
-/// Exit codes: 0 every cell succeeded; 1 a cell (or the run) failed;
-/// 2 invalid scenario or usage; 130 cancelled (Ctrl-C).
+/// Locally, `pgfleet run SCENARIO` does it all in one command. As a
+/// service, `pgfleet serve` takes runs over HTTP from CI (`pgfleet submit
+/// SCENARIO --server URL --wait`) and agents join it from any host
+/// (`pgfleet-agent run --controller URL --class NAME --token-file F`).
 #[derive(Parser, Debug)]
-#[command(name = "pgfleet", version, about, long_about)]
+#[command(name = "pgfleet", version, about, long_about, after_help = crate::exit::TABLE)]
 pub struct Cli {
     /// The run store (SQLite). Reports are rendered only from it.
     #[arg(
@@ -35,44 +39,136 @@ pub enum Command {
     ///
     /// Example: pgfleet run scenarios/toast-slice.yaml --out runs/toast
     Run(Box<RunArgs>),
-    /// Render the report of a stored run again.
+    /// Render the report of a stored run again (from the local store, or
+    /// downloaded from a server with --server).
     ///
     /// Example: pgfleet report 20261130-211500-a1b2c3 --out runs/again
     Report {
-        /// The run id (`pgfleet list` shows them).
+        /// The run id (`pgfleet list` or `pgfleet status --server` shows them).
         run_id: String,
         /// Directory for report.json, report.md and plots.
         #[arg(long)]
         out: PathBuf,
+        #[command(flatten)]
+        remote: OptionalRemote,
     },
-    /// List stored runs with their status: running, succeeded, failed,
-    /// cancelled, or interrupted (its controller exited without finishing
-    /// it; its unfinished cells are marked cancelled).
+    /// List stored runs with their status: queued, running, succeeded,
+    /// failed, cancelled, or interrupted (its controller exited without
+    /// finishing it; its unfinished cells are marked cancelled).
     List,
     /// Check a scenario file and show the cells it plans, without running.
     Validate {
         /// The scenario file (YAML).
         scenario: PathBuf,
     },
+    /// Run the controller as a service: the agents' gRPC endpoint, the HTTP
+    /// API CI submits runs to (OpenAPI at /openapi.json), health endpoints
+    /// and the store, until SIGTERM or Ctrl-C. Runs execute in submission
+    /// order, side by side when their instance classes differ. Agents join
+    /// from any host with `pgfleet-agent run --controller URL --class NAME
+    /// --token-file F`. Restarted on the same store, it resumes its runs.
+    ///
+    /// Example: pgfleet serve --store /var/lib/pgfleet/pgfleet.db --api-token-file api.token --join-token-file join.token --tls-cert c.pem --tls-key k.pem
+    Serve(Box<ServeArgs>),
+    /// Submit a scenario to a server (CI): validates it locally first, then
+    /// submits it; with --wait follows it to the end, downloads its report
+    /// into --out and exits with the run's code (see below).
+    ///
+    /// Example: pgfleet submit scenarios/quickstart.yaml --server http://pgfleet:8080 --wait --out report/
+    Submit(Box<SubmitArgs>),
+    /// Show a run on a server: status, progress and every cell.
+    Status {
+        run_id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Cancel a run on a server.
+    Cancel {
+        run_id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+}
+
+/// Where the server is and how to authenticate.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Remote {
+    /// The URL of `pgfleet serve`'s HTTP API.
+    #[arg(long, env = "PGFLEET_SERVER")]
+    pub server: String,
+    /// File holding the API token (the server's --api-token-file).
+    #[arg(long, env = "PGFLEET_TOKEN_FILE")]
+    pub token_file: PathBuf,
+    /// Keep retrying an unreachable server this long, in seconds.
+    #[arg(long, default_value_t = 60.0)]
+    pub retry_for_s: f64,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct OptionalRemote {
+    /// Download the report from this server instead of rendering it from
+    /// the local store.
+    #[arg(long, env = "PGFLEET_SERVER")]
+    pub server: Option<String>,
+    /// File holding the API token.
+    #[arg(long, env = "PGFLEET_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
-pub struct RunArgs {
-    /// The scenario file (YAML). See scenarios/ for examples.
+pub struct SubmitArgs {
+    /// The scenario file (YAML).
     pub scenario: PathBuf,
-    /// Directory for report.json, report.md, plots and agent logs.
-    /// Default: runs/<run-id>
+    #[command(flatten)]
+    pub remote: Remote,
+    /// Follow the run to its end and exit with its code.
     #[arg(long)]
+    pub wait: bool,
+    /// With --wait: download report.json, report.md and plots here.
+    #[arg(long, requires = "wait")]
     pub out: Option<PathBuf>,
+    /// With --wait: give up after this many seconds (cancels the run, exit 3).
+    #[arg(long, requires = "wait")]
+    pub timeout_s: Option<f64>,
+    /// Makes a retried submission return the run of the first one. Default:
+    /// one per invocation (internal retries reuse it); pass your CI job's
+    /// id (e.g. "$CI_JOB_ID") so a retried job does not start a second run.
+    #[arg(long, env = "PGFLEET_IDEMPOTENCY_KEY")]
+    pub idempotency_key: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Where the agents' gRPC endpoint listens.
+    #[arg(long, default_value = "0.0.0.0:7070")]
+    pub bind: SocketAddr,
+    /// Where the HTTP API listens.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub http: SocketAddr,
+    /// File holding the bearer token API clients must send (16+ characters).
+    #[arg(long, env = "PGFLEET_API_TOKEN_FILE")]
+    pub api_token_file: PathBuf,
+    /// Reports of finished runs go to <reports>/<run-id>/. Default: a
+    /// `reports` directory next to the store.
+    #[arg(long)]
+    pub reports: Option<PathBuf>,
+    /// The largest scenario accepted, in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_scenario_bytes: usize,
+    #[command(flatten)]
+    pub session: SessionArgs,
+}
+
+/// The agents' session: lease, TLS and join token (run and serve).
+#[derive(clap::Args, Debug)]
+pub struct SessionArgs {
     /// Declare an agent lost after this many seconds without a message.
     #[arg(long, default_value_t = 10.0)]
     pub lease_s: f64,
-    /// How long launched agents have to register, in seconds.
+    /// How long a run waits for its agents (launched ones to register;
+    /// with serve, enough idle agents of each class to join), in seconds.
     #[arg(long, default_value_t = 60.0)]
     pub registration_timeout_s: f64,
-    /// Address the embedded controller listens on (port 0: any free port).
-    #[arg(long, default_value = "127.0.0.1:0")]
-    pub bind: SocketAddr,
     /// URL agents dial to reach the controller, when it is not the bound
     /// address (a proxy or port-forward in between), e.g. http://10.0.0.5:7070.
     #[arg(long)]
@@ -90,9 +186,24 @@ pub struct RunArgs {
     #[arg(long, requires = "tls_cert")]
     pub tls_ca: Option<PathBuf>,
     /// File holding the join token agents must present (16+ characters).
-    /// Default: a random token per run, handed to the local agents.
+    /// Default for run: a random token per run, handed to the local agents.
     #[arg(long, env = "PGFLEET_JOIN_TOKEN_FILE")]
     pub join_token_file: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// The scenario file (YAML). See scenarios/ for examples.
+    pub scenario: PathBuf,
+    /// Directory for report.json, report.md, plots and agent logs.
+    /// Default: runs/<run-id>
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Address the embedded controller listens on (port 0: any free port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub bind: SocketAddr,
+    #[command(flatten)]
+    pub session: SessionArgs,
     /// The agent binary. Default: pgfleet-agent next to pgfleet, else PATH.
     #[arg(long, env = "PGFLEET_AGENT_BIN")]
     pub agent_bin: Option<PathBuf>,

@@ -11,10 +11,15 @@
 pub mod agents;
 pub mod api;
 pub mod cli;
+pub mod client;
+pub mod http;
+pub mod hub;
 pub mod report;
 pub mod run;
 pub mod scenario;
 pub mod scheduler;
+pub mod serve;
+pub mod service;
 pub mod store;
 
 #[derive(Debug, thiserror::Error)]
@@ -40,11 +45,43 @@ impl From<rusqlite::Error> for Error {
 }
 
 impl Error {
-    /// Exit code for the CLI: 2 for bad input, 1 otherwise.
-    pub fn exit_code(&self) -> i32 {
+    /// Exit code for the CLI (see `exit`).
+    pub fn exit_code(&self) -> u8 {
         match self {
-            Error::Scenario(_) | Error::Usage(_) => 2,
-            _ => 1,
+            Error::Scenario(_) | Error::Usage(_) => exit::INVALID,
+            Error::Store(_) | Error::Agents(_) | Error::Server(_) => exit::INFRA,
+            Error::Report(_) => exit::FAILED,
+        }
+    }
+}
+
+/// The exit codes of `pgfleet run` and `pgfleet submit`, one table for both.
+pub mod exit {
+    /// Every cell succeeded.
+    pub const OK: u8 = 0;
+    /// A cell failed (the run's infrastructure worked).
+    pub const FAILED: u8 = 1;
+    /// Invalid scenario or usage (nothing ran).
+    pub const INVALID: u8 = 2;
+    /// The server or the run's infrastructure failed: unreachable after
+    /// retries, `--timeout` passed, agents could not start, the run was
+    /// interrupted.
+    pub const INFRA: u8 = 3;
+    /// Cancelled (Ctrl-C, `pgfleet cancel`, `DELETE /v1/runs/{id}`).
+    pub const CANCELLED: u8 = 130;
+
+    /// For `--help`.
+    pub const TABLE: &str = "Exit codes (run and submit): 0 every cell succeeded; 1 a cell failed; \
+2 invalid scenario or usage; 3 the server or the run's infrastructure failed (unreachable, \
+--timeout passed, agents could not start, run interrupted); 130 cancelled.";
+
+    /// The code for a run's final status.
+    pub fn of_status(status: &str) -> u8 {
+        match status {
+            "succeeded" => OK,
+            "cancelled" => CANCELLED,
+            "interrupted" => INFRA,
+            _ => FAILED,
         }
     }
 }

@@ -7,10 +7,13 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 use pgfleet_controller::agents::local::{LocalOptions, default_agent_bin};
-use pgfleet_controller::cli::{Cli, Command};
+use pgfleet_controller::cli::{Cli, Command, Remote, SessionArgs};
+use pgfleet_controller::client::{Client, ClientError};
 use pgfleet_controller::run::{RunOptions, execute};
-use pgfleet_controller::store::{RunStatus, Store};
-use pgfleet_controller::{Error, report, scenario};
+use pgfleet_controller::serve::ServeOptions;
+use pgfleet_controller::service::{ServiceConfig, read_token};
+use pgfleet_controller::store::Store;
+use pgfleet_controller::{Error, exit, report, scenario};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -37,28 +40,120 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(e.exit_code() as u8)
+            ExitCode::from(e.exit_code())
         }
     }
 }
 
-async fn dispatch(cli: Cli) -> Result<u8, Error> {
+/// A command's failure: a local error or a remote one.
+enum Failure {
+    Local(Error),
+    Remote(ClientError),
+}
+
+impl Failure {
+    fn exit_code(&self) -> u8 {
+        match self {
+            Failure::Local(e) => e.exit_code(),
+            Failure::Remote(e) => e.exit_code(),
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Local(e) => e.fmt(f),
+            Failure::Remote(e) => e.fmt(f),
+        }
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        Failure::Local(e)
+    }
+}
+
+impl From<scenario::ScenarioError> for Failure {
+    fn from(e: scenario::ScenarioError) -> Self {
+        Failure::Local(e.into())
+    }
+}
+
+impl From<ClientError> for Failure {
+    fn from(e: ClientError) -> Self {
+        Failure::Remote(e)
+    }
+}
+
+fn service_config(
+    store: std::path::PathBuf,
+    bind: std::net::SocketAddr,
+    s: SessionArgs,
+    pool: bool,
+) -> ServiceConfig {
+    ServiceConfig {
+        store,
+        bind,
+        advertise_url: s.advertise_url,
+        lease: Duration::from_secs_f64(s.lease_s.max(0.5)),
+        registration_timeout: Duration::from_secs_f64(s.registration_timeout_s.max(1.0)),
+        tls_cert: s.tls_cert,
+        tls_key: s.tls_key,
+        tls_ca: s.tls_ca,
+        join_token_file: s.join_token_file,
+        pool,
+        interactive: !pool,
+    }
+}
+
+fn client(r: &Remote) -> Result<Client, Failure> {
+    let token = read_token(&r.token_file, "API token file")?;
+    let mut c = Client::new(&r.server, token)?;
+    c.retry_for = Duration::from_secs_f64(r.retry_for_s.max(0.0));
+    Ok(c)
+}
+
+/// Cancels on the first Ctrl-C (and SIGTERM); exits on the second Ctrl-C.
+fn cancel_on_signals(what: &'static str) -> CancellationToken {
+    let cancel = CancellationToken::new();
+    let c = cancel.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut term) = signal(SignalKind::terminate()) else {
+            return;
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        eprintln!("\ninterrupted: {what} (Ctrl-C again to force)");
+        c.cancel();
+        if tokio::signal::ctrl_c().await.is_ok() {
+            std::process::exit(exit::CANCELLED as i32);
+        }
+    });
+    cancel
+}
+
+async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
         Command::Validate { scenario: path } => {
             let sc = scenario::load(&path)?;
             let cells = scenario::plan(&sc);
             print!("{}", scenario::plan::describe(&sc, &cells, &path));
-            Ok(0)
+            Ok(exit::OK)
         }
         Command::List => {
             let store = Store::open(&cli.store)?;
             println!(
-                "{:<24} {:<20} {:<10} {:<26} finished",
+                "{:<24} {:<20} {:<11} {:<26} finished",
                 "run", "scenario", "status", "started"
             );
             for r in store.runs()? {
                 println!(
-                    "{:<24} {:<20} {:<10} {:<26} {}",
+                    "{:<24} {:<20} {:<11} {:<26} {}",
                     r.id,
                     r.scenario_name,
                     r.status,
@@ -66,26 +161,38 @@ async fn dispatch(cli: Cli) -> Result<u8, Error> {
                     r.finished_at.unwrap_or_default()
                 );
             }
-            Ok(0)
+            Ok(exit::OK)
         }
-        Command::Report { run_id, out } => {
-            let store = Store::open(&cli.store)?;
-            report::write(&store, &run_id, &out)?;
+        Command::Report {
+            run_id,
+            out,
+            remote,
+        } => {
+            match (remote.server, remote.token_file) {
+                (Some(server), Some(token_file)) => {
+                    let c = client(&Remote {
+                        server,
+                        token_file,
+                        retry_for_s: 60.0,
+                    })?;
+                    c.download_report(&run_id, &out).await?;
+                }
+                (Some(_), None) => {
+                    return Err(Error::Usage(
+                        "--server needs --token-file (or PGFLEET_TOKEN_FILE)".into(),
+                    )
+                    .into());
+                }
+                _ => {
+                    let store = Store::open(&cli.store)?;
+                    report::write(&store, &run_id, &out)?;
+                }
+            }
             println!("{}", out.join("report.md").display());
-            Ok(0)
+            Ok(exit::OK)
         }
         Command::Run(args) => {
-            let cancel = CancellationToken::new();
-            let c = cancel.clone();
-            tokio::spawn(async move {
-                if tokio::signal::ctrl_c().await.is_ok() {
-                    eprintln!("\ninterrupted: cancelling the run (Ctrl-C again to force)");
-                    c.cancel();
-                    if tokio::signal::ctrl_c().await.is_ok() {
-                        std::process::exit(130);
-                    }
-                }
-            });
+            let cancel = cancel_on_signals("cancelling the run");
             let out = args.out.clone().unwrap_or_else(|| {
                 std::path::Path::new("runs")
                     .join(chrono::Utc::now().format("%Y%m%d-%H%M%S").to_string())
@@ -93,15 +200,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Error> {
             let opts = RunOptions {
                 scenario: args.scenario,
                 out,
-                store: cli.store,
-                lease: Duration::from_secs_f64(args.lease_s.max(0.5)),
-                registration_timeout: Duration::from_secs_f64(args.registration_timeout_s.max(1.0)),
-                bind: args.bind,
-                advertise_url: args.advertise_url,
-                tls_cert: args.tls_cert,
-                tls_key: args.tls_key,
-                tls_ca: args.tls_ca,
-                join_token_file: args.join_token_file,
+                service: service_config(cli.store, args.bind, args.session, false),
                 local: LocalOptions {
                     agent_bin: args.agent_bin.unwrap_or_else(default_agent_bin),
                     pg_bin: args.pg_bin,
@@ -120,11 +219,106 @@ async fn dispatch(cli: Cli) -> Result<u8, Error> {
                 summary.status.as_str(),
                 report.display()
             );
-            Ok(match summary.status {
-                RunStatus::Succeeded => 0,
-                RunStatus::Cancelled => 130,
-                _ => 1,
-            })
+            Ok(exit::of_status(summary.status.as_str()))
+        }
+        Command::Serve(args) => {
+            let shutdown = cancel_on_signals("stopping the server");
+            let reports = args.reports.clone().unwrap_or_else(|| {
+                cli.store
+                    .parent()
+                    .unwrap_or(std::path::Path::new("."))
+                    .join("reports")
+            });
+            let opts = ServeOptions {
+                service: service_config(cli.store, args.bind, args.session, true),
+                http_bind: args.http,
+                api_token_file: args.api_token_file,
+                reports,
+                max_scenario_bytes: args.max_scenario_bytes,
+            };
+            pgfleet_controller::serve::serve(opts, shutdown).await?;
+            Ok(exit::OK)
+        }
+        Command::Submit(args) => {
+            // Check it here first: a typo fails the CI job without a round trip.
+            let yaml = scenario::read(&args.scenario)?;
+            scenario::parse(&args.scenario, &yaml)?;
+            let c = client(&args.remote)?;
+            let key = args
+                .idempotency_key
+                .clone()
+                .unwrap_or_else(|| pgfleet_controller::service::random_hex(16));
+            let name = args
+                .scenario
+                .file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_else(|| "scenario.yaml".into());
+            let (id, created) = c.submit(&name, yaml, &key).await?;
+            if created {
+                eprintln!("submitted run {id} to {}", args.remote.server);
+            } else {
+                eprintln!("run {id} was already submitted with this idempotency key");
+            }
+            println!("{id}");
+            if !args.wait {
+                return Ok(exit::OK);
+            }
+            let interrupted = cancel_on_signals("cancelling the run on the server");
+            let timeout = args.timeout_s.map(|t| Duration::from_secs_f64(t.max(0.0)));
+            let status = tokio::select! {
+                s = c.follow(&id, timeout) => s?,
+                _ = interrupted.cancelled() => {
+                    c.cancel(&id).await?;
+                    // Follow it to its end: the cells stop and are stored.
+                    c.follow(&id, Some(Duration::from_secs(120))).await?
+                }
+            };
+            let Some(status) = status else {
+                eprintln!(
+                    "error: run {id} did not finish within --timeout-s; cancelling it on the server"
+                );
+                let _ = c.cancel(&id).await;
+                return Ok(exit::INFRA);
+            };
+            if let Some(out) = &args.out {
+                c.download_report(&id, out).await?;
+                eprintln!("report: {}", out.join("report.md").display());
+            }
+            println!("run {id} {status}");
+            Ok(exit::of_status(&status))
+        }
+        Command::Status { run_id, remote } => {
+            let c = client(&remote)?;
+            let r = c.get_json(&format!("/v1/runs/{run_id}")).await?;
+            let s = |v: &serde_json::Value| v.as_str().unwrap_or("-").to_string();
+            println!(
+                "run {} ({}): {}, {}/{} cells done",
+                s(&r["id"]),
+                s(&r["scenario"]),
+                s(&r["status"]),
+                r["progress"]["done"],
+                r["progress"]["total"]
+            );
+            for cell in r["cells"].as_array().into_iter().flatten() {
+                let mut line = format!("  {:<40} {:<10}", s(&cell["cell_id"]), s(&cell["state"]));
+                if let Some(a) = cell["agents"].as_str() {
+                    line.push_str(&format!(" @ {a}"));
+                }
+                if let Some(e) = cell["error"].as_str() {
+                    line.push_str(&format!(": {e}"));
+                }
+                println!("{line}");
+            }
+            Ok(exit::OK)
+        }
+        Command::Cancel { run_id, remote } => {
+            let c = client(&remote)?;
+            let r = c.cancel(&run_id).await?;
+            println!(
+                "run {run_id}: {}",
+                r["status"].as_str().unwrap_or("cancelling")
+            );
+            Ok(exit::OK)
         }
     }
 }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{Value as Json, json};
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use pgfleet_proto::v1::agent_message::Msg;
@@ -46,6 +46,46 @@ pub struct Options {
     /// The plan's estimate of the run's wall-clock time on its fleet (for
     /// the ETA); None: no ETA.
     pub estimated_wall: Option<Duration>,
+    /// Progress bars when stderr is a terminal (`pgfleet run`); false:
+    /// plain lines (a service's log).
+    pub interactive: bool,
+    /// Where cell states and progress are published as they happen (the
+    /// HTTP API's event stream).
+    pub events: Option<broadcast::Sender<RunEvent>>,
+}
+
+/// What happens in a run, as published to its watchers (`GET
+/// /v1/runs/{id}/events`).
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum RunEvent {
+    /// A cell changed state.
+    Cell {
+        cell_id: String,
+        state: String,
+        /// Its agents (`role:agent, ...` for multi-role cells).
+        agents: String,
+        error: Option<String>,
+        /// Cells finished and in all, after this change.
+        done: usize,
+        total: usize,
+    },
+    /// An agent reported progress on a cell.
+    Progress {
+        cell_id: String,
+        phase: String,
+        message: String,
+        done: u64,
+        total: u64,
+    },
+    /// An agent registered, reconnected or was lost.
+    Agent {
+        agent_id: String,
+        state: String,
+        detail: String,
+    },
+    /// The run changed status (the last event of a finished run).
+    Run { status: String },
 }
 
 impl Default for Options {
@@ -55,6 +95,8 @@ impl Default for Options {
             registration_timeout: Duration::from_secs(60),
             cancel_grace: Duration::from_secs(60),
             estimated_wall: None,
+            interactive: true,
+            events: None,
         }
     }
 }
@@ -124,6 +166,8 @@ struct CellSlot {
     failure: Option<String>,
     /// The lead succeeded; the other roles were released.
     released: bool,
+    /// Who runs it, for people (`role:agent, ...`).
+    agents: String,
     bar: Option<ProgressBar>,
 }
 
@@ -148,6 +192,7 @@ impl Scheduler {
         expected: &[(String, String)],
     ) -> Self {
         let now = Instant::now();
+        let ui = Ui::new(opts.interactive);
         Scheduler {
             run_id: run_id.to_string(),
             store,
@@ -166,13 +211,98 @@ impl Scheduler {
                     roles: Vec::new(),
                     failure: None,
                     released: false,
+                    agents: String::new(),
                     bar: None,
                 })
                 .collect(),
-            ui: Ui::new(),
+            ui,
             started: now,
             cancelled: None,
         }
+    }
+
+    /// A run a controller was executing when it stopped, from the store:
+    /// finished cells stay finished; running cells wait for their agents,
+    /// which reconnect with the cells they still run and replay the results
+    /// not acknowledged. Agents that do not return within the registration
+    /// timeout are lost, and their cells fail.
+    pub fn resume(
+        run_id: &str,
+        store: Store,
+        opts: Options,
+        cells: Vec<PlannedCell>,
+        stored: &[crate::store::CellRow],
+        agents: &[crate::store::AgentRow],
+    ) -> Self {
+        let expected: Vec<(String, String)> = agents
+            .iter()
+            .filter(|a| a.lost_at.is_none())
+            .map(|a| (a.agent_id.clone(), a.instance_class.clone()))
+            .collect();
+        let mut me = Scheduler::new(run_id, store, opts, cells, &expected);
+        for row in stored {
+            let Some(idx) = me
+                .cells
+                .iter()
+                .position(|c| c.planned.cell_id == row.cell_id)
+            else {
+                continue;
+            };
+            let state = match row.state.as_str() {
+                "succeeded" => CellState::Succeeded,
+                "failed" => CellState::Failed,
+                "cancelled" => CellState::Cancelled,
+                "running" => CellState::Running,
+                _ => CellState::Pending,
+            };
+            if state != CellState::Running {
+                me.cells[idx].state = state;
+                continue;
+            }
+            // `role:agent, role:agent` for multi-role cells, else the agent.
+            let who = row.agent_id.clone().unwrap_or_default();
+            let planned = me.cells[idx].planned.clone();
+            let runs: Vec<RoleRun> = if planned.multi_role() {
+                who.split(", ")
+                    .filter_map(|x| x.split_once(':'))
+                    .map(|(role, agent)| RoleRun {
+                        role: role.to_string(),
+                        agent: agent.to_string(),
+                        endpoint: None,
+                        outcome: None,
+                    })
+                    .collect()
+            } else {
+                vec![RoleRun {
+                    role: planned
+                        .roles
+                        .first()
+                        .map(|r| r.0.clone())
+                        .unwrap_or_default(),
+                    agent: who.clone(),
+                    endpoint: None,
+                    outcome: None,
+                }]
+            };
+            if runs.len() != planned.roles.len()
+                || runs.iter().any(|r| !me.agents.contains_key(&r.agent))
+            {
+                me.cells[idx].state = CellState::Pending;
+                let _ = me.store.requeue_cell(run_id, &row.cell_id);
+                continue;
+            }
+            for r in &runs {
+                if let Some(a) = me.agents.get_mut(&r.agent) {
+                    a.cell = Some((idx, r.role.clone()));
+                }
+            }
+            let cell = &mut me.cells[idx];
+            cell.state = CellState::Running;
+            cell.started = Some(Instant::now());
+            cell.roles = runs;
+            cell.agents = who;
+        }
+        me
     }
 
     /// Runs until every cell has ended. Returns the run's status.
@@ -202,16 +332,7 @@ impl Scheduler {
                 _ = cancel.cancelled(), if self.cancelled.is_none() => self.cancel_all().await,
             }
         }
-        for a in self.agents.values() {
-            if let Some(tx) = &a.tx {
-                let _ = tx
-                    .send(Ok(cmsg(CMsg::Shutdown(Shutdown {
-                        reason: "run finished".into(),
-                        refused: false,
-                    }))))
-                    .await;
-            }
-        }
+        // The agents go back to whoever gave them (`Hub::release`).
         if self.cancelled.is_some() {
             RunStatus::Cancelled
         } else if self.cells.iter().all(|c| c.state == CellState::Succeeded) {
@@ -239,6 +360,13 @@ impl Scheduler {
                 match msg {
                     Msg::Heartbeat(_) | Msg::Register(_) => {}
                     Msg::Progress(p) => {
+                        self.publish(RunEvent::Progress {
+                            cell_id: p.cell_id.clone(),
+                            phase: p.phase.clone(),
+                            message: p.message.clone(),
+                            done: p.done,
+                            total: p.total,
+                        });
                         if let Some(c) = self.cell_mut(&p.cell_id)
                             && let Some(bar) = &c.bar
                         {
@@ -379,6 +507,7 @@ impl Scheduler {
                         self.ui
                             .line(format!("warning: storing cell requeue failed: {e}"));
                     }
+                    self.publish_cell(idx, None);
                 }
             }
             // Still running: peers' endpoints sent while it was away.
@@ -389,6 +518,11 @@ impl Scheduler {
             self.ui
                 .line(format!("warning: storing agent {id} failed: {e}"));
         }
+        self.publish(RunEvent::Agent {
+            agent_id: id.clone(),
+            state: if first { "registered" } else { "reconnected" }.into(),
+            detail: format!("class {class}, PostgreSQL {}", info.postgres_version),
+        });
         if first {
             self.ui.line(format!(
                 "agent {id} registered (class {class}, PostgreSQL {})",
@@ -773,7 +907,28 @@ impl Scheduler {
         cell.state = CellState::Running;
         cell.started = Some(Instant::now());
         cell.roles = runs;
+        cell.agents = who.clone();
         cell.bar = Some(self.ui.bar(&format!("{} @ {who}", cell.planned.cell_id)));
+        self.publish_cell(idx, None);
+    }
+
+    fn publish(&self, ev: RunEvent) {
+        if let Some(tx) = &self.opts.events {
+            // No watcher is fine.
+            let _ = tx.send(ev);
+        }
+    }
+
+    fn publish_cell(&self, idx: usize, error: Option<&str>) {
+        let cell = &self.cells[idx];
+        self.publish(RunEvent::Cell {
+            cell_id: cell.planned.cell_id.clone(),
+            state: cell.state.as_str().into(),
+            agents: cell.agents.clone(),
+            error: error.filter(|e| !e.is_empty()).map(str::to_string),
+            done: self.cells.iter().filter(|c| c.state.is_terminal()).count(),
+            total: self.cells.len(),
+        });
     }
 
     fn fail_cell(&mut self, idx: usize, error: &str) {
@@ -804,6 +959,7 @@ impl Scheduler {
         }
         let line = format!("cell {} {text}", cell.planned.cell_id);
         self.ui.line(line);
+        self.publish_cell(idx, Some(error));
         let done = self.cells.iter().filter(|c| c.state.is_terminal()).count();
         if let Some(left) = self.eta() {
             self.ui.progress_line(format!(
@@ -894,6 +1050,11 @@ impl Scheduler {
                 .line(format!("warning: storing agent loss failed: {e}"));
         }
         self.ui.line(format!("agent {id} lost: {why}"));
+        self.publish(RunEvent::Agent {
+            agent_id: id.to_string(),
+            state: "lost".into(),
+            detail: why.clone(),
+        });
         if let Some((idx, role)) = cell
             && !self.cells[idx].state.is_terminal()
         {
@@ -956,8 +1117,8 @@ struct Ui {
 }
 
 impl Ui {
-    fn new() -> Self {
-        let tty = std::io::stderr().is_terminal();
+    fn new(interactive: bool) -> Self {
+        let tty = interactive && std::io::stderr().is_terminal();
         let multi = tty.then(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr()));
         let run = multi.as_ref().map(|m| {
             let bar = m.add(ProgressBar::new(1));

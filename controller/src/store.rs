@@ -13,9 +13,12 @@ use serde_json::Value as Json;
 
 use crate::{Error, Result};
 
-/// State of a run. One place advances it: `run::execute`.
+/// State of a run. It is advanced by whoever executes it: `run::execute`
+/// or `serve`'s queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunStatus {
+    /// Submitted to `serve`, waiting for its turn.
+    Queued,
     Running,
     Succeeded,
     Failed,
@@ -25,9 +28,34 @@ pub enum RunStatus {
     Interrupted,
 }
 
+/// Who executes a run: `pgfleet run` (gone with its process), or `pgfleet
+/// serve` (a restarted server resumes it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    Run,
+    Serve,
+}
+
 impl RunStatus {
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, RunStatus::Queued | RunStatus::Running)
+    }
+    pub fn parse(s: &str) -> Option<RunStatus> {
+        [
+            RunStatus::Queued,
+            RunStatus::Running,
+            RunStatus::Succeeded,
+            RunStatus::Failed,
+            RunStatus::Cancelled,
+            RunStatus::Interrupted,
+        ]
+        .into_iter()
+        .find(|x| x.as_str() == s)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
+            RunStatus::Queued => "queued",
             RunStatus::Running => "running",
             RunStatus::Succeeded => "succeeded",
             RunStatus::Failed => "failed",
@@ -119,7 +147,9 @@ CREATE TABLE IF NOT EXISTS runs (
     status TEXT NOT NULL,
     started_at TEXT NOT NULL,
     finished_at TEXT,
-    controller_pid INTEGER
+    controller_pid INTEGER,
+    owner TEXT,
+    idempotency_key TEXT
 );
 CREATE TABLE IF NOT EXISTS agents (
     run_id TEXT NOT NULL REFERENCES runs(id),
@@ -209,19 +239,28 @@ impl Store {
             "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA busy_timeout=5000;",
         )?;
         conn.execute_batch(SCHEMA)?;
-        // Stores made before runs recorded their controller's pid.
-        let has_pid: bool = conn.query_row(
-            "SELECT count(*) > 0 FROM pragma_table_info('runs') WHERE name = 'controller_pid'",
-            [],
-            |r| r.get(0),
-        )?;
-        if !has_pid {
-            // Another process opening the same old store may add it first.
-            match conn.execute_batch("ALTER TABLE runs ADD COLUMN controller_pid INTEGER") {
-                Err(e) if e.to_string().contains("duplicate column name") => {}
-                r => r?,
+        // Stores made before runs recorded these columns.
+        for (col, ty) in [
+            ("controller_pid", "INTEGER"),
+            ("owner", "TEXT"),
+            ("idempotency_key", "TEXT"),
+        ] {
+            let has: bool = conn.query_row(
+                "SELECT count(*) > 0 FROM pragma_table_info('runs') WHERE name = ?1",
+                [col],
+                |r| r.get(0),
+            )?;
+            if !has {
+                // Another process opening the same old store may add it first.
+                match conn.execute_batch(&format!("ALTER TABLE runs ADD COLUMN {col} {ty}")) {
+                    Err(e) if e.to_string().contains("duplicate column name") => {}
+                    r => r?,
+                }
             }
         }
+        conn.execute_batch(
+            "CREATE UNIQUE INDEX IF NOT EXISTS runs_idempotency ON runs (idempotency_key) WHERE idempotency_key IS NOT NULL",
+        )?;
         let store = Store {
             conn: Arc::new(Mutex::new(conn)),
         };
@@ -229,38 +268,83 @@ impl Store {
         Ok(store)
     }
 
-    /// Marks runs still `running` whose controller process is gone as
-    /// `interrupted`, and their unfinished cells `cancelled`, so the store
-    /// never shows a run as running that nothing runs. Returns their ids.
+    /// Marks runs of `pgfleet run` still `running` whose controller process
+    /// is gone as `interrupted`, and their unfinished cells `cancelled`, so
+    /// the store never shows a run as running that nothing runs. (Runs of
+    /// `serve` wait for the next `serve`, which resumes them.) Returns their
+    /// ids.
     pub fn reap_interrupted(&self) -> Result<Vec<String>> {
         let running: Vec<(String, Option<i64>)> = self.with(|c| {
-            c.prepare("SELECT id, controller_pid FROM runs WHERE status = 'running'")?
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect()
+            c.prepare(
+                "SELECT id, controller_pid FROM runs WHERE status = 'running' AND coalesce(owner, 'run') = 'run'",
+            )?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect()
         })?;
         let mut reaped = Vec::new();
         for (id, pid) in running {
             if pid.is_some_and(controller_alive) {
                 continue;
             }
-            let at = now();
-            self.with(|c| {
-                let tx = c.transaction()?;
-                tx.execute(
-                    "UPDATE runs SET status = 'interrupted', finished_at = ?2 WHERE id = ?1 AND status = 'running'",
-                    params![id, at],
-                )?;
-                tx.execute(
-                    "UPDATE cells SET state = 'cancelled', finished_at = ?2, \
-                     error = 'the controller exited before this cell finished' \
-                     WHERE run_id = ?1 AND state IN ('pending', 'running')",
-                    params![id, at],
-                )?;
-                tx.commit()
-            })?;
+            self.interrupt(&id, "the controller exited before this cell finished")?;
             reaped.push(id);
         }
         Ok(reaped)
+    }
+
+    /// Ends a run that cannot go on: `interrupted`, its unfinished cells
+    /// cancelled with `why`.
+    pub fn interrupt(&self, id: &str, why: &str) -> Result<()> {
+        let at = now();
+        self.with(|c| {
+            let tx = c.transaction()?;
+            tx.execute(
+                "UPDATE runs SET status = 'interrupted', finished_at = ?2 WHERE id = ?1 AND status IN ('queued', 'running')",
+                params![id, at],
+            )?;
+            tx.execute(
+                "UPDATE cells SET state = 'cancelled', finished_at = ?2, error = ?3 \
+                 WHERE run_id = ?1 AND state IN ('pending', 'running')",
+                params![id, at, why],
+            )?;
+            tx.commit()
+        })
+    }
+
+    /// Runs of `serve` that a controller was executing or had queued when
+    /// it stopped, oldest first, with the pid that ran them.
+    pub fn unfinished_served_runs(&self) -> Result<Vec<(String, String, Option<i64>)>> {
+        self.with(|c| {
+            c.prepare(
+                "SELECT id, status, controller_pid FROM runs WHERE owner = 'serve' AND status IN ('queued', 'running') ORDER BY started_at, id",
+            )?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+            .collect()
+        })
+    }
+
+    /// The run a submission with this idempotency key created.
+    pub fn run_by_idempotency_key(&self, key: &str) -> Result<Option<String>> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT id FROM runs WHERE idempotency_key = ?1",
+                params![key],
+                |r| r.get(0),
+            )
+            .optional()
+        })
+    }
+
+    /// The scenario text a run was submitted with.
+    pub fn scenario_yaml(&self, id: &str) -> Result<Option<String>> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT scenario_yaml FROM runs WHERE id = ?1",
+                params![id],
+                |r| r.get(0),
+            )
+            .optional()
+        })
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>) -> Result<T> {
@@ -268,12 +352,37 @@ impl Store {
         Ok(f(&mut c)?)
     }
 
-    pub fn create_run(&self, id: &str, name: &str, path: &str, yaml: &str) -> Result<()> {
+    /// Stores a new run, `queued`; `start_run` makes it `running`. A key
+    /// already used gives a store error (the API looks it up first).
+    pub fn create_run(
+        &self,
+        id: &str,
+        name: &str,
+        path: &str,
+        yaml: &str,
+        owner: Owner,
+        idempotency_key: Option<&str>,
+    ) -> Result<()> {
+        let owner = match owner {
+            Owner::Run => "run",
+            Owner::Serve => "serve",
+        };
         self.with(|c| {
             c.execute(
-                "INSERT INTO runs (id, scenario_name, scenario_path, scenario_yaml, status, started_at, controller_pid) \
-                 VALUES (?1, ?2, ?3, ?4, 'running', ?5, ?6)",
-                params![id, name, path, yaml, now(), std::process::id()],
+                "INSERT INTO runs (id, scenario_name, scenario_path, scenario_yaml, status, started_at, controller_pid, owner, idempotency_key) \
+                 VALUES (?1, ?2, ?3, ?4, 'queued', ?5, ?6, ?7, ?8)",
+                params![id, name, path, yaml, now(), std::process::id(), owner, idempotency_key],
+            )
+            .map(|_| ())
+        })
+    }
+
+    /// The run starts (or resumes) in this process.
+    pub fn start_run(&self, id: &str) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE runs SET status = 'running', controller_pid = ?2 WHERE id = ?1",
+                params![id, std::process::id()],
             )
             .map(|_| ())
         })
@@ -504,11 +613,14 @@ mod tests {
         let path = dir.join("s.db");
         let store = Store::open(&path).unwrap();
         // This process is a live pgfleet process: its run stays running.
-        store.create_run("live", "s", "s.yaml", "").unwrap();
+        for id in ["live", "gone", "old"] {
+            store
+                .create_run(id, "s", "s.yaml", "", Owner::Run, None)
+                .unwrap();
+            store.start_run(id).unwrap();
+        }
         // A run whose controller exited (a pid that is gone), with a
         // running and a pending cell; and one from a store without pids.
-        store.create_run("gone", "s", "s.yaml", "").unwrap();
-        store.create_run("old", "s", "s.yaml", "").unwrap();
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let dead = child.id();
         child.wait().unwrap();

@@ -70,6 +70,21 @@ pub fn default_agent_bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("pgfleet-agent"))
 }
 
+/// The agents `launch` starts for a fleet: `<class>-<i>` for each instance.
+pub fn fleet_agents(scenario: &Scenario) -> Vec<Launched> {
+    scenario
+        .fleet
+        .value
+        .iter()
+        .flat_map(|f| {
+            (0..f.count()).map(|i| Launched {
+                agent_id: format!("{}-{i}", f.name.value),
+                instance_class: f.name.value.clone(),
+            })
+        })
+        .collect()
+}
+
 impl LocalAgents {
     pub async fn launch(
         scenario: &Scenario,

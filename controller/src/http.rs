@@ -1,0 +1,733 @@
+//! `serve`'s HTTP API (axum), version 1, described by the OpenAPI document
+//! it serves at `/openapi.json` (utoipa, from the handlers' annotations).
+//!
+//! Everything but `/healthz` and `/readyz` needs `Authorization: Bearer
+//! <token>` (the API token, compared in constant time). Errors are JSON
+//! `{"error": ...}`; an invalid scenario is a 422 whose error is the CLI's
+//! message, located (`file:line:column: field ...`), with the location also
+//! as fields.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures::StreamExt;
+use http_body_util::BodyExt;
+use serde::{Deserialize, Serialize};
+use tokio_stream::wrappers::BroadcastStream;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi, ToSchema};
+
+use crate::scheduler::RunEvent;
+use crate::serve::{Rejected, Served};
+use crate::store::RunStatus;
+use crate::{Error, Result};
+
+type Shared = Arc<Served>;
+
+/// An error, for people and programs.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ApiError {
+    /// What went wrong and what to do.
+    pub error: String,
+    /// Where in the scenario (422 only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub location: Option<Location>,
+}
+
+/// A place in a submitted scenario.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Location {
+    pub file: String,
+    pub line: u64,
+    pub column: u64,
+    /// The field path, e.g. `workloads[0].offsets[2]`.
+    pub field: String,
+    pub message: String,
+}
+
+/// Links to a run's resources.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Links {
+    #[serde(rename = "self")]
+    pub self_: String,
+    pub events: String,
+    pub report_json: String,
+    pub report_md: String,
+}
+
+impl Links {
+    fn of(id: &str) -> Links {
+        Links {
+            self_: format!("/v1/runs/{id}"),
+            events: format!("/v1/runs/{id}/events"),
+            report_json: format!("/v1/runs/{id}/report.json"),
+            report_md: format!("/v1/runs/{id}/report.md"),
+        }
+    }
+}
+
+/// A submission's answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Submitted {
+    pub id: String,
+    pub status: String,
+    /// False when the idempotency key named an earlier submission.
+    pub created: bool,
+    pub links: Links,
+}
+
+/// A run in a list.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunSummary {
+    pub id: String,
+    pub scenario: String,
+    /// queued, running, succeeded, failed, cancelled or interrupted.
+    pub status: String,
+    pub submitted_at: String,
+    pub finished_at: Option<String>,
+}
+
+/// How far a run is.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Progress {
+    pub total: usize,
+    pub done: usize,
+    pub running: usize,
+    pub pending: usize,
+    pub failed: usize,
+}
+
+/// One cell of a run.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CellView {
+    pub cell_id: String,
+    pub workload: String,
+    pub instance_class: String,
+    /// pending, running, succeeded, failed or cancelled.
+    pub state: String,
+    /// Its agent, or `role:agent, ...` for a multi-role cell.
+    pub agents: Option<String>,
+    pub error: Option<String>,
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
+}
+
+/// A run in full.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunDetail {
+    #[serde(flatten)]
+    pub run: RunSummary,
+    pub progress: Progress,
+    pub cells: Vec<CellView>,
+    pub links: Links,
+}
+
+/// An agent that joined the controller.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AgentInfo {
+    pub agent_id: String,
+    pub instance_class: String,
+    pub connected: bool,
+    /// The run that holds it; none: idle in the pool.
+    pub run_id: Option<String>,
+    pub hostname: String,
+    pub postgres_version: String,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct SubmitQuery {
+    /// The scenario's file name, used in error locations (default
+    /// `scenario.yaml`).
+    pub name: Option<String>,
+}
+
+fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
+    (status, axum::Json(body)).into_response()
+}
+
+fn error(status: StatusCode, msg: impl Into<String>) -> Response {
+    json(
+        status,
+        &ApiError {
+            error: msg.into(),
+            location: None,
+        },
+    )
+}
+
+fn store_error(e: Error) -> Response {
+    tracing::error!("API: {e}");
+    error(StatusCode::SERVICE_UNAVAILABLE, format!("{e}; retry later"))
+}
+
+fn not_found(id: &str) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        format!("no run `{id}`: GET /v1/runs lists them"),
+    )
+}
+
+/// Submit a run: the body is the scenario (YAML), checked as `pgfleet
+/// validate` checks it. The run is queued and starts when its instance
+/// classes are free.
+#[utoipa::path(post, path = "/v1/runs",
+    request_body(content = String, content_type = "application/yaml", description = "The scenario file"),
+    params(
+        SubmitQuery,
+        ("Idempotency-Key" = Option<String>, Header, description = "A retried submission with the same key returns the same run (at most 200 characters)"),
+    ),
+    responses(
+        (status = 202, description = "Queued (or, by idempotency key, found)", body = Submitted),
+        (status = 400, description = "Not UTF-8, or a bad header", body = ApiError),
+        (status = 401, description = "Missing or wrong token", body = ApiError),
+        (status = 413, description = "Scenario too large", body = ApiError),
+        (status = 422, description = "Invalid scenario, located", body = ApiError),
+        (status = 503, description = "Store unavailable", body = ApiError),
+    ),
+    security(("bearer" = [])), tag = "runs")]
+async fn submit(
+    State(s): State<Shared>,
+    Query(q): Query<SubmitQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let key = match headers.get("idempotency-key").map(|v| v.to_str()) {
+        None => None,
+        Some(Ok(k)) if !k.is_empty() && k.len() <= 200 => Some(k.to_string()),
+        Some(_) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "Idempotency-Key must be 1 to 200 visible ASCII characters",
+            );
+        }
+    };
+    let limit = s.max_scenario_bytes;
+    let bytes: Bytes = match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the scenario is larger than {limit} bytes (serve --max-scenario-bytes)"),
+            );
+        }
+    };
+    let Ok(yaml) = String::from_utf8(bytes.to_vec()) else {
+        return error(StatusCode::BAD_REQUEST, "the scenario is not UTF-8 text");
+    };
+    let name = q
+        .name
+        .filter(|n| !n.is_empty() && n.len() <= 200)
+        .unwrap_or_else(|| "scenario.yaml".into());
+    match s.submit(&name, &yaml, key.as_deref()) {
+        Ok((id, created)) => {
+            let status = s
+                .service
+                .store
+                .run(&id)
+                .ok()
+                .flatten()
+                .map(|r| r.status)
+                .unwrap_or_else(|| "queued".into());
+            let mut r = json(
+                StatusCode::ACCEPTED,
+                &Submitted {
+                    links: Links::of(&id),
+                    id: id.clone(),
+                    status,
+                    created,
+                },
+            );
+            if let Ok(v) = HeaderValue::from_str(&format!("/v1/runs/{id}")) {
+                r.headers_mut().insert(header::LOCATION, v);
+            }
+            r
+        }
+        Err(Rejected::Invalid(e)) => json(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            &ApiError {
+                error: e.to_string(),
+                location: Some(Location {
+                    file: e.file.display().to_string(),
+                    line: e.line,
+                    column: e.column,
+                    field: e.field.clone(),
+                    message: e.message.clone(),
+                }),
+            },
+        ),
+        Err(Rejected::Store(e)) => store_error(e),
+    }
+}
+
+fn summary(r: crate::store::RunRow) -> RunSummary {
+    RunSummary {
+        id: r.id,
+        scenario: r.scenario_name,
+        status: r.status,
+        submitted_at: r.started_at,
+        finished_at: r.finished_at,
+    }
+}
+
+/// List runs, newest first.
+#[utoipa::path(get, path = "/v1/runs",
+    responses(
+        (status = 200, body = Vec<RunSummary>),
+        (status = 401, body = ApiError),
+        (status = 503, body = ApiError),
+    ),
+    security(("bearer" = [])), tag = "runs")]
+async fn list_runs(State(s): State<Shared>) -> Response {
+    match s.service.store.runs() {
+        Ok(runs) => {
+            let v: Vec<RunSummary> = runs.into_iter().rev().map(summary).collect();
+            json(StatusCode::OK, &v)
+        }
+        Err(e) => store_error(e),
+    }
+}
+
+fn detail(s: &Served, id: &str) -> Result<Option<RunDetail>> {
+    let Some(run) = s.service.store.run(id)? else {
+        return Ok(None);
+    };
+    let cells = s.service.store.cells(id)?;
+    let count = |st: &str| cells.iter().filter(|c| c.state == st).count();
+    let progress = Progress {
+        total: cells.len(),
+        done: cells
+            .iter()
+            .filter(|c| matches!(c.state.as_str(), "succeeded" | "failed" | "cancelled"))
+            .count(),
+        running: count("running"),
+        pending: count("pending"),
+        failed: count("failed"),
+    };
+    Ok(Some(RunDetail {
+        links: Links::of(id),
+        run: summary(run),
+        progress,
+        cells: cells
+            .into_iter()
+            .map(|c| CellView {
+                cell_id: c.cell_id,
+                workload: c.workload,
+                instance_class: c.instance_class,
+                state: c.state,
+                agents: c.agent_id,
+                error: c.error,
+                started_at: c.started_at,
+                finished_at: c.finished_at,
+            })
+            .collect(),
+    }))
+}
+
+/// A run: status, progress, and every cell with its state and error.
+#[utoipa::path(get, path = "/v1/runs/{id}",
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 200, body = RunDetail),
+        (status = 401, body = ApiError),
+        (status = 404, body = ApiError),
+        (status = 503, body = ApiError),
+    ),
+    security(("bearer" = [])), tag = "runs")]
+async fn get_run(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    match detail(&s, &id) {
+        Ok(Some(d)) => json(StatusCode::OK, &d),
+        Ok(None) => not_found(&id),
+        Err(e) => store_error(e),
+    }
+}
+
+/// Cancel a run: a queued run ends at once, a running one stops its cells.
+#[utoipa::path(delete, path = "/v1/runs/{id}",
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 202, description = "Cancelling", body = RunSummary),
+        (status = 401, body = ApiError),
+        (status = 404, body = ApiError),
+        (status = 409, description = "The run has finished", body = ApiError),
+        (status = 503, body = ApiError),
+    ),
+    security(("bearer" = [])), tag = "runs")]
+async fn cancel_run(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    let run = match s.service.store.run(&id) {
+        Ok(Some(r)) => r,
+        Ok(None) => return not_found(&id),
+        Err(e) => return store_error(e),
+    };
+    if s.cancel(&id) {
+        let mut v = summary(run);
+        if v.status == "running" {
+            v.status = "cancelling".into();
+        } else if let Ok(Some(r)) = s.service.store.run(&id) {
+            v = summary(r);
+        }
+        return json(StatusCode::ACCEPTED, &v);
+    }
+    error(
+        StatusCode::CONFLICT,
+        format!("run `{id}` has already finished ({})", run.status),
+    )
+}
+
+/// The stream of a run's events (server-sent events): first a `cell` event
+/// per cell with its current state, then `cell`, `progress` and `agent`
+/// events as they happen; it ends with a `run` event carrying the final
+/// status.
+#[utoipa::path(get, path = "/v1/runs/{id}/events",
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 200, description = "Server-sent events; each `data` is a JSON object with a `type`", content_type = "text/event-stream", body = String),
+        (status = 401, body = ApiError),
+        (status = 404, body = ApiError),
+        (status = 503, body = ApiError),
+    ),
+    security(("bearer" = [])), tag = "runs")]
+async fn events(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    // Subscribe before the snapshot so nothing falls in between.
+    let live = s.subscribe(&id);
+    let d = match detail(&s, &id) {
+        Ok(Some(d)) => d,
+        Ok(None) => return not_found(&id),
+        Err(e) => return store_error(e),
+    };
+    let total = d.cells.len();
+    let done = d.progress.done;
+    let mut snapshot: Vec<RunEvent> = d
+        .cells
+        .into_iter()
+        .map(|c| RunEvent::Cell {
+            cell_id: c.cell_id,
+            state: c.state,
+            agents: c.agents.unwrap_or_default(),
+            error: c.error,
+            done,
+            total,
+        })
+        .collect();
+    let finished = RunStatus::parse(&d.run.status).is_none_or(RunStatus::is_terminal);
+    let live = match (live, finished) {
+        (Some(rx), false) => Some(rx),
+        _ => {
+            snapshot.push(RunEvent::Run {
+                status: d.run.status.clone(),
+            });
+            None
+        }
+    };
+    let live = futures::stream::iter(live)
+        .flat_map(|rx| BroadcastStream::new(rx).filter_map(|r| futures::future::ready(r.ok())));
+    let stream = futures::stream::iter(snapshot)
+        .chain(live)
+        .scan(false, |ended, ev| {
+            if *ended {
+                return futures::future::ready(None);
+            }
+            if let RunEvent::Run { status } = &ev
+                && RunStatus::parse(status).is_none_or(RunStatus::is_terminal)
+            {
+                *ended = true;
+            }
+            futures::future::ready(Some(ev))
+        })
+        .map(|ev| {
+            let kind = match &ev {
+                RunEvent::Cell { .. } => "cell",
+                RunEvent::Progress { .. } => "progress",
+                RunEvent::Agent { .. } => "agent",
+                RunEvent::Run { .. } => "run",
+            };
+            SseEvent::default()
+                .event(kind)
+                .json_data(&ev)
+                .map_err(|e| std::io::Error::other(e.to_string()))
+        });
+    Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
+        .into_response()
+}
+
+fn report_file(s: &Served, id: &str, file: &str, content_type: &'static str) -> Response {
+    match s.service.store.run(id) {
+        Ok(Some(_)) => {}
+        Ok(None) => return not_found(id),
+        Err(e) => return store_error(e),
+    }
+    let dir = match s.report_dir(id) {
+        Ok(d) => d,
+        Err(e) => return store_error(e),
+    };
+    match std::fs::read(dir.join(file)) {
+        Ok(b) => ([(header::CONTENT_TYPE, content_type)], b).into_response(),
+        Err(_) => error(
+            StatusCode::NOT_FOUND,
+            format!("run `{id}` has no `{file}`: GET /v1/runs/{id}/plots lists its plots"),
+        ),
+    }
+}
+
+/// The run's report as JSON (rendered from the store; while the run goes
+/// on, it shows what has finished).
+#[utoipa::path(get, path = "/v1/runs/{id}/report.json",
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 200, description = "report.json", body = Object),
+        (status = 401, body = ApiError),
+        (status = 404, body = ApiError),
+        (status = 503, body = ApiError),
+    ),
+    security(("bearer" = [])), tag = "reports")]
+async fn report_json(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    report_file(&s, &id, "report.json", "application/json")
+}
+
+/// The run's report as Markdown; its plots are under `plots/`.
+#[utoipa::path(get, path = "/v1/runs/{id}/report.md",
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 200, description = "report.md", content_type = "text/markdown", body = String),
+        (status = 401, body = ApiError),
+        (status = 404, body = ApiError),
+        (status = 503, body = ApiError),
+    ),
+    security(("bearer" = [])), tag = "reports")]
+async fn report_md(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    report_file(&s, &id, "report.md", "text/markdown; charset=utf-8")
+}
+
+/// The names of the run's plots (SVG).
+#[utoipa::path(get, path = "/v1/runs/{id}/plots",
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 200, body = Vec<String>),
+        (status = 401, body = ApiError),
+        (status = 404, body = ApiError),
+        (status = 503, body = ApiError),
+    ),
+    security(("bearer" = [])), tag = "reports")]
+async fn plots(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    match s.service.store.run(&id) {
+        Ok(Some(_)) => {}
+        Ok(None) => return not_found(&id),
+        Err(e) => return store_error(e),
+    }
+    let dir = match s.report_dir(&id) {
+        Ok(d) => d,
+        Err(e) => return store_error(e),
+    };
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.ends_with(".svg"))
+        .collect();
+    names.sort();
+    json(StatusCode::OK, &names)
+}
+
+/// One plot of the run's report.
+#[utoipa::path(get, path = "/v1/runs/{id}/plots/{name}",
+    params(("id" = String, Path, description = "Run id"), ("name" = String, Path, description = "Plot file name, e.g. `tps.svg`")),
+    responses(
+        (status = 200, description = "The plot", content_type = "image/svg+xml", body = String),
+        (status = 401, body = ApiError),
+        (status = 404, body = ApiError),
+        (status = 503, body = ApiError),
+    ),
+    security(("bearer" = [])), tag = "reports")]
+async fn plot(State(s): State<Shared>, Path((id, name)): Path<(String, String)>) -> Response {
+    let safe = name.ends_with(".svg")
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    if !safe {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("no plot `{name}`: GET /v1/runs/{id}/plots lists them"),
+        );
+    }
+    report_file(&s, &id, &name, "image/svg+xml")
+}
+
+/// The agents that joined: idle in the pool or held by a run.
+#[utoipa::path(get, path = "/v1/agents",
+    responses(
+        (status = 200, body = Vec<AgentInfo>),
+        (status = 401, body = ApiError),
+    ),
+    security(("bearer" = [])), tag = "agents")]
+async fn agents(State(s): State<Shared>) -> Response {
+    let v: Vec<AgentInfo> = s
+        .service
+        .hub
+        .agents()
+        .into_iter()
+        .map(|a| AgentInfo {
+            agent_id: a.agent_id,
+            instance_class: a.instance_class,
+            connected: a.connected,
+            run_id: a.run_id,
+            hostname: a.hostname,
+            postgres_version: a.postgres_version,
+        })
+        .collect();
+    json(StatusCode::OK, &v)
+}
+
+/// Liveness: the process answers.
+#[utoipa::path(get, path = "/healthz",
+    responses((status = 200, description = "Alive", content_type = "text/plain", body = String)),
+    tag = "health")]
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// Readiness: the store answers and agents can connect.
+#[utoipa::path(get, path = "/readyz",
+    responses(
+        (status = 200, description = "Ready", content_type = "text/plain", body = String),
+        (status = 503, description = "Not ready", content_type = "text/plain", body = String),
+    ),
+    tag = "health")]
+async fn readyz(State(s): State<Shared>) -> Response {
+    if s.ready() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+    }
+}
+
+/// The OpenAPI document of this API.
+#[utoipa::path(get, path = "/openapi.json",
+    responses(
+        (status = 200, description = "OpenAPI 3.1", body = Object),
+        (status = 401, body = ApiError),
+    ),
+    security(("bearer" = [])), tag = "meta")]
+async fn openapi_json() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        ApiDoc::openapi().to_pretty_json().unwrap_or_default(),
+    )
+        .into_response()
+}
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "pgfleet", description = "Submit PostgreSQL storage experiments to a pgfleet controller, follow them, and fetch their reports."),
+    paths(submit, list_runs, get_run, cancel_run, events, report_json, report_md, plots, plot, agents, healthz, readyz, openapi_json),
+    components(schemas(ApiError, Location, Links, Submitted, RunSummary, Progress, CellView, RunDetail, AgentInfo)),
+    modifiers(&BearerAuth),
+)]
+pub struct ApiDoc;
+
+async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if crate::api::constant_time_eq(given.as_bytes(), s.api_token.as_bytes()) {
+        return next.run(req).await;
+    }
+    let mut r = error(
+        StatusCode::UNAUTHORIZED,
+        if given.is_empty() {
+            "missing bearer token: send `Authorization: Bearer <token>` (pgfleet submit: --token-file or PGFLEET_TOKEN_FILE)"
+        } else {
+            "wrong bearer token"
+        },
+    );
+    r.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    r
+}
+
+pub fn router(s: Shared) -> Router {
+    let api = Router::new()
+        .route("/v1/runs", get(list_runs).post(submit))
+        .route("/v1/runs/{id}", get(get_run).delete(cancel_run))
+        .route("/v1/runs/{id}/events", get(events))
+        .route("/v1/runs/{id}/report.json", get(report_json))
+        .route("/v1/runs/{id}/report.md", get(report_md))
+        .route("/v1/runs/{id}/plots", get(plots))
+        .route("/v1/runs/{id}/plots/{name}", get(plot))
+        .route("/v1/agents", get(agents))
+        .route("/openapi.json", get(openapi_json))
+        .route_layer(middleware::from_fn_with_state(s.clone(), auth));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .merge(api)
+        .fallback(|| async {
+            error(
+                StatusCode::NOT_FOUND,
+                "no such endpoint: GET /openapi.json describes the API",
+            )
+        })
+        .with_state(s)
+}
+
+/// A running HTTP server.
+pub struct HttpServer {
+    pub addr: SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl HttpServer {
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(());
+        // Event streams of live runs end with the process.
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.task).await;
+    }
+}
+
+pub async fn listen(bind: SocketAddr, s: Shared) -> Result<HttpServer> {
+    let listener = tokio::net::TcpListener::bind(bind)
+        .await
+        .map_err(|e| Error::Server(format!("binding the HTTP API to {bind}: {e}")))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::Server(e.to_string()))?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let app = router(s);
+    let task = tokio::spawn(async move {
+        let r = axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await;
+        if let Err(e) = r {
+            tracing::error!("HTTP API ended: {e}");
+        }
+    });
+    Ok(HttpServer { addr, stop, task })
+}

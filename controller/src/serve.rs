@@ -1,0 +1,451 @@
+//! `pgfleet serve`: the long-running controller. One process holds the
+//! agents' gRPC endpoint, the HTTP API (`http`), the store and the queue.
+//!
+//! Runs are submitted (`POST /v1/runs`), stored `queued` with their cells,
+//! and started in submission order; a run starts while others run only when
+//! no earlier unfinished run shares an instance class with it (runs on
+//! disjoint fleets go side by side, the others wait their turn). Agents come
+//! from the pool: `pgfleet-agent run --class NAME` on any host joins it.
+//!
+//! A restarted `serve` resumes what the last one left: queued runs wait
+//! again, and running runs are rebuilt from the store; their agents, which
+//! keep their clusters and cells while the controller is away, reconnect,
+//! report the cells they still run and replay the results not yet
+//! acknowledged. Results stored before the restart are not redone; agents
+//! that do not come back within the lease are lost and their cells fail.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Notify, broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::scheduler::{self, RunEvent, Scheduler};
+use crate::service::{Agents, RunSpec, Service, ServiceConfig, fleet_needs};
+use crate::store::{Owner, RunStatus};
+use crate::{Error, Result, report, scenario};
+
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub service: ServiceConfig,
+    /// Where the HTTP API listens.
+    pub http_bind: SocketAddr,
+    /// The bearer token API clients must present.
+    pub api_token_file: PathBuf,
+    /// Reports of finished runs: `<reports>/<run-id>/`.
+    pub reports: PathBuf,
+    /// The largest scenario accepted, in bytes.
+    pub max_scenario_bytes: usize,
+}
+
+/// A run this process is executing or has queued.
+struct Live {
+    cancel: CancellationToken,
+    events: broadcast::Sender<RunEvent>,
+    classes: BTreeSet<String>,
+    started: bool,
+}
+
+/// What the HTTP API and the queue share.
+pub struct Served {
+    pub service: Service,
+    pub api_token: String,
+    pub reports: PathBuf,
+    pub max_scenario_bytes: usize,
+    live: Mutex<HashMap<String, Live>>,
+    wake: Notify,
+}
+
+/// A submission that was not accepted.
+pub enum Rejected {
+    /// The scenario is invalid: the same located error the CLI prints.
+    Invalid(scenario::ScenarioError),
+    Store(Error),
+}
+
+impl Served {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Validates and stores a run, queued. With an idempotency key already
+    /// used, returns that run instead (second value: whether it is new).
+    pub fn submit(
+        &self,
+        name: &str,
+        yaml: &str,
+        idempotency_key: Option<&str>,
+    ) -> Result<(String, bool), Rejected> {
+        if let Some(k) = idempotency_key
+            && let Some(id) = self
+                .service
+                .store
+                .run_by_idempotency_key(k)
+                .map_err(Rejected::Store)?
+        {
+            return Ok((id, false));
+        }
+        let sc = scenario::parse(Path::new(name), yaml).map_err(Rejected::Invalid)?;
+        let cells = scenario::plan(&sc);
+        let run_id = crate::run::new_run_id();
+        let store = &self.service.store;
+        store
+            .create_run(
+                &run_id,
+                &sc.name.value,
+                name,
+                yaml,
+                Owner::Serve,
+                idempotency_key,
+            )
+            .map_err(|e| {
+                match idempotency_key.and_then(|k| store.run_by_idempotency_key(k).ok().flatten()) {
+                    // Two submissions with one key raced: the other won.
+                    Some(_) => Rejected::Store(Error::Store(
+                        "a submission with this idempotency key is being stored; retry".into(),
+                    )),
+                    None => Rejected::Store(e),
+                }
+            })?;
+        for (i, c) in cells.iter().enumerate() {
+            store.insert_cell(&run_id, i, c).map_err(Rejected::Store)?;
+        }
+        self.enqueue(&run_id, &sc);
+        tracing::info!(run = %run_id, scenario = %sc.name.value, cells = cells.len(), "run queued");
+        Ok((run_id, true))
+    }
+
+    fn enqueue(&self, run_id: &str, sc: &scenario::Scenario) {
+        let (events, _) = broadcast::channel(1024);
+        self.lock().insert(
+            run_id.to_string(),
+            Live {
+                cancel: CancellationToken::new(),
+                events,
+                classes: fleet_needs(sc).into_keys().collect(),
+                started: false,
+            },
+        );
+        self.wake.notify_one();
+    }
+
+    /// Subscribes to a live run's events; None when it is not live.
+    pub fn subscribe(&self, run_id: &str) -> Option<broadcast::Receiver<RunEvent>> {
+        self.lock().get(run_id).map(|l| l.events.subscribe())
+    }
+
+    /// Cancels a live run. A queued one ends at once; a running one stops
+    /// its cells. False when the run is not live (finished or unknown).
+    pub fn cancel(&self, run_id: &str) -> bool {
+        let Some((cancel, started, events)) = self
+            .lock()
+            .get(run_id)
+            .map(|l| (l.cancel.clone(), l.started, l.events.clone()))
+        else {
+            return false;
+        };
+        cancel.cancel();
+        if !started {
+            let store = &self.service.store;
+            let _ = store.interrupt(run_id, "run cancelled before it started");
+            let _ = store.finish_run(run_id, RunStatus::Cancelled);
+            let _ = events.send(RunEvent::Run {
+                status: RunStatus::Cancelled.as_str().into(),
+            });
+            self.lock().remove(run_id);
+            self.wake.notify_one();
+        }
+        true
+    }
+
+    /// The report directory of a run, rendered from the store (again, if
+    /// the run has moved on since).
+    pub fn report_dir(&self, run_id: &str) -> Result<PathBuf> {
+        let dir = self.reports.join(run_id);
+        let finished = self
+            .service
+            .store
+            .run(run_id)?
+            .and_then(|r| RunStatus::parse(&r.status))
+            .is_some_and(RunStatus::is_terminal);
+        if !finished || !dir.join("report.json").exists() {
+            report::write(&self.service.store, run_id, &dir)?;
+        }
+        Ok(dir)
+    }
+
+    /// Whether the controller can take work: the store answers and agents
+    /// can connect.
+    pub fn ready(&self) -> bool {
+        self.service.agent_addr().is_some() && self.service.store.runs().is_ok()
+    }
+}
+
+/// Runs the server until `shutdown`; then stops taking work and cancels
+/// nothing: running runs stay `running` in the store, their agents keep
+/// their cells, and the next `serve` on this store resumes them.
+pub async fn serve(opts: ServeOptions, shutdown: CancellationToken) -> Result<()> {
+    let api_token = crate::service::read_token(&opts.api_token_file, "API token file")?;
+    let mut service = Service::build(&opts.service)?;
+    // Before agents can connect: their registrations must find the runs
+    // they belong to.
+    let mut inboxes = resume_prepare(&service)?;
+    service.listen().await?;
+    let served = Arc::new(Served {
+        service,
+        api_token,
+        reports: opts.reports.clone(),
+        max_scenario_bytes: opts.max_scenario_bytes,
+        live: Mutex::new(HashMap::new()),
+        wake: Notify::new(),
+    });
+    let http = crate::http::listen(opts.http_bind, served.clone()).await?;
+    eprintln!(
+        "pgfleet serve: API on http://{}, agents dial {} (gRPC on {}), store {}",
+        http.addr,
+        served.service.agent_url(),
+        served
+            .service
+            .agent_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default(),
+        opts.service.store.display()
+    );
+    let (done_tx, mut done_rx) = mpsc::channel::<String>(64);
+    resume_runs(&served, &mut inboxes, &done_tx);
+    loop {
+        start_next(&served, &done_tx);
+        tokio::select! {
+            _ = served.wake.notified() => {}
+            Some(id) = done_rx.recv() => {
+                served.lock().remove(&id);
+            }
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = shutdown.cancelled() => break,
+        }
+    }
+    eprintln!("pgfleet serve: stopping; running runs resume when it starts again on this store");
+    http.shutdown().await;
+    // Dropping the service ends every session: agents keep their cells and
+    // reconnect to the next controller within their give-up time.
+    match Arc::try_unwrap(served) {
+        Ok(s) => s.service.shutdown().await,
+        Err(_) => tracing::debug!("runs still hold the service; the process exit ends it"),
+    }
+    Ok(())
+}
+
+/// The schedulers' inboxes of the runs the last `serve` was running, made
+/// before agents can connect so their registrations find their runs.
+type Inboxes = HashMap<String, mpsc::Receiver<crate::api::Event>>;
+
+fn resume_prepare(service: &Service) -> Result<Inboxes> {
+    let mut inboxes = HashMap::new();
+    for (id, status, _pid) in service.store.unfinished_served_runs()? {
+        if status != "running" {
+            continue;
+        }
+        let agents: Vec<String> = service
+            .store
+            .agents(&id)?
+            .into_iter()
+            .filter(|a| a.lost_at.is_none())
+            .map(|a| a.agent_id)
+            .collect();
+        let (tx, rx) = mpsc::channel(4096);
+        service.hub.adopt(&id, &agents, tx);
+        inboxes.insert(id, rx);
+    }
+    Ok(inboxes)
+}
+
+/// Queues the runs the last `serve` queued, and rebuilds the ones it ran.
+fn resume_runs(served: &Arc<Served>, inboxes: &mut Inboxes, done: &mpsc::Sender<String>) {
+    let runs = match served.service.store.unfinished_served_runs() {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("reading unfinished runs: {e}");
+            return;
+        }
+    };
+    for (id, _, _) in runs {
+        let yaml = served
+            .service
+            .store
+            .scenario_yaml(&id)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let sc = match scenario::parse(Path::new("scenario.yaml"), &yaml) {
+            Ok(sc) => sc,
+            Err(e) => {
+                let _ = served
+                    .service
+                    .store
+                    .interrupt(&id, &format!("its stored scenario no longer parses: {e}"));
+                continue;
+            }
+        };
+        served.enqueue(&id, &sc);
+        if let Some(inbox) = inboxes.remove(&id) {
+            eprintln!("resuming run {id}: waiting for its agents to reconnect");
+            if let Some(l) = served.lock().get_mut(&id) {
+                l.started = true;
+            }
+            tokio::spawn(execute(served.clone(), id, sc, Some(inbox), done.clone()));
+        } else {
+            eprintln!("run {id} queued again");
+        }
+    }
+}
+
+/// Starts every queued run whose turn it is.
+fn start_next(served: &Arc<Served>, done: &mpsc::Sender<String>) {
+    let queued: Vec<(String, String)> = match served.service.store.unfinished_served_runs() {
+        Ok(r) => r
+            .into_iter()
+            .filter(|(_, s, _)| s == "queued")
+            .map(|(id, s, _)| (id, s))
+            .collect(),
+        Err(e) => {
+            tracing::error!("reading the queue: {e}");
+            return;
+        }
+    };
+    let mut busy: BTreeSet<String> = served
+        .lock()
+        .values()
+        .filter(|l| l.started)
+        .flat_map(|l| l.classes.iter().cloned())
+        .collect();
+    for (id, _) in queued {
+        let (classes, started) = match served.lock().get(&id) {
+            Some(l) => (l.classes.clone(), l.started),
+            None => continue,
+        };
+        if started {
+            continue;
+        }
+        let free = classes.is_disjoint(&busy);
+        busy.extend(classes);
+        if !free {
+            continue;
+        }
+        let yaml = served
+            .service
+            .store
+            .scenario_yaml(&id)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let Ok(sc) = scenario::parse(Path::new("scenario.yaml"), &yaml) else {
+            continue;
+        };
+        if let Some(l) = served.lock().get_mut(&id) {
+            l.started = true;
+        }
+        tokio::spawn(execute(served.clone(), id, sc, None, done.clone()));
+    }
+}
+
+/// Executes (or resumes) one run, stores its end and writes its report.
+async fn execute(
+    served: Arc<Served>,
+    run_id: String,
+    sc: scenario::Scenario,
+    resume: Option<mpsc::Receiver<crate::api::Event>>,
+    done: mpsc::Sender<String>,
+) {
+    let Some((cancel, events)) = served
+        .lock()
+        .get(&run_id)
+        .map(|l| (l.cancel.clone(), l.events.clone()))
+    else {
+        return;
+    };
+    let store = served.service.store.clone();
+    if let Err(e) = store.start_run(&run_id) {
+        tracing::error!(run = %run_id, "storing the run's start: {e}");
+    }
+    let _ = events.send(RunEvent::Run {
+        status: RunStatus::Running.as_str().into(),
+    });
+    let cells = scenario::plan(&sc);
+    let estimate = scenario::plan::estimate(&sc, &cells);
+    let status = if let Some(inbox) = resume {
+        resume_run(
+            &served,
+            &run_id,
+            inbox,
+            cells,
+            estimate.wall_seconds,
+            cancel,
+            events.clone(),
+        )
+        .await
+    } else {
+        let spec = RunSpec {
+            run_id: &run_id,
+            scenario: &sc,
+            cells,
+            estimated_wall: estimate.wall_seconds,
+        };
+        served
+            .service
+            .execute(spec, Agents::Pool, cancel, Some(events.clone()))
+            .await
+    };
+    let status = status.unwrap_or_else(|e| {
+        tracing::error!(run = %run_id, "the run could not start: {e}");
+        RunStatus::Failed
+    });
+    if let Err(e) = store.finish_run(&run_id, status) {
+        tracing::error!(run = %run_id, "storing the run's end: {e}");
+    }
+    if let Err(e) = report::write(&store, &run_id, &served.reports.join(&run_id)) {
+        tracing::error!(run = %run_id, "writing the report: {e}");
+    }
+    eprintln!("run {run_id} {}", status.as_str());
+    let _ = events.send(RunEvent::Run {
+        status: status.as_str().into(),
+    });
+    let _ = done.send(run_id).await;
+}
+
+/// Rebuilds a run's scheduler from the store and runs it to its end.
+async fn resume_run(
+    served: &Served,
+    run_id: &str,
+    rx: mpsc::Receiver<crate::api::Event>,
+    cells: Vec<crate::scenario::PlannedCell>,
+    estimated_wall: f64,
+    cancel: CancellationToken,
+    events: broadcast::Sender<RunEvent>,
+) -> Result<RunStatus> {
+    let service = &served.service;
+    let store = service.store.clone();
+    let stored = store.cells(run_id)?;
+    let agents = store.agents(run_id)?;
+    let sched = Scheduler::resume(
+        run_id,
+        store,
+        scheduler::Options {
+            lease: service.lease(),
+            // Agents that do not return within the lease are lost.
+            registration_timeout: service.lease(),
+            estimated_wall: Some(Duration::from_secs_f64(estimated_wall)),
+            interactive: false,
+            events: Some(events),
+            ..Default::default()
+        },
+        cells,
+        &stored,
+        &agents,
+    );
+    let status = sched.run(rx, cancel).await;
+    service.hub.release(run_id, false).await;
+    Ok(status)
+}
