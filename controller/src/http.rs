@@ -131,6 +131,18 @@ pub struct RunDetail {
     pub links: Links,
 }
 
+/// One server-sent event of a run's stream.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StreamEvent {
+    /// cell, progress, agent or run.
+    pub event: String,
+    /// The event as a JSON object with a `type` (the same as `event`):
+    /// cell (`cell_id`, `state`, `agents`, `error`, `done`, `total`),
+    /// progress (`cell_id`, `phase`, `message`, `done`, `total`), agent
+    /// (`agent_id`, `state`, `detail`) or run (`status`).
+    pub data: String,
+}
+
 /// An agent that joined the controller.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AgentInfo {
@@ -389,7 +401,7 @@ async fn cancel_run(State(s): State<Shared>, Path(id): Path<String>) -> Response
 #[utoipa::path(get, path = "/v1/runs/{id}/events",
     params(("id" = String, Path, description = "Run id")),
     responses(
-        (status = 200, description = "Server-sent events; each `data` is a JSON object with a `type`", content_type = "text/event-stream", body = String),
+        (status = 200, description = "Server-sent events; each `data` is a JSON object with a `type`", content_type = "text/event-stream", body = StreamEvent),
         (status = 401, body = ApiError),
         (status = 404, body = ApiError),
         (status = 503, body = ApiError),
@@ -642,7 +654,7 @@ impl Modify for BearerAuth {
 #[openapi(
     info(title = "pgfleet", description = "Submit PostgreSQL storage experiments to a pgfleet controller, follow them, and fetch their reports."),
     paths(submit, list_runs, get_run, cancel_run, events, report_json, report_md, plots, plot, agents, healthz, readyz, openapi_json),
-    components(schemas(ApiError, Location, Links, Submitted, RunSummary, Progress, CellView, RunDetail, AgentInfo)),
+    components(schemas(ApiError, StreamEvent, Location, Links, Submitted, RunSummary, Progress, CellView, RunDetail, AgentInfo)),
     modifiers(&BearerAuth),
 )]
 pub struct ApiDoc;

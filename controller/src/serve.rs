@@ -140,22 +140,23 @@ impl Served {
     /// Cancels a live run. A queued one ends at once; a running one stops
     /// its cells. False when the run is not live (finished or unknown).
     pub fn cancel(&self, run_id: &str) -> bool {
-        let Some((cancel, started, events)) = self
-            .lock()
-            .get(run_id)
-            .map(|l| (l.cancel.clone(), l.started, l.events.clone()))
-        else {
-            return false;
+        let queued = {
+            let mut live = self.lock();
+            let Some(l) = live.get(run_id) else {
+                return false;
+            };
+            l.cancel.cancel();
+            // A queued run leaves the queue here, under the lock the queue
+            // starts runs under: it cannot start any more.
+            if l.started { None } else { live.remove(run_id) }
         };
-        cancel.cancel();
-        if !started {
+        if let Some(l) = queued {
             let store = &self.service.store;
             let _ = store.interrupt(run_id, "run cancelled before it started");
             let _ = store.finish_run(run_id, RunStatus::Cancelled);
-            let _ = events.send(RunEvent::Run {
+            let _ = l.events.send(RunEvent::Run {
                 status: RunStatus::Cancelled.as_str().into(),
             });
-            self.lock().remove(run_id);
             self.wake.notify_one();
         }
         true
@@ -322,18 +323,6 @@ fn start_next(served: &Arc<Served>, done: &mpsc::Sender<String>) {
         .flat_map(|l| l.classes.iter().cloned())
         .collect();
     for (id, _) in queued {
-        let (classes, started) = match served.lock().get(&id) {
-            Some(l) => (l.classes.clone(), l.started),
-            None => continue,
-        };
-        if started {
-            continue;
-        }
-        let free = classes.is_disjoint(&busy);
-        busy.extend(classes);
-        if !free {
-            continue;
-        }
         let yaml = served
             .service
             .store
@@ -344,7 +333,20 @@ fn start_next(served: &Arc<Served>, done: &mpsc::Sender<String>) {
         let Ok(sc) = scenario::parse(Path::new("scenario.yaml"), &yaml) else {
             continue;
         };
-        if let Some(l) = served.lock().get_mut(&id) {
+        // Decide and mark under one lock (a cancel takes the same lock).
+        {
+            let mut live = served.lock();
+            let Some(l) = live.get_mut(&id) else {
+                continue;
+            };
+            if l.started {
+                continue;
+            }
+            let free = l.classes.is_disjoint(&busy);
+            busy.extend(l.classes.iter().cloned());
+            if !free {
+                continue;
+            }
             l.started = true;
         }
         tokio::spawn(execute(served.clone(), id, sc, None, done.clone()));

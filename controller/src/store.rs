@@ -381,7 +381,7 @@ impl Store {
     pub fn start_run(&self, id: &str) -> Result<()> {
         self.with(|c| {
             c.execute(
-                "UPDATE runs SET status = 'running', controller_pid = ?2 WHERE id = ?1",
+                "UPDATE runs SET status = 'running', controller_pid = ?2 WHERE id = ?1 AND status IN ('queued', 'running')",
                 params![id, std::process::id()],
             )
             .map(|_| ())

@@ -10,22 +10,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{Scratch, agent_bin, show};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 
-/// A CA, and a server certificate for 127.0.0.1 signed by it: writes
-/// `ca.pem`, `server.pem` (the chain: server, then CA) and `server.key`.
 fn certificates(s: &Scratch) {
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let server = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-        .unwrap()
-        .signed_by(&key, &ca)
-        .unwrap();
-    s.write("ca.pem", &ca.pem());
-    s.write("server.pem", &format!("{}{}", server.pem(), ca.pem()));
-    s.write("server.key", &key.serialize_pem());
+    common::certificates(&s.dir, &["127.0.0.1", "localhost"]);
 }
 
 const SCENARIO: &str = "name: secure

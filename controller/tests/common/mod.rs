@@ -165,3 +165,24 @@ pub fn show(o: &Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     )
 }
+
+/// A CA, and a server certificate for `names` signed by it: writes
+/// `ca.pem`, `server.pem` (the chain: server, then CA) and `server.key`.
+pub fn certificates(dir: &Path, names: &[&str]) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let server = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+    std::fs::write(
+        dir.join("server.pem"),
+        format!("{}{}", server.pem(), ca.pem()),
+    )
+    .unwrap();
+    std::fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
+}

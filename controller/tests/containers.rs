@@ -1,0 +1,369 @@
+//! A real deployment in containers: the images built from `deploy/images`
+//! (base image from Debian packages by debootstrap + `docker import`, no
+//! registry), `pgfleet serve` and four agents as containers on a private
+//! network, each with its own address, the session on TLS with a join
+//! token, and CI's `pgfleet submit --wait` from the host. Then the faults a
+//! fleet meets: an agent killed, an agent cut off the network for less than
+//! the lease, the controller restarted mid-run. Every container, network and
+//! volume is removed at the end, whatever happens.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Scratch, pgfleet, show};
+
+const LEASE_S: u64 = 8;
+
+/// The Docker objects of one test, removed on drop.
+struct Deployment {
+    prefix: String,
+    containers: Vec<String>,
+    network: String,
+    volume: String,
+    subnet: String,
+}
+
+fn docker(args: &[&str]) -> Output {
+    Command::new("docker")
+        .args(args)
+        .output()
+        .expect("running docker: is Docker Engine installed and its daemon running?")
+}
+
+fn docker_ok(args: &[&str]) -> String {
+    let out = docker(args);
+    assert!(out.status.success(), "docker {args:?}: {}", show(&out));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+impl Deployment {
+    fn new() -> Deployment {
+        let pid = std::process::id();
+        let prefix = format!("pgfleet-t{pid}");
+        let subnet = format!("10.213.{}.0/24", pid % 250 + 1);
+        let d = Deployment {
+            network: format!("{prefix}-net"),
+            volume: format!("{prefix}-store"),
+            containers: Vec::new(),
+            prefix,
+            subnet,
+        };
+        docker_ok(&["network", "create", "--subnet", &d.subnet, &d.network]);
+        docker_ok(&["volume", "create", &d.volume]);
+        d
+    }
+
+    /// The address of host `n` on the private network.
+    fn ip(&self, n: u8) -> String {
+        format!("{}.{n}", self.subnet.trim_end_matches(".0/24"))
+    }
+
+    fn name(&self, short: &str) -> String {
+        format!("{}-{short}", self.prefix)
+    }
+
+    fn controller(&mut self, secrets: &Path) {
+        let name = self.name("ctl");
+        let mount = format!("{}:/run/pgfleet:ro", secrets.display());
+        let store = format!("{}:/var/lib/pgfleet", self.volume);
+        let lease = LEASE_S.to_string();
+        let ip = self.ip(10);
+        docker_ok(&[
+            "run",
+            "-d",
+            "--name",
+            &name,
+            "--hostname",
+            "controller",
+            "--network",
+            &self.network,
+            "--ip",
+            &ip,
+            "--network-alias",
+            "controller",
+            "-p",
+            "127.0.0.1::8080",
+            "-v",
+            &mount,
+            "-v",
+            &store,
+            "pgfleet-controller:test",
+            "--api-token-file",
+            "/run/pgfleet/api.token",
+            "--join-token-file",
+            "/run/pgfleet/join.token",
+            "--tls-cert",
+            "/run/pgfleet/server.pem",
+            "--tls-key",
+            "/run/pgfleet/server.key",
+            "--lease-s",
+            &lease,
+            "--registration-timeout-s",
+            "60",
+        ]);
+        self.containers.push(name);
+    }
+
+    fn agent(&mut self, id: &str, class: &str, n: u8, secrets: &Path) {
+        let name = self.name(id);
+        let mount = format!("{}:/run/pgfleet:ro", secrets.display());
+        let ip = self.ip(n);
+        docker_ok(&[
+            "run",
+            "-d",
+            "--name",
+            &name,
+            "--hostname",
+            id,
+            "--network",
+            &self.network,
+            "--ip",
+            &ip,
+            "-v",
+            &mount,
+            "pgfleet-agent:test",
+            "--controller",
+            "https://controller:7070",
+            "--ca",
+            "/run/pgfleet/ca.pem",
+            "--class",
+            class,
+            "--token-file",
+            "/run/pgfleet/join.token",
+            "--give-up-after-s",
+            "120",
+        ]);
+        self.containers.push(name);
+    }
+
+    /// The HTTP API's address on the host.
+    fn api(&self) -> String {
+        let port = docker_ok(&["port", &self.name("ctl"), "8080/tcp"]);
+        let addr = port.lines().next().unwrap_or_default().to_string();
+        format!("http://{addr}")
+    }
+
+    fn logs(&self, short: &str) -> String {
+        let out = docker(&["logs", &self.name(short)]);
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }
+}
+
+impl Drop for Deployment {
+    fn drop(&mut self) {
+        for c in &self.containers {
+            let _ = docker(&["rm", "-f", "-v", c]);
+        }
+        let _ = docker(&["network", "rm", &self.network]);
+        let _ = docker(&["volume", "rm", "-f", &self.volume]);
+    }
+}
+
+fn scenario(s: &Scratch, file: &str, duration_s: u32) -> std::path::PathBuf {
+    s.write(
+        file,
+        &format!(
+            "name: containers\nfleet:\n  - name: fast\n    count: 2\n  - name: slow\n    count: 2\n\
+             workloads:\n  - kind: pgbench\n    scale: 2\n    script: random-update\n    clients: 2\n\
+             \x20   warmup_s: 1\n    duration_s: {duration_s}\n    replicas: 2\n"
+        ),
+    )
+}
+
+fn submit(s: &Scratch, api: &str, scenario: &Path, out: &str) -> std::process::Child {
+    Command::new(pgfleet())
+        .arg("submit")
+        .arg(scenario)
+        .args(["--server", api, "--wait", "--retry-for-s", "120", "--out"])
+        .arg(s.dir.join(out))
+        .arg("--token-file")
+        .arg(s.dir.join("secrets/api.token"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Cells of the newest run in `state`, read through `pgfleet status`.
+fn cells_in(s: &Scratch, api: &str, run: &str, state: &str) -> usize {
+    let out = Command::new(pgfleet())
+        .args(["status", run, "--server", api])
+        .arg("--token-file")
+        .arg(s.dir.join("secrets/api.token"))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some(state))
+        .count()
+}
+
+fn newest_run(d: &Deployment) -> Option<String> {
+    d.logs("ctl")
+        .lines()
+        .filter(|l| l.contains("run queued"))
+        .last()
+        .and_then(|l| l.split("run=").nth(1))
+        .and_then(|x| x.split_whitespace().next())
+        .map(str::to_string)
+}
+
+fn wait_running(s: &Scratch, d: &Deployment, api: &str, n: usize) -> String {
+    let start = Instant::now();
+    loop {
+        if let Some(run) = newest_run(d)
+            && cells_in(s, api, &run, "running") >= n
+        {
+            // Loaded and measuring.
+            std::thread::sleep(Duration::from_secs(3));
+            return run;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "cells did not start:\n{}",
+            d.logs("ctl")
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn finish(child: std::process::Child) -> (Option<i32>, String) {
+    let out = child.wait_with_output().unwrap();
+    (out.status.code(), show(&out))
+}
+
+#[test]
+fn serve_and_four_agents_in_containers_survive_a_kill_a_cut_and_a_restart() {
+    let s = Scratch::new("containers");
+    // The images, from the binaries under test.
+    let bin_dir = pgfleet().parent().unwrap().to_path_buf();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let build = Command::new("bash")
+        .arg(repo.join("deploy/images/build.sh"))
+        .arg("--bin-dir")
+        .arg(&bin_dir)
+        .args(["--tag", "test"])
+        .output()
+        .unwrap();
+    assert!(
+        build.status.success(),
+        "building the images: {}",
+        show(&build)
+    );
+
+    let secrets = s.dir.join("secrets");
+    std::fs::create_dir_all(&secrets).unwrap();
+    common::certificates(&secrets, &["controller"]);
+    std::fs::write(secrets.join("api.token"), "api-token-0123456789abcdef\n").unwrap();
+    std::fs::write(secrets.join("join.token"), "join-token-0123456789abcdef\n").unwrap();
+    for f in std::fs::read_dir(&secrets).unwrap().flatten() {
+        use std::os::unix::fs::PermissionsExt;
+        // The containers' users (pgfleet, postgres) read them.
+        std::fs::set_permissions(f.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+
+    let mut d = Deployment::new();
+    d.controller(&secrets);
+    for (i, (id, class)) in [
+        ("fast-1", "fast"),
+        ("fast-2", "fast"),
+        ("slow-1", "slow"),
+        ("slow-2", "slow"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        d.agent(id, class, 20 + i as u8, &secrets);
+    }
+    let api = d.api();
+
+    // 1. A two-class run completes; its report comes back.
+    let quick = scenario(&s, "quick.yaml", 3);
+    let (code, out) = finish(submit(&s, &api, &quick, "out1"));
+    assert_eq!(code, Some(0), "{out}\n{}", d.logs("ctl"));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(s.dir.join("out1/report.json")).unwrap())
+            .unwrap();
+    let cells = report["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 4, "{report}");
+    assert!(cells.iter().all(|c| c["state"] == "succeeded"), "{report}");
+    let agents: std::collections::BTreeSet<&str> = cells
+        .iter()
+        .map(|c| c["agent"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        agents.len(),
+        4,
+        "each cell on its own agent container: {agents:?}"
+    );
+
+    // 2. An agent cut off the network for less than the lease: it comes
+    // back on the same address, nothing is lost or run twice.
+    let longer = scenario(&s, "longer.yaml", 15);
+    let child = submit(&s, &api, &longer, "out2");
+    let run = wait_running(&s, &d, &api, 4);
+    let fast1 = d.name("fast-1");
+    docker_ok(&["network", "disconnect", &d.network, &fast1]);
+    std::thread::sleep(Duration::from_secs(LEASE_S / 2));
+    docker_ok(&["network", "connect", "--ip", &d.ip(20), &d.network, &fast1]);
+    let (code, out) = finish(child);
+    assert_eq!(code, Some(0), "{out}\n{}", d.logs("ctl"));
+    assert!(!out.contains("lost"), "{out}");
+    assert_eq!(
+        d.logs("fast-1").matches("assigned cell=").count(),
+        2,
+        "{}",
+        d.logs("fast-1")
+    );
+    assert_eq!(cells_in(&s, &api, &run, "succeeded"), 4);
+
+    // 3. The controller restarted mid-run: the run resumes and completes;
+    // the cells running through the restart are not redone.
+    let before: usize = ["fast-1", "fast-2", "slow-1", "slow-2"]
+        .iter()
+        .map(|a| d.logs(a).matches("assigned cell=").count())
+        .sum();
+    let child = submit(&s, &api, &longer, "out3");
+    wait_running(&s, &d, &api, 4);
+    docker_ok(&["restart", "-t", "10", &d.name("ctl")]);
+    let (code, out) = finish(child);
+    assert_eq!(code, Some(0), "{out}\n{}", d.logs("ctl"));
+    assert!(d.logs("ctl").contains("resuming run"), "{}", d.logs("ctl"));
+    let after: usize = ["fast-1", "fast-2", "slow-1", "slow-2"]
+        .iter()
+        .map(|a| d.logs(a).matches("assigned cell=").count())
+        .sum();
+    assert_eq!(after - before, 4, "each of the 4 cells assigned once");
+
+    // 4. An agent container killed mid-run: its cell fails within the
+    // lease, the others finish, submit exits 1, nothing hangs.
+    let child = submit(&s, &api, &longer, "out4");
+    wait_running(&s, &d, &api, 4);
+    docker_ok(&["kill", &d.name("slow-2")]);
+    let killed = Instant::now();
+    let (code, out) = finish(child);
+    assert_eq!(code, Some(1), "{out}\n{}", d.logs("ctl"));
+    assert!(out.contains("agent slow-2 lost"), "{out}");
+    assert!(
+        killed.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        killed.elapsed()
+    );
+
+    drop(d);
+    let left = docker_ok(&[
+        "ps",
+        "-a",
+        "--filter",
+        &format!("name=pgfleet-t{}", std::process::id()),
+        "-q",
+    ]);
+    assert!(left.is_empty(), "containers left: {left}");
+}

@@ -1,0 +1,673 @@
+//! `pgfleet serve` as CI uses it: a real server process, real static agents
+//! joining it by class (`pgfleet-agent run --class`), real PostgreSQL
+//! clusters, the real HTTP API (raw HTTP/1.1 from the test, and `pgfleet
+//! submit | status | cancel | report --server`), and schemathesis fuzzing
+//! the served OpenAPI document.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{Scratch, agent_bin, pgfleet, show};
+
+/// A child process stopped (SIGTERM, then SIGKILL) when dropped.
+struct Proc {
+    child: Child,
+    name: String,
+}
+
+impl Proc {
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig);
+    }
+    /// SIGTERM and wait (bounded) for it to exit.
+    fn stop(&mut self) {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(30) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("{} did not stop on SIGTERM; killing it", self.name);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.stop();
+        }
+    }
+}
+
+struct Server {
+    proc: Proc,
+    api: String,
+    grpc: u16,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `pgfleet serve` on the given ports (0: any) and waits until it
+/// says where it listens.
+fn start_serve(s: &Scratch, grpc: u16, http: u16, extra: &[&str]) -> Server {
+    let mut child = Command::new(pgfleet())
+        .arg("--store")
+        .arg(s.store())
+        .arg("serve")
+        .args(["--bind", &format!("127.0.0.1:{grpc}")])
+        .args(["--http", &format!("127.0.0.1:{http}")])
+        .arg("--api-token-file")
+        .arg(s.dir.join("api.token"))
+        .arg("--join-token-file")
+        .arg(s.dir.join("join.token"))
+        .args(["--lease-s", "3"])
+        .args(extra)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let log = s.dir.join("serve.log");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = writeln!(f, "{line}");
+            if line.contains("API on http://") {
+                let _ = tx.send(line);
+            }
+        }
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|_| panic!("serve did not start: {}", serve_log(s)));
+    let api = line
+        .split("API on ")
+        .nth(1)
+        .and_then(|x| x.split(',').next())
+        .unwrap()
+        .to_string();
+    let grpc = line
+        .split("(gRPC on 127.0.0.1:")
+        .nth(1)
+        .and_then(|x| x.split(')').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    Server {
+        proc: Proc {
+            child,
+            name: "serve".into(),
+        },
+        api,
+        grpc,
+    }
+}
+
+fn serve_log(s: &Scratch) -> String {
+    std::fs::read_to_string(s.dir.join("serve.log")).unwrap_or_default()
+}
+
+/// A static agent of `class` joining the server at `grpc`.
+fn start_agent(s: &Scratch, id: &str, class: &str, grpc: u16) -> Proc {
+    let log = std::fs::File::create(s.dir.join(format!("{id}.log"))).unwrap();
+    let child = Command::new(agent_bin())
+        .arg("run")
+        .args(["--controller", &format!("http://127.0.0.1:{grpc}")])
+        .args(["--class", class, "--agent-id", id])
+        .arg("--token-file")
+        .arg(s.dir.join("join.token"))
+        .arg("--data-root")
+        .arg(s.data().join(id))
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    Proc {
+        child,
+        name: id.to_string(),
+    }
+}
+
+fn agent_log(s: &Scratch, id: &str) -> String {
+    std::fs::read_to_string(s.dir.join(format!("{id}.log"))).unwrap_or_default()
+}
+
+/// One HTTP/1.1 request; returns status, headers (lowercase names) and body.
+fn http(
+    base: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
+    let addr = base.trim_start_matches("http://");
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    if let Some(t) = token {
+        req.push_str(&format!("authorization: Bearer {t}\r\n"));
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    c.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    c.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let chunked = head.to_lowercase().contains("transfer-encoding: chunked");
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    (status, head.to_lowercase(), body)
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+/// `pgfleet <args> --server URL --token-file F`.
+fn remote(s: &Scratch, api: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(pgfleet());
+    c.args(args)
+        .args(["--server", api])
+        .arg("--token-file")
+        .arg(s.dir.join("api.token"));
+    c
+}
+
+fn scenario(s: &Scratch, file: &str, name: &str, classes: &[&str], duration_s: u32) -> PathBuf {
+    let mut text = format!("name: {name}\nfleet:\n");
+    for c in classes {
+        text.push_str(&format!(
+            "  - name: {c}\n    count: 1\n    storage: {{ profile: nvme }}\n"
+        ));
+    }
+    text.push_str(&format!(
+        "workloads:\n  - kind: pgbench\n    scale: 2\n    script: random-update\n    clients: 2\n    warmup_s: 1\n    duration_s: {duration_s}\n    replicas: 1\n"
+    ));
+    s.write(file, &text)
+}
+
+fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Waits until the newest run has a cell of `class` running, then a few
+/// seconds more (its cluster is loaded and it measures).
+fn wait_for_cell_running(api: &str, token: &str, class: &str) {
+    wait_for("a running cell", Duration::from_secs(60), || {
+        let (_, _, runs) = http(api, "GET", "/v1/runs", Some(token), &[], "");
+        let Some(id) = json(&runs)[0]["id"].as_str().map(str::to_string) else {
+            return false;
+        };
+        let (_, _, run) = http(api, "GET", &format!("/v1/runs/{id}"), Some(token), &[], "");
+        json(&run)["cells"].as_array().is_some_and(|c| {
+            c.iter()
+                .any(|c| c["instance_class"] == class && c["state"] == "running")
+        })
+    });
+    std::thread::sleep(Duration::from_secs(4));
+}
+
+fn tokens(s: &Scratch) -> String {
+    let api = "api-token-0123456789abcdef";
+    std::fs::write(s.dir.join("api.token"), format!("{api}\n")).unwrap();
+    std::fs::write(s.dir.join("join.token"), "join-token-0123456789abcdef\n").unwrap();
+    api.to_string()
+}
+
+fn schemathesis() -> PathBuf {
+    let p = std::env::var_os("PGFLEET_SCHEMATHESIS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/opt/pgfleet-venv/bin/schemathesis"));
+    assert!(
+        p.is_file(),
+        "{} missing: `python3 -m venv /opt/pgfleet-venv && /opt/pgfleet-venv/bin/pip install schemathesis` (.ci/run does it), or set PGFLEET_SCHEMATHESIS",
+        p.display()
+    );
+    p
+}
+
+#[test]
+fn ci_submits_to_serve_and_static_agents_run_the_cells() {
+    let s = Scratch::new("serve-api");
+    let token = tokens(&s);
+    let mut server = start_serve(&s, 0, 0, &["--registration-timeout-s", "3"]);
+    let api = server.api.clone();
+
+    // Health needs no token; everything else does.
+    assert_eq!(http(&api, "GET", "/healthz", None, &[], "").0, 200);
+    assert_eq!(http(&api, "GET", "/readyz", None, &[], "").0, 200);
+    let (code, head, body) = http(&api, "GET", "/v1/runs", None, &[], "");
+    assert_eq!(code, 401, "{body}");
+    assert!(head.contains("www-authenticate: bearer"), "{head}");
+    assert!(body.contains("missing bearer token"), "{body}");
+    let (code, _, body) = http(
+        &api,
+        "GET",
+        "/v1/runs",
+        Some("wrong-token-0123456789"),
+        &[],
+        "",
+    );
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("wrong bearer token"), "{body}");
+    assert_eq!(http(&api, "GET", "/openapi.json", None, &[], "").0, 401);
+    let (code, _, doc) = http(&api, "GET", "/openapi.json", Some(&token), &[], "");
+    assert_eq!(code, 200);
+    assert!(json(&doc)["paths"]["/v1/runs/{id}/events"].is_object());
+
+    // An invalid scenario: 422 with the CLI's located message.
+    let bad = s.write(
+        "bad.yaml",
+        "name: bad\nfleet:\n  - name: a\nworkloads:\n  - kind: pgbench\n    scale: 2\n    clients: [2]\n",
+    );
+    let cli = Command::new(pgfleet())
+        .arg("validate")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(cli.status.code(), Some(2));
+    let cli_err = String::from_utf8_lossy(&cli.stderr).to_string();
+    let (code, _, body) = http(
+        &api,
+        "POST",
+        "/v1/runs?name=bad.yaml",
+        Some(&token),
+        &[],
+        &std::fs::read_to_string(&bad).unwrap(),
+    );
+    assert_eq!(code, 422, "{body}");
+    let e = json(&body);
+    assert_eq!(e["location"]["line"], 7, "{body}");
+    assert_eq!(e["location"]["field"], "workloads[0].clients", "{body}");
+    let msg = e["error"].as_str().unwrap();
+    assert!(cli_err.contains(msg), "CLI: {cli_err}\nAPI: {msg}");
+    // Too large: 413, and nothing stored.
+    let big = "#".repeat(2 << 20);
+    let (code, _, body) = http(&api, "POST", "/v1/runs", Some(&token), &[], &big);
+    assert_eq!(code, 413, "{body}");
+
+    // A class no agent has: the run waits for agents, then says which
+    // class lacks them and how to add one. With --timeout-s passing
+    // first, submit exits 3 and cancels the run.
+    let lonely = scenario(&s, "lonely.yaml", "lonely", &["gp3"], 2);
+    let out = remote(&s, &api, &["submit"])
+        .arg(&lonely)
+        .args(["--wait", "--timeout-s", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", show(&out));
+    let timed_out = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap()
+        .to_string();
+    let out = remote(&s, &api, &["submit"])
+        .arg(&lonely)
+        .arg("--wait")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("instance class `gp3` needs 1 agent(s); 0 idle")
+            && err.contains("pgfleet-agent run --controller URL --class gp3"),
+        "{err}"
+    );
+    let (_, _, body) = http(
+        &api,
+        "GET",
+        &format!("/v1/runs/{timed_out}"),
+        Some(&token),
+        &[],
+        "",
+    );
+    assert_eq!(json(&body)["status"], "cancelled", "{body}");
+
+    // Two static agents of two classes join.
+    let _fast = start_agent(&s, "fast-1", "fast", server.grpc);
+    let mut slow = start_agent(&s, "slow-1", "slow", server.grpc);
+    wait_for("both agents to join", Duration::from_secs(30), || {
+        let (_, _, body) = http(&api, "GET", "/v1/agents", Some(&token), &[], "");
+        json(&body).as_array().is_some_and(|a| a.len() == 2)
+    });
+
+    // A two-class run, followed to its end by `submit --wait`.
+    let two = scenario(&s, "two.yaml", "two-classes", &["fast", "slow"], 3);
+    let waiting = remote(&s, &api, &["submit"])
+        .arg(&two)
+        .arg("--wait")
+        .arg("--out")
+        .arg(s.out())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    wait_for("the run to start", Duration::from_secs(30), || {
+        let (_, _, runs) = http(&api, "GET", "/v1/runs", Some(&token), &[], "");
+        json(&runs)[0]["status"] == "running"
+    });
+    // Meanwhile: a second run with an idempotency key, queued behind it
+    // (same classes); the retried submit gets the same run; cancel it.
+    let body2 = std::fs::read_to_string(&two).unwrap();
+    let key = [("idempotency-key", "ci-job-42")];
+    let (code, head, first) = http(
+        &api,
+        "POST",
+        "/v1/runs?name=two.yaml",
+        Some(&token),
+        &key,
+        &body2,
+    );
+    assert_eq!(code, 202, "{first}");
+    let first = json(&first);
+    let queued = first["id"].as_str().unwrap().to_string();
+    assert!(
+        head.contains(&format!("location: /v1/runs/{queued}")),
+        "{head}"
+    );
+    assert_eq!(first["created"], true);
+    let (code, _, again) = http(
+        &api,
+        "POST",
+        "/v1/runs?name=two.yaml",
+        Some(&token),
+        &key,
+        &body2,
+    );
+    assert_eq!(code, 202);
+    let again = json(&again);
+    assert_eq!(
+        again["id"],
+        queued.as_str(),
+        "a retried submit returns the same run"
+    );
+    assert_eq!(again["created"], false);
+    let (code, _, body) = http(
+        &api,
+        "DELETE",
+        &format!("/v1/runs/{queued}"),
+        Some(&token),
+        &[],
+        "",
+    );
+    assert_eq!(code, 202, "{body}");
+    let (code, _, body) = http(
+        &api,
+        "DELETE",
+        &format!("/v1/runs/{queued}"),
+        Some(&token),
+        &[],
+        "",
+    );
+    assert_eq!(code, 409, "cancelling a finished run: {body}");
+    let (code, _, _) = http(
+        &api,
+        "DELETE",
+        "/v1/runs/no-such-run",
+        Some(&token),
+        &[],
+        "",
+    );
+    assert_eq!(code, 404);
+    let (_, _, body) = http(
+        &api,
+        "GET",
+        &format!("/v1/runs/{queued}"),
+        Some(&token),
+        &[],
+        "",
+    );
+    let q = json(&body);
+    assert_eq!(q["status"], "cancelled", "{body}");
+    assert!(
+        q["cells"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["state"] == "cancelled"),
+        "{body}"
+    );
+
+    let out = waiting.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        show(&out),
+        serve_log(&s)
+    );
+    let run_id = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap()
+        .to_string();
+    let report = s.report();
+    let cells = report["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 2);
+    let classes: Vec<&str> = cells
+        .iter()
+        .map(|c| c["instance_class"].as_str().unwrap())
+        .collect();
+    assert!(
+        classes.contains(&"fast") && classes.contains(&"slow"),
+        "{classes:?}"
+    );
+    assert!(cells.iter().all(|c| c["state"] == "succeeded"), "{cells:?}");
+    let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
+    let svgs: Vec<_> = std::fs::read_dir(s.out())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "svg"))
+        .collect();
+    assert!(
+        !svgs.is_empty() && md.contains(".svg"),
+        "plots come with the report"
+    );
+
+    // The finished run's event stream: every cell, then the final status.
+    let (code, head, events) = http(
+        &api,
+        "GET",
+        &format!("/v1/runs/{run_id}/events"),
+        Some(&token),
+        &[],
+        "",
+    );
+    assert_eq!(code, 200);
+    assert!(head.contains("text/event-stream"), "{head}");
+    assert_eq!(events.matches("event: cell").count(), 2, "{events}");
+    assert!(
+        events
+            .trim_end()
+            .ends_with(r#"data: {"type":"run","status":"succeeded"}"#),
+        "{events}"
+    );
+    let status = remote(&s, &api, &["status", &run_id]).output().unwrap();
+    assert_eq!(status.status.code(), Some(0), "{}", show(&status));
+    assert!(String::from_utf8_lossy(&status.stdout).contains("succeeded, 2/2 cells done"));
+    let again = s.dir.join("again");
+    let rep = remote(
+        &s,
+        &api,
+        &["report", &run_id, "--out", again.to_str().unwrap()],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(rep.status.code(), Some(0), "{}", show(&rep));
+    assert_eq!(
+        std::fs::read(again.join("report.json")).unwrap(),
+        std::fs::read(s.out().join("report.json")).unwrap()
+    );
+
+    // An agent killed mid-run: its cell fails within the lease, exit 1,
+    // the other class's cell is unaffected.
+    let long = scenario(&s, "long.yaml", "long", &["fast", "slow"], 30);
+    let waiting = remote(&s, &api, &["submit"])
+        .arg(&long)
+        .arg("--wait")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_cell_running(&api, &token, "slow");
+    slow.signal(nix::sys::signal::Signal::SIGKILL);
+    let killed = Instant::now();
+    let out = waiting.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("agent slow-1 lost"), "{err}");
+    assert!(
+        killed.elapsed() < Duration::from_secs(45),
+        "{:?}",
+        killed.elapsed()
+    );
+    let _ = slow.child.wait();
+    // What the killed agent left: its clusters; the agent's cleanup removes them.
+    let cleaned = Command::new(agent_bin())
+        .args(["cleanup", "--data-root"])
+        .arg(s.data().join("slow-1"))
+        .output()
+        .unwrap();
+    assert!(cleaned.status.success(), "{}", show(&cleaned));
+
+    // The served OpenAPI document, fuzzed: no 5xx, every response as
+    // documented. (positive_data_acceptance is off: a scenario is "any
+    // string" to the schema, and most strings are not valid scenarios.)
+    let st = Command::new(schemathesis())
+        .args(["run", &format!("{api}/openapi.json")])
+        .args(["-H", &format!("Authorization: Bearer {token}")])
+        .args([
+            "--checks",
+            "all",
+            "--exclude-checks",
+            "positive_data_acceptance",
+        ])
+        .args(["--max-examples", "25"])
+        .env("NO_COLOR", "1")
+        .current_dir(&s.dir)
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "schemathesis:\n{}", show(&st));
+
+    server.proc.stop();
+    drop(_fast);
+    s.assert_clean(&[]);
+}
+
+#[test]
+fn a_restarted_serve_resumes_its_runs_without_redoing_results() {
+    let s = Scratch::new("serve-restart");
+    tokens(&s);
+    let (grpc, http_port) = (free_port(), free_port());
+    let server = start_serve(&s, grpc, http_port, &[]);
+    let api = server.api.clone();
+    let mut agent = start_agent(&s, "a-1", "local", grpc);
+    let two = scenario(&s, "two.yaml", "restart", &["local"], 6);
+    // Two cells on one agent, one after the other.
+    let text = std::fs::read_to_string(&two)
+        .unwrap()
+        .replace("replicas: 1", "replicas: 2");
+    std::fs::write(&two, text).unwrap();
+    let waiting = remote(&s, &api, &["submit"])
+        .arg(&two)
+        .args(["--wait", "--retry-for-s", "60"])
+        .arg("--out")
+        .arg(s.out())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_cell_running(&api, "api-token-0123456789abcdef", "local");
+    // The controller dies mid-cell and comes back on the same store.
+    let mut server = server;
+    server.proc.signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = server.proc.child.wait();
+    std::thread::sleep(Duration::from_secs(1));
+    let mut server = start_serve(&s, grpc, http_port, &[]);
+
+    let out = waiting.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        show(&out),
+        serve_log(&s)
+    );
+    assert!(serve_log(&s).contains("resuming run"), "{}", serve_log(&s));
+    let log = agent_log(&s, "a-1");
+    assert!(log.contains("session lost; reconnecting"), "{log}");
+    // Each cell was assigned once: the one running through the restart
+    // was not redone.
+    assert_eq!(log.matches("assigned cell=").count(), 2, "{log}");
+    let report = s.report();
+    assert!(
+        report["cells"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["state"] == "succeeded"),
+        "{report}"
+    );
+    server.proc.stop();
+    agent.stop();
+    s.assert_clean(&[]);
+    assert!(Path::new(&s.store()).exists());
+}

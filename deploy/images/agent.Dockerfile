@@ -1,0 +1,22 @@
+# pgfleet-agent: PostgreSQL 15 server with contrib, lz4 and pgbench, and the
+# agent, running as the unprivileged `postgres` user (the agent starts
+# PostgreSQL as itself). tini is PID 1: it forwards SIGTERM to the agent,
+# which then tears its clusters down, and reaps orphans.
+#
+#   docker run pgfleet-agent:dev --controller https://ctl:7070 --ca /run/pgfleet/ca.pem \
+#       --class gp3 --token-file /run/pgfleet/join.token
+#
+# Storage caps and instance emulation need root and cgroups: in this
+# non-root image they are off (--no-emulate); give the agent real storage
+# of the class under test as its data root (a volume at /data).
+FROM pgfleet-base:bookworm
+COPY pgfleet-agent /usr/local/bin/pgfleet-agent
+RUN mkdir -p /data && chown postgres:postgres /data && chmod 0700 /data
+ENV PGFLEET_DATA_ROOT=/data \
+    PGFLEET_PG_BIN=/usr/lib/postgresql/15/bin \
+    PGFLEET_PG_USER=postgres \
+    PGFLEET_LOG=info
+USER postgres
+VOLUME /data
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/pgfleet-agent", "run", "--no-emulate"]

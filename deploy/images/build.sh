@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Builds pgfleet's images without a registry: the base image from Debian
+# packages (debootstrap, then `docker import`), then the controller and
+# agent images from this directory's Dockerfiles with the given binaries.
+#
+#   deploy/images/build.sh [--bin-dir target/release] [--tag dev]
+#
+# Images: pgfleet-base:bookworm (Debian 12 minbase with PostgreSQL 15 server,
+# its contrib modules and client (pgbench), lz4, tini), pgfleet-controller:<tag>,
+# pgfleet-agent:<tag>. The base is built once and reused; pass --rebuild-base
+# to make it again. Needs root (debootstrap) and a Docker daemon.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+bin_dir="$here/../../target/release"
+tag=dev
+rebuild_base=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bin-dir) bin_dir="$2"; shift 2 ;;
+    --tag) tag="$2"; shift 2 ;;
+    --rebuild-base) rebuild_base=1; shift ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+for b in pgfleet pgfleet-agent; do
+  [ -x "$bin_dir/$b" ] || { echo "$bin_dir/$b missing: build it (cargo build --release --workspace --bins) or pass --bin-dir" >&2; exit 2; }
+done
+mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+
+if [ "$rebuild_base" = 1 ] || ! docker image inspect pgfleet-base:bookworm >/dev/null 2>&1; then
+  command -v debootstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null; }
+  rootfs="$(mktemp -d /var/tmp/pgfleet-rootfs.XXXXXX)"
+  trap 'rm -rf "$rootfs"' EXIT
+  echo "== debootstrap bookworm into $rootfs (a few minutes)"
+  # postgresql-15 holds the server and contrib (pgstattuple...); the client
+  # package brings pgbench.
+  if ! debootstrap --variant=minbase \
+      --include=postgresql-15,postgresql-client-15,liblz4-1,tini,ca-certificates,iproute2 \
+      bookworm "$rootfs" "$mirror" >"$rootfs.log" 2>&1; then
+    tail -20 "$rootfs.log" >&2
+    echo "debootstrap failed (full log: $rootfs.log); set DEBIAN_MIRROR to another mirror if this one is unreachable" >&2
+    exit 1
+  fi
+  rm -f "$rootfs.log"
+  # No cluster of the package's own, no apt caches, no docs.
+  rm -rf "$rootfs"/var/lib/postgresql/15/main "$rootfs"/etc/postgresql/15/main \
+         "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* \
+         "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/*
+  echo "== docker import pgfleet-base:bookworm"
+  tar -C "$rootfs" -c . | docker import - pgfleet-base:bookworm >/dev/null
+  rm -rf "$rootfs"
+  trap - EXIT
+fi
+
+ctx="$(mktemp -d)"
+trap 'rm -rf "$ctx"' EXIT
+cp "$bin_dir/pgfleet" "$bin_dir/pgfleet-agent" "$here"/*.Dockerfile "$ctx/"
+echo "== pgfleet-controller:$tag, pgfleet-agent:$tag"
+docker build -q -t "pgfleet-controller:$tag" -f "$ctx/controller.Dockerfile" "$ctx" >/dev/null
+docker build -q -t "pgfleet-agent:$tag" -f "$ctx/agent.Dockerfile" "$ctx" >/dev/null
+echo "built pgfleet-controller:$tag and pgfleet-agent:$tag"
