@@ -71,6 +71,14 @@ impl Deployment {
         let store = format!("{}:/var/lib/pgfleet", self.volume);
         let lease = LEASE_S.to_string();
         let ip = self.ip(10);
+        // A fixed host port, outside the ephemeral range (a client's
+        // outgoing connection could take it while the container restarts).
+        let port = (20000..32000)
+            .map(|p| p + (std::process::id() as u16 % 10000))
+            .map(|p| 20000 + p % 12000)
+            .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+            .unwrap();
+        let publish = format!("127.0.0.1:{port}:8080");
         docker_ok(&[
             "run",
             "-d",
@@ -85,7 +93,7 @@ impl Deployment {
             "--network-alias",
             "controller",
             "-p",
-            "127.0.0.1::8080",
+            &publish,
             "-v",
             &mount,
             "-v",
@@ -334,7 +342,13 @@ fn serve_and_four_agents_in_containers_survive_a_kill_a_cut_and_a_restart() {
     wait_running(&s, &d, &api, 4);
     docker_ok(&["restart", "-t", "10", &d.name("ctl")]);
     let (code, out) = finish(child);
-    assert_eq!(code, Some(0), "{out}\n{}", d.logs("ctl"));
+    assert_eq!(
+        code,
+        Some(0),
+        "{out}\n{}\n{}",
+        d.logs("ctl"),
+        docker_ok(&["ps", "-a"])
+    );
     assert!(d.logs("ctl").contains("resuming run"), "{}", d.logs("ctl"));
     let after: usize = ["fast-1", "fast-2", "slow-1", "slow-2"]
         .iter()
