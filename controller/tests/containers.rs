@@ -216,8 +216,7 @@ fn cells_in(s: &Scratch, api: &str, run: &str, state: &str) -> usize {
 fn newest_run(d: &Deployment) -> Option<String> {
     d.logs("ctl")
         .lines()
-        .filter(|l| l.contains("run queued"))
-        .last()
+        .rfind(|l| l.contains("run queued"))
         .and_then(|l| l.split("run=").nth(1))
         .and_then(|x| x.split_whitespace().next())
         .map(str::to_string)
