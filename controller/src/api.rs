@@ -40,6 +40,8 @@ pub enum Event {
         agent_id: String,
         conn: u64,
         msg: Msg,
+        /// When it arrived (the scheduler measures how long it waited).
+        received: std::time::Instant,
     },
     Disconnected {
         agent_id: String,
@@ -154,6 +156,7 @@ impl AgentSession for SessionService {
                             agent_id: agent_id.clone(),
                             conn,
                             msg,
+                            received: std::time::Instant::now(),
                         })
                         .await;
                     }

@@ -175,6 +175,7 @@ impl Hub {
                     agent_id,
                     conn,
                     msg,
+                    received,
                 } => match st.agents.get(&agent_id) {
                     Some(a) if a.conn == conn => {
                         match a.run.as_ref().map(|r| st.runs.get(r)) {
@@ -186,6 +187,7 @@ impl Hub {
                                     agent_id,
                                     conn,
                                     msg,
+                                    received,
                                 },
                             ),
                             // An idle agent replaying a result of a run that

@@ -180,6 +180,10 @@ pub struct Scheduler {
     ui: Ui,
     started: Instant,
     cancelled: Option<Instant>,
+    /// How long agents' messages waited between arriving and being
+    /// handled, in microseconds: a slow store write shows here before it
+    /// turns a heartbeat into a false loss.
+    delays: hdrhistogram::Histogram<u64>,
 }
 
 impl Scheduler {
@@ -218,6 +222,7 @@ impl Scheduler {
             ui,
             started: now,
             cancelled: None,
+            delays: hdrhistogram::Histogram::new(3).expect("3 significant digits is valid"),
         }
     }
 
@@ -332,6 +337,16 @@ impl Scheduler {
                 _ = cancel.cancelled(), if self.cancelled.is_none() => self.cancel_all().await,
             }
         }
+        if !self.delays.is_empty() {
+            tracing::info!(
+                run = %self.run_id,
+                messages = self.delays.len(),
+                p50_ms = self.delays.value_at_quantile(0.5) as f64 / 1000.0,
+                p99_ms = self.delays.value_at_quantile(0.99) as f64 / 1000.0,
+                max_ms = self.delays.max() as f64 / 1000.0,
+                "agent messages: wait from arrival to handling"
+            );
+        }
         // The agents go back to whoever gave them (`Hub::release`).
         if self.cancelled.is_some() {
             RunStatus::Cancelled
@@ -349,7 +364,10 @@ impl Scheduler {
                 agent_id,
                 conn,
                 msg,
+                received,
             } => {
+                let waited = received.elapsed().as_micros() as u64;
+                let _ = self.delays.record(waited.max(1));
                 let Some(a) = self.agents.get_mut(&agent_id) else {
                     return;
                 };
