@@ -307,7 +307,7 @@ async fn main() {
             on.join(", ")
         ));
     }
-    if n % PER_CLASS > 0 {
+    if !n.is_multiple_of(PER_CLASS) {
         scenario.push_str(&format!(
             "  - kind: pgbench\n    scale: 1\n    duration_s: {secs}\n    replicas: {}\n    on: [sim{full}]\n",
             n % PER_CLASS

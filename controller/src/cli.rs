@@ -155,6 +155,9 @@ pub struct ServeArgs {
     /// The largest scenario accepted, in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     pub max_scenario_bytes: usize,
+    /// How long a finished run's series stay on /metrics, in seconds.
+    #[arg(long, default_value_t = 600.0)]
+    pub metrics_retention_s: f64,
     #[command(flatten)]
     pub session: SessionArgs,
 }
@@ -202,6 +205,10 @@ pub struct RunArgs {
     /// Address the embedded controller listens on (port 0: any free port).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub bind: SocketAddr,
+    /// Serve Prometheus metrics at http://ADDR/metrics while the run goes
+    /// on (e.g. 127.0.0.1:9187).
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
     #[command(flatten)]
     pub session: SessionArgs,
     /// The agent binary. Default: pgfleet-agent next to pgfleet, else PATH.

@@ -623,6 +623,26 @@ async fn readyz(State(s): State<Shared>) -> Response {
     }
 }
 
+/// Prometheus metrics (text exposition format); no token, like health.
+#[utoipa::path(get, path = "/metrics",
+    responses((status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain", body = String)),
+    tag = "health")]
+async fn metrics(State(s): State<Shared>) -> Response {
+    metrics_response(&s.service)
+}
+
+pub fn metrics_response(service: &crate::service::Service) -> Response {
+    service.metrics.refresh(&service.hub, &service.store);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        service.metrics.render(),
+    )
+        .into_response()
+}
+
 /// The OpenAPI document of this API.
 #[utoipa::path(get, path = "/openapi.json",
     responses(
@@ -653,7 +673,7 @@ impl Modify for BearerAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "pgfleet", description = "Submit PostgreSQL storage experiments to a pgfleet controller, follow them, and fetch their reports."),
-    paths(submit, list_runs, get_run, cancel_run, events, report_json, report_md, plots, plot, agents, healthz, readyz, openapi_json),
+    paths(submit, list_runs, get_run, cancel_run, events, report_json, report_md, plots, plot, agents, healthz, readyz, metrics, openapi_json),
     components(schemas(ApiError, StreamEvent, Location, Links, Submitted, RunSummary, Progress, CellView, RunDetail, AgentInfo)),
     modifiers(&BearerAuth),
 )]
@@ -697,6 +717,7 @@ pub fn router(s: Shared) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .merge(api)
         .fallback(|| async {
             error(
@@ -722,7 +743,43 @@ impl HttpServer {
     }
 }
 
+/// What `/metrics` needs: the metrics, and the hub and store its
+/// scrape-time gauges are read from.
+#[derive(Clone)]
+pub struct MetricsSource {
+    pub metrics: Arc<crate::metrics::Metrics>,
+    pub hub: crate::hub::Hub,
+    pub store: crate::store::Store,
+    /// Scrapes served so far.
+    pub scrapes: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Serves only `/metrics` (`pgfleet run --metrics-addr`).
+pub async fn listen_metrics(bind: SocketAddr, src: MetricsSource) -> Result<HttpServer> {
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(|State(m): State<MetricsSource>| async move {
+                m.metrics.refresh(&m.hub, &m.store);
+                m.scrapes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                (
+                    [(
+                        header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    m.metrics.render(),
+                )
+            }),
+        )
+        .with_state(src);
+    listen_app(bind, app).await
+}
+
 pub async fn listen(bind: SocketAddr, s: Shared) -> Result<HttpServer> {
+    listen_app(bind, router(s)).await
+}
+
+async fn listen_app(bind: SocketAddr, app: Router) -> Result<HttpServer> {
     let listener = tokio::net::TcpListener::bind(bind)
         .await
         .map_err(|e| Error::Server(format!("binding the HTTP API to {bind}: {e}")))?;
@@ -730,7 +787,6 @@ pub async fn listen(bind: SocketAddr, s: Shared) -> Result<HttpServer> {
         .local_addr()
         .map_err(|e| Error::Server(e.to_string()))?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let app = router(s);
     let task = tokio::spawn(async move {
         let r = axum::serve(listener, app)
             .with_graceful_shutdown(async {

@@ -14,6 +14,7 @@ pub mod cli;
 pub mod client;
 pub mod http;
 pub mod hub;
+pub mod metrics;
 pub mod report;
 pub mod run;
 pub mod scenario;

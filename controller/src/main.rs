@@ -210,6 +210,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                         .unwrap_or_else(|| std::env::temp_dir().join("pgfleet")),
                     netns: args.agent_netns,
                 },
+                metrics_addr: args.metrics_addr,
             };
             let summary = execute(opts, cancel).await?;
             let report = summary.report_dir.join("report.md");
@@ -235,6 +236,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                 api_token_file: args.api_token_file,
                 reports,
                 max_scenario_bytes: args.max_scenario_bytes,
+                metrics_retention: Duration::from_secs_f64(args.metrics_retention_s.max(0.0)),
             };
             pgfleet_controller::serve::serve(opts, shutdown).await?;
             Ok(exit::OK)

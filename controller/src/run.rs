@@ -11,6 +11,9 @@ use crate::service::{Agents, RunSpec, Service, ServiceConfig};
 use crate::store::{Owner, RunStatus};
 use crate::{Result, report, scenario};
 
+/// How long `--metrics-addr` stays up after the run for a last scrape.
+const METRICS_LINGER: std::time::Duration = std::time::Duration::from_secs(30);
+
 #[derive(Debug, Clone)]
 pub struct RunOptions {
     pub scenario: PathBuf,
@@ -18,6 +21,8 @@ pub struct RunOptions {
     /// The controller's service: store, bind address, lease, TLS, token.
     pub service: ServiceConfig,
     pub local: LocalOptions,
+    /// Serve Prometheus metrics at http://<addr>/metrics during the run.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Clone)]
@@ -42,6 +47,24 @@ pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunS
     let cells = scenario::plan(&sc);
     let mut service = Service::build(&opts.service)?;
     service.listen().await?;
+    let scrapes = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let metrics = match opts.metrics_addr {
+        Some(addr) => {
+            let m = crate::http::listen_metrics(
+                addr,
+                crate::http::MetricsSource {
+                    metrics: service.metrics.clone(),
+                    hub: service.hub.clone(),
+                    store: service.store.clone(),
+                    scrapes: scrapes.clone(),
+                },
+            )
+            .await?;
+            eprintln!("metrics: http://{}/metrics", m.addr);
+            Some(m)
+        }
+        None => None,
+    };
     let store = service.store.clone();
     for id in local::reap_finished_runs(&opts.local, &store).await {
         eprintln!("cleaned up what interrupted run {id} left in the data dir");
@@ -84,6 +107,19 @@ pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunS
     };
     let status = service.execute(spec, agents, cancel, None).await;
     service.shutdown().await;
+    if let Some(m) = metrics {
+        // Let the scraper see the end (cells finished, durations) once:
+        // wait for one more scrape, for at most METRICS_LINGER.
+        let seen = scrapes.load(std::sync::atomic::Ordering::Relaxed);
+        let until = std::time::Instant::now() + METRICS_LINGER;
+        while seen > 0
+            && scrapes.load(std::sync::atomic::Ordering::Relaxed) <= seen + 1
+            && std::time::Instant::now() < until
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        m.shutdown().await;
+    }
     let status = match status {
         Ok(s) => s,
         Err(e) => {

@@ -52,6 +52,9 @@ pub struct Options {
     /// Where cell states and progress are published as they happen (the
     /// HTTP API's event stream).
     pub events: Option<broadcast::Sender<RunEvent>>,
+    /// The controller's metrics, and the scenario's name for their labels.
+    pub metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
+    pub scenario: String,
 }
 
 /// What happens in a run, as published to its watchers (`GET
@@ -97,6 +100,8 @@ impl Default for Options {
             estimated_wall: None,
             interactive: true,
             events: None,
+            metrics: None,
+            scenario: String::new(),
         }
     }
 }
@@ -120,6 +125,8 @@ struct AgentSlot {
     why_lost: String,
     /// Where peers reach its clusters (from its registration).
     address: String,
+    /// Its storage profile (from its registration), for metrics' labels.
+    profile: String,
 }
 
 impl AgentSlot {
@@ -133,6 +140,7 @@ impl AgentSlot {
             cell: None,
             why_lost: String::new(),
             address: String::new(),
+            profile: String::new(),
         }
     }
 }
@@ -317,6 +325,7 @@ impl Scheduler {
         cancel: CancellationToken,
     ) -> RunStatus {
         let mut tick = tokio::time::interval(Duration::from_millis(200));
+        self.cell_gauges();
         loop {
             self.assign().await;
             if self.cells.iter().all(|c| c.state.is_terminal()) {
@@ -366,8 +375,11 @@ impl Scheduler {
                 msg,
                 received,
             } => {
-                let waited = received.elapsed().as_micros() as u64;
-                let _ = self.delays.record(waited.max(1));
+                let waited = received.elapsed();
+                let _ = self.delays.record((waited.as_micros() as u64).max(1));
+                if let Some(m) = &self.opts.metrics {
+                    m.message_wait.observe(waited.as_secs_f64());
+                }
                 let Some(a) = self.agents.get_mut(&agent_id) else {
                     return;
                 };
@@ -397,6 +409,9 @@ impl Scheduler {
                     }
                     Msg::Sample(s) => {
                         let data = parse_json(&s.data_json);
+                        if s.kind == "pg_stat" {
+                            self.sample_metrics(&agent_id, &s.cell_id, &data);
+                        }
                         if let Err(e) =
                             self.store
                                 .add_sample(&self.run_id, &s.cell_id, &s.kind, &data)
@@ -488,6 +503,11 @@ impl Scheduler {
         slot.conn = conn;
         slot.last_seen = Instant::now();
         slot.address = info.address.clone();
+        slot.profile = info
+            .storage
+            .as_ref()
+            .map(|s| s.profile.clone())
+            .unwrap_or_default();
         // An assignment the agent does not report (running, or finished
         // with its result not yet acknowledged) never reached it: it was
         // lost with the old connection. A single-role cell goes back to
@@ -541,6 +561,15 @@ impl Scheduler {
             state: if first { "registered" } else { "reconnected" }.into(),
             detail: format!("class {class}, PostgreSQL {}", info.postgres_version),
         });
+        if let Some(m) = &self.opts.metrics {
+            // Counters exist from the first registration on, at 0, so
+            // rates and alerts see them before anything happens.
+            let reconnects = m.agent_reconnects.with_label_values(&[class.as_str()]);
+            m.agent_losses.with_label_values(&[class.as_str()]);
+            if !first {
+                reconnects.inc();
+            }
+        }
         if first {
             self.ui.line(format!(
                 "agent {id} registered (class {class}, PostgreSQL {})",
@@ -930,6 +959,68 @@ impl Scheduler {
         self.publish_cell(idx, None);
     }
 
+    /// A cell's `pg_stat` sample into the metrics, labelled by its run,
+    /// class, the sending agent's storage profile and the workload.
+    fn sample_metrics(&self, agent_id: &str, cell_id: &str, data: &Json) {
+        let (Some(m), Some(cell)) = (
+            &self.opts.metrics,
+            self.cells.iter().find(|c| c.planned.cell_id == cell_id),
+        ) else {
+            return;
+        };
+        let profile = self
+            .agents
+            .get(agent_id)
+            .map(|a| a.profile.as_str())
+            .unwrap_or("");
+        m.pg_stat(
+            [
+                self.opts.scenario.as_str(),
+                self.run_id.as_str(),
+                cell.planned.instance_class.as_str(),
+                profile,
+                cell.planned.workload(),
+            ],
+            data,
+        );
+    }
+
+    /// The run's cells by class, workload and state, into the metrics.
+    fn cell_gauges(&self) {
+        let Some(m) = &self.opts.metrics else {
+            return;
+        };
+        let mut counts: BTreeMap<(&str, &str), [i64; 5]> = BTreeMap::new();
+        for c in &self.cells {
+            let i = match c.state {
+                CellState::Pending => 0,
+                CellState::Running => 1,
+                CellState::Succeeded => 2,
+                CellState::Failed => 3,
+                CellState::Cancelled => 4,
+            };
+            counts
+                .entry((c.planned.instance_class.as_str(), c.planned.workload()))
+                .or_default()[i] += 1;
+        }
+        for ((class, workload), n) in counts {
+            for (i, state) in ["pending", "running", "succeeded", "failed", "cancelled"]
+                .iter()
+                .enumerate()
+            {
+                m.cells
+                    .with_label_values(&[
+                        self.opts.scenario.as_str(),
+                        self.run_id.as_str(),
+                        class,
+                        workload,
+                        state,
+                    ])
+                    .set(n[i]);
+            }
+        }
+    }
+
     fn publish(&self, ev: RunEvent) {
         if let Some(tx) = &self.opts.events {
             // No watcher is fine.
@@ -938,6 +1029,7 @@ impl Scheduler {
     }
 
     fn publish_cell(&self, idx: usize, error: Option<&str>) {
+        self.cell_gauges();
         let cell = &self.cells[idx];
         self.publish(RunEvent::Cell {
             cell_id: cell.planned.cell_id.clone(),
@@ -967,6 +1059,15 @@ impl Scheduler {
 
     fn end_cell(&mut self, idx: usize, state: CellState, error: &str) {
         let cell = &mut self.cells[idx];
+        if let (Some(m), Some(t)) = (&self.opts.metrics, cell.started) {
+            m.cell_seconds
+                .with_label_values(&[
+                    cell.planned.instance_class.as_str(),
+                    cell.planned.workload(),
+                    state.as_str(),
+                ])
+                .observe(t.elapsed().as_secs_f64());
+        }
         cell.state = state;
         let text = match state {
             CellState::Succeeded => "succeeded".to_string(),
@@ -1061,6 +1162,9 @@ impl Scheduler {
         };
         a.state = AgentState::Lost;
         a.tx = None;
+        if let Some(m) = &self.opts.metrics {
+            m.agent_losses.with_label_values(&[a.class.as_str()]).inc();
+        }
         a.why_lost = why.clone();
         let cell = a.cell.take();
         if let Err(e) = self.store.agent_lost(&self.run_id, id) {

@@ -39,6 +39,8 @@ pub struct ServeOptions {
     pub reports: PathBuf,
     /// The largest scenario accepted, in bytes.
     pub max_scenario_bytes: usize,
+    /// How long a finished run's series stay on `/metrics`.
+    pub metrics_retention: Duration,
 }
 
 /// A run this process is executing or has queued.
@@ -55,6 +57,7 @@ pub struct Served {
     pub api_token: String,
     pub reports: PathBuf,
     pub max_scenario_bytes: usize,
+    metrics_retention: Duration,
     live: Mutex<HashMap<String, Live>>,
     wake: Notify,
 }
@@ -200,6 +203,7 @@ pub async fn serve(opts: ServeOptions, shutdown: CancellationToken) -> Result<()
         api_token,
         reports: opts.reports.clone(),
         max_scenario_bytes: opts.max_scenario_bytes,
+        metrics_retention: opts.metrics_retention,
         live: Mutex::new(HashMap::new()),
         wake: Notify::new(),
     });
@@ -377,28 +381,20 @@ async fn execute(
     });
     let cells = scenario::plan(&sc);
     let estimate = scenario::plan::estimate(&sc, &cells);
-    let status = if let Some(inbox) = resume {
-        resume_run(
-            &served,
-            &run_id,
-            inbox,
-            cells,
-            estimate.wall_seconds,
-            cancel,
-            events.clone(),
-        )
-        .await
-    } else {
-        let spec = RunSpec {
-            run_id: &run_id,
-            scenario: &sc,
-            cells,
-            estimated_wall: estimate.wall_seconds,
-        };
-        served
-            .service
-            .execute(spec, Agents::Pool, cancel, Some(events.clone()))
-            .await
+    let spec = RunSpec {
+        run_id: &run_id,
+        scenario: &sc,
+        cells,
+        estimated_wall: estimate.wall_seconds,
+    };
+    let status = match resume {
+        Some(inbox) => resume_run(&served, spec, inbox, cancel, events.clone()).await,
+        None => {
+            served
+                .service
+                .execute(spec, Agents::Pool, cancel, Some(events.clone()))
+                .await
+        }
     };
     let status = status.unwrap_or_else(|e| {
         tracing::error!(run = %run_id, "the run could not start: {e}");
@@ -411,6 +407,10 @@ async fn execute(
         tracing::error!(run = %run_id, "writing the report: {e}");
     }
     eprintln!("run {run_id} {}", status.as_str());
+    served
+        .service
+        .metrics
+        .retire_run(&run_id, served.metrics_retention);
     let _ = events.send(RunEvent::Run {
         status: status.as_str().into(),
     });
@@ -420,14 +420,13 @@ async fn execute(
 /// Rebuilds a run's scheduler from the store and runs it to its end.
 async fn resume_run(
     served: &Served,
-    run_id: &str,
+    spec: RunSpec<'_>,
     rx: mpsc::Receiver<crate::api::Event>,
-    cells: Vec<crate::scenario::PlannedCell>,
-    estimated_wall: f64,
     cancel: CancellationToken,
     events: broadcast::Sender<RunEvent>,
 ) -> Result<RunStatus> {
     let service = &served.service;
+    let run_id = spec.run_id;
     let store = service.store.clone();
     let stored = store.cells(run_id)?;
     let agents = store.agents(run_id)?;
@@ -438,12 +437,14 @@ async fn resume_run(
             lease: service.lease(),
             // Agents that do not return within the lease are lost.
             registration_timeout: service.lease(),
-            estimated_wall: Some(Duration::from_secs_f64(estimated_wall)),
+            estimated_wall: Some(Duration::from_secs_f64(spec.estimated_wall)),
             interactive: false,
             events: Some(events),
+            metrics: Some(service.metrics.clone()),
+            scenario: spec.scenario.name.value.clone(),
             ..Default::default()
         },
-        cells,
+        spec.cells,
         &stored,
         &agents,
     );

@@ -69,6 +69,7 @@ pub struct RunSpec<'a> {
 pub struct Service {
     pub store: Store,
     pub hub: Hub,
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     /// The agents' endpoint, once `listen` started it.
     server: Option<api::Server>,
     security: api::Security,
@@ -149,6 +150,7 @@ impl Service {
         Ok(Service {
             store,
             hub: Hub::new(cfg.pool),
+            metrics: Default::default(),
             server: None,
             token: security.token.clone().unwrap_or_default(),
             security,
@@ -266,6 +268,8 @@ impl Service {
                 estimated_wall: Some(Duration::from_secs_f64(spec.estimated_wall)),
                 interactive: self.interactive,
                 events,
+                metrics: Some(self.metrics.clone()),
+                scenario: spec.scenario.name.value.clone(),
                 ..Default::default()
             },
             spec.cells,

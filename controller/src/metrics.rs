@@ -1,0 +1,323 @@
+//! The controller's Prometheus metrics: one `Metrics` on one registry,
+//! built with the service and passed down (no globals), served at
+//! `/metrics` by `serve` (and `pgfleet run --metrics-addr`).
+//!
+//! Fleet and scheduler: agents by class and state, runs by status, cells
+//! of each run by state, cell durations, agent losses and reconnects, and
+//! how long agents' messages wait before the scheduler handles them.
+//! PostgreSQL's own figures, merged by the controller from the per-second
+//! `pg_stat` samples the agents stream while they measure: transactions,
+//! block reads and their time, WAL bytes, syncs and their time, checkpoints,
+//! and the wait events of active backends — labelled `scenario`, `run_id`,
+//! `instance_class`, `storage_profile`, `workload` (no per-cell or
+//! per-client label). A run's series leave `/metrics` a retention period
+//! after it ends.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+use serde_json::Value as Json;
+
+/// The labels of a run's workload series.
+pub const RUN_LABELS: &[&str] = &[
+    "scenario",
+    "run_id",
+    "instance_class",
+    "storage_profile",
+    "workload",
+];
+
+pub struct Metrics {
+    registry: Registry,
+    pub agents: IntGaugeVec,
+    pub runs: IntGaugeVec,
+    pub cells: IntGaugeVec,
+    pub cell_seconds: HistogramVec,
+    pub agent_losses: IntCounterVec,
+    pub agent_reconnects: IntCounterVec,
+    pub message_wait: Histogram,
+    transactions: IntCounterVec,
+    rollbacks: IntCounterVec,
+    blocks_read: IntCounterVec,
+    block_read_seconds: prometheus::CounterVec,
+    wal_bytes: IntCounterVec,
+    wal_syncs: IntCounterVec,
+    wal_sync_seconds: prometheus::CounterVec,
+    checkpoints: IntCounterVec,
+    waits: prometheus::GaugeVec,
+    /// The label sets each run used, to remove its series after it ends.
+    series: Mutex<BTreeMap<String, BTreeSet<Vec<String>>>>,
+    /// Wait events seen per run's label set.
+    wait_events: Mutex<BTreeMap<Vec<String>, BTreeSet<String>>>,
+}
+
+fn must<T>(r: prometheus::Result<T>) -> T {
+    // Names and labels are constants here: a failure is a bug.
+    r.expect("metric definition")
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        macro_rules! reg {
+            ($m:expr) => {{
+                let m = must($m);
+                must(registry.register(Box::new(m.clone())));
+                m
+            }};
+        }
+        let run = RUN_LABELS;
+        let with = |extra: &'static str| -> Vec<&'static str> {
+            let mut v = run.to_vec();
+            v.push(extra);
+            v
+        };
+        Metrics {
+            agents: reg!(IntGaugeVec::new(
+                Opts::new("pgfleet_agents", "Agents joined to the controller, by class and state (idle, busy, disconnected)."),
+                &["instance_class", "state"]
+            )),
+            runs: reg!(IntGaugeVec::new(
+                Opts::new("pgfleet_runs", "Runs in the store, by status."),
+                &["status"]
+            )),
+            cells: reg!(IntGaugeVec::new(
+                Opts::new("pgfleet_cells", "Cells of a run, by state."),
+                &["scenario", "run_id", "instance_class", "workload", "state"]
+            )),
+            cell_seconds: reg!(HistogramVec::new(
+                HistogramOpts::new("pgfleet_cell_duration_seconds", "Wall-clock time of finished cells, from assignment to result.")
+                    .buckets(vec![1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0]),
+                &["instance_class", "workload", "state"]
+            )),
+            agent_losses: reg!(IntCounterVec::new(
+                Opts::new("pgfleet_agent_losses_total", "Agents declared lost (lease expired, process exited, never registered)."),
+                &["instance_class"]
+            )),
+            agent_reconnects: reg!(IntCounterVec::new(
+                Opts::new("pgfleet_agent_reconnects_total", "Agent sessions re-established within the lease."),
+                &["instance_class"]
+            )),
+            message_wait: reg!(Histogram::with_opts(
+                HistogramOpts::new("pgfleet_agent_message_wait_seconds", "Time an agent's message waits between arriving and being handled by its run's scheduler.")
+                    .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0])
+            )),
+            transactions: reg!(IntCounterVec::new(
+                Opts::new("pgfleet_postgres_transactions_total", "Committed transactions (pg_stat_database.xact_commit) while the cell measures."),
+                run
+            )),
+            rollbacks: reg!(IntCounterVec::new(
+                Opts::new("pgfleet_postgres_rollbacks_total", "Rolled-back transactions (pg_stat_database.xact_rollback)."),
+                run
+            )),
+            blocks_read: reg!(IntCounterVec::new(
+                Opts::new("pgfleet_postgres_blocks_read_total", "Blocks read from outside shared buffers (pg_stat_database.blks_read)."),
+                run
+            )),
+            block_read_seconds: reg!(prometheus::CounterVec::new(
+                Opts::new("pgfleet_postgres_block_read_seconds_total", "Time spent reading those blocks (blk_read_time; track_io_timing)."),
+                run
+            )),
+            wal_bytes: reg!(IntCounterVec::new(
+                Opts::new("pgfleet_postgres_wal_bytes_total", "WAL generated (pg_stat_wal.wal_bytes)."),
+                run
+            )),
+            wal_syncs: reg!(IntCounterVec::new(
+                Opts::new("pgfleet_postgres_wal_syncs_total", "WAL syncs to storage (pg_stat_wal.wal_sync)."),
+                run
+            )),
+            wal_sync_seconds: reg!(prometheus::CounterVec::new(
+                Opts::new("pgfleet_postgres_wal_sync_seconds_total", "Time spent syncing WAL (pg_stat_wal.wal_sync_time)."),
+                run
+            )),
+            checkpoints: reg!(IntCounterVec::new(
+                Opts::new("pgfleet_postgres_checkpoints_total", "Checkpoints, by what started them (timed, requested)."),
+                &with("trigger")
+            )),
+            waits: reg!(prometheus::GaugeVec::new(
+                Opts::new("pgfleet_postgres_wait_event_backends", "Active client backends in each wait event at the last sample (CPU:running when none)."),
+                &with("wait_event")
+            )),
+            registry,
+            series: Mutex::new(BTreeMap::new()),
+            wait_events: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+
+    /// Sets the scrape-time gauges: agents from the hub, runs from the store.
+    pub fn refresh(&self, hub: &crate::hub::Hub, store: &crate::store::Store) {
+        self.agents.reset();
+        for a in hub.agents() {
+            let state = match (a.connected, a.run_id.is_some()) {
+                (false, _) => "disconnected",
+                (true, true) => "busy",
+                (true, false) => "idle",
+            };
+            self.agents
+                .with_label_values(&[a.instance_class.as_str(), state])
+                .inc();
+        }
+        if let Ok(runs) = store.runs() {
+            self.runs.reset();
+            for r in runs {
+                self.runs.with_label_values(&[r.status.as_str()]).inc();
+            }
+        }
+    }
+
+    fn remember(&self, run: &str, labels: &[String]) {
+        let mut s = self.series.lock().unwrap_or_else(|p| p.into_inner());
+        s.entry(run.to_string())
+            .or_default()
+            .insert(labels.to_vec());
+    }
+
+    /// Adds one `pg_stat` sample (the per-second deltas of one cell).
+    pub fn pg_stat(&self, labels: [&str; 5], data: &Json) {
+        let owned: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
+        self.remember(labels[1], &owned);
+        let f = |group: &str, key: &str| data[group][key].as_f64().unwrap_or(0.0).max(0.0);
+        let l = &labels[..];
+        self.transactions
+            .with_label_values(l)
+            .inc_by(f("database", "xact_commit") as u64);
+        self.rollbacks
+            .with_label_values(l)
+            .inc_by(f("database", "xact_rollback") as u64);
+        self.blocks_read
+            .with_label_values(l)
+            .inc_by(f("database", "blks_read") as u64);
+        self.block_read_seconds
+            .with_label_values(l)
+            .inc_by(f("database", "blk_read_time_ms") / 1000.0);
+        self.wal_bytes
+            .with_label_values(l)
+            .inc_by(f("wal", "wal_bytes") as u64);
+        self.wal_syncs
+            .with_label_values(l)
+            .inc_by(f("wal", "wal_sync") as u64);
+        self.wal_sync_seconds
+            .with_label_values(l)
+            .inc_by(f("wal", "wal_sync_time_ms") / 1000.0);
+        for (trigger, key) in [
+            ("timed", "checkpoints_timed"),
+            ("requested", "checkpoints_req"),
+        ] {
+            let mut v = l.to_vec();
+            v.push(trigger);
+            self.checkpoints
+                .with_label_values(&v)
+                .inc_by(f("bgwriter", key) as u64);
+        }
+        // Wait events: this second's picture; events not seen now are 0.
+        let now: BTreeMap<String, f64> = data["waits"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), v.as_f64().unwrap_or(0.0)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut seen = self.wait_events.lock().unwrap_or_else(|p| p.into_inner());
+        let events = seen.entry(owned.clone()).or_default();
+        events.extend(now.keys().cloned());
+        events.insert("CPU:running".into());
+        for e in events.iter() {
+            let mut v = l.to_vec();
+            v.push(e);
+            self.waits
+                .with_label_values(&v)
+                .set(now.get(e).copied().unwrap_or(0.0));
+        }
+    }
+
+    /// Removes every series of `run` (its cells and PostgreSQL figures).
+    pub fn forget_run(&self, run: &str) {
+        let sets = self
+            .series
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(run)
+            .unwrap_or_default();
+        for labels in sets {
+            let l: Vec<&str> = labels.iter().map(String::as_str).collect();
+            let _ = self.transactions.remove_label_values(&l);
+            let _ = self.rollbacks.remove_label_values(&l);
+            let _ = self.blocks_read.remove_label_values(&l);
+            let _ = self.block_read_seconds.remove_label_values(&l);
+            let _ = self.wal_bytes.remove_label_values(&l);
+            let _ = self.wal_syncs.remove_label_values(&l);
+            let _ = self.wal_sync_seconds.remove_label_values(&l);
+            for t in ["timed", "requested"] {
+                let mut v = l.clone();
+                v.push(t);
+                let _ = self.checkpoints.remove_label_values(&v);
+            }
+            let events = self
+                .wait_events
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&labels)
+                .unwrap_or_default();
+            for e in &events {
+                let mut v = l.clone();
+                v.push(e);
+                let _ = self.waits.remove_label_values(&v);
+            }
+        }
+        // Cell gauges carry the run id too.
+        let families = self.registry.gather();
+        for f in families.iter().filter(|f| f.name() == "pgfleet_cells") {
+            for m in f.get_metric() {
+                let labels: BTreeMap<&str, &str> = m
+                    .get_label()
+                    .iter()
+                    .map(|p| (p.name(), p.value()))
+                    .collect();
+                if labels.get("run_id") == Some(&run) {
+                    let v: Vec<&str> =
+                        ["scenario", "run_id", "instance_class", "workload", "state"]
+                            .iter()
+                            .map(|k| labels.get(k).copied().unwrap_or(""))
+                            .collect();
+                    let _ = self.cells.remove_label_values(&v);
+                }
+            }
+        }
+    }
+
+    /// Forgets `run`'s series after `retention` (a finished run stays
+    /// visible for a while, then stops costing series).
+    pub fn retire_run(self: &std::sync::Arc<Self>, run: &str, retention: Duration) {
+        let me = self.clone();
+        let run = run.to_string();
+        tokio::spawn(async move {
+            tokio::time::sleep(retention).await;
+            me.forget_run(&run);
+        });
+    }
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}

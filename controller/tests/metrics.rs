@@ -1,0 +1,255 @@
+//! Metrics against a real Prometheus: `pgfleet run --metrics-addr` on two
+//! storage classes, scraped every second by a Prometheus server (Debian's
+//! `prometheus`, on loopback, its own storage directory); then every panel
+//! query of every dashboard in `dashboards/` (variables substituted with
+//! the run's values) must return data, and the variables' own queries must
+//! offer the run's values. `promtool check metrics` on a real scrape;
+//! `promtool check rules` and `promtool test rules` on the alerts.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Scratch, show};
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).ok()?;
+    c.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(c, "GET {path} HTTP/1.0\r\nhost: {addr}\r\n\r\n").ok()?;
+    let mut s = String::new();
+    c.read_to_string(&mut s).ok()?;
+    let (head, body) = s.split_once("\r\n\r\n")?;
+    head.contains(" 200 ").then(|| body.to_string())
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn promtool(args: &[&str], stdin: Option<&str>, dir: &Path) -> std::process::Output {
+    use std::io::Write;
+    let mut c = Command::new("promtool")
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool missing: apt-get install prometheus (.ci/run does it)");
+    if let Some(text) = stdin {
+        c.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    }
+    drop(c.stdin.take());
+    c.wait_with_output().unwrap()
+}
+
+#[test]
+fn alert_rules_pass_their_unit_tests() {
+    let dir = repo().join("deploy/prometheus");
+    let out = promtool(&["check", "rules", "alerts.yaml"], None, &dir);
+    assert!(out.status.success(), "{}", show(&out));
+    let out = promtool(&["test", "rules", "alerts_test.yaml"], None, &dir);
+    assert!(out.status.success(), "{}", show(&out));
+}
+
+#[test]
+fn prometheus_scrapes_a_run_and_every_dashboard_query_returns_data() {
+    let s = Scratch::new("metrics");
+    let metrics_port = free_port();
+    let prom_port = free_port();
+    let prom_addr = format!("127.0.0.1:{prom_port}");
+    s.write(
+        "prometheus.yml",
+        &format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: pgfleet\n    static_configs:\n      - targets: ['127.0.0.1:{metrics_port}']\n"
+        ),
+    );
+    let _prom = Killed(
+        Command::new("prometheus")
+            .arg(format!(
+                "--config.file={}",
+                s.dir.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                s.dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address={prom_addr}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(s.dir.join("prometheus.log")).unwrap())
+            .spawn()
+            .expect("prometheus missing: apt-get install prometheus (.ci/run does it)"),
+    );
+    let start = Instant::now();
+    while get(&prom_addr, "/-/ready").is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "prometheus did not start"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    let scenario = s.write(
+        "two.yaml",
+        "name: metrics-two-storage\nfleet:\n  - name: fast\n    storage: { profile: nvme }\n  - name: slow\n    storage: { profile: gp3 }\n\
+         workloads:\n  - kind: pgbench\n    scale: 4\n    script: random-update\n    clients: 4\n    warmup_s: 1\n    duration_s: 10\n",
+    );
+    let t0 = chrono::Utc::now().timestamp();
+    let run = s
+        .run_cmd(
+            &scenario,
+            &["--metrics-addr", &format!("127.0.0.1:{metrics_port}")],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A real scrape mid-run, for promtool.
+    let mut scrape = String::new();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(90) {
+        if let Some(m) = get(&format!("127.0.0.1:{metrics_port}"), "/metrics")
+            && m.contains("pgfleet_postgres_transactions_total{")
+        {
+            scrape = m;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let out = run.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert!(!scrape.is_empty(), "no workload series were ever exposed");
+    let checked = promtool(&["check", "metrics"], Some(&scrape), &s.dir);
+    assert!(checked.status.success(), "{}\n{scrape}", show(&checked));
+    let t1 = chrono::Utc::now().timestamp();
+    let report = s.report();
+    let run_id = report["run_id"].as_str().unwrap().to_string();
+
+    let query = |expr: &str| -> serde_json::Value {
+        let path = format!(
+            "/api/v1/query_range?query={}&start={t0}&end={t1}&step=1",
+            urlencode(expr)
+        );
+        let body = get(&prom_addr, &path).unwrap_or_else(|| panic!("query failed: {expr}"));
+        serde_json::from_str(&body).unwrap()
+    };
+    let mut checked_panels = 0;
+    for entry in std::fs::read_dir(repo().join("dashboards"))
+        .unwrap()
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().to_string();
+        if !name.ends_with(".json") {
+            continue;
+        }
+        let d: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(entry.path()).unwrap()).unwrap();
+        assert!(
+            d.get("__inputs").is_none(),
+            "{name}: no __inputs, so file provisioning works"
+        );
+        let vars = d["templating"]["list"].as_array().unwrap();
+        assert!(
+            vars.iter().any(|v| v["type"] == "datasource"),
+            "{name}: the datasource is a variable"
+        );
+        // Each variable's query offers this run's value.
+        for v in vars.iter().filter(|v| v["type"] == "query") {
+            let q = v["definition"].as_str().unwrap();
+            let inner = q.trim_start_matches("label_values(").trim_end_matches(')');
+            let (selector, label) = inner.rsplit_once(", ").unwrap();
+            let selector = selector
+                .replace("$scenario", ".*")
+                .replace("$run_id", &run_id)
+                .replace("$instance_class", ".*");
+            let body = get(
+                &prom_addr,
+                &format!(
+                    "/api/v1/label/{label}/values?match[]={}&start={t0}&end={t1}",
+                    urlencode(&selector)
+                ),
+            )
+            .unwrap();
+            let want = match label {
+                "run_id" => run_id.clone(),
+                "scenario" => "metrics-two-storage".into(),
+                "instance_class" => "slow".into(),
+                other => panic!("{name}: variable on unexpected label {other}"),
+            };
+            assert!(
+                body.contains(&format!("\"{want}\"")),
+                "{name}: {q} -> {body}"
+            );
+        }
+        for p in d["panels"].as_array().unwrap() {
+            for t in p["targets"].as_array().unwrap() {
+                let expr = t["expr"]
+                    .as_str()
+                    .unwrap()
+                    .replace("$run_id", &run_id)
+                    .replace("$scenario", "metrics-two-storage")
+                    .replace("$instance_class", ".*")
+                    .replace("$__rate_interval", "5s");
+                let r = query(&expr);
+                let series = r["data"]["result"].as_array().cloned().unwrap_or_default();
+                assert!(
+                    !series.is_empty(),
+                    "{name}: panel `{}` returns no data: {expr}\n{r}",
+                    p["title"]
+                );
+                checked_panels += 1;
+            }
+        }
+    }
+    assert!(checked_panels >= 10, "{checked_panels}");
+    // Both storage profiles were seen.
+    let tps = query(&format!(
+        "sum by (storage_profile) (rate(pgfleet_postgres_transactions_total{{run_id=\"{run_id}\"}}[5s]))"
+    ));
+    let profiles: Vec<&str> = tps["data"]["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["metric"]["storage_profile"].as_str())
+        .collect();
+    assert!(
+        profiles.contains(&"nvme") && profiles.contains(&"gp3"),
+        "{profiles:?}"
+    );
+    s.assert_clean(&common::ports(&report));
+}
