@@ -85,6 +85,31 @@ fn alert_rules_pass_their_unit_tests() {
     assert!(out.status.success(), "{}", show(&out));
     let out = promtool(&["test", "rules", "alerts_test.yaml"], None, &dir);
     assert!(out.status.success(), "{}", show(&out));
+    // The operator's PrometheusRule holds the same rules.
+    let yaml = |p: PathBuf| -> serde_json::Value {
+        serde_saphyr::from_str(&std::fs::read_to_string(&p).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    };
+    let rules = yaml(dir.join("alerts.yaml"));
+    let operator = yaml(repo().join("deploy/monitoring/prometheusrule.yaml"));
+    assert_eq!(
+        operator["spec"]["groups"], rules["groups"],
+        "deploy/monitoring/prometheusrule.yaml is out of step with deploy/prometheus/alerts.yaml"
+    );
+    // Every dashboard becomes a ConfigMap.
+    let k = std::fs::read_to_string(repo().join("dashboards/kustomization.yaml")).unwrap();
+    for e in std::fs::read_dir(repo().join("dashboards"))
+        .unwrap()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().to_string();
+        if name.ends_with(".json") {
+            assert!(
+                k.contains(&format!("- {name}")),
+                "dashboards/kustomization.yaml misses {name}"
+            );
+        }
+    }
 }
 
 #[test]
