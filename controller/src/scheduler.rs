@@ -192,6 +192,29 @@ pub struct Scheduler {
     /// handled, in microseconds: a slow store write shows here before it
     /// turns a heartbeat into a false loss.
     delays: hdrhistogram::Histogram<u64>,
+    /// To the task that stores samples (batched, one transaction each), so
+    /// a burst of samples never holds up another agent's heartbeat.
+    samples: mpsc::UnboundedSender<(String, String, Json)>,
+    sample_writer: tokio::task::JoinHandle<()>,
+}
+
+/// Stores a run's samples as they come, a batch per transaction; ends when
+/// the scheduler drops its sender, after storing everything sent.
+fn sample_writer(
+    run_id: String,
+    store: Store,
+    mut rx: mpsc::UnboundedReceiver<(String, String, Json)>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut batch = Vec::new();
+        while rx.recv_many(&mut batch, 512).await > 0 {
+            let (store, run, b) = (store.clone(), run_id.clone(), std::mem::take(&mut batch));
+            let r = tokio::task::spawn_blocking(move || store.add_samples(&run, &b)).await;
+            if let Ok(Err(e)) | Err(e) = r.map_err(|e| crate::Error::Store(e.to_string())) {
+                tracing::warn!(run = %run_id, "storing samples failed: {e}");
+            }
+        }
+    })
 }
 
 impl Scheduler {
@@ -205,6 +228,8 @@ impl Scheduler {
     ) -> Self {
         let now = Instant::now();
         let ui = Ui::new(opts.interactive);
+        let (samples, rx) = mpsc::unbounded_channel();
+        let sample_writer = sample_writer(run_id.to_string(), store.clone(), rx);
         Scheduler {
             run_id: run_id.to_string(),
             store,
@@ -231,6 +256,8 @@ impl Scheduler {
             started: now,
             cancelled: None,
             delays: hdrhistogram::Histogram::new(3).expect("3 significant digits is valid"),
+            samples,
+            sample_writer,
         }
     }
 
@@ -356,6 +383,9 @@ impl Scheduler {
                 "agent messages: wait from arrival to handling"
             );
         }
+        // Every sample is stored before the run's end is (reports read them).
+        drop(self.samples);
+        let _ = self.sample_writer.await;
         // The agents go back to whoever gave them (`Hub::release`).
         if self.cancelled.is_some() {
             RunStatus::Cancelled
@@ -412,13 +442,8 @@ impl Scheduler {
                         if s.kind == "pg_stat" {
                             self.sample_metrics(&agent_id, &s.cell_id, &data);
                         }
-                        if let Err(e) =
-                            self.store
-                                .add_sample(&self.run_id, &s.cell_id, &s.kind, &data)
-                        {
-                            self.ui
-                                .line(format!("warning: storing a sample failed: {e}"));
-                        }
+                        // Stored by the sample writer, off this task.
+                        let _ = self.samples.send((s.cell_id, s.kind, data));
                     }
                     Msg::Result(r) => self.result(&agent_id, r).await,
                     Msg::RoleReady(rr) => self.role_ready(&agent_id, rr).await,

@@ -467,13 +467,20 @@ impl Store {
         })
     }
 
-    pub fn add_sample(&self, run: &str, cell: &str, kind: &str, data: &Json) -> Result<()> {
+    /// Stores samples in one transaction: (cell, kind, data) of one run.
+    pub fn add_samples(&self, run: &str, samples: &[(String, String, Json)]) -> Result<()> {
         self.with(|c| {
-            c.execute(
-                "INSERT INTO samples (run_id, cell_id, kind, data, at) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![run, cell, kind, js(data), now()],
-            )
-            .map(|_| ())
+            let tx = c.transaction()?;
+            {
+                let mut st = tx.prepare_cached(
+                    "INSERT INTO samples (run_id, cell_id, kind, data, at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                )?;
+                let at = now();
+                for (cell, kind, data) in samples {
+                    st.execute(params![run, cell, kind, js(data), at])?;
+                }
+            }
+            tx.commit()
         })
     }
 
