@@ -26,6 +26,7 @@ use tokio_stream::wrappers::BroadcastStream;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 
+use crate::hub::AgentView;
 use crate::scheduler::RunEvent;
 use crate::serve::{Rejected, Served};
 use crate::store::RunStatus;
@@ -141,18 +142,6 @@ pub struct StreamEvent {
     /// progress (`cell_id`, `phase`, `message`, `done`, `total`), agent
     /// (`agent_id`, `state`, `detail`) or run (`status`).
     pub data: String,
-}
-
-/// An agent that joined the controller.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct AgentInfo {
-    pub agent_id: String,
-    pub instance_class: String,
-    pub connected: bool,
-    /// The run that holds it; none: idle in the pool.
-    pub run_id: Option<String>,
-    pub hostname: String,
-    pub postgres_version: String,
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -578,26 +567,12 @@ async fn plot(State(s): State<Shared>, Path((id, name)): Path<(String, String)>)
 /// The agents that joined: idle in the pool or held by a run.
 #[utoipa::path(get, path = "/v1/agents",
     responses(
-        (status = 200, body = Vec<AgentInfo>),
+        (status = 200, body = Vec<AgentView>),
         (status = 401, body = ApiError),
     ),
     security(("bearer" = [])), tag = "agents")]
 async fn agents(State(s): State<Shared>) -> Response {
-    let v: Vec<AgentInfo> = s
-        .service
-        .hub
-        .agents()
-        .into_iter()
-        .map(|a| AgentInfo {
-            agent_id: a.agent_id,
-            instance_class: a.instance_class,
-            connected: a.connected,
-            run_id: a.run_id,
-            hostname: a.hostname,
-            postgres_version: a.postgres_version,
-        })
-        .collect();
-    json(StatusCode::OK, &v)
+    json(StatusCode::OK, &s.service.hub.agents())
 }
 
 /// Liveness: the process answers.
@@ -674,7 +649,7 @@ impl Modify for BearerAuth {
 #[openapi(
     info(title = "pgfleet", description = "Submit PostgreSQL storage experiments to a pgfleet controller, follow them, and fetch their reports."),
     paths(submit, list_runs, get_run, cancel_run, events, report_json, report_md, plots, plot, agents, healthz, readyz, metrics, openapi_json),
-    components(schemas(ApiError, StreamEvent, Location, Links, Submitted, RunSummary, Progress, CellView, RunDetail, AgentInfo)),
+    components(schemas(ApiError, StreamEvent, Location, Links, Submitted, RunSummary, Progress, CellView, RunDetail, AgentView)),
     modifiers(&BearerAuth),
 )]
 pub struct ApiDoc;

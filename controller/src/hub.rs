@@ -44,12 +44,13 @@ struct State {
     expected: HashMap<String, String>,
 }
 
-/// What an idle agent looks like from outside (the API lists them).
-#[derive(Debug, Clone, serde::Serialize)]
+/// An agent that joined the controller, as the API lists it.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 pub struct AgentView {
     pub agent_id: String,
     pub instance_class: String,
     pub connected: bool,
+    /// The run that holds it; none: idle in the pool.
     pub run_id: Option<String>,
     pub hostname: String,
     pub postgres_version: String,

@@ -267,6 +267,12 @@ fn resume_prepare(service: &Service) -> Result<Inboxes> {
     Ok(inboxes)
 }
 
+/// The scenario a run was submitted with, parsed again from the store.
+fn stored_scenario(served: &Served, id: &str) -> Result<scenario::Scenario> {
+    let yaml = served.service.store.scenario_yaml(id)?.unwrap_or_default();
+    Ok(scenario::parse(Path::new("scenario.yaml"), &yaml)?)
+}
+
 /// Queues the runs the last `serve` queued, and rebuilds the ones it ran.
 fn resume_runs(served: &Arc<Served>, inboxes: &mut Inboxes, done: &mpsc::Sender<String>) {
     let runs = match served.service.store.unfinished_served_runs() {
@@ -277,14 +283,7 @@ fn resume_runs(served: &Arc<Served>, inboxes: &mut Inboxes, done: &mpsc::Sender<
         }
     };
     for (id, _, _) in runs {
-        let yaml = served
-            .service
-            .store
-            .scenario_yaml(&id)
-            .ok()
-            .flatten()
-            .unwrap_or_default();
-        let sc = match scenario::parse(Path::new("scenario.yaml"), &yaml) {
+        let sc = match stored_scenario(served, &id) {
             Ok(sc) => sc,
             Err(e) => {
                 let _ = served
@@ -327,14 +326,7 @@ fn start_next(served: &Arc<Served>, done: &mpsc::Sender<String>) {
         .flat_map(|l| l.classes.iter().cloned())
         .collect();
     for (id, _) in queued {
-        let yaml = served
-            .service
-            .store
-            .scenario_yaml(&id)
-            .ok()
-            .flatten()
-            .unwrap_or_default();
-        let Ok(sc) = scenario::parse(Path::new("scenario.yaml"), &yaml) else {
+        let Ok(sc) = stored_scenario(served, &id) else {
             continue;
         };
         // Decide and mark under one lock (a cancel takes the same lock).

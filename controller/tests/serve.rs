@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{Scratch, agent_bin, pgfleet, show};
+use common::{Scratch, agent_bin, free_port, pgfleet, show};
 
 /// A child process stopped (SIGTERM, then SIGKILL) when dropped.
 struct Proc {
@@ -56,14 +56,6 @@ struct Server {
     proc: Proc,
     api: String,
     grpc: u16,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Starts `pgfleet serve` on the given ports (0: any) and waits until it

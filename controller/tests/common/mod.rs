@@ -186,3 +186,12 @@ pub fn certificates(dir: &Path, names: &[&str]) {
     .unwrap();
     std::fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
 }
+
+/// A TCP port free on loopback right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
