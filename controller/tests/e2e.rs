@@ -762,9 +762,18 @@ workloads:
     eprintln!(
         "tps nvme {nvme:.0} gp3 {gp3:.0}; page read ms nvme {read_nvme:.3} gp3 {read_gp3:.3}"
     );
+    // The facts the emulation decides: gp3's reads reach its capped device
+    // and take several times nvme's; TPS follows, by a margin that depends
+    // on what else the host's disk is doing (3.3x to 7x seen alone, 1.9x
+    // right after a test that wrote container images), so it is only
+    // required to be clearly lower.
     assert!(
-        nvme > 2.0 * gp3,
+        nvme > 1.5 * gp3,
         "nvme {nvme:.0} TPS vs gp3 {gp3:.0}: not clearly faster"
+    );
+    assert!(
+        read_gp3 > 3.0 * read_nvme,
+        "page reads: gp3 {read_gp3} ms vs nvme {read_nvme} ms"
     );
     assert!(
         read_gp3 > 0.5,
