@@ -47,10 +47,12 @@ pub enum Event {
         agent_id: String,
         conn: u64,
     },
-    /// From an agent source: the agent process ended.
-    Exited {
+    /// From an agent source: the agent is gone for good (its process
+    /// exited, its pod failed, was evicted or deleted, or never started).
+    /// It is lost at once, whatever its state; `why` says what happened.
+    Gone {
         agent_id: String,
-        status: String,
+        why: String,
     },
 }
 

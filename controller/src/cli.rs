@@ -57,9 +57,18 @@ pub enum Command {
     /// finishing it; its unfinished cells are marked cancelled).
     List,
     /// Check a scenario file and show the cells it plans, without running.
+    /// With --kubernetes, print the objects a run of it would create on a
+    /// cluster instead (a dry run: nothing is sent), e.g.
+    /// `pgfleet validate scenarios/at-scale/nvme-vs-ebs.yaml --kubernetes | kubectl apply --dry-run=server -f -`
     Validate {
         /// The scenario file (YAML).
         scenario: PathBuf,
+        /// Print the PersistentVolumeClaims and Pods (and their owner) a
+        /// run would create on Kubernetes, as YAML on stdout.
+        #[arg(long)]
+        kubernetes: bool,
+        #[command(flatten)]
+        kube: KubeArgs,
     },
     /// Run the controller as a service: the agents' gRPC endpoint, the HTTP
     /// API CI submits runs to (OpenAPI at /openapi.json), health endpoints
@@ -158,8 +167,47 @@ pub struct ServeArgs {
     /// How long a finished run's series stay on /metrics, in seconds.
     #[arg(long, default_value_t = 600.0)]
     pub metrics_retention_s: f64,
+    /// Where runs' agents come from: `pool` (agents that joined with
+    /// `pgfleet-agent run --class NAME`) or `kubernetes` (a pod and a volume
+    /// per agent, created for each run in --namespace and deleted after it;
+    /// agents dial --advertise-url, which is then required).
+    #[arg(long, value_enum, default_value_t = AgentsFrom::Pool)]
+    pub agents: AgentsFrom,
+    #[command(flatten)]
+    pub kube: KubeArgs,
     #[command(flatten)]
     pub session: SessionArgs,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentsFrom {
+    Pool,
+    Kubernetes,
+}
+
+/// Agents as Kubernetes pods (serve --agents kubernetes, validate --kubernetes).
+#[derive(clap::Args, Debug, Clone)]
+pub struct KubeArgs {
+    /// The namespace runs' pods and volumes go to (the controller's own).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "pgfleet")]
+    pub namespace: String,
+    /// The agent image the pods run (built by deploy/images/build.sh).
+    #[arg(long, env = "PGFLEET_AGENT_IMAGE", default_value = "pgfleet-agent:dev")]
+    pub agent_image: String,
+    /// The pods' imagePullPolicy.
+    #[arg(long, default_value = "IfNotPresent")]
+    pub agent_image_pull_policy: String,
+    /// The Secret holding the join token (key `token`) the pods mount.
+    #[arg(long, default_value = "pgfleet-join-token")]
+    pub agent_token_secret: String,
+    /// A Secret holding the CA (key `ca.pem`) agents trust, when the
+    /// agent session is TLS.
+    #[arg(long)]
+    pub agent_ca_secret: Option<String>,
+    /// Give up a pod still Pending after this many seconds (unschedulable,
+    /// image not pulled, volume not bound); the reason goes to the report.
+    #[arg(long, default_value_t = 600.0)]
+    pub pending_timeout_s: f64,
 }
 
 /// The agents' session: lease, TLS and join token (run and serve).

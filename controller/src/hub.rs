@@ -226,9 +226,9 @@ impl Hub {
                         }
                     }
                 }
-                Event::Exited { agent_id, status } => {
+                Event::Gone { agent_id, why } => {
                     match st.expected.get(&agent_id).and_then(|r| st.runs.get(r)) {
-                        Some(s) => Then::Forward(s.clone(), Event::Exited { agent_id, status }),
+                        Some(s) => Then::Forward(s.clone(), Event::Gone { agent_id, why }),
                         None => Then::Nothing,
                     }
                 }

@@ -6,8 +6,9 @@ use std::time::Duration;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
+use pgfleet_controller::agents::kubernetes;
 use pgfleet_controller::agents::local::{LocalOptions, default_agent_bin};
-use pgfleet_controller::cli::{Cli, Command, Remote, SessionArgs};
+use pgfleet_controller::cli::{AgentsFrom, Cli, Command, KubeArgs, Remote, SessionArgs};
 use pgfleet_controller::client::{Client, ClientError};
 use pgfleet_controller::run::{RunOptions, execute};
 use pgfleet_controller::serve::ServeOptions;
@@ -137,12 +138,38 @@ fn cancel_on_signals(what: &'static str) -> CancellationToken {
     cancel
 }
 
+fn kube_options(k: &KubeArgs, controller_url: Option<String>) -> kubernetes::KubeOptions {
+    let d = kubernetes::KubeOptions::default();
+    kubernetes::KubeOptions {
+        namespace: k.namespace.clone(),
+        image: k.agent_image.clone(),
+        image_pull_policy: k.agent_image_pull_policy.clone(),
+        controller_url: controller_url.unwrap_or(d.controller_url),
+        token_secret: k.agent_token_secret.clone(),
+        ca_secret: k.agent_ca_secret.clone(),
+        pending_timeout: Duration::from_secs_f64(k.pending_timeout_s.max(1.0)),
+        exit_grace: d.exit_grace,
+    }
+}
+
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
-        Command::Validate { scenario: path } => {
+        Command::Validate {
+            scenario: path,
+            kubernetes,
+            kube,
+        } => {
             let sc = scenario::load(&path)?;
             let cells = scenario::plan(&sc);
-            print!("{}", scenario::plan::describe(&sc, &cells, &path));
+            if kubernetes {
+                let opts = kube_options(&kube, None);
+                let objects = kubernetes::plan(&sc, "dry-run", &opts)
+                    .map_err(|e| scenario::ScenarioError::located(&path, e))?;
+                print!("{}", objects.to_yaml());
+                eprint!("{}", kubernetes::describe(&objects));
+            } else {
+                print!("{}", scenario::plan::describe(&sc, &cells, &path));
+            }
             Ok(exit::OK)
         }
         Command::List => {
@@ -230,6 +257,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                     .unwrap_or(std::path::Path::new("."))
                     .join("reports")
             });
+            let advertise_url = args.session.advertise_url.clone();
             let opts = ServeOptions {
                 service: service_config(cli.store, args.bind, args.session, true),
                 http_bind: args.http,
@@ -237,6 +265,18 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                 reports,
                 max_scenario_bytes: args.max_scenario_bytes,
                 metrics_retention: Duration::from_secs_f64(args.metrics_retention_s.max(0.0)),
+                kubernetes: match args.agents {
+                    AgentsFrom::Pool => None,
+                    AgentsFrom::Kubernetes => {
+                        let Some(url) = advertise_url else {
+                            return Err(Error::Usage(
+                                "--agents kubernetes needs --advertise-url: the address pods dial, e.g. http://pgfleet-controller.pgfleet.svc:7070".into(),
+                            )
+                            .into());
+                        };
+                        Some(kube_options(&args.kube, Some(url)))
+                    }
+                },
             };
             pgfleet_controller::serve::serve(opts, shutdown).await?;
             Ok(exit::OK)

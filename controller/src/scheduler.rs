@@ -457,15 +457,12 @@ impl Scheduler {
                     a.tx = None;
                 }
             }
-            Event::Exited { agent_id, status } => {
+            Event::Gone { agent_id, why } => {
+                // No wait for the lease: its source knows it will not return.
                 if let Some(a) = self.agents.get(&agent_id)
-                    && a.state == AgentState::Expected
+                    && a.state != AgentState::Lost
                 {
-                    self.lose(
-                        &agent_id,
-                        format!("agent process exited before registering ({status}); see its log"),
-                    )
-                    .await;
+                    self.lose(&agent_id, why).await;
                 }
             }
         }

@@ -23,6 +23,8 @@ use std::time::Duration;
 use tokio::sync::{Notify, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
+use crate::agents::AgentSource;
+use crate::agents::kubernetes::{self, KubeAgents, KubeOptions};
 use crate::scheduler::{self, RunEvent, Scheduler};
 use crate::service::{Agents, RunSpec, Service, ServiceConfig, fleet_needs};
 use crate::store::{Owner, RunStatus};
@@ -41,6 +43,15 @@ pub struct ServeOptions {
     pub max_scenario_bytes: usize,
     /// How long a finished run's series stay on `/metrics`.
     pub metrics_retention: Duration,
+    /// Launch each run's agents as pods (`--agents kubernetes`) rather
+    /// than take them from the pool.
+    pub kubernetes: Option<KubeOptions>,
+}
+
+/// The cluster runs' agents are launched on.
+struct Kube {
+    client: kube::Client,
+    opts: KubeOptions,
 }
 
 /// A run this process is executing or has queued.
@@ -58,6 +69,7 @@ pub struct Served {
     pub reports: PathBuf,
     pub max_scenario_bytes: usize,
     metrics_retention: Duration,
+    kube: Option<Kube>,
     live: Mutex<HashMap<String, Live>>,
     wake: Notify,
 }
@@ -197,6 +209,10 @@ pub async fn serve(opts: ServeOptions, shutdown: CancellationToken) -> Result<()
     // Before agents can connect: their registrations must find the runs
     // they belong to.
     let mut inboxes = resume_prepare(&service)?;
+    let kube = match &opts.kubernetes {
+        Some(k) => Some(connect_kube(k, &service.store).await?),
+        None => None,
+    };
     service.listen().await?;
     let served = Arc::new(Served {
         service,
@@ -204,6 +220,7 @@ pub async fn serve(opts: ServeOptions, shutdown: CancellationToken) -> Result<()
         reports: opts.reports.clone(),
         max_scenario_bytes: opts.max_scenario_bytes,
         metrics_retention: opts.metrics_retention,
+        kube,
         live: Mutex::new(HashMap::new()),
         wake: Notify::new(),
     });
@@ -243,9 +260,32 @@ pub async fn serve(opts: ServeOptions, shutdown: CancellationToken) -> Result<()
     Ok(())
 }
 
+/// The Kubernetes client (in-cluster, else the kubeconfig), checked by
+/// deleting what runs that are not running left on the cluster.
+async fn connect_kube(opts: &KubeOptions, store: &crate::store::Store) -> Result<Kube> {
+    let client = kube::Client::try_default().await.map_err(|e| {
+        Error::Usage(format!(
+            "--agents kubernetes: no Kubernetes API to talk to ({e}); run in a pod with a ServiceAccount (deploy/base) or set KUBECONFIG"
+        ))
+    })?;
+    let running = |run: &str| matches!(store.run(run), Ok(Some(r)) if r.status == "running" || r.status == "queued");
+    for run in kubernetes::reap(&client, &opts.namespace, running).await? {
+        eprintln!("deleted the pods and volumes that interrupted run {run} left on the cluster");
+    }
+    Ok(Kube {
+        client,
+        opts: opts.clone(),
+    })
+}
+
 /// The schedulers' inboxes of the runs the last `serve` was running, made
 /// before agents can connect so their registrations find their runs.
-type Inboxes = HashMap<String, mpsc::Receiver<crate::api::Event>>;
+type Inboxes = HashMap<String, Inbox>;
+/// A resumed run's inbox, and its sender for its agent source's events.
+type Inbox = (
+    mpsc::Sender<crate::api::Event>,
+    mpsc::Receiver<crate::api::Event>,
+);
 
 fn resume_prepare(service: &Service) -> Result<Inboxes> {
     let mut inboxes = HashMap::new();
@@ -261,8 +301,8 @@ fn resume_prepare(service: &Service) -> Result<Inboxes> {
             .map(|a| a.agent_id)
             .collect();
         let (tx, rx) = mpsc::channel(4096);
-        service.hub.adopt(&id, &agents, tx);
-        inboxes.insert(id, rx);
+        service.hub.adopt(&id, &agents, tx.clone());
+        inboxes.insert(id, (tx, rx));
     }
     Ok(inboxes)
 }
@@ -354,7 +394,7 @@ async fn execute(
     served: Arc<Served>,
     run_id: String,
     sc: scenario::Scenario,
-    resume: Option<mpsc::Receiver<crate::api::Event>>,
+    resume: Option<Inbox>,
     done: mpsc::Sender<String>,
 ) {
     let Some((cancel, events)) = served
@@ -382,9 +422,16 @@ async fn execute(
     let status = match resume {
         Some(inbox) => resume_run(&served, spec, inbox, cancel, events.clone()).await,
         None => {
+            let agents = match &served.kube {
+                Some(k) => Agents::Kubernetes {
+                    client: &k.client,
+                    opts: &k.opts,
+                },
+                None => Agents::Pool,
+            };
             served
                 .service
-                .execute(spec, Agents::Pool, cancel, Some(events.clone()))
+                .execute(spec, agents, cancel, Some(events.clone()))
                 .await
         }
     };
@@ -413,7 +460,7 @@ async fn execute(
 async fn resume_run(
     served: &Served,
     spec: RunSpec<'_>,
-    rx: mpsc::Receiver<crate::api::Event>,
+    (tx, rx): Inbox,
     cancel: CancellationToken,
     events: broadcast::Sender<RunEvent>,
 ) -> Result<RunStatus> {
@@ -422,6 +469,18 @@ async fn resume_run(
     let store = service.store.clone();
     let stored = store.cells(run_id)?;
     let agents = store.agents(run_id)?;
+    // Its pods outlived the last controller: watch them again, and delete
+    // them when the run ends.
+    let mut source = served.kube.as_ref().map(|k| {
+        let launched = agents
+            .iter()
+            .map(|a| crate::agents::Launched {
+                agent_id: a.agent_id.clone(),
+                instance_class: a.instance_class.clone(),
+            })
+            .collect();
+        KubeAgents::attach(k.client.clone(), run_id, &k.opts, launched, tx)
+    });
     let sched = Scheduler::resume(
         run_id,
         store,
@@ -441,6 +500,9 @@ async fn resume_run(
         &agents,
     );
     let status = sched.run(rx, cancel).await;
-    service.hub.release(run_id, false).await;
+    service.hub.release(run_id, source.is_some()).await;
+    if let Some(s) = source.as_mut() {
+        s.shutdown().await;
+    }
     Ok(status)
 }

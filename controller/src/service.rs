@@ -13,6 +13,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::agents::AgentSource;
+use crate::agents::kubernetes::{self, KubeAgents, KubeOptions};
 use crate::agents::local::{self, LocalAgents, LocalOptions};
 use crate::hub::Hub;
 use crate::scenario::{PlannedCell, Scenario};
@@ -55,6 +56,12 @@ pub enum Agents<'a> {
     /// Idle agents of the fleet's classes that joined the controller
     /// (`pgfleet-agent run --class NAME`); they go back to the pool after.
     Pool,
+    /// One pod (and volume) per fleet instance on a Kubernetes cluster,
+    /// created for the run and deleted after it.
+    Kubernetes {
+        client: &'a kube::Client,
+        opts: &'a KubeOptions,
+    },
 }
 
 /// A run to execute: stored already, cells planned.
@@ -210,7 +217,7 @@ impl Service {
     ) -> Result<RunStatus> {
         let run_id = spec.run_id;
         let (tx, rx) = mpsc::channel(4096);
-        let mut source: Option<LocalAgents> = None;
+        let mut source: Option<Box<dyn AgentSource>> = None;
         let expected: Vec<(String, String)> = match agents {
             Agents::Local { opts, log_dir } => {
                 let planned = local::fleet_agents(spec.scenario);
@@ -232,10 +239,31 @@ impl Service {
                 )
                 .await
                 {
-                    Ok(s) => source = Some(s),
+                    Ok(s) => source = Some(Box::new(s)),
                     Err(e) => {
                         self.hub.release(run_id, true).await;
                         return Err(e);
+                    }
+                }
+                planned
+                    .into_iter()
+                    .map(|l| (l.agent_id, l.instance_class))
+                    .collect()
+            }
+            Agents::Kubernetes { client, opts } => {
+                let planned = kubernetes::planned_agents(spec.scenario, run_id, opts)
+                    .map_err(|e| Error::Agents(format!("{}: {}", e.field, e.message)))?;
+                let ids: Vec<String> = planned.iter().map(|l| l.agent_id.clone()).collect();
+                self.hub.expect(run_id, &ids, tx.clone());
+                match KubeAgents::launch(client.clone(), spec.scenario, run_id, opts, tx.clone())
+                    .await
+                {
+                    Ok(s) => source = Some(Box::new(s)),
+                    Err(e) => {
+                        self.hub.release(run_id, true).await;
+                        let why = format!("the run's agents could not be created: {e}");
+                        self.end_unstarted(run_id, &spec.cells, CellState::Failed, &why, &events);
+                        return Ok(RunStatus::Failed);
                     }
                 }
                 planned

@@ -221,7 +221,8 @@ impl LocalAgents {
                         .await
                         .map(|s| s.to_string())
                         .unwrap_or_else(|e| e.to_string());
-                    let _ = ev.send(Event::Exited { agent_id, status }).await;
+                    let why = format!("agent process exited ({status}); see its log");
+                    let _ = ev.send(Event::Gone { agent_id, why }).await;
                 });
                 me.children.push(Child {
                     launched,

@@ -6,6 +6,7 @@
 
 use futures::future::BoxFuture;
 
+pub mod kubernetes;
 pub mod local;
 
 /// One agent a source launched.

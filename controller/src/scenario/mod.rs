@@ -47,6 +47,19 @@ impl fmt::Display for ScenarioError {
 
 impl std::error::Error for ScenarioError {}
 
+impl ScenarioError {
+    /// A value check's error, in file `path`.
+    pub fn located(path: &Path, e: pgfleet_proto::workload::Invalid) -> ScenarioError {
+        ScenarioError {
+            file: path.to_path_buf(),
+            line: e.at.line(),
+            column: e.at.column(),
+            field: e.field,
+            message: e.message,
+        }
+    }
+}
+
 /// A whole scenario file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -87,6 +100,50 @@ pub struct FleetEntry {
     pub instance: Option<InstanceSpec>,
     #[serde(default)]
     pub postgres: Option<PostgresSpec>,
+    /// Where the class's pods go on Kubernetes (`serve --agents kubernetes`).
+    #[serde(default)]
+    pub kubernetes: Option<KubeSpec>,
+}
+
+/// A class's pods on Kubernetes, beyond `instance.type` (the node pool,
+/// by `node.kubernetes.io/instance-type`) and `storage` (the volume).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubeSpec {
+    /// What the agent's pod requests: CPUs (`15`, `0.5`) and memory.
+    #[serde(default)]
+    pub requests: Option<KubeRequests>,
+    /// Tolerations for tainted node pools.
+    #[serde(default)]
+    pub tolerations: Vec<Toleration>,
+    /// More node labels to select on (e.g. a node group's name).
+    #[serde(default)]
+    pub node_selector: BTreeMap<String, Spanned<String>>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubeRequests {
+    #[serde(default)]
+    pub cpu: Option<Spanned<f64>>,
+    #[serde(default)]
+    pub memory: Option<Spanned<pgfleet_proto::workload::ByteSize>>,
+}
+
+/// A Kubernetes toleration, as in a pod spec.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Toleration {
+    #[serde(default)]
+    pub key: Option<Spanned<String>>,
+    /// `Equal` (default) or `Exists`.
+    #[serde(default)]
+    pub operator: Option<Spanned<String>>,
+    #[serde(default)]
+    pub value: Option<Spanned<String>>,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`; empty: all.
+    #[serde(default)]
+    pub effect: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -204,6 +261,13 @@ pub struct StorageSpec {
     /// uncapped, and reports say the profile was not emulated.
     #[serde(default)]
     pub emulate: Option<Spanned<bool>>,
+    /// On Kubernetes: the StorageClass of each agent's volume (default:
+    /// the cluster's default class).
+    #[serde(default)]
+    pub storage_class: Option<Spanned<String>>,
+    /// On Kubernetes: each agent's volume size (default 10GiB).
+    #[serde(default)]
+    pub size: Option<Spanned<pgfleet_proto::workload::ByteSize>>,
 }
 
 /// A storage profile's caps (0 = uncapped), resolved from the scenario.
@@ -299,13 +363,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
     let parsed = deserialize::<Scenario>(path, text);
     workload::set_kinds_ahead(Vec::new());
     let mut scenario = parsed?;
-    scenario.units = validate::validate(&scenario).map_err(|e| ScenarioError {
-        file: path.to_path_buf(),
-        line: e.at.line(),
-        column: e.at.column(),
-        field: e.field,
-        message: e.message,
-    })?;
+    scenario.units = validate::validate(&scenario).map_err(|e| ScenarioError::located(path, e))?;
     Ok(scenario)
 }
 

@@ -121,6 +121,31 @@ pub fn validate(s: &Scenario) -> Result<Vec<Vec<(String, Params)>>, Invalid> {
                     )?;
                 }
             }
+            if let Some(sc) = &st.storage_class
+                && !is_dns_subdomain(&sc.value)
+            {
+                return err(
+                    sc.referenced,
+                    at("storage.storage_class"),
+                    format!(
+                        "`{}` is not a StorageClass name: use lower-case letters, digits, `-` and `.` (e.g. gp3)",
+                        sc.value
+                    ),
+                );
+            }
+            if let Some(sz) = &st.size {
+                let n = sz
+                    .value
+                    .bytes()
+                    .or_else(|e| err(sz.referenced, at("storage.size"), e))?;
+                if n < 1 << 30 {
+                    return err(
+                        sz.referenced,
+                        at("storage.size"),
+                        format!("{n} bytes is out of range: allowed at least 1GiB"),
+                    );
+                }
+            }
             if st.profile.value == "custom" && caps.iter().all(|(_, v)| v.is_none()) {
                 return err(
                     st.profile.referenced,
@@ -164,6 +189,9 @@ pub fn validate(s: &Scenario) -> Result<Vec<Vec<(String, Params)>>, Invalid> {
             }
             in_range(&inst.cpus, at("instance.cpus"), 1, 1024, "")?;
         }
+        if let Some(k) = &f.kubernetes {
+            validate_kubernetes(k, &at)?;
+        }
         if let Some(pg) = &f.postgres {
             for (k, v) in &pg.settings {
                 let field = at(&format!("postgres.settings.{k}"));
@@ -201,6 +229,127 @@ pub fn validate(s: &Scenario) -> Result<Vec<Vec<(String, Params)>>, Invalid> {
         .enumerate()
         .map(|(i, w)| validate_workload(i, w, &counts))
         .collect()
+}
+
+/// A DNS subdomain name, as Kubernetes object names are.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+}
+
+/// A label key (`[prefix/]name`) or a label value (`name`, may be empty).
+fn is_label(s: &str, key: bool) -> bool {
+    let (prefix, name) = match s.rsplit_once('/') {
+        Some((p, n)) if key => (Some(p), n),
+        _ => (None, s),
+    };
+    let name_ok = name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && (name.is_empty()
+            || (name.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && name.ends_with(|c: char| c.is_ascii_alphanumeric())));
+    name_ok && (!key || !name.is_empty()) && prefix.is_none_or(is_dns_subdomain)
+}
+
+fn validate_kubernetes(k: &super::KubeSpec, at: &dyn Fn(&str) -> String) -> Result<(), Invalid> {
+    if let Some(r) = &k.requests {
+        if let Some(c) = &r.cpu
+            && !(c.value >= 0.001 && c.value <= 1024.0)
+        {
+            return err(
+                c.referenced,
+                at("kubernetes.requests.cpu"),
+                format!("{} is out of range: allowed 0.001..=1024 CPUs", c.value),
+            );
+        }
+        if let Some(m) = &r.memory {
+            let n = m
+                .value
+                .bytes()
+                .or_else(|e| err(m.referenced, at("kubernetes.requests.memory"), e))?;
+            if n < 64 << 20 {
+                return err(
+                    m.referenced,
+                    at("kubernetes.requests.memory"),
+                    format!("{n} bytes is out of range: allowed at least 64MiB"),
+                );
+            }
+        }
+    }
+    for (j, t) in k.tolerations.iter().enumerate() {
+        let field = |f: &str| at(&format!("kubernetes.tolerations[{j}].{f}"));
+        if let Some(key) = &t.key
+            && !is_label(&key.value, true)
+        {
+            return err(
+                key.referenced,
+                field("key"),
+                format!("`{}` is not a taint key", key.value),
+            );
+        }
+        if let Some(op) = &t.operator {
+            one_of(
+                op,
+                field("operator"),
+                &["Equal", "Exists"],
+                "toleration operator",
+            )?;
+            if op.value == "Exists"
+                && let Some(v) = &t.value
+            {
+                return err(
+                    v.referenced,
+                    field("value"),
+                    "operator `Exists` takes no value: remove it, or use `Equal`",
+                );
+            }
+        }
+        if let Some(v) = &t.value
+            && !is_label(&v.value, false)
+        {
+            return err(
+                v.referenced,
+                field("value"),
+                format!("`{}` is not a taint value", v.value),
+            );
+        }
+        if let Some(e) = &t.effect {
+            one_of(
+                e,
+                field("effect"),
+                &["NoSchedule", "PreferNoSchedule", "NoExecute"],
+                "taint effect",
+            )?;
+        }
+    }
+    for (key, v) in &k.node_selector {
+        let field = at(&format!("kubernetes.node_selector.{key}"));
+        if !is_label(key, true) {
+            return err(
+                v.referenced,
+                field,
+                format!("`{key}` is not a node label key"),
+            );
+        }
+        if !is_label(&v.value, false) {
+            return err(
+                v.referenced,
+                field,
+                format!("`{}` is not a label value", v.value),
+            );
+        }
+    }
+    Ok(())
 }
 
 fn one_of(v: &Spanned<String>, field: String, allowed: &[&str], what: &str) -> Result<(), Invalid> {

@@ -1,0 +1,899 @@
+//! The Kubernetes agent source: for each agent of a run, a
+//! PersistentVolumeClaim of its class's storage class and a Pod running the
+//! agent image on a node of its class's instance type, one agent per node.
+//!
+//! Every object of a run is owned (`ownerReferences`) by one ConfigMap,
+//! `pgfleet-run-<run id>`: deleting it (foreground propagation) makes the
+//! garbage collector delete the run's pods and volumes, whatever else
+//! happened. The source deletes it when the run ends; `serve` deletes those
+//! of runs that are not running when it starts (`reap`).
+//!
+//! The source watches its pods, so that nothing waits for a lease or hangs:
+//! a pod that fails, is evicted or deleted makes its agent lost at once
+//! (`Event::Gone`), and a pod still Pending after the pending timeout
+//! (unschedulable, image pull failure, volume not bound) is given up with
+//! the reason read from its conditions, container states and events.
+//!
+//! The requests it makes, and so the verbs `deploy/base/role.yaml` grants:
+//! configmaps create, list, delete; persistentvolumeclaims create; pods
+//! create, list, watch; events list.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Event as KubeEvent, PersistentVolumeClaim, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher::Event as WatchEvent};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::{AgentSource, Launched};
+use crate::api::Event;
+use crate::scenario::{FleetEntry, Scenario};
+use pgfleet_proto::workload::Invalid;
+
+/// The node label of the instance type (set by the cloud provider).
+pub const INSTANCE_TYPE_LABEL: &str = "node.kubernetes.io/instance-type";
+/// The agent image's `postgres` user and group (deploy/images/agent.Dockerfile):
+/// the pod runs as it and owns its volume.
+pub const AGENT_UID: i64 = 10001;
+/// Where the volume is mounted in the agent's pod (its data root).
+const DATA_ROOT: &str = "/data";
+const TOKEN_DIR: &str = "/var/run/pgfleet/token";
+const CA_DIR: &str = "/var/run/pgfleet/ca";
+const DEFAULT_VOLUME_BYTES: u64 = 10 << 30;
+
+/// How runs' agents are put on the cluster.
+#[derive(Debug, Clone)]
+pub struct KubeOptions {
+    /// Where the run's objects go (the controller's own namespace).
+    pub namespace: String,
+    /// The agent image, e.g. `registry.example/pgfleet-agent:0.1.0`.
+    pub image: String,
+    pub image_pull_policy: String,
+    /// What agents dial: the controller Service's gRPC address.
+    pub controller_url: String,
+    /// The Secret holding the join token under key `token`.
+    pub token_secret: String,
+    /// A Secret holding the controller's CA under key `ca.pem`, for an
+    /// https:// controller URL.
+    pub ca_secret: Option<String>,
+    /// How long a pod may stay Pending before its agent is given up.
+    pub pending_timeout: Duration,
+    /// How long the end of a run waits for agents to exit on their own
+    /// before it deletes their pods.
+    pub exit_grace: Duration,
+}
+
+impl Default for KubeOptions {
+    fn default() -> Self {
+        KubeOptions {
+            namespace: "pgfleet".into(),
+            image: "pgfleet-agent:dev".into(),
+            image_pull_policy: "IfNotPresent".into(),
+            controller_url: "http://pgfleet-controller.pgfleet.svc:7070".into(),
+            token_secret: "pgfleet-join-token".into(),
+            ca_secret: None,
+            pending_timeout: Duration::from_secs(600),
+            exit_grace: Duration::from_secs(60),
+        }
+    }
+}
+
+/// One agent's objects.
+#[derive(Debug, Clone)]
+pub struct AgentObjects {
+    pub launched: Launched,
+    pub pvc: PersistentVolumeClaim,
+    pub pod: Pod,
+}
+
+/// Everything a run creates: the owner, then per agent a volume and a pod.
+#[derive(Debug, Clone)]
+pub struct RunObjects {
+    pub owner: ConfigMap,
+    pub agents: Vec<AgentObjects>,
+}
+
+impl RunObjects {
+    /// The objects as `kubectl apply` would take them (the owner references
+    /// carry no uid until the owner exists).
+    pub fn to_yaml(&self) -> String {
+        let mut docs = vec![to_value(&self.owner)];
+        for a in &self.agents {
+            docs.push(to_value(&a.pvc));
+            docs.push(to_value(&a.pod));
+        }
+        docs.iter()
+            .map(|d| format!("---\n{}", serde_saphyr::to_string(d).unwrap_or_default()))
+            .collect()
+    }
+}
+
+/// A summary of a plan for people: agents per node pool and volumes.
+pub fn describe(objects: &RunObjects) -> String {
+    // (class, instance type, storage class, size) -> agents
+    let mut pools: BTreeMap<(String, String, String, String), usize> = BTreeMap::new();
+    for a in &objects.agents {
+        let spec = a.pod.spec.clone().unwrap_or_default();
+        let node = match spec.node_selector {
+            Some(s) if !s.is_empty() => format!(
+                "nodes {}",
+                s.iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            _ => "any node".into(),
+        };
+        let pvc = a.pvc.spec.clone().unwrap_or_default();
+        let class = pvc.storage_class_name.unwrap_or_else(|| "(default)".into());
+        let size = pvc
+            .resources
+            .and_then(|r| r.requests)
+            .and_then(|r| r.get("storage").map(|q| q.0.clone()))
+            .unwrap_or_default();
+        *pools
+            .entry((a.launched.instance_class.clone(), node, class, size))
+            .or_default() += 1;
+    }
+    let nodes: std::collections::BTreeSet<&String> = pools.keys().map(|k| &k.1).collect();
+    let mut out = format!(
+        "{} agents on {} node pool{}, one per node, each with its own volume:\n",
+        objects.agents.len(),
+        nodes.len(),
+        if nodes.len() == 1 { "" } else { "s" }
+    );
+    for ((class, node, storage, size), n) in &pools {
+        out.push_str(&format!(
+            "  {class}: {n} pod{} on {node}, {size} volume{} of storage class {storage}\n",
+            if *n == 1 { "" } else { "s" },
+            if *n == 1 { "" } else { "s" },
+        ));
+    }
+    out.push_str(&format!(
+        "all owned by ConfigMap {}: deleting it deletes them\n",
+        objects.owner.metadata.name.clone().unwrap_or_default()
+    ));
+    out
+}
+
+fn to_value<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+fn from_value<T: serde::de::DeserializeOwned>(v: Value) -> T {
+    // The values are built below from fixed shapes; a mismatch is a bug.
+    serde_json::from_value(v).expect("a well-formed Kubernetes object")
+}
+
+/// The owner object's name for a run.
+pub fn owner_name(run_id: &str) -> String {
+    format!("pgfleet-run-{}", dns_label(run_id))
+}
+
+/// Lower case, `_` and other characters to `-`: a DNS label's alphabet.
+fn dns_label(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect::<String>()
+        .trim_matches('-')
+        .to_string()
+}
+
+fn labels(run_id: &str, component: &str, class: Option<&str>) -> BTreeMap<String, String> {
+    let mut l = BTreeMap::from([
+        (
+            "app.kubernetes.io/name".to_string(),
+            format!("pgfleet-{component}"),
+        ),
+        (
+            "app.kubernetes.io/part-of".to_string(),
+            "pgfleet".to_string(),
+        ),
+        (
+            "app.kubernetes.io/managed-by".to_string(),
+            "pgfleet".to_string(),
+        ),
+        (
+            "app.kubernetes.io/component".to_string(),
+            component.to_string(),
+        ),
+        (
+            "app.kubernetes.io/version".to_string(),
+            env!("CARGO_PKG_VERSION").to_string(),
+        ),
+        ("pgfleet.io/run".to_string(), run_id.to_string()),
+    ]);
+    if let Some(c) = class {
+        l.insert("pgfleet.io/class".into(), c.to_string());
+    }
+    l
+}
+
+/// The label selector of a run's pods.
+pub fn run_selector(run_id: &str) -> String {
+    format!("pgfleet.io/run={run_id},app.kubernetes.io/component=agent")
+}
+
+/// The label selector of every run's owner.
+pub const OWNER_SELECTOR: &str =
+    "app.kubernetes.io/managed-by=pgfleet,app.kubernetes.io/component=run";
+
+/// A Kubernetes quantity for a size in bytes: `600Gi`, `512Mi`, or bytes.
+fn quantity(bytes: u64) -> String {
+    if bytes >= 1 << 30 && bytes.is_multiple_of(1 << 30) {
+        format!("{}Gi", bytes >> 30)
+    } else if bytes.is_multiple_of(1 << 20) && bytes > 0 {
+        format!("{}Mi", bytes >> 20)
+    } else {
+        bytes.to_string()
+    }
+}
+
+/// CPUs as a quantity: `15`, `500m`.
+fn cpu_quantity(cpus: f64) -> String {
+    let milli = (cpus * 1000.0).round() as u64;
+    if milli.is_multiple_of(1000) {
+        (milli / 1000).to_string()
+    } else {
+        format!("{milli}m")
+    }
+}
+
+/// The objects a run creates on the cluster, from its scenario; Err where
+/// the scenario asks for what a pod cannot do (located, like validation).
+pub fn plan(sc: &Scenario, run_id: &str, opts: &KubeOptions) -> Result<RunObjects, Invalid> {
+    let owner_name = owner_name(run_id);
+    let owner: ConfigMap = from_value(json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": owner_name,
+            "namespace": opts.namespace,
+            "labels": labels(run_id, "run", None),
+        },
+        "data": { "run": run_id, "scenario": sc.name.value },
+    }));
+    let mut agents = Vec::new();
+    for (i, f) in sc.fleet.value.iter().enumerate() {
+        refuse_emulation(i, f)?;
+        for n in 0..f.count() {
+            agents.push(agent_objects(f, run_id, n, &owner_name, opts));
+        }
+    }
+    Ok(RunObjects { owner, agents })
+}
+
+/// Pods cannot throttle block I/O or set memory cgroups for their
+/// clusters: on Kubernetes the volume and the node are the real thing.
+fn refuse_emulation(i: usize, f: &FleetEntry) -> Result<(), Invalid> {
+    if let Some(st) = &f.storage
+        && f.emulate()
+        && f.caps() != Default::default()
+    {
+        return Err(Invalid {
+            at: st.profile.referenced,
+            field: format!("fleet[{i}].storage.emulate"),
+            message: format!(
+                "profile `{}` is emulated by throttling block I/O, which an agent's pod cannot do: on Kubernetes the storage class sets the volume's limits; add `emulate: false` (and `storage_class:`)",
+                st.profile.value
+            ),
+        });
+    }
+    let inst = f.instance();
+    if let Some(spec) = &f.instance
+        && inst.emulate
+        && (inst.memory_bytes > 0 || inst.cpus > 0)
+    {
+        let at = spec
+            .memory
+            .as_ref()
+            .map(|m| m.referenced)
+            .or(spec.cpus.as_ref().map(|c| c.referenced))
+            .unwrap_or(f.name.referenced);
+        return Err(Invalid {
+            at,
+            field: format!("fleet[{i}].instance.emulate"),
+            message: "an instance's memory and CPUs are emulated with cgroups, which an agent's pod cannot set up: on Kubernetes the node is the instance (`instance.type` selects its node pool); add `emulate: false` or remove `memory`/`cpus`".into(),
+        });
+    }
+    Ok(())
+}
+
+fn agent_objects(
+    f: &FleetEntry,
+    run_id: &str,
+    n: u32,
+    owner: &str,
+    opts: &KubeOptions,
+) -> AgentObjects {
+    let class = &f.name.value;
+    let name = format!("pgfleet-{}-{}-{n}", dns_label(run_id), dns_label(class));
+    let owner_ref = json!([{
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": owner,
+        "uid": "",
+        "controller": true,
+        "blockOwnerDeletion": true,
+    }]);
+    let storage = f.storage.as_ref();
+    let size = storage
+        .and_then(|s| s.size.as_ref())
+        .and_then(|s| s.value.bytes().ok())
+        .unwrap_or(DEFAULT_VOLUME_BYTES);
+    let mut pvc_spec = json!({
+        "accessModes": ["ReadWriteOnce"],
+        "resources": { "requests": { "storage": quantity(size) } },
+    });
+    if let Some(sc) = storage.and_then(|s| s.storage_class.as_ref()) {
+        pvc_spec["storageClassName"] = json!(sc.value);
+    }
+    let pvc: PersistentVolumeClaim = from_value(json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": format!("{name}-data"),
+            "namespace": opts.namespace,
+            "labels": labels(run_id, "agent-data", Some(class)),
+            "ownerReferences": owner_ref,
+        },
+        "spec": pvc_spec,
+    }));
+    let inst = f.instance();
+    let kube = f.kubernetes.clone().unwrap_or_default();
+    let mut node_selector: BTreeMap<String, String> = kube
+        .node_selector
+        .iter()
+        .map(|(k, v)| (k.clone(), v.value.clone()))
+        .collect();
+    if !inst.instance_type.is_empty() {
+        node_selector.insert(INSTANCE_TYPE_LABEL.into(), inst.instance_type.clone());
+    }
+    let requests = kube.requests.unwrap_or_default();
+    let cpu = requests.cpu.map(|c| c.value).unwrap_or(1.0);
+    let memory = requests
+        .memory
+        .and_then(|m| m.value.bytes().ok())
+        .unwrap_or(1 << 30);
+    let tolerations: Vec<Value> = kube
+        .tolerations
+        .iter()
+        .map(|t| {
+            let mut v = json!({});
+            let put = |v: &mut Value, k: &str, x: &Option<serde_saphyr::Spanned<String>>| {
+                if let Some(x) = x {
+                    v[k] = json!(x.value);
+                }
+            };
+            put(&mut v, "key", &t.key);
+            put(&mut v, "operator", &t.operator);
+            put(&mut v, "value", &t.value);
+            put(&mut v, "effect", &t.effect);
+            v
+        })
+        .collect();
+    let mut env = vec![
+        json!({"name": "PGFLEET_CONTROLLER", "value": opts.controller_url}),
+        json!({"name": "PGFLEET_AGENT_ID", "value": name}),
+        json!({"name": "PGFLEET_INSTANCE_CLASS", "value": class}),
+        json!({"name": "PGFLEET_STORAGE_PROFILE", "value": f.profile()}),
+        json!({"name": "PGFLEET_INSTANCE_TYPE", "value": inst.instance_type}),
+        json!({"name": "PGFLEET_DATA_ROOT", "value": DATA_ROOT}),
+        json!({"name": "PGFLEET_TOKEN_FILE", "value": format!("{TOKEN_DIR}/token")}),
+        json!({"name": "PGFLEET_ADVERTISE_ADDRESS",
+               "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}),
+    ];
+    let mut mounts = vec![
+        json!({"name": "data", "mountPath": DATA_ROOT}),
+        json!({"name": "join-token", "mountPath": TOKEN_DIR, "readOnly": true}),
+    ];
+    let mut volumes = vec![
+        json!({"name": "data", "persistentVolumeClaim": {"claimName": format!("{name}-data")}}),
+        json!({"name": "join-token", "secret": {
+            "secretName": opts.token_secret,
+            "items": [{"key": "token", "path": "token"}],
+            "defaultMode": 0o440,
+        }}),
+    ];
+    if let Some(ca) = &opts.ca_secret {
+        env.push(json!({"name": "PGFLEET_CA", "value": format!("{CA_DIR}/ca.pem")}));
+        mounts.push(json!({"name": "ca", "mountPath": CA_DIR, "readOnly": true}));
+        volumes.push(json!({"name": "ca", "secret": {
+            "secretName": ca, "items": [{"key": "ca.pem", "path": "ca.pem"}],
+        }}));
+    }
+    let mut spec = json!({
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": false,
+        // The agent stops its clusters on SIGTERM; a checkpoint of a large
+        // shared_buffers takes a while.
+        "terminationGracePeriodSeconds": 120,
+        "securityContext": {
+            "runAsUser": AGENT_UID,
+            "runAsGroup": AGENT_UID,
+            "fsGroup": AGENT_UID,
+            "runAsNonRoot": true,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        // Each cluster alone on its instance, as in the seeds: no two
+        // pgfleet agents (of any run) on one node.
+        "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "pgfleet-agent"}},
+            "topologyKey": "kubernetes.io/hostname",
+        }]}},
+        "containers": [{
+            "name": "agent",
+            "image": opts.image,
+            "imagePullPolicy": opts.image_pull_policy,
+            "env": env,
+            "resources": {"requests": {"cpu": cpu_quantity(cpu), "memory": quantity(memory)}},
+            "volumeMounts": mounts,
+            "securityContext": {
+                "allowPrivilegeEscalation": false,
+                "capabilities": {"drop": ["ALL"]},
+            },
+        }],
+        "volumes": volumes,
+    });
+    if !node_selector.is_empty() {
+        spec["nodeSelector"] = json!(node_selector);
+    }
+    if !tolerations.is_empty() {
+        spec["tolerations"] = json!(tolerations);
+    }
+    let pod: Pod = from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": opts.namespace,
+            "labels": labels(run_id, "agent", Some(class)),
+            "ownerReferences": owner_ref,
+        },
+        "spec": spec,
+    }));
+    AgentObjects {
+        launched: Launched {
+            agent_id: name,
+            instance_class: class.clone(),
+        },
+        pvc,
+        pod,
+    }
+}
+
+/// The agents a run's plan launches, for the hub to expect before the pods
+/// exist (a fast agent must find its run). Err: see `plan`.
+pub fn planned_agents(
+    sc: &Scenario,
+    run_id: &str,
+    opts: &KubeOptions,
+) -> Result<Vec<Launched>, Invalid> {
+    Ok(plan(sc, run_id, opts)?
+        .agents
+        .into_iter()
+        .map(|a| a.launched)
+        .collect())
+}
+
+/// What the watcher knows of one pod.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PodState {
+    pub phase: String,
+    /// Given up (failed, deleted, or Pending too long): reported once.
+    pub gone: bool,
+}
+
+/// A run's agents on Kubernetes.
+pub struct KubeAgents {
+    client: kube::Client,
+    opts: KubeOptions,
+    run_id: String,
+    launched: Vec<Launched>,
+    pods: watch::Receiver<HashMap<String, PodState>>,
+    stop_watch: CancellationToken,
+}
+
+impl KubeAgents {
+    /// Creates the run's owner, then each agent's volume and pod, and
+    /// starts watching the pods. On an error, what was created is deleted.
+    pub async fn launch(
+        client: kube::Client,
+        sc: &Scenario,
+        run_id: &str,
+        opts: &KubeOptions,
+        events: mpsc::Sender<Event>,
+    ) -> crate::Result<KubeAgents> {
+        let objects = plan(sc, run_id, opts)
+            .map_err(|e| crate::Error::Agents(format!("{}: {}", e.field, e.message)))?;
+        let ns = &opts.namespace;
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+        let pp = PostParams::default();
+        let owner = cms.create(&pp, &objects.owner).await.map_err(|e| {
+            crate::Error::Agents(format!(
+                "creating ConfigMap {ns}/{}: {}",
+                owner_name(run_id),
+                kube_hint(&e)
+            ))
+        })?;
+        let uid = owner.metadata.uid.clone().unwrap_or_default();
+        let me = KubeAgents::watch(
+            client.clone(),
+            run_id,
+            opts,
+            objects.agents.iter().map(|a| a.launched.clone()).collect(),
+            events,
+        );
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        for mut a in objects.agents {
+            for r in a.pvc.metadata.owner_references.iter_mut().flatten() {
+                r.uid = uid.clone();
+            }
+            for r in a.pod.metadata.owner_references.iter_mut().flatten() {
+                r.uid = uid.clone();
+            }
+            let created = match pvcs.create(&pp, &a.pvc).await {
+                Ok(_) => pods
+                    .create(&pp, &a.pod)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| ("Pod", e)),
+                Err(e) => Err(("PersistentVolumeClaim", e)),
+            };
+            if let Err((kind, e)) = created {
+                let mut me = me;
+                me.stop(false).await;
+                return Err(crate::Error::Agents(format!(
+                    "creating {kind} for agent {}: {}",
+                    a.launched.agent_id,
+                    kube_hint(&e)
+                )));
+            }
+        }
+        Ok(me)
+    }
+
+    /// Takes over a run launched by an earlier controller (a resumed run):
+    /// watches its pods and deletes its objects when it ends.
+    pub fn attach(
+        client: kube::Client,
+        run_id: &str,
+        opts: &KubeOptions,
+        agents: Vec<Launched>,
+        events: mpsc::Sender<Event>,
+    ) -> KubeAgents {
+        KubeAgents::watch(client, run_id, opts, agents, events)
+    }
+
+    fn watch(
+        client: kube::Client,
+        run_id: &str,
+        opts: &KubeOptions,
+        launched: Vec<Launched>,
+        events: mpsc::Sender<Event>,
+    ) -> KubeAgents {
+        let (state_tx, state_rx) = watch::channel(HashMap::new());
+        let stop = CancellationToken::new();
+        tokio::spawn(watch_pods(
+            client.clone(),
+            opts.clone(),
+            run_id.to_string(),
+            launched.iter().map(|l| l.agent_id.clone()).collect(),
+            events,
+            state_tx,
+            stop.clone(),
+        ));
+        KubeAgents {
+            client,
+            opts: opts.clone(),
+            run_id: run_id.to_string(),
+            launched,
+            pods: state_rx,
+            stop_watch: stop,
+        }
+    }
+
+    /// Waits (bounded, when `wait`) for the agents, told to shut down, to
+    /// end their pods; then deletes the run's owner, and with it everything.
+    async fn stop(&mut self, wait: bool) {
+        let ids: Vec<String> = self.launched.iter().map(|l| l.agent_id.clone()).collect();
+        let all_done = move |m: &HashMap<String, PodState>| {
+            ids.iter().all(|id| {
+                m.get(id).is_none_or(|p| {
+                    p.gone || matches!(p.phase.as_str(), "Succeeded" | "Failed" | "Pending" | "")
+                })
+            })
+        };
+        if wait {
+            let _ = tokio::time::timeout(self.opts.exit_grace, self.pods.wait_for(all_done)).await;
+        }
+        self.stop_watch.cancel();
+        delete_owner(
+            &self.client,
+            &self.opts.namespace,
+            &owner_name(&self.run_id),
+        )
+        .await;
+    }
+}
+
+impl AgentSource for KubeAgents {
+    fn launched(&self) -> Vec<Launched> {
+        self.launched.clone()
+    }
+
+    fn shutdown(&mut self) -> BoxFuture<'_, ()> {
+        self.stop(true).boxed()
+    }
+}
+
+/// Deletes a run's owner with foreground propagation: the garbage collector
+/// deletes its pods and volumes, then the owner.
+async fn delete_owner(client: &kube::Client, ns: &str, name: &str) {
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    match cms.delete(name, &DeleteParams::foreground()).await {
+        Ok(_) => tracing::info!("deleted {ns}/{name} and, by propagation, its pods and volumes"),
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => tracing::error!(
+            "deleting {ns}/{name}: {}; delete it by hand (`kubectl -n {ns} delete configmap {name} --cascade=foreground`)",
+            kube_hint(&e)
+        ),
+    }
+}
+
+/// Deletes the objects of runs that are not running (their controller was
+/// killed before it could): every owner whose run the store does not have
+/// as running. Returns the runs reaped.
+pub async fn reap(
+    client: &kube::Client,
+    ns: &str,
+    running: impl Fn(&str) -> bool,
+) -> crate::Result<Vec<String>> {
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let owners = cms
+        .list(&ListParams::default().labels(OWNER_SELECTOR))
+        .await
+        .map_err(|e| {
+            crate::Error::Agents(format!("listing runs' objects in {ns}: {}", kube_hint(&e)))
+        })?;
+    let mut reaped = Vec::new();
+    for cm in owners {
+        let Some(run) = cm
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("pgfleet.io/run"))
+            .cloned()
+        else {
+            continue;
+        };
+        if running(&run) {
+            continue;
+        }
+        if let Some(name) = &cm.metadata.name {
+            delete_owner(client, ns, name).await;
+            reaped.push(run);
+        }
+    }
+    Ok(reaped)
+}
+
+/// An API error with what to do about the usual ones.
+fn kube_hint(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) if s.code == 403 => format!(
+            "{}: the controller's ServiceAccount lacks a permission; apply deploy/base/role.yaml",
+            s.message
+        ),
+        kube::Error::Api(s) if s.code == 404 && s.message.contains("namespaces") => {
+            format!("{}: create the namespace, or pass --namespace", s.message)
+        }
+        kube::Error::Api(s) => format!("{} ({})", s.message, s.reason),
+        e => e.to_string(),
+    }
+}
+
+/// Follows a run's pods until stopped; reports each agent that is gone.
+async fn watch_pods(
+    client: kube::Client,
+    opts: KubeOptions,
+    run_id: String,
+    agents: Vec<String>,
+    events: mpsc::Sender<Event>,
+    state: watch::Sender<HashMap<String, PodState>>,
+    stop: CancellationToken,
+) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &opts.namespace);
+    let kube_events: Api<KubeEvent> = Api::namespaced(client, &opts.namespace);
+    let cfg = watcher::Config::default().labels(&run_selector(&run_id));
+    let mut stream = watcher(pods, cfg).default_backoff().boxed();
+    let started = Instant::now();
+    // Pods not seen Running yet, and since when (launch time).
+    let mut pending: HashMap<String, Instant> =
+        agents.iter().map(|a| (a.clone(), started)).collect();
+    let mut last: HashMap<String, Pod> = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        let ev = tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => None,
+            ev = stream.next() => match ev {
+                Some(ev) => Some(ev),
+                None => return,
+            },
+        };
+        let mut gone: Vec<(String, String)> = Vec::new();
+        match ev {
+            Some(Ok(WatchEvent::Apply(p) | WatchEvent::InitApply(p))) => {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let phase = p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.phase.clone())
+                    .unwrap_or_default();
+                if phase != "Pending" && !phase.is_empty() {
+                    pending.remove(&name);
+                }
+                if let Some(why) = pod_ended(&p) {
+                    gone.push((name.clone(), why));
+                }
+                state.send_modify(|m| m.entry(name.clone()).or_default().phase = phase);
+                last.insert(name, p);
+            }
+            Some(Ok(WatchEvent::Delete(p))) => {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                gone.push((name.clone(), format!("pod {name} was deleted")));
+                last.remove(&name);
+            }
+            Some(Ok(WatchEvent::Init | WatchEvent::InitDone)) => {}
+            Some(Err(e)) => tracing::warn!(run = %run_id, "watching the run's pods: {e}"),
+            None => {
+                let now = Instant::now();
+                let late: Vec<String> = pending
+                    .iter()
+                    .filter(|(_, since)| now.duration_since(**since) > opts.pending_timeout)
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                for name in late {
+                    pending.remove(&name);
+                    let why = pending_reason(last.get(&name), &kube_events, &name).await;
+                    gone.push((
+                        name.clone(),
+                        format!(
+                            "pod {name} still Pending after {:?}: {why}",
+                            opts.pending_timeout
+                        ),
+                    ));
+                }
+            }
+        }
+        for (name, why) in gone {
+            let first = {
+                let mut first = false;
+                state.send_modify(|m| {
+                    let p = m.entry(name.clone()).or_default();
+                    first = !p.gone;
+                    p.gone = true;
+                });
+                first
+            };
+            pending.remove(&name);
+            if first && agents.contains(&name) {
+                tracing::warn!(run = %run_id, "{why}");
+                let _ = events
+                    .send(Event::Gone {
+                        agent_id: name,
+                        why,
+                    })
+                    .await;
+            }
+        }
+    }
+}
+
+/// Why a pod's agent is gone for good, if it is: the pod failed or ended,
+/// or is being deleted (evicted through the API, or by hand).
+fn pod_ended(p: &Pod) -> Option<String> {
+    let name = p.metadata.name.clone().unwrap_or_default();
+    if p.metadata.deletion_timestamp.is_some() {
+        return Some(format!("pod {name} is being deleted"));
+    }
+    let st = p.status.as_ref()?;
+    let phase = st.phase.as_deref().unwrap_or_default();
+    if phase != "Failed" && phase != "Succeeded" {
+        return None;
+    }
+    let mut why = format!("pod {name} {}", phase.to_lowercase());
+    if let Some(r) = &st.reason {
+        why.push_str(&format!(": {r}"));
+    }
+    if let Some(m) = &st.message {
+        why.push_str(&format!(": {m}"));
+    }
+    for c in st.container_statuses.iter().flatten() {
+        if let Some(t) = c.state.as_ref().and_then(|s| s.terminated.as_ref()) {
+            why.push_str(&format!(
+                "; container {} {} (exit code {})",
+                c.name,
+                t.reason.as_deref().unwrap_or("terminated"),
+                t.exit_code
+            ));
+            if let Some(m) = &t.message {
+                why.push_str(&format!(": {m}"));
+            }
+        }
+    }
+    Some(why)
+}
+
+/// Why a pod is still Pending: its unmet conditions, its containers'
+/// waiting reasons (ErrImagePull...), and its latest warning events
+/// (FailedScheduling, FailedMount, ProvisioningFailed...).
+async fn pending_reason(p: Option<&Pod>, kube_events: &Api<KubeEvent>, name: &str) -> String {
+    let mut why = Vec::new();
+    let Some(p) = p else {
+        return "the pod was never seen (was it created?)".into();
+    };
+    if let Some(st) = &p.status {
+        for c in st.conditions.iter().flatten() {
+            if c.status == "False" {
+                why.push(format!(
+                    "{}: {}{}",
+                    c.type_,
+                    c.reason.as_deref().unwrap_or("False"),
+                    c.message
+                        .as_deref()
+                        .map(|m| format!(": {m}"))
+                        .unwrap_or_default()
+                ));
+            }
+        }
+        for c in st.container_statuses.iter().flatten() {
+            if let Some(w) = c.state.as_ref().and_then(|s| s.waiting.as_ref()) {
+                why.push(format!(
+                    "container {} waiting: {}{}",
+                    c.name,
+                    w.reason.as_deref().unwrap_or("?"),
+                    w.message
+                        .as_deref()
+                        .map(|m| format!(": {m}"))
+                        .unwrap_or_default()
+                ));
+            }
+        }
+    }
+    let lp = ListParams::default().fields(&format!("involvedObject.name={name}"));
+    if let Ok(list) = kube_events.list(&lp).await {
+        let mut warnings: Vec<&KubeEvent> = list
+            .items
+            .iter()
+            .filter(|e| e.type_.as_deref() == Some("Warning"))
+            .collect();
+        warnings.sort_by_key(|e| e.last_timestamp.clone().map(|t| t.0));
+        if let Some(e) = warnings.last() {
+            why.push(format!(
+                "event {}: {}",
+                e.reason.as_deref().unwrap_or("?"),
+                e.message.as_deref().unwrap_or("")
+            ));
+        }
+    }
+    if why.is_empty() {
+        "no condition or event says why".into()
+    } else {
+        why.join("; ")
+    }
+}
