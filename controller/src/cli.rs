@@ -197,8 +197,8 @@ pub struct KubeArgs {
     /// The pods' imagePullPolicy.
     #[arg(long, default_value = "IfNotPresent")]
     pub agent_image_pull_policy: String,
-    /// The Secret holding the join token (key `token`) the pods mount.
-    #[arg(long, default_value = "pgfleet-join-token")]
+    /// The Secret holding the join token (key `join-token`) the pods mount.
+    #[arg(long, default_value = "pgfleet-tokens")]
     pub agent_token_secret: String,
     /// A Secret holding the CA (key `ca.pem`) agents trust, when the
     /// agent session is TLS.

@@ -11,7 +11,13 @@
 # of the class under test as its data root (a volume at /data).
 FROM pgfleet-base:bookworm
 COPY pgfleet-agent /usr/local/bin/pgfleet-agent
-RUN mkdir -p /data && chown postgres:postgres /data && chmod 0700 /data
+# A fixed uid/gid (10001), which Kubernetes pods run as and give their
+# volume to (controller/src/agents/kubernetes.rs: AGENT_UID).
+RUN old_uid=$(id -u postgres) old_gid=$(id -g postgres) \
+ && groupmod -g 10001 postgres && usermod -u 10001 -g 10001 postgres \
+ && find / -xdev -uid "$old_uid" -exec chown -h postgres {} + \
+ && find / -xdev -gid "$old_gid" -exec chgrp -h postgres {} + \
+ && mkdir -p /data && chown postgres:postgres /data && chmod 0700 /data
 ENV PGFLEET_DATA_ROOT=/data \
     PGFLEET_PG_BIN=/usr/lib/postgresql/15/bin \
     PGFLEET_PG_USER=postgres \

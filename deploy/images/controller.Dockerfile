@@ -7,7 +7,9 @@
 #       --tls-cert /run/pgfleet/cert.pem --tls-key /run/pgfleet/key.pem
 FROM pgfleet-base:bookworm
 COPY pgfleet /usr/local/bin/pgfleet
-RUN useradd --system --home-dir /var/lib/pgfleet --shell /usr/sbin/nologin pgfleet \
+# A fixed uid/gid (10002), which deploy/base's Deployment runs as.
+RUN groupadd --system --gid 10002 pgfleet \
+ && useradd --system --uid 10002 --gid 10002 --home-dir /var/lib/pgfleet --shell /usr/sbin/nologin pgfleet \
  && mkdir -p /var/lib/pgfleet && chown pgfleet:pgfleet /var/lib/pgfleet
 ENV PGFLEET_STORE=/var/lib/pgfleet/pgfleet.db \
     PGFLEET_LOG=info

@@ -57,7 +57,8 @@ pub struct KubeOptions {
     pub image_pull_policy: String,
     /// What agents dial: the controller Service's gRPC address.
     pub controller_url: String,
-    /// The Secret holding the join token under key `token`.
+    /// The Secret holding the join token under key `join-token`
+    /// (deploy/base's `pgfleet-tokens`).
     pub token_secret: String,
     /// A Secret holding the controller's CA under key `ca.pem`, for an
     /// https:// controller URL.
@@ -76,7 +77,7 @@ impl Default for KubeOptions {
             image: "pgfleet-agent:dev".into(),
             image_pull_policy: "IfNotPresent".into(),
             controller_url: "http://pgfleet-controller.pgfleet.svc:7070".into(),
-            token_secret: "pgfleet-join-token".into(),
+            token_secret: "pgfleet-tokens".into(),
             ca_secret: None,
             pending_timeout: Duration::from_secs(600),
             exit_grace: Duration::from_secs(60),
@@ -403,7 +404,7 @@ fn agent_objects(
         json!({"name": "data", "persistentVolumeClaim": {"claimName": format!("{name}-data")}}),
         json!({"name": "join-token", "secret": {
             "secretName": opts.token_secret,
-            "items": [{"key": "token", "path": "token"}],
+            "items": [{"key": "join-token", "path": "token"}],
             "defaultMode": 0o440,
         }}),
     ];

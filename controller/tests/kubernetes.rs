@@ -1,0 +1,1274 @@
+//! The Kubernetes agent source, the manifests in deploy/ and the
+//! Kubernetes dry run of a scenario.
+//!
+//! No Kubernetes API server can run on these machines (no registry to pull
+//! one from, no kubelet), so the source talks to a FAKE API server here, in
+//! the pattern of kube-rs's controller-rs (`src/fixtures.rs`): a tower-test
+//! mock service in place of the HTTP connection, and a task that answers
+//! each request like the API server would (objects created with uids and
+//! resource versions, label-selected lists, a watch stream of the pods'
+//! changes, foreground deletion with the garbage collector's propagation to
+//! owned objects) and records every request, whose method, path and body the
+//! tests then assert. Everything else is real: the scheduler, the store and
+//! the gRPC service in `the_run_fails_with_the_reason_*`, `kubectl kustomize`
+//! and `kubernetes-validate` (PyPI, the Kubernetes 1.33 schemas) for the
+//! manifests, and the `pgfleet` binary for the dry run.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use common::{Scratch, pgfleet, show};
+use pgfleet_controller::agents::AgentSource;
+use pgfleet_controller::agents::kubernetes::{self, KubeAgents, KubeOptions};
+use pgfleet_controller::api::Event;
+use pgfleet_controller::scenario;
+
+const NS: &str = "bench";
+const KUBE_VERSION: &str = "1.33.0";
+
+type Body = BoxBody<Bytes, Infallible>;
+type Chunk = Result<Frame<Bytes>, Infallible>;
+
+/// One request the source made.
+#[derive(Debug, Clone)]
+struct Recorded {
+    method: String,
+    path: String,
+    query: String,
+    body: Value,
+}
+
+#[derive(Default)]
+struct State {
+    /// (resource, name) -> object
+    objects: BTreeMap<(String, String), Value>,
+    requests: Vec<Recorded>,
+    watchers: Vec<mpsc::UnboundedSender<Chunk>>,
+    /// core/v1 Events, answered to `involvedObject.name=` field selectors.
+    events: Vec<Value>,
+    /// resource -> status code: creating one of these fails.
+    refuse_create: BTreeMap<String, u16>,
+    version: u64,
+}
+
+/// The fake API server (see the file's comment).
+#[derive(Clone, Default)]
+struct FakeApi {
+    state: Arc<Mutex<State>>,
+}
+
+impl FakeApi {
+    /// A client of a new fake API server, and the server.
+    fn start() -> (kube::Client, FakeApi) {
+        let (service, mut handle) =
+            tower_test::mock::pair::<Request<kube::client::Body>, Response<Body>>();
+        let fake = FakeApi::default();
+        let f = fake.clone();
+        tokio::spawn(async move {
+            while let Some((req, send)) = handle.next_request().await {
+                let f = f.clone();
+                tokio::spawn(async move {
+                    send.send_response(f.answer(req).await);
+                });
+            }
+        });
+        (kube::Client::new(service, NS), fake)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap()
+    }
+
+    fn requests(&self) -> Vec<Recorded> {
+        self.lock().requests.clone()
+    }
+
+    fn object(&self, resource: &str, name: &str) -> Option<Value> {
+        self.lock()
+            .objects
+            .get(&(resource.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    fn names(&self, resource: &str) -> Vec<String> {
+        self.lock()
+            .objects
+            .keys()
+            .filter(|(r, _)| r == resource)
+            .map(|(_, n)| n.clone())
+            .collect()
+    }
+
+    /// Puts an object as if another party (kubelet, a user) had made it.
+    fn put(&self, resource: &str, mut obj: Value) {
+        let mut st = self.lock();
+        st.version += 1;
+        obj["metadata"]["resourceVersion"] = json!(st.version.to_string());
+        if obj["metadata"]["uid"].is_null() {
+            obj["metadata"]["uid"] = json!(format!("uid-{}", st.version));
+        }
+        let name = obj["metadata"]["name"].as_str().unwrap().to_string();
+        st.objects.insert((resource.into(), name), obj.clone());
+        if resource == "pods" {
+            broadcast(&mut st, "ADDED", &obj);
+        }
+    }
+
+    /// The kubelet (or the scheduler, or an eviction) changes a pod.
+    fn update_pod(&self, name: &str, change: impl FnOnce(&mut Value)) {
+        let mut st = self.lock();
+        st.version += 1;
+        let v = st.version.to_string();
+        let pod = st
+            .objects
+            .get_mut(&("pods".to_string(), name.to_string()))
+            .unwrap_or_else(|| panic!("no pod {name}"));
+        change(pod);
+        pod["metadata"]["resourceVersion"] = json!(v);
+        let pod = pod.clone();
+        broadcast(&mut st, "MODIFIED", &pod);
+    }
+
+    /// Someone deletes a pod (kubectl delete, a node drain).
+    fn delete_pod(&self, name: &str) {
+        let mut st = self.lock();
+        if let Some(pod) = st.objects.remove(&("pods".to_string(), name.to_string())) {
+            broadcast(&mut st, "DELETED", &pod);
+        }
+    }
+
+    fn add_event(&self, pod: &str, reason: &str, message: &str) {
+        self.lock().events.push(json!({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": format!("{pod}.{reason}"), "namespace": NS},
+            "involvedObject": {"kind": "Pod", "name": pod, "namespace": NS},
+            "type": "Warning", "reason": reason, "message": message,
+            "lastTimestamp": "2026-12-01T10:00:00Z",
+        }));
+    }
+
+    async fn answer(&self, req: Request<kube::client::Body>) -> Response<Body> {
+        let method = req.method().to_string();
+        let path = req.uri().path().to_string();
+        let query = req.uri().query().unwrap_or_default().to_string();
+        let bytes = req.into_body().collect_bytes().await.unwrap_or_default();
+        let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        self.lock().requests.push(Recorded {
+            method: method.clone(),
+            path: path.clone(),
+            query: query.clone(),
+            body: body.clone(),
+        });
+        let q: BTreeMap<String, String> = url_pairs(&query);
+        // /api/v1/namespaces/{ns}/{resource}[/{name}]
+        let parts: Vec<&str> = path
+            .trim_start_matches("/api/v1/namespaces/")
+            .split('/')
+            .collect();
+        if !path.starts_with("/api/v1/namespaces/") || parts[0] != NS || parts.len() < 2 {
+            return status(404, "NotFound", &format!("no route {method} {path}"));
+        }
+        let resource = parts[1].to_string();
+        let name = parts.get(2).map(|s| s.to_string());
+        match (method.as_str(), name) {
+            ("POST", None) => self.create(&resource, body),
+            ("GET", None) if q.get("watch").is_some_and(|w| w == "true" || w == "1") => {
+                let (tx, rx) = mpsc::unbounded_channel();
+                self.lock().watchers.push(tx);
+                let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
+                Response::new(StreamBody::new(stream).boxed())
+            }
+            ("GET", None) => self.list(&resource, &q),
+            ("DELETE", Some(name)) => self.delete(&resource, &name, &body),
+            _ => status(405, "MethodNotAllowed", &format!("{method} {path}")),
+        }
+    }
+
+    fn create(&self, resource: &str, mut obj: Value) -> Response<Body> {
+        let mut st = self.lock();
+        if let Some(code) = st.refuse_create.get(resource) {
+            return status(
+                *code,
+                "Forbidden",
+                &format!(
+                    "{resource} is forbidden: User \"system:serviceaccount:{NS}:pgfleet-controller\" cannot create resource \"{resource}\""
+                ),
+            );
+        }
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if st
+            .objects
+            .contains_key(&(resource.to_string(), name.clone()))
+        {
+            return status(
+                409,
+                "AlreadyExists",
+                &format!("{resource} \"{name}\" already exists"),
+            );
+        }
+        st.version += 1;
+        obj["metadata"]["uid"] = json!(format!("uid-{}-{}", resource, st.version));
+        obj["metadata"]["resourceVersion"] = json!(st.version.to_string());
+        obj["metadata"]["creationTimestamp"] = json!("2026-12-01T10:00:00Z");
+        if resource == "pods" {
+            obj["status"] = json!({"phase": "Pending"});
+            broadcast(&mut st, "ADDED", &obj);
+        }
+        st.objects.insert((resource.to_string(), name), obj.clone());
+        json_response(201, &obj)
+    }
+
+    fn list(&self, resource: &str, q: &BTreeMap<String, String>) -> Response<Body> {
+        let st = self.lock();
+        let items: Vec<Value> = if resource == "events" {
+            let want = q
+                .get("fieldSelector")
+                .and_then(|f| f.strip_prefix("involvedObject.name="))
+                .unwrap_or_default();
+            st.events
+                .iter()
+                .filter(|e| e["involvedObject"]["name"] == want)
+                .cloned()
+                .collect()
+        } else {
+            let selector = q.get("labelSelector").cloned().unwrap_or_default();
+            st.objects
+                .iter()
+                .filter(|((r, _), o)| r == resource && matches(&selector, &o["metadata"]["labels"]))
+                .map(|(_, o)| o.clone())
+                .collect()
+        };
+        json_response(
+            200,
+            &json!({"apiVersion": "v1", "kind": "List",
+                    "metadata": {"resourceVersion": st.version.to_string()}, "items": items}),
+        )
+    }
+
+    /// Foreground deletion: the owner, then (the garbage collector) every
+    /// object whose owner reference names its uid.
+    fn delete(&self, resource: &str, name: &str, _opts: &Value) -> Response<Body> {
+        let mut st = self.lock();
+        let Some(obj) = st.objects.remove(&(resource.to_string(), name.to_string())) else {
+            return status(404, "NotFound", &format!("{resource} \"{name}\" not found"));
+        };
+        let uid = obj["metadata"]["uid"].clone();
+        let owned: Vec<(String, String)> = st
+            .objects
+            .iter()
+            .filter(|(_, o)| {
+                o["metadata"]["ownerReferences"]
+                    .as_array()
+                    .is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid))
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in owned {
+            if let Some(o) = st.objects.remove(&k)
+                && k.0 == "pods"
+            {
+                broadcast(&mut st, "DELETED", &o);
+            }
+        }
+        json_response(200, &obj)
+    }
+}
+
+fn broadcast(st: &mut State, kind: &str, obj: &Value) {
+    let line = format!("{}\n", json!({"type": kind, "object": obj}));
+    st.watchers
+        .retain(|w| w.send(Ok(Frame::data(Bytes::from(line.clone())))).is_ok());
+}
+
+/// `a=b,c=d` label selectors (equality only, as the source writes them).
+fn matches(selector: &str, labels: &Value) -> bool {
+    selector
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .all(|kv| match kv.split_once('=') {
+            Some((k, v)) => labels[k] == v,
+            None => false,
+        })
+}
+
+fn url_pairs(q: &str) -> BTreeMap<String, String> {
+    q.split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), percent_decode(v)))
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let Ok(x) = u8::from_str_radix(&s[i + 1..i + 3], 16)
+        {
+            out.push(x);
+            i += 3;
+            continue;
+        }
+        out.push(if b[i] == b'+' { b' ' } else { b[i] });
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).to_string()
+}
+
+fn json_response(code: u16, v: &Value) -> Response<Body> {
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(v.to_string())).boxed())
+        .unwrap()
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Response<Body> {
+    json_response(
+        code,
+        &json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+                "message": message, "reason": reason, "code": code}),
+    )
+}
+
+const SCENARIO: &str = r#"
+name: k8s-test
+fleet:
+  - name: nvme
+    count: 2
+    instance: { type: m6id.4xlarge }
+    storage: { profile: nvme, storage_class: local-nvme, size: 800GiB }
+    kubernetes:
+      requests: { cpu: 15, memory: 54GiB }
+      node_selector: { pgfleet.io/pool: nvme }
+      tolerations:
+        - { key: pgfleet.io/benchmark, operator: Exists, effect: NoSchedule }
+  - name: gp3
+    count: 1
+    instance: { type: m6id.4xlarge }
+    storage: { profile: gp3, emulate: false, storage_class: gp3, size: 100GiB }
+workloads:
+  - kind: pgbench
+    scale: 1
+    duration_s: 5
+"#;
+
+fn scenario() -> scenario::Scenario {
+    scenario::parse(Path::new("k8s-test.yaml"), SCENARIO).unwrap()
+}
+
+fn options() -> KubeOptions {
+    KubeOptions {
+        namespace: NS.into(),
+        image: "registry.example/pgfleet-agent:0.1.0".into(),
+        controller_url: "http://pgfleet-controller.bench.svc:7070".into(),
+        pending_timeout: Duration::from_secs(600),
+        exit_grace: Duration::from_secs(5),
+        ..KubeOptions::default()
+    }
+}
+
+async fn gone(rx: &mut mpsc::Receiver<Event>) -> (String, String) {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await {
+            Ok(Some(Event::Gone { agent_id, why })) => return (agent_id, why),
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the source's event channel closed"),
+            Err(_) => panic!("no agent reported gone within 10 s"),
+        }
+    }
+}
+
+async fn until(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..200 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+const RUN: &str = "20261201-100000-abcdef";
+
+#[tokio::test]
+async fn launch_creates_an_owner_then_a_volume_and_a_pod_per_agent_and_the_end_deletes_them_by_propagation()
+ {
+    let (client, fake) = FakeApi::start();
+    let (tx, _rx) = mpsc::channel(64);
+    let mut agents = KubeAgents::launch(client, &scenario(), RUN, &options(), tx)
+        .await
+        .unwrap();
+    let ids: Vec<String> = agents
+        .launched()
+        .iter()
+        .map(|l| l.agent_id.clone())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            "pgfleet-20261201-100000-abcdef-nvme-0",
+            "pgfleet-20261201-100000-abcdef-nvme-1",
+            "pgfleet-20261201-100000-abcdef-gp3-0"
+        ]
+    );
+    let creates: Vec<Recorded> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST")
+        .collect();
+    let order: Vec<String> = creates
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {}",
+                r.path.rsplit('/').next().unwrap(),
+                r.body["metadata"]["name"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "configmaps pgfleet-run-20261201-100000-abcdef",
+            "persistentvolumeclaims pgfleet-20261201-100000-abcdef-nvme-0-data",
+            "pods pgfleet-20261201-100000-abcdef-nvme-0",
+            "persistentvolumeclaims pgfleet-20261201-100000-abcdef-nvme-1-data",
+            "pods pgfleet-20261201-100000-abcdef-nvme-1",
+            "persistentvolumeclaims pgfleet-20261201-100000-abcdef-gp3-0-data",
+            "pods pgfleet-20261201-100000-abcdef-gp3-0",
+        ],
+        "the owner first, then each agent's volume before its pod"
+    );
+    let owner = fake
+        .object("configmaps", "pgfleet-run-20261201-100000-abcdef")
+        .unwrap();
+    let owner_uid = owner["metadata"]["uid"].as_str().unwrap().to_string();
+    assert_eq!(owner["metadata"]["labels"]["pgfleet.io/run"], RUN);
+    assert_eq!(
+        owner["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+        "pgfleet"
+    );
+
+    for r in &creates[1..] {
+        let m = &r.body["metadata"];
+        let refs = m["ownerReferences"].as_array().unwrap();
+        assert_eq!(refs.len(), 1, "{}", r.body);
+        assert_eq!(
+            refs[0]["uid"],
+            owner_uid.as_str(),
+            "owned by the run's ConfigMap"
+        );
+        assert_eq!(refs[0]["kind"], "ConfigMap");
+        assert_eq!(refs[0]["controller"], true);
+        assert_eq!(refs[0]["blockOwnerDeletion"], true);
+        assert_eq!(m["labels"]["pgfleet.io/run"], RUN);
+        assert_eq!(m["labels"]["app.kubernetes.io/part-of"], "pgfleet");
+        assert_eq!(m["labels"]["app.kubernetes.io/managed-by"], "pgfleet");
+    }
+    // The volume: the class's storage class and size.
+    let pvc = &creates[1].body;
+    assert_eq!(pvc["spec"]["storageClassName"], "local-nvme");
+    assert_eq!(pvc["spec"]["resources"]["requests"]["storage"], "800Gi");
+    assert_eq!(pvc["spec"]["accessModes"], json!(["ReadWriteOnce"]));
+    assert_eq!(pvc["metadata"]["labels"]["pgfleet.io/class"], "nvme");
+    assert_eq!(creates[5].body["spec"]["storageClassName"], "gp3");
+    assert_eq!(
+        creates[5].body["spec"]["resources"]["requests"]["storage"],
+        "100Gi"
+    );
+
+    // The pod: on the instance type's node pool, alone on its node.
+    let pod = &creates[2].body;
+    let spec = &pod["spec"];
+    assert_eq!(pod["metadata"]["labels"]["pgfleet.io/class"], "nvme");
+    assert_eq!(
+        pod["metadata"]["labels"]["app.kubernetes.io/name"],
+        "pgfleet-agent"
+    );
+    assert_eq!(
+        spec["nodeSelector"]["node.kubernetes.io/instance-type"],
+        "m6id.4xlarge"
+    );
+    assert_eq!(spec["nodeSelector"]["pgfleet.io/pool"], "nvme");
+    let anti =
+        &spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0];
+    assert_eq!(anti["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(
+        anti["labelSelector"]["matchLabels"]["app.kubernetes.io/name"],
+        "pgfleet-agent"
+    );
+    assert_eq!(
+        spec["tolerations"],
+        json!([{"key": "pgfleet.io/benchmark", "operator": "Exists", "effect": "NoSchedule"}])
+    );
+    assert_eq!(spec["restartPolicy"], "Never");
+    let c = &spec["containers"][0];
+    assert_eq!(c["image"], "registry.example/pgfleet-agent:0.1.0");
+    assert_eq!(
+        c["resources"]["requests"],
+        json!({"cpu": "15", "memory": "54Gi"})
+    );
+    let env: BTreeMap<String, Value> = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap().to_string(), e.clone()))
+        .collect();
+    assert_eq!(
+        env["PGFLEET_CONTROLLER"]["value"],
+        "http://pgfleet-controller.bench.svc:7070"
+    );
+    assert_eq!(
+        env["PGFLEET_AGENT_ID"]["value"],
+        "pgfleet-20261201-100000-abcdef-nvme-0"
+    );
+    assert_eq!(env["PGFLEET_INSTANCE_CLASS"]["value"], "nvme");
+    assert_eq!(env["PGFLEET_DATA_ROOT"]["value"], "/data");
+    assert_eq!(
+        env["PGFLEET_ADVERTISE_ADDRESS"]["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP",
+        "the pod IP is the advertised address"
+    );
+    let token_dir = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "join-token")
+        .unwrap()["mountPath"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        env["PGFLEET_TOKEN_FILE"]["value"],
+        format!("{token_dir}/token")
+    );
+    let volumes = spec["volumes"].as_array().unwrap();
+    let data = volumes.iter().find(|v| v["name"] == "data").unwrap();
+    assert_eq!(
+        data["persistentVolumeClaim"]["claimName"], "pgfleet-20261201-100000-abcdef-nvme-0-data",
+        "the volume is the data root"
+    );
+    let token = volumes.iter().find(|v| v["name"] == "join-token").unwrap();
+    assert_eq!(token["secret"]["secretName"], "pgfleet-tokens");
+    assert_eq!(token["secret"]["items"][0]["key"], "join-token");
+    // The gp3 class has no node selector beyond its instance type.
+    assert_eq!(
+        creates[6].body["spec"]["nodeSelector"],
+        json!({"node.kubernetes.io/instance-type": "m6id.4xlarge"})
+    );
+
+    // The agents run, then exit after the controller's shutdown.
+    for id in &ids {
+        fake.update_pod(id, |p| {
+            p["status"] = json!({"phase": "Running", "podIP": "10.0.0.7"})
+        });
+    }
+    for id in &ids {
+        fake.update_pod(id, |p| p["status"]["phase"] = json!("Succeeded"));
+    }
+    let t = std::time::Instant::now();
+    agents.shutdown().await;
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "pods that ended need no wait: {:?}",
+        t.elapsed()
+    );
+    let delete = fake
+        .requests()
+        .into_iter()
+        .find(|r| r.method == "DELETE")
+        .expect("the end deletes the run's owner");
+    assert_eq!(
+        delete.path,
+        format!("/api/v1/namespaces/{NS}/configmaps/pgfleet-run-{RUN}")
+    );
+    assert_eq!(
+        delete.body["propagationPolicy"], "Foreground",
+        "{}",
+        delete.body
+    );
+    assert!(fake.names("pods").is_empty(), "{:?}", fake.names("pods"));
+    assert!(fake.names("persistentvolumeclaims").is_empty());
+    assert!(fake.names("configmaps").is_empty());
+}
+
+#[tokio::test]
+async fn a_failed_evicted_or_deleted_pod_loses_its_agent_at_once() {
+    let (client, fake) = FakeApi::start();
+    let (tx, mut rx) = mpsc::channel(64);
+    let mut agents = KubeAgents::launch(client, &scenario(), RUN, &options(), tx)
+        .await
+        .unwrap();
+    let ids: Vec<String> = agents
+        .launched()
+        .iter()
+        .map(|l| l.agent_id.clone())
+        .collect();
+    for id in &ids {
+        fake.update_pod(id, |p| p["status"] = json!({"phase": "Running"}));
+    }
+    // Evicted by the kubelet (node pressure): phase Failed, reason Evicted.
+    fake.update_pod(&ids[0], |p| {
+        p["status"] = json!({"phase": "Failed", "reason": "Evicted",
+            "message": "The node was low on resource: ephemeral-storage."})
+    });
+    let (id, why) = gone(&mut rx).await;
+    assert_eq!(id, ids[0]);
+    assert!(
+        why.contains("Evicted") && why.contains("low on resource"),
+        "{why}"
+    );
+    // The agent crashed: its container ended with an error.
+    fake.update_pod(&ids[1], |p| {
+        p["status"] = json!({"phase": "Failed", "containerStatuses": [{
+            "name": "agent", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
+            "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]})
+    });
+    let (id, why) = gone(&mut rx).await;
+    assert_eq!(id, ids[1]);
+    assert!(why.contains("OOMKilled") && why.contains("137"), "{why}");
+    // Deleted (kubectl delete pod, a drain): gone at once.
+    fake.delete_pod(&ids[2]);
+    let (id, why) = gone(&mut rx).await;
+    assert_eq!(id, ids[2]);
+    assert!(why.contains("deleted"), "{why}");
+    // Each once.
+    fake.update_pod(&ids[0], |p| {
+        p["metadata"]["labels"]["touched"] = json!("yes")
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), rx.recv())
+            .await
+            .is_err(),
+        "an agent is reported gone once"
+    );
+    agents.shutdown().await;
+    assert!(fake.names("pods").is_empty());
+}
+
+#[tokio::test]
+async fn a_pod_pending_past_the_timeout_is_given_up_with_the_reason_from_its_conditions_and_events()
+{
+    let (client, fake) = FakeApi::start();
+    let (tx, mut rx) = mpsc::channel(64);
+    let opts = KubeOptions {
+        pending_timeout: Duration::from_secs(2),
+        ..options()
+    };
+    let mut agents = KubeAgents::launch(client, &scenario(), RUN, &opts, tx)
+        .await
+        .unwrap();
+    let ids: Vec<String> = agents
+        .launched()
+        .iter()
+        .map(|l| l.agent_id.clone())
+        .collect();
+    // nvme-0: no node of the pool; nvme-1: its image cannot be pulled;
+    // gp3-0: runs (not given up).
+    fake.update_pod(&ids[0], |p| {
+        p["status"] = json!({"phase": "Pending", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."}]})
+    });
+    fake.add_event(
+        &ids[0],
+        "FailedScheduling",
+        "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector.",
+    );
+    fake.update_pod(&ids[1], |p| {
+        p["status"] = json!({"phase": "Pending", "containerStatuses": [{
+            "name": "agent", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
+            "state": {"waiting": {"reason": "ImagePullBackOff",
+                "message": "Back-off pulling image \"registry.example/pgfleet-agent:0.1.0\""}}}]})
+    });
+    fake.update_pod(&ids[2], |p| p["status"] = json!({"phase": "Running"}));
+    let mut reasons = BTreeMap::new();
+    for _ in 0..2 {
+        let (id, why) = gone(&mut rx).await;
+        reasons.insert(id, why);
+    }
+    let a = &reasons[&ids[0]];
+    assert!(a.contains("still Pending after 2s"), "{a}");
+    assert!(
+        a.contains("Unschedulable") && a.contains("didn't match Pod's node affinity/selector"),
+        "{a}"
+    );
+    assert!(a.contains("event FailedScheduling"), "{a}");
+    let b = &reasons[&ids[1]];
+    assert!(
+        b.contains("ImagePullBackOff") && b.contains("Back-off pulling image"),
+        "{b}"
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_secs(3), rx.recv())
+            .await
+            .is_err(),
+        "a running pod is not given up"
+    );
+    agents.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_refused_create_deletes_what_was_made_and_says_which_permission() {
+    let (client, fake) = FakeApi::start();
+    fake.lock().refuse_create.insert("pods".into(), 403);
+    let (tx, _rx) = mpsc::channel(64);
+    let err = match KubeAgents::launch(client, &scenario(), RUN, &options(), tx).await {
+        Ok(_) => panic!("a refused pod must fail the launch"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("creating Pod") && err.contains("role.yaml"),
+        "{err}"
+    );
+    assert!(fake.names("configmaps").is_empty(), "the owner is deleted");
+    assert!(
+        fake.names("persistentvolumeclaims").is_empty(),
+        "and the volume with it"
+    );
+}
+
+#[tokio::test]
+async fn reap_deletes_the_objects_of_runs_that_are_not_running() {
+    let (client, fake) = FakeApi::start();
+    for (run, status) in [
+        ("run-a", "running"),
+        ("run-b", "succeeded"),
+        ("run-c", "gone"),
+    ] {
+        let owner = format!("pgfleet-run-{run}");
+        fake.put(
+            "configmaps",
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": owner, "namespace": NS,
+                "labels": {"app.kubernetes.io/managed-by": "pgfleet", "app.kubernetes.io/component": "run",
+                           "pgfleet.io/run": run, "status-in-test": status}}}),
+        );
+        let uid = fake.object("configmaps", &owner).unwrap()["metadata"]["uid"].clone();
+        fake.put(
+            "pods",
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": format!("pgfleet-{run}-x-0"), "namespace": NS,
+                "labels": {"pgfleet.io/run": run},
+                "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": owner, "uid": uid}]}}),
+        );
+    }
+    // Not pgfleet's: left alone.
+    fake.put(
+        "configmaps",
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "someone-else", "namespace": NS}}),
+    );
+    let reaped = kubernetes::reap(&client, NS, |run| run == "run-a")
+        .await
+        .unwrap();
+    assert_eq!(reaped, ["run-b", "run-c"]);
+    assert_eq!(
+        fake.names("configmaps"),
+        ["pgfleet-run-run-a", "someone-else"]
+    );
+    assert_eq!(fake.names("pods"), ["pgfleet-run-a-x-0"]);
+    let list = fake
+        .requests()
+        .into_iter()
+        .find(|r| r.method == "GET")
+        .unwrap();
+    assert!(
+        url_pairs(&list.query)["labelSelector"].contains("app.kubernetes.io/managed-by=pgfleet"),
+        "{}",
+        list.query
+    );
+}
+
+/// A run whose pods never leave Pending ends, failed, with the reason, and
+/// leaves nothing behind: the real scheduler, store and gRPC service.
+#[tokio::test]
+async fn the_run_fails_with_the_reason_when_its_pods_stay_pending() {
+    use pgfleet_controller::service::{Agents, RunSpec, Service, ServiceConfig};
+    use pgfleet_controller::store::{Owner, RunStatus};
+    let s = Scratch::new("k8s-pending");
+    let (client, fake) = FakeApi::start();
+    let cfg = ServiceConfig {
+        store: s.store(),
+        bind: "127.0.0.1:0".parse().unwrap(),
+        advertise_url: None,
+        lease: Duration::from_secs(10),
+        registration_timeout: Duration::from_secs(120),
+        tls_cert: None,
+        tls_key: None,
+        tls_ca: None,
+        join_token_file: None,
+        pool: true,
+        interactive: false,
+    };
+    std::fs::create_dir_all(s.store().parent().unwrap()).unwrap();
+    let mut service = Service::build(&cfg).unwrap();
+    service.listen().await.unwrap();
+    let sc = scenario();
+    let cells = scenario::plan(&sc);
+    let run_id = "20261201-120000-000001";
+    service
+        .store
+        .create_run(
+            run_id,
+            "k8s-test",
+            "k8s-test.yaml",
+            SCENARIO,
+            Owner::Serve,
+            None,
+        )
+        .unwrap();
+    service.store.start_run(run_id).unwrap();
+    for (i, c) in cells.iter().enumerate() {
+        service.store.insert_cell(run_id, i, c).unwrap();
+    }
+    let opts = KubeOptions {
+        pending_timeout: Duration::from_secs(2),
+        ..options()
+    };
+    let f = fake.clone();
+    let kubelet = tokio::spawn(async move {
+        // The scheduler finds no node: every pod stays Pending.
+        until("the pods", || f.names("pods").len() == 3).await;
+        for name in f.names("pods") {
+            f.update_pod(&name, |p| {
+                p["status"] = json!({"phase": "Pending", "conditions": [{
+                    "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                    "message": "0/2 nodes are available: 2 Insufficient cpu."}]})
+            });
+        }
+    });
+    let spec = RunSpec {
+        run_id,
+        scenario: &sc,
+        cells,
+        estimated_wall: 10.0,
+    };
+    let status = tokio::time::timeout(
+        Duration::from_secs(60),
+        service.execute(
+            spec,
+            Agents::Kubernetes {
+                client: &client,
+                opts: &opts,
+            },
+            tokio_util::sync::CancellationToken::new(),
+            None,
+        ),
+    )
+    .await
+    .expect("the run ends well before its registration timeout")
+    .unwrap();
+    kubelet.await.unwrap();
+    assert_eq!(status, RunStatus::Failed);
+    let cells = service.store.cells(run_id).unwrap();
+    assert!(!cells.is_empty());
+    for c in &cells {
+        assert_eq!(c.state, "failed", "{c:?}");
+        let e = c.error.clone().unwrap_or_default();
+        assert!(
+            e.contains("still Pending") && e.contains("Insufficient cpu"),
+            "{e}"
+        );
+    }
+    assert!(fake.names("pods").is_empty(), "the run's pods are deleted");
+    assert!(fake.names("persistentvolumeclaims").is_empty());
+    assert!(fake.names("configmaps").is_empty());
+    service.shutdown().await;
+}
+
+/// Every request the source makes on every path is allowed by deploy/'s
+/// Role, and the Role grants nothing the source does not use.
+#[tokio::test]
+async fn every_request_is_allowed_by_the_role_and_the_role_grants_no_more() {
+    let (client, fake) = FakeApi::start();
+    // Launch, watch, a failure, a Pending pod, the end, and a reap.
+    let (tx, mut rx) = mpsc::channel(64);
+    let opts = KubeOptions {
+        pending_timeout: Duration::from_secs(1),
+        ..options()
+    };
+    let mut agents = KubeAgents::launch(client.clone(), &scenario(), RUN, &opts, tx)
+        .await
+        .unwrap();
+    let ids: Vec<String> = agents
+        .launched()
+        .iter()
+        .map(|l| l.agent_id.clone())
+        .collect();
+    fake.update_pod(&ids[0], |p| p["status"] = json!({"phase": "Failed"}));
+    fake.update_pod(&ids[2], |p| p["status"] = json!({"phase": "Running"}));
+    gone(&mut rx).await;
+    gone(&mut rx).await;
+    agents.shutdown().await;
+    fake.put(
+        "configmaps",
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "pgfleet-run-old", "namespace": NS,
+            "labels": {"app.kubernetes.io/managed-by": "pgfleet", "app.kubernetes.io/component": "run", "pgfleet.io/run": "old"}}}),
+    );
+    kubernetes::reap(&client, NS, |_| false).await.unwrap();
+
+    let used: std::collections::BTreeSet<(String, String)> = fake
+        .requests()
+        .iter()
+        .map(|r| {
+            let parts: Vec<&str> = r
+                .path
+                .trim_start_matches("/api/v1/namespaces/")
+                .split('/')
+                .collect();
+            let named = parts.len() > 2;
+            let verb = match (r.method.as_str(), named) {
+                ("POST", _) => "create",
+                ("GET", false)
+                    if url_pairs(&r.query)
+                        .get("watch")
+                        .is_some_and(|w| w == "true") =>
+                {
+                    "watch"
+                }
+                ("GET", false) => "list",
+                ("GET", true) => "get",
+                ("DELETE", _) => "delete",
+                ("PATCH", _) => "patch",
+                ("PUT", _) => "update",
+                (m, _) => panic!("unexpected method {m}"),
+            };
+            (parts[1].to_string(), verb.to_string())
+        })
+        .collect();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let text = std::fs::read_to_string(repo.join("deploy/base/rbac.yaml")).unwrap();
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+    let role = docs
+        .iter()
+        .find(|d| d["kind"] == "Role")
+        .expect("a Role in deploy/base/rbac.yaml");
+    let mut granted = std::collections::BTreeSet::new();
+    for rule in role["rules"].as_array().unwrap() {
+        assert_eq!(rule["apiGroups"], json!([""]), "core resources only");
+        for res in rule["resources"].as_array().unwrap() {
+            for verb in rule["verbs"].as_array().unwrap() {
+                granted.insert((
+                    res.as_str().unwrap().to_string(),
+                    verb.as_str().unwrap().to_string(),
+                ));
+            }
+        }
+    }
+    let denied: Vec<_> = used.difference(&granted).collect();
+    assert!(
+        denied.is_empty(),
+        "requests the Role does not allow: {denied:?}"
+    );
+    let unused: Vec<_> = granted.difference(&used).collect();
+    assert!(
+        unused.is_empty(),
+        "the Role grants what the source never uses: {unused:?}"
+    );
+}
+
+fn kubernetes_validate() -> std::path::PathBuf {
+    let venv = Path::new("/opt/pgfleet-venv/bin/kubernetes-validate");
+    assert!(
+        venv.exists(),
+        "{} missing: .ci/run installs it (pip install kubernetes-validate)",
+        venv.display()
+    );
+    venv.to_path_buf()
+}
+
+fn validate_objects(yaml: &str, what: &str) {
+    use std::io::Write;
+    let mut child = Command::new(kubernetes_validate())
+        .args(["--strict", "--quiet", "-k", KUBE_VERSION, "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(yaml.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{what} is not valid Kubernetes {KUBE_VERSION}: {}",
+        show(&out)
+    );
+}
+
+/// `kubectl kustomize` of every overlay is valid Kubernetes (strict), and
+/// names the images deploy/images builds.
+#[test]
+fn every_overlay_renders_to_valid_objects_that_name_the_images_deploy_builds() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let s = Scratch::new("kustomize");
+    // A copy of deploy/ with the tokens file the user makes.
+    let deploy = s.dir.join("deploy");
+    let cp = Command::new("cp")
+        .arg("-r")
+        .arg(repo.join("deploy"))
+        .arg(&s.dir)
+        .output()
+        .unwrap();
+    assert!(cp.status.success(), "{}", show(&cp));
+    let _ = std::fs::remove_file(deploy.join("base/tokens.env"));
+    std::fs::copy(
+        deploy.join("base/tokens.env.example"),
+        deploy.join("base/tokens.env"),
+    )
+    .unwrap();
+    let build = std::fs::read_to_string(repo.join("deploy/images/build.sh")).unwrap();
+    for overlay in ["eks", "local"] {
+        let out = Command::new("kubectl")
+            .arg("kustomize")
+            .arg(deploy.join("overlays").join(overlay))
+            .output()
+            .expect("kubectl (for `kubectl kustomize`) is installed");
+        assert!(out.status.success(), "kustomize {overlay}: {}", show(&out));
+        let yaml = String::from_utf8(out.stdout).unwrap();
+        validate_objects(&yaml, &format!("overlays/{overlay}"));
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&yaml).unwrap();
+        let kinds: Vec<String> = docs
+            .iter()
+            .map(|d| d["kind"].as_str().unwrap().to_string())
+            .collect();
+        for k in [
+            "Namespace",
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
+            "Secret",
+            "Deployment",
+            "Service",
+            "PersistentVolumeClaim",
+        ] {
+            assert!(
+                kinds.iter().any(|x| x == k),
+                "{overlay} lacks a {k}: {kinds:?}"
+            );
+        }
+        let deploy_obj = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+        assert_eq!(deploy_obj["spec"]["strategy"]["type"], "Recreate");
+        let c = &deploy_obj["spec"]["template"]["spec"]["containers"][0];
+        let args: Vec<String> = c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect();
+        let agent_image = args
+            .iter()
+            .find_map(|a| a.strip_prefix("--agent-image="))
+            .unwrap_or_else(|| panic!("{overlay}: no --agent-image in {args:?}"));
+        assert!(
+            args.contains(&"--agents=kubernetes".to_string()),
+            "{args:?}"
+        );
+        for (image, repo_name) in [
+            (c["image"].as_str().unwrap(), "pgfleet-controller"),
+            (agent_image, "pgfleet-agent"),
+        ] {
+            let name = image.rsplit('/').next().unwrap().split(':').next().unwrap();
+            assert_eq!(name, repo_name, "{overlay}: {image}");
+            assert!(
+                build.contains(&format!("-t \"{repo_name}:$tag\"")),
+                "deploy/images/build.sh does not build {repo_name}"
+            );
+        }
+        // Every object in the namespace the controller creates runs in.
+        for d in &docs {
+            if !matches!(d["kind"].as_str(), Some("Namespace" | "StorageClass")) {
+                assert_eq!(d["metadata"]["namespace"], "pgfleet", "{}", d["metadata"]);
+            }
+        }
+        if overlay == "eks" {
+            let classes: BTreeMap<String, Value> = docs
+                .iter()
+                .filter(|d| d["kind"] == "StorageClass")
+                .map(|d| {
+                    (
+                        d["metadata"]["name"].as_str().unwrap().to_string(),
+                        d.clone(),
+                    )
+                })
+                .collect();
+            assert_eq!(classes["gp3"]["parameters"]["iops"], "3000");
+            assert_eq!(classes["gp3"]["parameters"]["throughput"], "125");
+            assert_eq!(
+                classes["local-nvme"]["volumeBindingMode"],
+                "WaitForFirstConsumer"
+            );
+            // The at-scale scenario's storage classes exist in this overlay.
+            let sc = scenario::load(&repo.join("scenarios/at-scale/nvme-vs-ebs.yaml")).unwrap();
+            for f in &sc.fleet.value {
+                let class = &f
+                    .storage
+                    .as_ref()
+                    .unwrap()
+                    .storage_class
+                    .as_ref()
+                    .unwrap()
+                    .value;
+                assert!(
+                    classes.contains_key(class),
+                    "no StorageClass {class} in overlays/eks"
+                );
+            }
+        }
+    }
+    // The controller's uid is the one its image runs as.
+    let dockerfile =
+        std::fs::read_to_string(repo.join("deploy/images/controller.Dockerfile")).unwrap();
+    let base = std::fs::read_to_string(repo.join("deploy/base/controller.yaml")).unwrap();
+    assert!(dockerfile.contains("--uid 10002") && base.contains("runAsUser: 10002"));
+    let agent = std::fs::read_to_string(repo.join("deploy/images/agent.Dockerfile")).unwrap();
+    assert!(agent.contains("usermod -u 10001") && kubernetes::AGENT_UID == 10001);
+}
+
+/// The seeds' Experiment 1 as a dry run: 8 agents on two node pools, each
+/// with a volume of its storage class; valid objects.
+#[test]
+fn the_at_scale_scenario_plans_eight_agents_on_two_node_pools() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let out = Command::new(pgfleet())
+        .args(["validate", "--kubernetes", "--namespace", "pgfleet"])
+        .arg(repo.join("scenarios/at-scale/nvme-vs-ebs.yaml"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    let yaml = String::from_utf8(out.stdout.clone()).unwrap();
+    let summary = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(summary.contains("8 agents on 2 node pools"), "{summary}");
+    validate_objects(&yaml, "the dry run");
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&yaml).unwrap();
+    let pods: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "Pod").collect();
+    let pvcs: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "PersistentVolumeClaim")
+        .collect();
+    assert_eq!((pods.len(), pvcs.len()), (8, 8));
+    let mut pools = BTreeMap::new();
+    for p in &pods {
+        assert_eq!(
+            p["spec"]["nodeSelector"]["node.kubernetes.io/instance-type"],
+            "m6id.4xlarge"
+        );
+        *pools
+            .entry(
+                p["spec"]["nodeSelector"]["pgfleet.io/pool"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            )
+            .or_insert(0) += 1;
+    }
+    assert_eq!(
+        pools,
+        BTreeMap::from([("gp3".to_string(), 4), ("nvme".to_string(), 4)])
+    );
+    let mut classes = BTreeMap::new();
+    for v in &pvcs {
+        assert_eq!(v["spec"]["resources"]["requests"]["storage"], "800Gi");
+        *classes
+            .entry(v["spec"]["storageClassName"].as_str().unwrap().to_string())
+            .or_insert(0) += 1;
+    }
+    assert_eq!(
+        classes,
+        BTreeMap::from([("gp3".to_string(), 4), ("local-nvme".to_string(), 4)])
+    );
+}
+
+/// Kubernetes keys are validated like the rest, with file:line errors; a
+/// class that asks pods to emulate storage caps is refused for Kubernetes.
+#[test]
+fn kubernetes_keys_get_located_errors() {
+    let s = Scratch::new("k8s-keys");
+    let cases = [
+        (
+            "    kubernetes: { tolerations: [ { key: a, operator: Sometimes } ] }\n",
+            5,
+            "toleration operator",
+        ),
+        (
+            "    storage: { profile: nvme, storage_class: Fast_SSD }\n",
+            5,
+            "StorageClass name",
+        ),
+        (
+            "    storage: { profile: nvme, size: 10MiB }\n",
+            5,
+            "at least 1GiB",
+        ),
+        (
+            "    kubernetes: { requests: { cpu: 0 } }\n",
+            5,
+            "0.001..=1024",
+        ),
+        (
+            "    kubernetes: { node_selector: { \"bad key!\": x } }\n",
+            5,
+            "not a node label key",
+        ),
+    ];
+    for (line, at, want) in cases {
+        let text = format!(
+            "name: t\nfleet:\n  - name: a\n    count: 1\n{line}workloads:\n  - kind: pgbench\n    scale: 1\n"
+        );
+        let p = s.write("t.yaml", &text);
+        let out = Command::new(pgfleet())
+            .arg("validate")
+            .arg(&p)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{line}: {}", show(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("t.yaml:{at}:")) && err.contains(want),
+            "{line}: {err}"
+        );
+    }
+    // Valid in general, refused as pods: gp3's caps would be emulated.
+    let p = s.write(
+        "gp3.yaml",
+        "name: t\nfleet:\n  - name: a\n    storage: { profile: gp3 }\nworkloads:\n  - kind: pgbench\n    scale: 1\n",
+    );
+    let out = Command::new(pgfleet())
+        .arg("validate")
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    let out = Command::new(pgfleet())
+        .args(["validate", "--kubernetes"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("gp3.yaml:4:") && err.contains("emulate: false"),
+        "{err}"
+    );
+}
