@@ -203,7 +203,7 @@ fn sigkill_of_an_agent_fails_its_cell_within_the_lease_and_the_rest_completes() 
     let killed_at = common::kill_agent(&s.data(), &victim_agent);
 
     let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert_eq!(out.status.code(), Some(3), "{}", show(&out));
     let r = s.report();
     assert_eq!(r["status"], "failed");
     let cells = r["cells"].as_array().unwrap();
@@ -497,7 +497,7 @@ workloads:
 ",
     );
     let out = s.run_cmd(&sc, &[]).output().unwrap();
-    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert_eq!(out.status.code(), Some(3), "{}", show(&out));
     let r = s.report();
     assert_eq!(r["status"], "failed");
     let err = r["cells"][0]["error"].as_str().unwrap();
@@ -694,7 +694,7 @@ workloads:
             .env("HOME", &s.dir);
     }
     let out = cmd.output().unwrap();
-    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert_eq!(out.status.code(), Some(3), "{}", show(&out));
     let r = s.report();
     assert_eq!(r["status"], "failed");
     let err = r["cells"][0]["error"].as_str().unwrap();
@@ -726,10 +726,16 @@ fleet:
     instance: { memory: 96MiB, cpus: 1 }
     storage: { profile: nvme }
     postgres: { settings: { shared_buffers: 24MB, maintenance_work_mem: 16MB } }
+  # gp3's reads scaled with the instance: this test's cluster has 1 CPU
+  # and 4 clients, a sixteenth of the seeds' m6id.4xlarge with 64, so its
+  # volume reads at a sixteenth of gp3's 3,000 IOPS. At gp3's full caps the
+  # host's own disk (0.25-0.5 ms a read on some of these machines) decides
+  # as much as the cap does. Throughput keeps gp3's 125 MiB/s, so that
+  # the load's large sequential reads and writes stay quick.
   - name: gp3
     count: 1
     instance: { memory: 96MiB, cpus: 1 }
-    storage: { profile: gp3 }
+    storage: { profile: custom, read_iops: 190, read_mbps: 125, write_iops: 3000, write_mbps: 125 }
     postgres: { settings: { shared_buffers: 24MB, maintenance_work_mem: 16MB } }
 workloads:
   - kind: pgbench
@@ -763,12 +769,10 @@ workloads:
         "tps nvme {nvme:.0} gp3 {gp3:.0}; page read ms nvme {read_nvme:.3} gp3 {read_gp3:.3}"
     );
     // The facts the emulation decides: gp3's reads reach its capped device
-    // and take several times nvme's; TPS follows, by a margin that depends
-    // on what else the host's disk is doing (3.3x to 7x seen alone, 1.9x
-    // right after a test that wrote container images), so it is only
-    // required to be clearly lower.
+    // and take several times nvme's; TPS follows, clearly lower (the
+    // margin depends on the host's disk and what else it is doing).
     assert!(
-        nvme > 1.5 * gp3,
+        nvme > 2.0 * gp3,
         "nvme {nvme:.0} TPS vs gp3 {gp3:.0}: not clearly faster"
     );
     assert!(
@@ -779,10 +783,17 @@ workloads:
         read_gp3 > 0.5,
         "gp3 page reads at {read_gp3} ms never reached the capped device"
     );
-    let blocks = metric("gp3", "blocks_read");
+    // Reads reach the device in both (the data does not fit the memory):
+    // nvme's at the disk's pace, gp3's at its cap.
+    let blocks = metric("nvme", "blocks_read");
     assert!(
         blocks > 10_000.0,
-        "only {blocks} blocks read: the data stayed cached"
+        "only {blocks} blocks read on nvme: the data stayed cached"
+    );
+    let blocks = metric("gp3", "blocks_read");
+    assert!(
+        blocks > 1_000.0,
+        "only {blocks} blocks read on gp3: the data stayed cached"
     );
     let env = &r["environment"]["instance_classes"]["gp3"]["instance"];
     assert_eq!(env["emulated"], true);
