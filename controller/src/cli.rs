@@ -70,6 +70,14 @@ pub enum Command {
         #[command(flatten)]
         kube: KubeArgs,
     },
+    /// Compare two runs point by point: the candidate's median over clusters
+    /// divided by the baseline's, per instance class and metric, with a
+    /// bootstrap confidence interval and a verdict (faster, slower, no
+    /// difference). Each side is a run id in the store or a report.json
+    /// file (e.g. a baseline kept as a CI artifact). Gates make it a CI step:
+    ///
+    /// pgfleet compare baseline/report.json RUN_ID --fail-if 'tps < -5%' --fail-if 'latency_ms_p99 > 10%' --junit compare.xml
+    Compare(CompareArgs),
     /// Run the controller as a service: the agents' gRPC endpoint, the HTTP
     /// API CI submits runs to (OpenAPI at /openapi.json), health endpoints
     /// and the store, until SIGTERM or Ctrl-C. Runs execute in submission
@@ -139,11 +147,47 @@ pub struct SubmitArgs {
     /// With --wait: give up after this many seconds (cancels the run, exit 3).
     #[arg(long, requires = "wait")]
     pub timeout_s: Option<f64>,
+    /// With --wait: write the scenario's checks as JUnit XML (one test case
+    /// per check) for CI test tabs.
+    #[arg(long, requires = "wait")]
+    pub junit: Option<PathBuf>,
     /// Makes a retried submission return the run of the first one. Default:
     /// one per invocation (internal retries reuse it); pass your CI job's
     /// id (e.g. "$CI_JOB_ID") so a retried job does not start a second run.
     #[arg(long, env = "PGFLEET_IDEMPOTENCY_KEY")]
     pub idempotency_key: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CompareArgs {
+    /// The baseline: a run id in the store, or a report.json file.
+    pub baseline: String,
+    /// The candidate: a run id in the store, or a report.json file.
+    pub candidate: String,
+    /// The intervals' level.
+    #[arg(long, default_value_t = 0.95)]
+    pub confidence: f64,
+    /// Fail (exit 1) when a metric's change is conclusively beyond a
+    /// bound: 'tps < -5%' (fewer transactions by more than 5 %),
+    /// 'latency_ms_p99 > 10%'. Repeatable. An interval straddling the
+    /// bound fails too, unless --inconclusive-passes.
+    #[arg(long = "fail-if", value_name = "GATE")]
+    pub fail_if: Vec<String>,
+    /// Count gates whose interval straddles the bound as passed.
+    #[arg(long)]
+    pub inconclusive_passes: bool,
+    /// Output: markdown (a table) or json.
+    #[arg(long, value_enum, default_value_t = CompareFormat::Markdown)]
+    pub format: CompareFormat,
+    /// Write the gates as JUnit XML (one test case per gate and point).
+    #[arg(long)]
+    pub junit: Option<PathBuf>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompareFormat {
+    Markdown,
+    Json,
 }
 
 #[derive(clap::Args, Debug)]
@@ -257,6 +301,10 @@ pub struct RunArgs {
     /// on (e.g. 127.0.0.1:9187).
     #[arg(long)]
     pub metrics_addr: Option<SocketAddr>,
+    /// Write the scenario's checks as JUnit XML (one test case per check)
+    /// for CI test tabs.
+    #[arg(long)]
+    pub junit: Option<PathBuf>,
     #[command(flatten)]
     pub session: SessionArgs,
     /// The agent binary. Default: pgfleet-agent next to pgfleet, else PATH.

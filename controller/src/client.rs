@@ -43,7 +43,7 @@ impl ClientError {
             ClientError::Unavailable(_) => exit::INFRA,
             ClientError::Invalid(_) => exit::INVALID,
             ClientError::Refused { status: 401, .. } => exit::INVALID,
-            ClientError::Refused { .. } => exit::FAILED,
+            ClientError::Refused { .. } => exit::INVALID,
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod agents;
 pub mod api;
 pub mod cli;
 pub mod client;
+pub mod compare;
 pub mod http;
 pub mod hub;
 pub mod metrics;
@@ -21,6 +22,7 @@ pub mod scenario;
 pub mod scheduler;
 pub mod serve;
 pub mod service;
+pub mod stats;
 pub mod store;
 
 #[derive(Debug, thiserror::Error)]
@@ -51,38 +53,48 @@ impl Error {
         match self {
             Error::Scenario(_) | Error::Usage(_) => exit::INVALID,
             Error::Store(_) | Error::Agents(_) | Error::Server(_) => exit::INFRA,
-            Error::Report(_) => exit::FAILED,
+            Error::Report(_) => exit::INFRA,
         }
     }
 }
 
 /// The exit codes of `pgfleet run` and `pgfleet submit`, one table for both.
 pub mod exit {
-    /// Every cell succeeded.
+    /// Every cell succeeded and every check passed.
     pub const OK: u8 = 0;
-    /// A cell failed (the run's infrastructure worked).
+    /// A check failed, or was inconclusive: the numbers said no.
     pub const FAILED: u8 = 1;
     /// Invalid scenario or usage (nothing ran).
     pub const INVALID: u8 = 2;
-    /// The server or the run's infrastructure failed: unreachable after
-    /// retries, `--timeout` passed, agents could not start, the run was
-    /// interrupted.
+    /// A cell failed, or the server or the run's infrastructure did:
+    /// unreachable after retries, `--timeout` passed, an agent lost,
+    /// agents could not start, the run was interrupted.
     pub const INFRA: u8 = 3;
     /// Cancelled (Ctrl-C, `pgfleet cancel`, `DELETE /v1/runs/{id}`).
     pub const CANCELLED: u8 = 130;
 
     /// For `--help`.
-    pub const TABLE: &str = "Exit codes (run and submit): 0 every cell succeeded; 1 a cell failed; \
-2 invalid scenario or usage; 3 the server or the run's infrastructure failed (unreachable, \
---timeout passed, agents could not start, run interrupted); 130 cancelled.";
+    pub const TABLE: &str = "Exit codes (run, submit and compare): 0 every cell succeeded and every check \
+passed; 1 a check (or a compare gate) failed or was inconclusive: the numbers said no; \
+2 invalid scenario or usage; 3 a cell failed, or the server or the run's infrastructure did \
+(unreachable, --timeout passed, agent lost, agents could not start, run interrupted); 130 cancelled.";
 
-    /// The code for a run's final status.
+    /// The code for a run's final status, before its checks: a run
+    /// that succeeded is 0 here; `of_report` then looks at the checks.
     pub fn of_status(status: &str) -> u8 {
         match status {
             "succeeded" => OK,
             "cancelled" => CANCELLED,
-            "interrupted" => INFRA,
-            _ => FAILED,
+            _ => INFRA,
+        }
+    }
+
+    /// The code for a finished run's report: its status, then its checks
+    /// (1 when one failed or was inconclusive and counts as failed).
+    pub fn of_report(doc: &serde_json::Value) -> u8 {
+        match of_status(doc["status"].as_str().unwrap_or("")) {
+            OK if doc["check_summary"]["ok"] == false => FAILED,
+            code => code,
         }
     }
 }

@@ -8,7 +8,9 @@ use tokio_util::sync::CancellationToken;
 
 use pgfleet_controller::agents::kubernetes;
 use pgfleet_controller::agents::local::{LocalOptions, default_agent_bin};
-use pgfleet_controller::cli::{AgentsFrom, Cli, Command, KubeArgs, Remote, SessionArgs};
+use pgfleet_controller::cli::{
+    AgentsFrom, Cli, Command, CompareArgs, CompareFormat, KubeArgs, Remote, SessionArgs,
+};
 use pgfleet_controller::client::{Client, ClientError};
 use pgfleet_controller::run::{RunOptions, execute};
 use pgfleet_controller::serve::ServeOptions;
@@ -138,6 +140,33 @@ fn cancel_on_signals(what: &'static str) -> CancellationToken {
     cancel
 }
 
+/// The checks' verdicts on the terminal, and as JUnit XML when asked.
+fn verdicts(doc: &serde_json::Value, junit: Option<&std::path::Path>) -> Result<(), Failure> {
+    let checks = doc["checks"].as_array().cloned().unwrap_or_default();
+    for e in &checks {
+        let label = report::checks::point_label(e);
+        eprintln!(
+            "check {}{}: {}",
+            e["name"].as_str().unwrap_or(""),
+            if label.is_empty() {
+                String::new()
+            } else {
+                format!(" [{label}]")
+            },
+            report::checks::describe(e)
+        );
+    }
+    if let Some(err) = doc["check_error"].as_str() {
+        eprintln!("warning: checks not judged: {err}");
+    }
+    if let Some(path) = junit {
+        let suite = format!("pgfleet {}", doc["scenario"].as_str().unwrap_or(""));
+        std::fs::write(path, report::checks::junit(&suite, &checks))
+            .map_err(|e| Error::Usage(format!("writing the JUnit file {}: {e}", path.display())))?;
+    }
+    Ok(())
+}
+
 fn kube_options(k: &KubeArgs, controller_url: Option<String>) -> kubernetes::KubeOptions {
     let d = kubernetes::KubeOptions::default();
     kubernetes::KubeOptions {
@@ -152,8 +181,88 @@ fn kube_options(k: &KubeArgs, controller_url: Option<String>) -> kubernetes::Kub
     }
 }
 
+/// A report to compare: a report.json file, else a run id in the store.
+fn load_report(what: &str, store: &std::path::Path) -> Result<serde_json::Value, Failure> {
+    let path = std::path::Path::new(what);
+    if path.is_file() || what.ends_with(".json") {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Usage(format!("reading {what}: {e}")))?;
+        return Ok(serde_json::from_str(&text)
+            .map_err(|e| Error::Usage(format!("{what}: not a pgfleet report.json ({e})")))?);
+    }
+    let store = Store::open(store)?;
+    Ok(report::build(&store, what)?)
+}
+
+fn compare(args: CompareArgs, store: &std::path::Path) -> Result<u8, Failure> {
+    use pgfleet_controller::compare;
+    if !(0.5..=0.999).contains(&args.confidence) {
+        return Err(Error::Usage(format!(
+            "--confidence {} is out of range: allowed 0.5..=0.999",
+            args.confidence
+        ))
+        .into());
+    }
+    let gates = args
+        .fail_if
+        .iter()
+        .map(|g| compare::parse_gate(g))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(Error::Usage)?;
+    let base = load_report(&args.baseline, store)?;
+    let cand = load_report(&args.candidate, store)?;
+    let rows = compare::compare(&base, &cand, args.confidence);
+    if rows.is_empty() {
+        return Err(Error::Usage(format!(
+            "{} and {} have no point in common (same workload, parameters and instance class) with results on both sides",
+            args.baseline, args.candidate
+        ))
+        .into());
+    }
+    for g in &gates {
+        if !rows.iter().any(|r| r["metric"] == g.metric.as_str()) {
+            let mut known: Vec<&str> = rows.iter().filter_map(|r| r["metric"].as_str()).collect();
+            known.sort();
+            known.dedup();
+            return Err(Error::Usage(format!(
+                "--fail-if '{}': no compared point measures `{}`; they measure {}",
+                g.text,
+                g.metric,
+                known.join(", ")
+            ))
+            .into());
+        }
+    }
+    let judged = compare::judge_gates(&rows, &gates, args.inconclusive_passes);
+    match args.format {
+        CompareFormat::Markdown => print!(
+            "{}",
+            compare::markdown(&args.baseline, &args.candidate, &rows, &judged)
+        ),
+        CompareFormat::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "baseline": args.baseline, "candidate": args.candidate,
+                "confidence": args.confidence, "metrics": rows, "gates": judged,
+                "ok": judged.iter().all(|g| g["passes"] == true),
+            }))
+            .unwrap_or_default()
+        ),
+    }
+    if let Some(path) = &args.junit {
+        std::fs::write(path, report::checks::junit("pgfleet compare", &judged))
+            .map_err(|e| Error::Usage(format!("writing {}: {e}", path.display())))?;
+    }
+    Ok(if judged.iter().all(|g| g["passes"] == true) {
+        exit::OK
+    } else {
+        exit::FAILED
+    })
+}
+
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
+        Command::Compare(args) => compare(args, &cli.store),
         Command::Validate {
             scenario: path,
             kubernetes,
@@ -239,6 +348,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                 },
                 metrics_addr: args.metrics_addr,
             };
+            let junit = args.junit.clone();
             let summary = execute(opts, cancel).await?;
             let report = summary.report_dir.join("report.md");
             println!(
@@ -247,7 +357,8 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                 summary.status.as_str(),
                 report.display()
             );
-            Ok(exit::of_status(summary.status.as_str()))
+            verdicts(&summary.report, junit.as_deref())?;
+            Ok(exit::of_report(&summary.report))
         }
         Command::Serve(args) => {
             let shutdown = cancel_on_signals("stopping the server");
@@ -327,7 +438,9 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                 eprintln!("report: {}", out.join("report.md").display());
             }
             println!("run {id} {status}");
-            Ok(exit::of_status(&status))
+            let doc = c.get_json(&format!("/v1/runs/{id}/report.json")).await?;
+            verdicts(&doc, args.junit.as_deref())?;
+            Ok(exit::of_report(&doc))
         }
         Command::Status { run_id, remote } => {
             let c = client(&remote)?;

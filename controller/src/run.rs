@@ -30,6 +30,8 @@ pub struct RunSummary {
     pub run_id: String,
     pub status: RunStatus,
     pub report_dir: PathBuf,
+    /// report.json's document (with the checks' verdicts).
+    pub report: serde_json::Value,
 }
 
 /// A new run id: UTC time plus random bits, sortable and unique enough.
@@ -128,11 +130,12 @@ pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunS
         }
     };
     store.finish_run(&run_id, status)?;
-    report::write(&store, &run_id, &opts.out)?;
+    let report = report::write(&store, &run_id, &opts.out)?;
     Ok(RunSummary {
         run_id,
         status,
         report_dir: opts.out,
+        report,
     })
 }
 

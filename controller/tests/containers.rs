@@ -356,13 +356,13 @@ fn serve_and_four_agents_in_containers_survive_a_kill_a_cut_and_a_restart() {
     assert_eq!(after - before, 4, "each of the 4 cells assigned once");
 
     // 4. An agent container killed mid-run: its cell fails within the
-    // lease, the others finish, submit exits 1, nothing hangs.
+    // lease, the others finish, submit exits 3, nothing hangs.
     let child = submit(&s, &api, &longer, "out4");
     wait_running(&s, &d, &api, 4);
     docker_ok(&["kill", &d.name("slow-2")]);
     let killed = Instant::now();
     let (code, out) = finish(child);
-    assert_eq!(code, Some(1), "{out}\n{}", d.logs("ctl"));
+    assert_eq!(code, Some(3), "{out}\n{}", d.logs("ctl"));
     assert!(out.contains("agent slow-2 lost"), "{out}");
     assert!(
         killed.elapsed() < Duration::from_secs(60),

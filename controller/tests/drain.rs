@@ -283,7 +283,7 @@ fn a_killed_role_server_or_peer_agent_fails_its_cell_and_the_rest_goes_on() {
     let killed_at = common::kill_agent(&s.data(), &publisher);
 
     let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert_eq!(out.status.code(), Some(3), "{}", show(&out));
     let r = s.report();
     let cell = |id: &str| {
         r["cells"]

@@ -355,7 +355,7 @@ fn ci_submits_to_serve_and_static_agents_run_the_cells() {
         .arg("--wait")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert_eq!(out.status.code(), Some(3), "{}", show(&out));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("instance class `gp3` needs 1 agent(s); 0 idle")
@@ -549,7 +549,7 @@ fn ci_submits_to_serve_and_static_agents_run_the_cells() {
         std::fs::read(s.out().join("report.json")).unwrap()
     );
 
-    // An agent killed mid-run: its cell fails within the lease, exit 1,
+    // An agent killed mid-run: its cell fails within the lease, exit 3,
     // the other class's cell is unaffected.
     let long = scenario(&s, "long.yaml", "long", &["fast", "slow"], 30);
     let waiting = remote(&s, &api, &["submit"])
@@ -563,7 +563,7 @@ fn ci_submits_to_serve_and_static_agents_run_the_cells() {
     slow.signal(nix::sys::signal::Signal::SIGKILL);
     let killed = Instant::now();
     let out = waiting.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert_eq!(out.status.code(), Some(3), "{}", show(&out));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("agent slow-1 lost"), "{err}");
     assert!(

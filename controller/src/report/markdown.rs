@@ -21,6 +21,78 @@ const SECTIONS: &[(&str, Section)] = &[
 ];
 
 /// Returns the markdown and the plots it embeds (file name, SVG).
+/// The checks' verdicts, first: what a pipeline gates on.
+fn checks(md: &mut String, doc: &Json) {
+    let Some(list) = doc["checks"].as_array().filter(|l| !l.is_empty()) else {
+        return;
+    };
+    let sm = &doc["check_summary"];
+    let _ = writeln!(
+        md,
+        "## Checks: {}\n\n{} passed, {} failed, {} inconclusive (an interval straddling its bound counts as failed unless the check says `inconclusive: pass`).\n\n\
+         | | check | point | figure | observed | interval | bound | clusters |\n|---|---|---|---|---|---|---|---|",
+        if sm["ok"] == true { "passed" } else { "FAILED" },
+        sm["passed"],
+        sm["failed"],
+        sm["inconclusive"]
+    );
+    for e in list {
+        let mark = match (e["verdict"].as_str(), e["passes"] == true) {
+            (Some("passed"), _) => "✅ passed",
+            (Some("failed"), _) => "❌ failed",
+            (_, true) => "⚠️ inconclusive (counts as passed)",
+            _ => "⚠️ inconclusive",
+        };
+        let figure = match e["baseline"].as_str() {
+            Some(b) => format!(
+                "{} {} / {b}",
+                e["metric"].as_str().unwrap_or(""),
+                e["class"].as_str().unwrap_or("")
+            ),
+            None => format!(
+                "{} of {}",
+                e["metric"].as_str().unwrap_or(""),
+                e["class"].as_str().unwrap_or("")
+            ),
+        };
+        let f = |v: &Json| v.as_f64().map(sig).unwrap_or_else(|| "–".into());
+        let bound = match (e["min"].as_f64(), e["max"].as_f64()) {
+            (Some(lo), Some(hi)) => format!("{} … {}", sig(lo), sig(hi)),
+            (Some(lo), None) => format!("≥ {}", sig(lo)),
+            (None, Some(hi)) => format!("≤ {}", sig(hi)),
+            _ => String::new(),
+        };
+        let clusters = e["clusters"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| format!("{k}: {v}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default();
+        let _ = writeln!(
+            md,
+            "| {mark} | {} | {} | {figure} | {} | {:.0} %: {}–{} | {bound} | {clusters} |",
+            e["name"].as_str().unwrap_or(""),
+            super::checks::point_label(e),
+            f(&e["observed"]),
+            e["confidence"].as_f64().unwrap_or(0.95) * 100.0,
+            f(&e["interval"][0]),
+            f(&e["interval"][1]),
+        );
+    }
+    for e in list.iter().filter(|e| e["note"].is_string()) {
+        let _ = writeln!(
+            md,
+            "\n- {}: {}",
+            e["name"].as_str().unwrap_or(""),
+            e["note"].as_str().unwrap_or("")
+        );
+    }
+    md.push('\n');
+}
+
 pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
     let mut md = String::new();
     let mut plots = Vec::new();
@@ -36,6 +108,7 @@ pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
     let _ = writeln!(md, "| status | **{}** |", s(&doc["status"]));
     let _ = writeln!(md, "| started | {} |", s(&doc["started_at"]));
     let _ = writeln!(md, "| finished | {} |\n", s(&doc["finished_at"]));
+    checks(&mut md, doc);
 
     storage_classes(&mut md, doc);
 
@@ -391,6 +464,22 @@ pub fn ms(v: &Json) -> String {
     v.as_f64()
         .map(|x| format!("{x:.3}"))
         .unwrap_or_else(|| "–".into())
+}
+
+/// A figure with about 3 significant digits: 0.0123, 1.23, 123, 12346.
+pub fn sig(x: f64) -> String {
+    if !x.is_finite() {
+        return "–".into();
+    }
+    let a = x.abs();
+    let d = if a == 0.0 || a >= 100.0 {
+        0
+    } else if a >= 1.0 {
+        2
+    } else {
+        (2.0 - a.log10().floor()) as usize
+    };
+    format!("{x:.d$}")
 }
 
 pub fn num(v: &Json, digits: usize) -> String {

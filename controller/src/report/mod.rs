@@ -11,7 +11,10 @@
 //!            environment (a multi-role cell's: {<role>: ...})}],
 //!   results: [{workload, instance_class, agent, cell_id, params, metrics}],
 //!   summaries: [{workload, script, params, classes: {<class>: {<metric>: {median, min, max, values}, cells}}}],
-//!   comparisons: [{workload, script, metric, baseline_class, class, ratio}],
+//!   summaries[].entry / comparisons[].entry: the workload entry's index,
+//!   comparisons: [{entry, workload, script, metric, baseline_class, class, ratio}],
+//!   checks, check_summary: see `checks.rs`; check_error: the stored
+//!   scenario no longer parses (no checks judged),
 //!   timeseries: {<cell_id>: [{second, tps, latency_ms_mean, latency_ms_p50, latency_ms_p99}]},
 //!   samples: {<sample kind>: {<cell_id>: [<as the workload sent it>]}}}`
 //!   (every sample kind but the sampler's `pg_stat` and the `second`s above;
@@ -32,8 +35,9 @@ use serde_json::{Value as Json, json};
 use crate::store::Store;
 use crate::{Error, Result};
 
+pub mod checks;
 mod logical_drain;
-mod markdown;
+pub mod markdown;
 mod pgbench;
 mod pgbench_init;
 pub mod plot;
@@ -97,6 +101,14 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
         })
         .collect();
     let (summaries, comparisons) = summarize(&results);
+    // The checks of the scenario as it was run (stored with the run).
+    let (checks, check_error) = match store.scenario_yaml(run_id)? {
+        Some(yaml) => match crate::scenario::parse(Path::new(&run.scenario_path), &yaml) {
+            Ok(sc) => (checks::evaluate(&sc.checks(), &summaries), None),
+            Err(e) => (Vec::new(), Some(e.to_string())),
+        },
+        None => (Vec::new(), None),
+    };
     let mut timeseries = serde_json::Map::new();
     for (cell, data) in store.samples(run_id, "second")? {
         let e = timeseries.entry(cell).or_insert_with(|| json!([]));
@@ -141,6 +153,9 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
         "results": results,
         "summaries": summaries,
         "comparisons": comparisons,
+        "check_summary": checks::summary(&checks),
+        "checks": checks,
+        "check_error": check_error,
         "timeseries": timeseries,
         "samples": samples,
     }))
@@ -148,14 +163,13 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    crate::stats::median(v)
+}
+
+/// The workload entry (index in `workloads`) a cell belongs to: its id
+/// starts `w<index>-`.
+fn entry_of(cell_id: &str) -> Option<usize> {
+    cell_id.strip_prefix('w')?.split('-').next()?.parse().ok()
 }
 
 /// Groups results of the same kind and point parameters by instance class:
@@ -165,7 +179,8 @@ fn median(v: &mut [f64]) -> f64 {
 fn summarize(results: &[Json]) -> (Vec<Json>, Vec<Json>) {
     let mut groups: Vec<(String, Vec<&Json>)> = Vec::new();
     for r in results {
-        let key = format!("{}{}", r["workload"], r["params"]);
+        let entry = entry_of(r["cell_id"].as_str().unwrap_or(""));
+        let key = format!("{entry:?}{}{}", r["workload"], r["params"]);
         match groups.iter_mut().find(|(k, _)| *k == key) {
             Some((_, v)) => v.push(r),
             None => groups.push((key, vec![r])),
@@ -213,7 +228,9 @@ fn summarize(results: &[Json]) -> (Vec<Json>, Vec<Json>) {
             per_class.insert(c.clone(), Json::Object(m));
         }
         let first = &rs[0];
+        let entry = entry_of(first["cell_id"].as_str().unwrap_or(""));
         summaries.push(json!({
+            "entry": entry,
             "workload": first["workload"],
             "script": first["params"]["script"],
             "params": first["params"],
@@ -230,6 +247,7 @@ fn summarize(results: &[Json]) -> (Vec<Json>, Vec<Json>) {
                 ) && *b != 0.0
                 {
                     comparisons.push(json!({
+                        "entry": entry,
                         "workload": first["workload"], "script": first["params"]["script"],
                         "metric": metric, "baseline_class": base, "class": c, "ratio": x / b,
                     }));
@@ -240,8 +258,9 @@ fn summarize(results: &[Json]) -> (Vec<Json>, Vec<Json>) {
     (summaries, comparisons)
 }
 
-/// Writes report.json, report.md and the plots into `dir`.
-pub fn write(store: &Store, run_id: &str, dir: &Path) -> Result<()> {
+/// Writes report.json, report.md and the plots into `dir`; returns the
+/// report document.
+pub fn write(store: &Store, run_id: &str, dir: &Path) -> Result<Json> {
     let doc = build(store, run_id)?;
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::Report(format!("creating {}: {e}", dir.display())))?;
@@ -258,5 +277,5 @@ pub fn write(store: &Store, run_id: &str, dir: &Path) -> Result<()> {
         write(name, svg)?;
     }
     write("report.md", &md)?;
-    Ok(())
+    Ok(doc)
 }

@@ -72,10 +72,102 @@ pub struct Scenario {
     pub fleet: Spanned<Vec<FleetEntry>>,
     /// Each entry's `kind` picks the keys it takes (`pgfleet_proto::workload`).
     pub workloads: Spanned<Vec<WorkloadEntry>>,
+    /// Verdicts on the results: bounds on a class's figure, or on the ratio
+    /// of two classes' figures, judged with confidence intervals.
+    #[serde(default)]
+    pub checks: Vec<CheckSpec>,
     /// Per workload entry, its cells' (id stem, parameters), from
     /// validation (`validate` fills it; `plan` reads it).
     #[serde(skip)]
     pub units: Vec<Vec<(String, Params)>>,
+}
+
+/// One check as written:
+/// `{name, metric: {name, class} | ratio: {metric, class, baseline}, min, max, confidence}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckSpec {
+    pub name: Spanned<String>,
+    /// A class's figure (the median over its clusters).
+    #[serde(default)]
+    pub metric: Option<MetricRef>,
+    /// A class's figure divided by a baseline class's.
+    #[serde(default)]
+    pub ratio: Option<RatioRef>,
+    #[serde(default)]
+    pub min: Option<Spanned<f64>>,
+    #[serde(default)]
+    pub max: Option<Spanned<f64>>,
+    /// The interval's level (default 0.95).
+    #[serde(default)]
+    pub confidence: Option<Spanned<f64>>,
+    /// What an interval straddling the bound counts as: `fail` (default)
+    /// or `pass`.
+    #[serde(default)]
+    pub inconclusive: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricRef {
+    pub name: Spanned<String>,
+    pub class: Spanned<String>,
+    /// The workload entry (index in `workloads`); default: every entry
+    /// that measures the metric.
+    #[serde(default)]
+    pub workload: Option<Spanned<usize>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RatioRef {
+    pub metric: Spanned<String>,
+    pub class: Spanned<String>,
+    pub baseline: Spanned<String>,
+    #[serde(default)]
+    pub workload: Option<Spanned<usize>>,
+}
+
+/// A validated check, as reports judge it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Check {
+    pub name: String,
+    pub metric: String,
+    pub class: String,
+    /// Set for a ratio: `class / baseline`.
+    pub baseline: Option<String>,
+    pub workload: Option<usize>,
+    pub min: Option<f64>,
+    pub max: Option<f64>,
+    pub confidence: f64,
+    pub inconclusive_passes: bool,
+}
+
+impl Scenario {
+    /// The checks, resolved (validated already).
+    pub fn checks(&self) -> Vec<Check> {
+        self.checks
+            .iter()
+            .filter_map(|c| {
+                let (metric, class, baseline, workload) = match (&c.metric, &c.ratio) {
+                    (Some(m), _) => (&m.name, &m.class, None, &m.workload),
+                    (None, Some(r)) => (&r.metric, &r.class, Some(&r.baseline), &r.workload),
+                    (None, None) => return None,
+                };
+                Some(Check {
+                    name: c.name.value.clone(),
+                    metric: metric.value.clone(),
+                    class: class.value.clone(),
+                    baseline: baseline.map(|b| b.value.clone()),
+                    workload: workload.as_ref().map(|w| w.value),
+                    min: c.min.as_ref().map(|x| x.value),
+                    max: c.max.as_ref().map(|x| x.value),
+                    confidence: c.confidence.as_ref().map(|x| x.value).unwrap_or(0.95),
+                    inconclusive_passes: c.inconclusive.as_ref().is_some_and(|x| x.value == "pass"),
+                })
+            })
+            .collect()
+    }
 }
 
 /// The first pass over a scenario: only its workloads' kinds.

@@ -216,6 +216,7 @@ pub fn validate(s: &Scenario) -> Result<Vec<Vec<(String, Params)>>, Invalid> {
             }
         }
     }
+    validate_checks(s, &classes)?;
     if s.workloads.value.is_empty() {
         return err(
             s.workloads.referenced,
@@ -350,6 +351,144 @@ fn validate_kubernetes(k: &super::KubeSpec, at: &dyn Fn(&str) -> String) -> Resu
         }
     }
     Ok(())
+}
+
+fn validate_checks(s: &Scenario, classes: &BTreeSet<String>) -> Result<(), Invalid> {
+    let mut names = BTreeSet::new();
+    for (i, c) in s.checks.iter().enumerate() {
+        let at = |k: &str| format!("checks[{i}].{k}");
+        if c.name.value.trim().is_empty() || c.name.value.len() > 200 {
+            return err(
+                c.name.referenced,
+                at("name"),
+                "a check needs a name of 1-200 characters",
+            );
+        }
+        if !names.insert(c.name.value.clone()) {
+            return err(
+                c.name.referenced,
+                at("name"),
+                format!("check `{}` is listed twice", c.name.value),
+            );
+        }
+        let (metric, class, workload, base) = match (&c.metric, &c.ratio) {
+            (Some(m), None) => (&m.name, &m.class, &m.workload, "metric"),
+            (None, Some(r)) => {
+                if r.baseline.value == r.class.value {
+                    return err(
+                        r.baseline.referenced,
+                        at("ratio.baseline"),
+                        "the baseline must be another class than `class`",
+                    );
+                }
+                known_class(&r.baseline, at("ratio.baseline"), classes)?;
+                (&r.metric, &r.class, &r.workload, "ratio")
+            }
+            _ => {
+                return err(
+                    c.name.referenced,
+                    at("name"),
+                    "a check has either `metric: {name, class}` or `ratio: {metric, class, baseline}`",
+                );
+            }
+        };
+        known_class(class, at(&format!("{base}.class")), classes)?;
+        // The metrics the selected workload entries compare between classes.
+        let entries: Vec<(usize, &WorkloadEntry)> = match workload {
+            Some(w) => match s.workloads.value.get(w.value) {
+                Some(e) => vec![(w.value, e)],
+                None => {
+                    return err(
+                        w.referenced,
+                        at(&format!("{base}.workload")),
+                        format!(
+                            "{} is out of range: the scenario has {} workload entries (0-based)",
+                            w.value,
+                            s.workloads.value.len()
+                        ),
+                    );
+                }
+            },
+            None => s.workloads.value.iter().enumerate().collect(),
+        };
+        let mut allowed: Vec<&str> = Vec::new();
+        for (_, e) in &entries {
+            for m in pgfleet_proto::workload::info(&e.kind.value)
+                .map(|k| k.compared)
+                .unwrap_or(&[])
+            {
+                if !allowed.contains(m) {
+                    allowed.push(m);
+                }
+            }
+        }
+        if !allowed.contains(&metric.value.as_str()) {
+            let field = if base == "metric" {
+                "metric.name"
+            } else {
+                "ratio.metric"
+            };
+            return err(
+                metric.referenced,
+                at(field),
+                format!(
+                    "unknown metric `{}`: the workloads checked compare {}",
+                    metric.value,
+                    allowed.join(", ")
+                ),
+            );
+        }
+        if c.min.is_none() && c.max.is_none() {
+            return err(
+                c.name.referenced,
+                at("name"),
+                "a check needs `min`, `max` or both",
+            );
+        }
+        for b in [&c.min, &c.max].into_iter().flatten() {
+            if !b.value.is_finite() {
+                return err(b.referenced, at("max"), "a bound must be a finite number");
+            }
+        }
+        if let (Some(lo), Some(hi)) = (&c.min, &c.max)
+            && lo.value > hi.value
+        {
+            return err(
+                hi.referenced,
+                at("max"),
+                format!("max {} is below min {}", hi.value, lo.value),
+            );
+        }
+        in_range(&c.confidence, at("confidence"), 0.5, 0.999, "")?;
+        if let Some(x) = &c.inconclusive {
+            one_of(
+                x,
+                at("inconclusive"),
+                &["fail", "pass"],
+                "inconclusive outcome",
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn known_class(
+    c: &Spanned<String>,
+    field: String,
+    classes: &BTreeSet<String>,
+) -> Result<(), Invalid> {
+    if classes.contains(&c.value) {
+        return Ok(());
+    }
+    err(
+        c.referenced,
+        field,
+        format!(
+            "`{}` is not an instance class of the fleet: allowed {}",
+            c.value,
+            classes.iter().cloned().collect::<Vec<_>>().join(", ")
+        ),
+    )
 }
 
 fn one_of(v: &Spanned<String>, field: String, allowed: &[&str], what: &str) -> Result<(), Invalid> {

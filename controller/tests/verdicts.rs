@@ -1,0 +1,238 @@
+//! Checks and `pgfleet compare` end to end: real runs on real PostgreSQL
+//! clusters, their verdicts in report.json, report.md, JUnit and the exit
+//! codes; compare on stored runs and on report.json files.
+
+mod common;
+
+use std::process::Command;
+
+use common::{Scratch, pgfleet, show};
+
+/// Two classes, two clusters each: 4 short pgbench cells.
+fn scenario(checks: &str) -> String {
+    format!(
+        "name: verdicts
+fleet:
+  - name: a
+    count: 2
+  - name: b
+    count: 2
+workloads:
+  - kind: pgbench
+    scale: 1
+    script: select-only
+    clients: 2
+    threads: 1
+    duration_s: 1.5
+    replicas: 2
+checks:
+{checks}"
+    )
+}
+
+fn compare(s: &Scratch, args: &[&str]) -> std::process::Output {
+    Command::new(pgfleet())
+        .arg("--store")
+        .arg(s.store())
+        .arg("compare")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn checks_decide_the_exit_code_and_compare_gates_runs() {
+    let s = Scratch::new("verdicts");
+    // Run 1: one check that cannot fail, one that cannot pass.
+    let sc = s.write(
+        "v1.yaml",
+        &scenario(
+            "  - name: b does transactions
+    metric: { name: tps, class: b }
+    min: 0.001
+  - name: a answers in under a nanosecond
+    metric: { name: latency_ms_p50, class: a }
+    max: 0.000001
+  - name: b within a factor 1000 of a
+    ratio: { metric: tps, class: b, baseline: a }
+    min: 0.001
+    max: 1000
+",
+        ),
+    );
+    let junit = s.dir.join("checks.xml");
+    let out = s
+        .run_cmd(&sc, &["--junit", junit.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a failed check exits 1: {}",
+        show(&out)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("check a answers in under a nanosecond") && stderr.contains("failed"),
+        "{stderr}"
+    );
+    let r = s.report();
+    assert_eq!(r["status"], "succeeded");
+    let checks = r["checks"].as_array().unwrap();
+    assert_eq!(checks.len(), 3, "{checks:?}");
+    let by = |name: &str| checks.iter().find(|c| c["name"] == name).unwrap().clone();
+    let ok = by("b does transactions");
+    assert_eq!(ok["verdict"], "passed");
+    assert_eq!(ok["clusters"]["b"], 2);
+    let lo = ok["interval"][0].as_f64().unwrap();
+    let hi = ok["interval"][1].as_f64().unwrap();
+    let obs = ok["observed"].as_f64().unwrap();
+    assert!(lo <= obs && obs <= hi && lo > 0.0, "{ok}");
+    assert_eq!(by("a answers in under a nanosecond")["verdict"], "failed");
+    let ratio = by("b within a factor 1000 of a");
+    assert_eq!(ratio["verdict"], "passed");
+    assert_eq!(ratio["clusters"], serde_json::json!({"a": 2, "b": 2}));
+    assert_eq!(r["check_summary"]["ok"], false);
+    assert_eq!(r["check_summary"]["failed"], 1);
+    let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
+    let checks_at = md
+        .find("## Checks: FAILED")
+        .expect("checks at the top of report.md");
+    assert!(checks_at < md.find("## Environment").unwrap());
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains("tests=\"3\" failures=\"1\""), "{xml}");
+    assert_eq!(xml.matches("<testcase ").count(), 3);
+    assert_eq!(xml.matches("<failure ").count(), 1);
+    let run1 = r["run_id"].as_str().unwrap().to_string();
+    let report1 = s.dir.join("run1.json");
+    std::fs::copy(s.out().join("report.json"), &report1).unwrap();
+
+    // Run 2: every check passes: exit 0.
+    let sc = s.write(
+        "v2.yaml",
+        &scenario(
+            "  - name: a does transactions
+    metric: { name: tps, class: a }
+    min: 0.001
+",
+        ),
+    );
+    let out = s.run_cmd(&sc, &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let r2 = s.report();
+    assert_eq!(r2["check_summary"]["ok"], true);
+    let run2 = r2["run_id"].as_str().unwrap().to_string();
+
+    // compare on stored runs: the same points, every class and metric.
+    let out = compare(&s, &[&run1, &run2, "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let c: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = c["metrics"].as_array().unwrap();
+    for class in ["a", "b"] {
+        let tps = rows
+            .iter()
+            .find(|x| x["class"] == class && x["metric"] == "tps")
+            .unwrap_or_else(|| panic!("no tps row for {class}: {rows:?}"));
+        assert_eq!(tps["baseline_clusters"], 2);
+        let v = tps["verdict"].as_str().unwrap();
+        assert!(["faster", "slower", "no difference"].contains(&v), "{v}");
+        assert!(tps["ratio"].as_f64().unwrap() > 0.0);
+    }
+    // On report.json files, with gates: one that only a collapse would
+    // trip (passes), one that any result trips (fails: exit 1).
+    let report2 = s.out().join("report.json");
+    let (f1, f2) = (report1.to_str().unwrap(), report2.to_str().unwrap());
+    let out = compare(&s, &[f1, f2, "--fail-if", "tps < -99.9%"]);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("## Gates: passed") && text.contains("| tps |"),
+        "{text}"
+    );
+    let junit = s.dir.join("compare.xml");
+    let out = compare(
+        &s,
+        &[
+            f1,
+            f2,
+            "--fail-if",
+            "tps > -100%",
+            "--junit",
+            junit.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert_eq!(xml.matches("<failure ").count(), 2, "one per class: {xml}");
+    // Usage errors: exit 2, saying what to do.
+    let out = compare(&s, &[f1, f2, "--fail-if", "tps down a lot"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("e.g. 'tps < -5%'"));
+    let out = compare(&s, &[f1, f2, "--fail-if", "drain_seconds > 5%"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("they measure"),
+        "{}",
+        show(&out)
+    );
+    let out = compare(&s, &[f1, "no-such-run"]);
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    s.assert_clean(&[]);
+}
+
+#[test]
+fn invalid_checks_are_located_scenario_errors() {
+    let s = Scratch::new("bad-checks");
+    let cases = [
+        (
+            "  - name: x\n    metric: { name: tpz, class: a }\n    max: 1\n",
+            17,
+            "unknown metric `tpz`",
+        ),
+        (
+            "  - name: x\n    metric: { name: tps, class: c }\n    max: 1\n",
+            17,
+            "not an instance class",
+        ),
+        (
+            "  - name: x\n    ratio: { metric: tps, class: a, baseline: a }\n    max: 1\n",
+            17,
+            "another class",
+        ),
+        (
+            "  - name: x\n    metric: { name: tps, class: a }\n",
+            16,
+            "`min`, `max` or both",
+        ),
+        ("  - name: x\n    max: 1\n", 16, "either `metric"),
+        (
+            "  - name: x\n    metric: { name: tps, class: a }\n    max: 1\n    confidence: 2\n",
+            19,
+            "0.5..=0.999",
+        ),
+        (
+            "  - name: x\n    metric: { name: tps, class: a }\n    min: 5\n    max: 1\n",
+            19,
+            "below min",
+        ),
+        (
+            "  - name: x\n    metric: { name: tps, class: a }\n    max: 1\n    inconclusive: maybe\n",
+            19,
+            "allowed fail, pass",
+        ),
+    ];
+    for (check, line, want) in cases {
+        let p = s.write("c.yaml", &scenario(check));
+        let out = Command::new(pgfleet())
+            .arg("validate")
+            .arg(&p)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{check}: {}", show(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("c.yaml:{line}:")) && err.contains(want),
+            "{check}: want line {line} and `{want}`: {err}"
+        );
+    }
+}
