@@ -11,6 +11,7 @@ use std::fmt::Write;
 
 use serde_json::{Value as Json, json};
 
+use crate::report::figure::Figure;
 use crate::stats::{self, Verdict};
 
 /// Whether more is better for a metric (throughput) or less (latency,
@@ -71,15 +72,6 @@ fn point_key(s: &Json) -> String {
     format!("{}|{}", s["workload"].as_str().unwrap_or(""), s["params"])
 }
 
-fn values(v: &Json) -> Vec<f64> {
-    v["values"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Json::as_f64)
-        .collect()
-}
-
 /// Rows: one per matched (point, class, metric).
 pub fn compare(baseline: &Json, candidate: &Json, level: f64) -> Vec<Json> {
     let index = |doc: &Json| -> BTreeMap<String, Json> {
@@ -102,14 +94,12 @@ pub fn compare(baseline: &Json, candidate: &Json, level: f64) -> Vec<Json> {
             let Some(metrics) = bm.as_object() else {
                 continue;
             };
-            for (metric, bv) in metrics {
-                let (xb, xc) = (values(bv), values(&cm[metric.as_str()]));
-                if xb.is_empty() || xc.is_empty() {
+            for metric in metrics.keys() {
+                let (Some(fb), Some(fc)) = (Figure::of(bm, metric), Figure::of(cm, metric)) else {
                     continue;
-                }
-                let ratio = stats::median(&xc) / stats::median(&xb);
+                };
                 let seed = stats::seed_of(&format!("{key}{class}{metric}"));
-                let i = stats::ratio_interval(&xc, &xb, level, seed);
+                let (ratio, i) = fc.ratio(&fb, level, seed);
                 let up = higher_is_better(metric);
                 let verdict = if !(i.lo.is_finite() && i.hi.is_finite()) {
                     "no difference"
@@ -122,8 +112,9 @@ pub fn compare(baseline: &Json, candidate: &Json, level: f64) -> Vec<Json> {
                 };
                 rows.push(json!({
                     "workload": b["workload"], "params": b["params"], "class": class, "metric": metric,
-                    "baseline_median": stats::median(&xb), "candidate_median": stats::median(&xc),
-                    "baseline_clusters": xb.len(), "candidate_clusters": xc.len(),
+                    "baseline_value": fb.value(), "candidate_value": fc.value(),
+                    "baseline_clusters": fb.clusters(), "candidate_clusters": fc.clusters(),
+                    "merged": fb.merged() && fc.merged(),
                     "ratio": ratio, "interval": [i.lo, i.hi], "confidence": level,
                     "change_percent": (ratio - 1.0) * 100.0, "verdict": verdict,
                 }));
@@ -216,8 +207,8 @@ pub fn markdown(baseline: &str, candidate: &str, rows: &[Json], gates: &[Json]) 
             point_label(&json!({"point": r["params"]})),
             r["class"].as_str().unwrap_or(""),
             r["metric"].as_str().unwrap_or(""),
-            f(&r["baseline_median"]),
-            f(&r["candidate_median"]),
+            f(&r["baseline_value"]),
+            f(&r["candidate_value"]),
             f(&r["ratio"]),
             f(&r["interval"][0]),
             f(&r["interval"][1]),

@@ -156,6 +156,9 @@ fn verdicts(doc: &serde_json::Value, junit: Option<&std::path::Path>) -> Result<
             report::checks::describe(e)
         );
     }
+    for w in doc["warnings"].as_array().into_iter().flatten() {
+        eprintln!("{}", w.as_str().unwrap_or(""));
+    }
     if let Some(err) = doc["check_error"].as_str() {
         eprintln!("warning: checks not judged: {err}");
     }

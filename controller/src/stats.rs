@@ -67,12 +67,6 @@ pub struct Interval {
     pub hi: f64,
 }
 
-fn resample_median(v: &[f64], rng: &mut Rng, buf: &mut Vec<f64>) -> f64 {
-    buf.clear();
-    buf.extend((0..v.len()).map(|_| v[rng.below(v.len())]));
-    median(buf)
-}
-
 /// The central `level` share of `stats` (sorted here).
 fn central(mut stats: Vec<f64>, level: f64) -> Interval {
     stats.retain(|x| x.is_finite());
@@ -96,31 +90,133 @@ fn central(mut stats: Vec<f64>, level: f64) -> Interval {
 
 /// Percentile-bootstrap interval of the median of `v` at `level` (0.95).
 pub fn median_interval(v: &[f64], level: f64, seed: u64) -> Interval {
-    if v.len() <= 1 {
-        let m = median(v);
-        return Interval { lo: m, hi: m };
-    }
-    let mut rng = Rng::new(seed);
-    let mut buf = Vec::with_capacity(v.len());
-    let stats = (0..RESAMPLES)
-        .map(|_| resample_median(v, &mut rng, &mut buf))
-        .collect();
-    central(stats, level)
+    bootstrap(v.len(), level, seed, |i| median(&pick(v, i)))
 }
 
 /// Percentile-bootstrap interval of `median(a) / median(b)`, each side
 /// resampled independently.
 pub fn ratio_interval(a: &[f64], b: &[f64], level: f64, seed: u64) -> Interval {
-    if a.len() <= 1 && b.len() <= 1 {
-        let r = median(a) / median(b);
+    bootstrap_ratio(
+        (a.len(), |i: &[usize]| median(&pick(a, i))),
+        (b.len(), |i: &[usize]| median(&pick(b, i))),
+        level,
+        seed,
+    )
+}
+
+fn pick(v: &[f64], idx: &[usize]) -> Vec<f64> {
+    idx.iter().map(|&i| v[i]).collect()
+}
+
+/// Percentile-bootstrap interval of any statistic of `n` clusters: each
+/// resample draws `n` cluster indices with replacement.
+pub fn bootstrap(
+    n: usize,
+    level: f64,
+    seed: u64,
+    mut stat: impl FnMut(&[usize]) -> f64,
+) -> Interval {
+    let all: Vec<usize> = (0..n).collect();
+    if n <= 1 {
+        let x = stat(&all);
+        return Interval { lo: x, hi: x };
+    }
+    let mut rng = Rng::new(seed);
+    let mut idx = vec![0; n];
+    let stats = (0..RESAMPLES)
+        .map(|_| {
+            for i in idx.iter_mut() {
+                *i = rng.below(n);
+            }
+            stat(&idx)
+        })
+        .collect();
+    central(stats, level)
+}
+
+/// Percentile-bootstrap interval of `a(...) / b(...)`, the two sides'
+/// clusters resampled independently.
+pub fn bootstrap_ratio(
+    (na, mut a): (usize, impl FnMut(&[usize]) -> f64),
+    (nb, mut b): (usize, impl FnMut(&[usize]) -> f64),
+    level: f64,
+    seed: u64,
+) -> Interval {
+    if na <= 1 && nb <= 1 {
+        let r = a(&[0]) / b(&[0]);
         return Interval { lo: r, hi: r };
     }
     let mut rng = Rng::new(seed);
-    let (mut ba, mut bb) = (Vec::new(), Vec::new());
+    let (mut ia, mut ib) = (vec![0; na], vec![0; nb]);
     let stats = (0..RESAMPLES)
-        .map(|_| resample_median(a, &mut rng, &mut ba) / resample_median(b, &mut rng, &mut bb))
+        .map(|_| {
+            for i in ia.iter_mut() {
+                *i = rng.below(na);
+            }
+            for i in ib.iter_mut() {
+                *i = rng.below(nb);
+            }
+            a(&ia) / b(&ib)
+        })
         .collect();
     central(stats, level)
+}
+
+/// Several clusters' latency histograms (`[value, count]` buckets of HDR
+/// histograms with the same precision) laid over one list of bucket
+/// values, so that any multiset of clusters merges in one pass.
+#[derive(Debug, Clone)]
+pub struct Histograms {
+    values: Vec<u64>,
+    /// Per cluster, its count at each of `values`.
+    counts: Vec<Vec<u64>>,
+}
+
+impl Histograms {
+    pub fn new(clusters: &[Vec<[u64; 2]>]) -> Histograms {
+        let mut values: Vec<u64> = clusters.iter().flatten().map(|b| b[0]).collect();
+        values.sort_unstable();
+        values.dedup();
+        let counts = clusters
+            .iter()
+            .map(|h| {
+                let mut c = vec![0u64; values.len()];
+                for b in h {
+                    if let Ok(i) = values.binary_search(&b[0]) {
+                        c[i] += b[1];
+                    }
+                }
+                c
+            })
+            .collect();
+        Histograms { values, counts }
+    }
+
+    pub fn clusters(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// The `q` quantile of the merged distribution of clusters `idx` (each
+    /// as many times as it is listed): the smallest bucket value with at
+    /// least `q` of the samples at or below it, as HDR histograms answer.
+    pub fn quantile(&self, idx: &[usize], q: f64) -> f64 {
+        let total: u64 = idx
+            .iter()
+            .map(|&i| self.counts[i].iter().sum::<u64>())
+            .sum();
+        if total == 0 {
+            return f64::NAN;
+        }
+        let want = ((q * total as f64).ceil() as u64).clamp(1, total);
+        let mut seen = 0;
+        for (j, v) in self.values.iter().enumerate() {
+            seen += idx.iter().map(|&i| self.counts[i][j]).sum::<u64>();
+            if seen >= want {
+                return *v as f64;
+            }
+        }
+        *self.values.last().unwrap_or(&0) as f64
+    }
 }
 
 /// How an interval stands against a bound.
@@ -226,6 +322,49 @@ mod tests {
         );
         let i = median_interval(&v, 0.95, 5);
         assert!(i.lo >= 3.0 && i.hi <= 9.0 && i.lo < i.hi, "{i:?}");
+    }
+
+    #[test]
+    fn merged_quantiles_equal_those_of_the_concatenated_samples() {
+        use hdrhistogram::Histogram;
+        // Three clusters with different latency distributions (µs): one
+        // fast, one slow, one with a long tail.
+        let mut rng = Rng::new(3);
+        let mut all = Vec::new();
+        let mut hists = Vec::new();
+        for (base, spread, n) in [
+            (200.0, 50.0, 20_000),
+            (900.0, 300.0, 5_000),
+            (300.0, 5_000.0, 8_000),
+        ] {
+            let mut h = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).unwrap();
+            for x in normal(&mut rng, n, base, spread) {
+                let v = x.abs().max(1.0) as u64;
+                h.record(v).unwrap();
+                all.push(v);
+            }
+            hists.push(
+                h.iter_recorded()
+                    .map(|v| [v.value_iterated_to(), v.count_at_value()])
+                    .collect::<Vec<_>>(),
+            );
+        }
+        all.sort_unstable();
+        let merged = Histograms::new(&hists);
+        for q in [0.5, 0.9, 0.99, 0.999] {
+            let exact =
+                all[((q * all.len() as f64).ceil() as usize).clamp(1, all.len()) - 1] as f64;
+            let got = merged.quantile(&[0, 1, 2], q);
+            assert!(
+                (got - exact).abs() <= exact * 0.001 + 1.0,
+                "q {q}: merged {got} vs exact {exact}"
+            );
+        }
+        // Not the median of the clusters' own p99s.
+        let p99s: Vec<f64> = (0..3).map(|i| merged.quantile(&[i], 0.99)).collect();
+        assert!((median(&p99s) - merged.quantile(&[0, 1, 2], 0.99)).abs() > 100.0);
+        // A cluster listed twice counts twice.
+        assert!(merged.quantile(&[1, 1, 0], 0.5) > merged.quantile(&[0, 0, 1], 0.5));
     }
 
     #[test]

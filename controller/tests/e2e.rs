@@ -584,6 +584,15 @@ workloads:
     let out = s.run_cmd(&sc, &[]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
     let r = s.report();
+    // A storage comparison whose data fits in memory: the guard says so,
+    // in report.json, report.md and on the terminal.
+    let warnings = r["warnings"].as_array().unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    let w = warnings[0].as_str().unwrap();
+    assert!(w.contains("class `b`") && w.contains("fits in"), "{w}");
+    let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
+    assert!(md.contains("> ⚠️ class `b`"), "{md}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("fits in this host's memory"));
     let results = r["results"].as_array().unwrap();
     assert_eq!(results.len(), 3);
     let init = results
@@ -795,6 +804,9 @@ workloads:
         blocks > 1_000.0,
         "only {blocks} blocks read on gp3: the data stayed cached"
     );
+    // The data does not fit the instances' memory, and the classes differ
+    // only in storage: no guard speaks.
+    assert_eq!(r["warnings"], serde_json::json!([]), "{}", r["differences"]);
     let env = &r["environment"]["instance_classes"]["gp3"]["instance"];
     assert_eq!(env["emulated"], true);
     assert_eq!(env["memory_bytes"], 96 << 20);

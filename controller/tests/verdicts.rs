@@ -88,11 +88,30 @@ fn checks_decide_the_exit_code_and_compare_gates_runs() {
     let hi = ok["interval"][1].as_f64().unwrap();
     let obs = ok["observed"].as_f64().unwrap();
     assert!(lo <= obs && obs <= hi && lo > 0.0, "{ok}");
-    assert_eq!(by("a answers in under a nanosecond")["verdict"], "failed");
+    let p50 = by("a answers in under a nanosecond");
+    assert_eq!(p50["verdict"], "failed");
+    assert_eq!(
+        p50["merged"], true,
+        "a latency quantile of the merged distribution: {p50}"
+    );
+    // The class's p99: its clusters' histograms merged, each cluster's own
+    // p99 kept beside it; the merged one lies within theirs.
+    let sm = &r["summaries"][0]["classes"]["a"];
+    assert_eq!(sm["latency_histograms_us"].as_array().unwrap().len(), 2);
+    let p99 = &sm["latency_ms_p99"];
+    assert_eq!(p99["merged"], true);
+    assert_eq!(p99["values"].as_array().unwrap().len(), 2);
+    let v = p99["value"].as_f64().unwrap();
+    assert!(
+        v >= p99["min"].as_f64().unwrap() * 0.99 && v <= p99["max"].as_f64().unwrap() * 1.01,
+        "{p99}"
+    );
     let ratio = by("b within a factor 1000 of a");
     assert_eq!(ratio["verdict"], "passed");
     assert_eq!(ratio["clusters"], serde_json::json!({"a": 2, "b": 2}));
     assert_eq!(r["check_summary"]["ok"], false);
+    // Same PostgreSQL, settings and host, unthrottled: no guard speaks.
+    assert_eq!(r["warnings"], serde_json::json!([]));
     assert_eq!(r["check_summary"]["failed"], 1);
     let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
     let checks_at = md
@@ -206,6 +225,16 @@ fn invalid_checks_are_located_scenario_errors() {
         ),
         ("  - name: x\n    max: 1\n", 16, "either `metric"),
         (
+            "  - name: x\n    ratio: { metric: tps, class: a }\n    max: 1\n",
+            17,
+            "`baseline` (a class) or `baseline_workload`",
+        ),
+        (
+            "  - name: x\n    ratio: { metric: tps, class: a, baseline_workload: 0 }\n    max: 1\n",
+            17,
+            "give both",
+        ),
+        (
             "  - name: x\n    metric: { name: tps, class: a }\n    max: 1\n    confidence: 2\n",
             19,
             "0.5..=0.999",
@@ -235,4 +264,68 @@ fn invalid_checks_are_located_scenario_errors() {
             "{check}: want line {line} and `{want}`: {err}"
         );
     }
+}
+
+/// Two entries that differ only in `driver`: labelled sections, a driver
+/// comparison, and a check across the entries.
+#[test]
+fn entries_that_differ_in_driver_are_labelled_and_compared() {
+    let s = Scratch::new("drivers");
+    let sc = s.write(
+        "drivers.yaml",
+        "name: drivers
+fleet:
+  - name: a
+workloads:
+  - kind: pgbench
+    scale: 1
+    script: select-only
+    clients: 2
+    duration_s: 2
+  - kind: pgbench
+    scale: 1
+    script: select-only
+    clients: 2
+    duration_s: 2
+    driver: pgbench
+checks:
+  - name: pgfleet's driver within a factor 100 of pgbench's
+    ratio: { metric: tps, class: a, workload: 0, baseline_workload: 1 }
+    min: 0.01
+    max: 100
+",
+    );
+    let out = s.run_cmd(&sc, &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let r = s.report();
+    let labels: Vec<&str> = r["summaries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["label"].as_str().unwrap())
+        .collect();
+    assert_eq!(labels, ["driver pgfleet", "driver pgbench"]);
+    let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
+    assert!(
+        md.contains("### select-only (driver pgfleet): per instance class"),
+        "{md}"
+    );
+    assert!(
+        md.contains("### select-only (driver pgbench): per instance class"),
+        "{md}"
+    );
+    assert!(md.contains("Against driver pgfleet"), "{md}");
+    let tps = r["entry_comparisons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["metric"] == "tps" && c["class"] == "a")
+        .expect("a driver comparison of tps");
+    assert_eq!(tps["baseline_label"], "driver pgfleet");
+    assert_eq!(tps["label"], "driver pgbench");
+    assert!(tps["ratio"].as_f64().unwrap() > 0.0);
+    let check = &r["checks"][0];
+    assert_eq!(check["verdict"], "passed", "{check}");
+    assert_eq!(check["baseline_entry"], 1);
+    assert_eq!(r["checks"].as_array().unwrap().len(), 1);
 }

@@ -62,6 +62,10 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                 latency_ms_p99: result.latency_ms(0.99),
                 latency_ms_p999: result.latency_ms(0.999),
                 latency_ms_max: h.max() as f64 / 1000.0,
+                latency_histogram_us: h
+                    .iter_recorded()
+                    .map(|v| [v.value_iterated_to(), v.count_at_value()])
+                    .collect(),
                 transactions: result.transactions,
                 failures: result.failures_total(),
                 failures_by_class: result.failures.clone(),

@@ -6,23 +6,16 @@
 //! says `inconclusive: pass`).
 //!
 //! report.json: `checks: [{name, metric, class, baseline, entry, point,
-//! observed, interval: [lo, hi], confidence, min, max, clusters, verdict,
-//! passes, note}]` (one per check and measured point it applies to) and
+//! observed, interval: [lo, hi], confidence, min, max, clusters, merged,
+//! verdict, passes, note}]` (`merged`: a latency quantile of the class's
+//! merged distribution, `figure.rs`) (one per check and measured point it applies to) and
 //! `check_summary: {checks, passed, failed, inconclusive, ok}`.
 
 use serde_json::{Value as Json, json};
 
+use super::figure::Figure;
 use crate::scenario::Check;
 use crate::stats::{self, Interval, Verdict};
-
-fn values(class: &Json, metric: &str) -> Vec<f64> {
-    class[metric]["values"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Json::as_f64)
-        .collect()
-}
 
 /// Every check on every point it applies to.
 pub fn evaluate(checks: &[Check], summaries: &[Json]) -> Vec<Json> {
@@ -32,12 +25,21 @@ pub fn evaluate(checks: &[Check], summaries: &[Json]) -> Vec<Json> {
             .iter()
             .filter(|s| c.workload.is_none_or(|w| s["entry"] == w))
             .filter(|s| {
-                let has = |class: &str| !values(&s["classes"][class], &c.metric).is_empty();
-                has(&c.class) && c.baseline.as_deref().is_none_or(has)
+                let base = match c.baseline_entry {
+                    Some(e) => super::entries::baseline_of(summaries, s, Some(e)),
+                    None => Some(*s),
+                };
+                let has =
+                    |s: &Json, class: &str| Figure::of(&s["classes"][class], &c.metric).is_some();
+                has(s, &c.class)
+                    && c.baseline
+                        .as_deref()
+                        .is_none_or(|b| base.is_some_and(|x| has(x, b)))
             })
             .collect();
         let base = json!({
             "name": c.name, "metric": c.metric, "class": c.class, "baseline": c.baseline,
+            "baseline_entry": c.baseline_entry,
             "confidence": c.confidence, "min": c.min, "max": c.max,
         });
         if points.is_empty() {
@@ -57,21 +59,37 @@ pub fn evaluate(checks: &[Check], summaries: &[Json]) -> Vec<Json> {
             continue;
         }
         for s in points {
-            let mine = values(&s["classes"][c.class.as_str()], &c.metric);
+            let figure = |class: &str| Figure::of(&s["classes"][class], &c.metric);
+            let Some(mine) = figure(&c.class) else {
+                continue;
+            };
             let seed = stats::seed_of(&format!("{}{}", c.name, s["params"]));
-            let (observed, interval, clusters) = match &c.baseline {
-                Some(b) => {
-                    let theirs = values(&s["classes"][b.as_str()], &c.metric);
+            // The baseline: another class at this point, or (with
+            // `baseline_workload`) a class at the other entry's same point.
+            let base_summary = match c.baseline_entry {
+                Some(e) => super::entries::baseline_of(summaries, s, Some(e)),
+                None => Some(s),
+            };
+            let theirs = c
+                .baseline
+                .as_deref()
+                .and_then(|b| Some((b, Figure::of(&base_summary?["classes"][b], &c.metric)?)));
+            if c.baseline.is_some() && theirs.is_none() {
+                continue;
+            }
+            let (observed, interval, clusters) = match theirs {
+                Some((b, theirs)) => {
+                    let (r, i) = mine.ratio(&theirs, c.confidence, seed);
                     (
-                        stats::median(&mine) / stats::median(&theirs),
-                        stats::ratio_interval(&mine, &theirs, c.confidence, seed),
-                        json!({c.class.as_str(): mine.len(), b.as_str(): theirs.len()}),
+                        r,
+                        i,
+                        json!({c.class.as_str(): mine.clusters(), b: theirs.clusters()}),
                     )
                 }
                 None => (
-                    stats::median(&mine),
-                    stats::median_interval(&mine, c.confidence, seed),
-                    json!({c.class.as_str(): mine.len()}),
+                    mine.value(),
+                    mine.interval(c.confidence, seed),
+                    json!({c.class.as_str(): mine.clusters()}),
                 ),
             };
             let verdict = stats::judge(interval, c.min, c.max);
@@ -86,6 +104,7 @@ pub fn evaluate(checks: &[Check], summaries: &[Json]) -> Vec<Json> {
             e["observed"] = finite(observed);
             e["interval"] = json!([finite(interval.lo), finite(interval.hi)]);
             e["clusters"] = clusters;
+            e["merged"] = json!(mine.merged());
             e["verdict"] = json!(verdict.as_str());
             e["passes"] = json!(passes);
             if verdict == Verdict::Inconclusive {
@@ -255,6 +274,7 @@ mod tests {
             class: class.into(),
             baseline: baseline.map(str::to_string),
             workload: None,
+            baseline_entry: None,
             min,
             max,
             confidence: 0.95,

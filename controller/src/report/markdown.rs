@@ -20,7 +20,6 @@ const SECTIONS: &[(&str, Section)] = &[
     ("logical-drain", super::logical_drain::section),
 ];
 
-/// Returns the markdown and the plots it embeds (file name, SVG).
 /// The checks' verdicts, first: what a pipeline gates on.
 fn checks(md: &mut String, doc: &Json) {
     let Some(list) = doc["checks"].as_array().filter(|l| !l.is_empty()) else {
@@ -93,6 +92,7 @@ fn checks(md: &mut String, doc: &Json) {
     md.push('\n');
 }
 
+/// Returns the markdown and the plots it embeds (file name, SVG).
 pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
     let mut md = String::new();
     let mut plots = Vec::new();
@@ -109,6 +109,13 @@ pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
     let _ = writeln!(md, "| started | {} |", s(&doc["started_at"]));
     let _ = writeln!(md, "| finished | {} |\n", s(&doc["finished_at"]));
     checks(&mut md, doc);
+    for w in doc["warnings"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            md,
+            "> ⚠️ {}\n",
+            w.as_str().unwrap_or("").trim_start_matches("warning: ")
+        );
+    }
 
     storage_classes(&mut md, doc);
 
@@ -267,11 +274,11 @@ fn storage_classes(md: &mut String, doc: &Json) {
         (
             format!(
                 "{} ({}–{})",
-                num(&x["median"], d),
+                num(&x["value"], d),
                 num(&x["min"], d),
                 num(&x["max"], d)
             ),
-            x["median"].as_f64(),
+            x["value"].as_f64(),
         )
     };
     let mut medians: Vec<Vec<Option<f64>>> = Vec::new();
@@ -425,12 +432,12 @@ pub fn class_table(
                 .map(|col| {
                     let x = &c[col.metric];
                     if col.bytes {
-                        mib(&x["median"])
+                        mib(&x["value"])
                     } else {
                         let d = col.digits;
                         format!(
                             "{} ({}–{})",
-                            num(&x["median"], d),
+                            num(&x["value"], d),
                             num(&x["min"], d),
                             num(&x["max"], d)
                         )

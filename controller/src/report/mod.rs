@@ -10,9 +10,14 @@
 //!   cells: [{cell_id, workload, instance_class, agent, state, error, started_at, finished_at,
 //!            environment (a multi-role cell's: {<role>: ...})}],
 //!   results: [{workload, instance_class, agent, cell_id, params, metrics}],
-//!   summaries: [{workload, script, params, classes: {<class>: {<metric>: {median, min, max, values}, cells}}}],
+//!   summaries: [{workload, script, params, classes: {<class>: {<metric>: {value, merged, median, min, max, values},
+//!                latency_histograms_us, cells}}}] (`value` is the class's figure: for latency quantiles
+//!                with every cluster's histogram the merged distribution's quantile (`merged`), else the
+//!                median over clusters; `values` per cluster; `figure.rs`),
 //!   summaries[].entry / comparisons[].entry: the workload entry's index,
 //!   comparisons: [{entry, workload, script, metric, baseline_class, class, ratio}],
+//!   differences, warnings: see `guards.rs`;
+//!   summaries[].label, entry_comparisons: see `entries.rs`;
 //!   checks, check_summary: see `checks.rs`; check_error: the stored
 //!   scenario no longer parses (no checks judged),
 //!   timeseries: {<cell_id>: [{second, tps, latency_ms_mean, latency_ms_p50, latency_ms_p99}]},
@@ -24,8 +29,8 @@
 //! (`pgfleet_proto::workload::<kind>::{PointParams, Metrics}`) as JSON.
 //!
 //! Summaries and comparisons cover each kind's `compared` metrics
-//! (`pgfleet_proto::workload::KINDS`): the per-class median, min and max
-//! over cells, and each class's median divided by the first class's.
+//! (`pgfleet_proto::workload::KINDS`): the per-class figure, min and max
+//! over cells, and each class's figure divided by the first class's.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -36,6 +41,9 @@ use crate::store::Store;
 use crate::{Error, Result};
 
 pub mod checks;
+pub mod entries;
+pub mod figure;
+pub mod guards;
 mod logical_drain;
 pub mod markdown;
 mod pgbench;
@@ -100,15 +108,33 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
             })
         })
         .collect();
-    let (summaries, comparisons) = summarize(&results);
-    // The checks of the scenario as it was run (stored with the run).
-    let (checks, check_error) = match store.scenario_yaml(run_id)? {
+    let (mut summaries, comparisons) = summarize(&results);
+    entries::label(&mut summaries);
+    let entry_comparisons = entries::comparisons(&summaries);
+    // The scenario as it was run (stored with the run): its checks, and
+    // its plan's warnings with the memory the clusters really had.
+    let env_classes = Json::Object(classes.clone().into_iter().collect());
+    let host_memory = classes
+        .values()
+        .filter_map(|c| c["host"]["memory_bytes"].as_u64())
+        .min()
+        .unwrap_or(0);
+    let (checks, check_error, plan_warnings) = match store.scenario_yaml(run_id)? {
         Some(yaml) => match crate::scenario::parse(Path::new(&run.scenario_path), &yaml) {
-            Ok(sc) => (checks::evaluate(&sc.checks(), &summaries), None),
-            Err(e) => (Vec::new(), Some(e.to_string())),
+            Ok(sc) => {
+                let cells = crate::scenario::plan(&sc);
+                (
+                    checks::evaluate(&sc.checks(), &summaries),
+                    None,
+                    crate::scenario::plan::warnings(&sc, &cells, host_memory),
+                )
+            }
+            Err(e) => (Vec::new(), Some(e.to_string()), Vec::new()),
         },
-        None => (Vec::new(), None),
+        None => (Vec::new(), None, Vec::new()),
     };
+    let differences = guards::differences(&env_classes);
+    let warnings = guards::warnings(&differences, &plan_warnings);
     let mut timeseries = serde_json::Map::new();
     for (cell, data) in store.samples(run_id, "second")? {
         let e = timeseries.entry(cell).or_insert_with(|| json!([]));
@@ -143,7 +169,9 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
         "status": run.status,
         "started_at": run.started_at,
         "finished_at": run.finished_at,
-        "environment": {"instance_classes": classes},
+        "environment": {"instance_classes": env_classes},
+        "differences": differences,
+        "warnings": warnings,
         "cells": cells.iter().map(|c| json!({
             "cell_id": c.cell_id, "workload": c.workload, "instance_class": c.instance_class,
             "agent": c.agent_id, "state": c.state, "error": c.error,
@@ -153,6 +181,7 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
         "results": results,
         "summaries": summaries,
         "comparisons": comparisons,
+        "entry_comparisons": entry_comparisons,
         "check_summary": checks::summary(&checks),
         "checks": checks,
         "check_error": check_error,
@@ -208,6 +237,18 @@ fn summarize(results: &[Json]) -> (Vec<Json>, Vec<Json>) {
                 .filter(|r| r["instance_class"] == c.as_str())
                 .collect();
             let mut m = serde_json::Map::new();
+            // Each cluster's latency histogram, when every one sent it: the
+            // class's latency quantiles are its merged distribution's.
+            let hists: Option<Vec<Json>> = mine
+                .iter()
+                .map(|r| {
+                    let h = &r["metrics"]["latency_histogram_us"];
+                    h.as_array().filter(|a| !a.is_empty()).map(|_| h.clone())
+                })
+                .collect();
+            if let Some(h) = hists {
+                m.insert("latency_histograms_us".into(), Json::Array(h));
+            }
             for metric in compared {
                 let mut vals: Vec<f64> = mine
                     .iter()
@@ -218,10 +259,14 @@ fn summarize(results: &[Json]) -> (Vec<Json>, Vec<Json>) {
                 }
                 let values = vals.clone();
                 let med = median(&mut vals);
-                medians.insert((c.clone(), metric), med);
+                m.insert(metric.to_string(), json!({"values": values}));
+                let figure = figure::Figure::of(&Json::Object(m.clone()), metric);
+                let value = figure.as_ref().map(|f| f.value()).unwrap_or(med);
+                medians.insert((c.clone(), metric), value);
                 m.insert(
                     metric.to_string(),
-                    json!({"median": med, "min": vals.first(), "max": vals.last(), "values": values}),
+                    json!({"value": value, "merged": figure.is_some_and(|f| f.merged()),
+                           "median": med, "min": vals.first(), "max": vals.last(), "values": values}),
                 );
             }
             m.insert("cells".into(), json!(mine.len()));

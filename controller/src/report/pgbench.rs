@@ -60,10 +60,26 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
         .enumerate()
     {
         let script = sm["script"].as_str().unwrap_or("");
+        let label = sm["label"].as_str().unwrap_or("");
+        let heading = if label.is_empty() {
+            script.to_string()
+        } else {
+            format!("{script} ({label})")
+        };
+        let entry = sm["entry"].clone();
+        // This summary's cells: its entry's, at its point.
+        let mine = |r: &Json| {
+            r["params"] == sm["params"]
+                && r["cell_id"]
+                    .as_str()
+                    .is_some_and(|id| id.starts_with(&format!("w{entry}-")))
+        };
         let _ = writeln!(
             md,
-            "\n### {script}: per instance class (median over clusters, min–max)\n\n\
-             | class | clusters | tps | latency p50 ms | page read ms | WAL sync ms |\n|---|---|---|---|---|---|"
+            "\n### {heading}: per instance class\n\n\
+             Latency quantiles are those of all the class's transactions (its clusters' histograms merged); \
+             the other figures are medians over clusters. In brackets: min–max over clusters.\n\n\
+             | class | clusters | tps | latency p50 ms | latency p99 ms | page read ms | WAL sync ms |\n|---|---|---|---|---|---|---|"
         );
         let Some(classes) = sm["classes"].as_object() else {
             continue;
@@ -75,7 +91,7 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
             } else {
                 format!(
                     "{} ({}–{})",
-                    num(&x["median"], d),
+                    num(&x["value"], d),
                     num(&x["min"], d),
                     num(&x["max"], d)
                 )
@@ -84,10 +100,11 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
         for (name, c) in classes {
             let _ = writeln!(
                 md,
-                "| {name} | {} | {} | {} | {} | {} |",
+                "| {name} | {} | {} | {} | {} | {} | {} |",
                 c["cells"],
                 cell(c, "tps", 1),
                 cell(c, "latency_ms_p50", 3),
+                cell(c, "latency_ms_p99", 3),
                 cell(c, "page_read_ms_avg", 3),
                 cell(c, "wal_sync_ms_avg", 3)
             );
@@ -96,7 +113,7 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
             .as_array()
             .into_iter()
             .flatten()
-            .filter(|c| c["script"] == script && c["metric"] == "tps")
+            .filter(|c| c["entry"] == entry && c["metric"] == "tps")
             .map(|c| {
                 format!(
                     "{} / {} = **{}x**",
@@ -109,6 +126,36 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
         if !ratios.is_empty() {
             let _ = writeln!(md, "\nTPS ratio: {}", ratios.join(", "));
         }
+        // Against the first entry that differs only in its parameters.
+        let against: Vec<&Json> = doc["entry_comparisons"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["entry"] == entry && c["workload"] == "pgbench")
+            .filter(|c| {
+                ["tps", "latency_ms_p50", "latency_ms_p99"]
+                    .contains(&c["metric"].as_str().unwrap_or(""))
+            })
+            .collect();
+        if let Some(first) = against.first() {
+            let _ = writeln!(
+                md,
+                "\nAgainst {} ({}), ratio with its 95 % interval:\n\n| class | metric | ratio | interval |\n|---|---|---|---|",
+                first["baseline_label"].as_str().unwrap_or(""),
+                format_args!("workload entry {}", first["baseline_entry"])
+            );
+            for c in against {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {}x | {}–{} |",
+                    c["class"].as_str().unwrap_or(""),
+                    c["metric"].as_str().unwrap_or(""),
+                    num(&c["ratio"], 3),
+                    num(&c["interval"][0], 3),
+                    num(&c["interval"][1], 3)
+                );
+            }
+        }
         // TPS and p99 latency over time: per class, the mean over its
         // cells of each second.
         let over_time = |field: &str| -> Vec<Series> {
@@ -116,9 +163,10 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
                 .keys()
                 .map(|class| {
                     let mut sums: BTreeMap<u64, (f64, u32)> = BTreeMap::new();
-                    for r in rs.iter().filter(|r| {
-                        r["instance_class"] == class.as_str() && r["params"]["script"] == script
-                    }) {
+                    for r in rs
+                        .iter()
+                        .filter(|r| r["instance_class"] == class.as_str() && mine(r))
+                    {
                         let id = r["cell_id"].as_str().unwrap_or("");
                         for p in doc["timeseries"][id].as_array().into_iter().flatten() {
                             if let Some(v) = p[field].as_f64() {
@@ -159,7 +207,7 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
                 let name = format!("pgbench-{gi}-{script}-{file}.svg");
                 plots.push((
                     name.clone(),
-                    line_chart(&format!("{script}: {title}"), "second", y, &series),
+                    line_chart(&format!("{heading}: {title}"), "second", y, &series),
                 ));
                 let _ = writeln!(md, "\n![{alt}]({name})");
             }

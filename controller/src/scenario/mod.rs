@@ -83,7 +83,7 @@ pub struct Scenario {
 }
 
 /// One check as written:
-/// `{name, metric: {name, class} | ratio: {metric, class, baseline}, min, max, confidence}`.
+/// `{name, metric: {name, class} | ratio: {metric, class, baseline | baseline_workload}, min, max, confidence}`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CheckSpec {
@@ -123,9 +123,15 @@ pub struct MetricRef {
 pub struct RatioRef {
     pub metric: Spanned<String>,
     pub class: Spanned<String>,
-    pub baseline: Spanned<String>,
+    /// The baseline class (default: `class`, with `baseline_workload`).
+    #[serde(default)]
+    pub baseline: Option<Spanned<String>>,
     #[serde(default)]
     pub workload: Option<Spanned<usize>>,
+    /// Compare with another workload entry of the same kind (e.g. the same
+    /// script under `driver: pgbench`) at the same point.
+    #[serde(default)]
+    pub baseline_workload: Option<Spanned<usize>>,
 }
 
 /// A validated check, as reports judge it.
@@ -137,6 +143,8 @@ pub struct Check {
     /// Set for a ratio: `class / baseline`.
     pub baseline: Option<String>,
     pub workload: Option<usize>,
+    /// A ratio against another workload entry's matching point.
+    pub baseline_entry: Option<usize>,
     pub min: Option<f64>,
     pub max: Option<f64>,
     pub confidence: f64,
@@ -149,17 +157,25 @@ impl Scenario {
         self.checks
             .iter()
             .filter_map(|c| {
-                let (metric, class, baseline, workload) = match (&c.metric, &c.ratio) {
-                    (Some(m), _) => (&m.name, &m.class, None, &m.workload),
-                    (None, Some(r)) => (&r.metric, &r.class, Some(&r.baseline), &r.workload),
-                    (None, None) => return None,
-                };
+                let (metric, class, baseline, workload, baseline_entry) =
+                    match (&c.metric, &c.ratio) {
+                        (Some(m), _) => (&m.name, &m.class, None, &m.workload, None),
+                        (None, Some(r)) => (
+                            &r.metric,
+                            &r.class,
+                            Some(r.baseline.as_ref().unwrap_or(&r.class)),
+                            &r.workload,
+                            r.baseline_workload.as_ref().map(|w| w.value),
+                        ),
+                        (None, None) => return None,
+                    };
                 Some(Check {
                     name: c.name.value.clone(),
                     metric: metric.value.clone(),
                     class: class.value.clone(),
                     baseline: baseline.map(|b| b.value.clone()),
                     workload: workload.as_ref().map(|w| w.value),
+                    baseline_entry,
                     min: c.min.as_ref().map(|x| x.value),
                     max: c.max.as_ref().map(|x| x.value),
                     confidence: c.confidence.as_ref().map(|x| x.value).unwrap_or(0.95),

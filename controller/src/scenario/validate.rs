@@ -374,14 +374,67 @@ fn validate_checks(s: &Scenario, classes: &BTreeSet<String>) -> Result<(), Inval
         let (metric, class, workload, base) = match (&c.metric, &c.ratio) {
             (Some(m), None) => (&m.name, &m.class, &m.workload, "metric"),
             (None, Some(r)) => {
-                if r.baseline.value == r.class.value {
-                    return err(
-                        r.baseline.referenced,
-                        at("ratio.baseline"),
-                        "the baseline must be another class than `class`",
-                    );
+                match (&r.baseline, &r.baseline_workload) {
+                    (None, None) => {
+                        return err(
+                            r.class.referenced,
+                            at("ratio"),
+                            "a ratio needs `baseline` (a class) or `baseline_workload` (an entry of workloads), or both",
+                        );
+                    }
+                    (Some(b), None) if b.value == r.class.value => {
+                        return err(
+                            b.referenced,
+                            at("ratio.baseline"),
+                            "the baseline must be another class than `class` (or give `baseline_workload`)",
+                        );
+                    }
+                    _ => {}
                 }
-                known_class(&r.baseline, at("ratio.baseline"), classes)?;
+                if let Some(b) = &r.baseline {
+                    known_class(b, at("ratio.baseline"), classes)?;
+                }
+                if let Some(bw) = &r.baseline_workload {
+                    let Some(w) = &r.workload else {
+                        return err(
+                            bw.referenced,
+                            at("ratio.baseline_workload"),
+                            "`baseline_workload` compares with `workload`: give both (indexes in workloads, from 0)",
+                        );
+                    };
+                    let kind = |i: usize| s.workloads.value.get(i).map(|e| e.kind.value.clone());
+                    match (kind(w.value), kind(bw.value)) {
+                        (Some(a), Some(b)) if a == b && w.value != bw.value => {}
+                        (Some(_), Some(_)) if w.value == bw.value => {
+                            return err(
+                                bw.referenced,
+                                at("ratio.baseline_workload"),
+                                "the baseline entry must be another entry than `workload`",
+                            );
+                        }
+                        (Some(a), Some(b)) => {
+                            return err(
+                                bw.referenced,
+                                at("ratio.baseline_workload"),
+                                format!(
+                                    "entry {} is `{b}`, entry {} is `{a}`: compare entries of one kind",
+                                    bw.value, w.value
+                                ),
+                            );
+                        }
+                        _ => {
+                            return err(
+                                bw.referenced,
+                                at("ratio.baseline_workload"),
+                                format!(
+                                    "{} is out of range: the scenario has {} workload entries (0-based)",
+                                    bw.value,
+                                    s.workloads.value.len()
+                                ),
+                            );
+                        }
+                    }
+                }
                 (&r.metric, &r.class, &r.workload, "ratio")
             }
             _ => {

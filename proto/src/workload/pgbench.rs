@@ -151,6 +151,12 @@ pub struct Metrics {
     pub latency_ms_p99: f64,
     pub latency_ms_p999: f64,
     pub latency_ms_max: f64,
+    /// The latency distribution, in microseconds: `[value, count]` per
+    /// non-empty bucket of the driver's HDR histogram (3 significant
+    /// digits), so reports merge clusters' distributions rather than take
+    /// medians of their quantiles.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub latency_histogram_us: Vec<[u64; 2]>,
     pub transactions: u64,
     pub failures: u64,
     /// By pgbench's classes: serialization, deadlock, other.

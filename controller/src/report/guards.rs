@@ -1,0 +1,148 @@
+//! Fair-comparison guards: what differs between the instance classes
+//! besides their storage (PostgreSQL version and settings, CPUs, memory),
+//! and whether a storage comparison's data fits in the memory its clusters
+//! have (then reads come from memory and the result measures WAL flushes,
+//! not reads). report.json: `differences: [{class, baseline, differs}]`
+//! and `warnings: [text]`; report.md and the terminal show the warnings.
+
+use serde_json::{Value as Json, json};
+
+/// Each class against the first (the baseline of every comparison).
+pub fn differences(classes: &Json) -> Vec<Json> {
+    let Some(map) = classes.as_object() else {
+        return Vec::new();
+    };
+    let mut it = map.iter();
+    let Some((base_name, base)) = it.next() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (name, c) in it {
+        let mut differs = Vec::new();
+        let mut field = |what: &str, a: &Json, b: &Json| {
+            if !a.is_null() && !b.is_null() && a != b {
+                differs.push(format!("{what}: {} vs {}", show(b), show(a)));
+            }
+        };
+        field(
+            "PostgreSQL",
+            &c["postgres"]["version"],
+            &base["postgres"]["version"],
+        );
+        let (cs, bs) = (&c["postgres"]["settings"], &base["postgres"]["settings"]);
+        let mut keys: Vec<&String> = cs
+            .as_object()
+            .into_iter()
+            .chain(bs.as_object())
+            .flat_map(|m| m.keys())
+            .collect();
+        keys.sort();
+        keys.dedup();
+        for k in keys {
+            field(&format!("setting {k}"), &cs[k.as_str()], &bs[k.as_str()]);
+        }
+        let emulated = |x: &Json| x["instance"]["emulated"] == true;
+        let memory = |x: &Json| {
+            if emulated(x) && x["instance"]["memory_bytes"].as_u64().unwrap_or(0) > 0 {
+                x["instance"]["memory_bytes"].clone()
+            } else {
+                x["host"]["memory_bytes"].clone()
+            }
+        };
+        let cpus = |x: &Json| {
+            if emulated(x) && x["instance"]["cpus"].as_u64().unwrap_or(0) > 0 {
+                x["instance"]["cpus"].clone()
+            } else {
+                x["host"]["cores"].clone()
+            }
+        };
+        field("memory bytes", &memory(c), &memory(base));
+        field("CPUs", &cpus(c), &cpus(base));
+        field(
+            "instance type",
+            &c["instance"]["type"],
+            &base["instance"]["type"],
+        );
+        out.push(json!({"class": name, "baseline": base_name, "differs": differs}));
+    }
+    out
+}
+
+fn show(v: &Json) -> String {
+    v.as_str()
+        .map(str::to_string)
+        .unwrap_or_else(|| v.to_string())
+}
+
+/// The warnings of a run's report: classes that differ in more than their
+/// storage, and the scenario's plan warnings (data that fits in memory)
+/// with the memory the clusters really had.
+pub fn warnings(diffs: &[Json], plan: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = diffs
+        .iter()
+        .filter(|d| d["differs"].as_array().is_some_and(|a| !a.is_empty()))
+        .map(|d| {
+            format!(
+                "warning: classes `{}` and `{}` differ in more than their storage ({}): their comparison measures that too",
+                d["baseline"].as_str().unwrap_or(""),
+                d["class"].as_str().unwrap_or(""),
+                d["differs"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Json::as_str)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )
+        })
+        .collect();
+    out.extend(plan.iter().cloned());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn class(version: &str, sb: &str, mem: u64, emulated: bool) -> Json {
+        json!({"postgres": {"version": version, "settings": {"shared_buffers": sb, "fsync": "on"}},
+               "host": {"cores": 2, "memory_bytes": 24u64 << 30},
+               "instance": {"emulated": emulated, "memory_bytes": mem, "cpus": 1, "type": ""},
+               "storage": {"profile": "nvme"}})
+    }
+
+    #[test]
+    fn differences_besides_storage_are_named() {
+        // Classes are compared with the first (in name order).
+        let same = json!({"a": class("15.18", "128MB", 96 << 20, true), "b": class("15.18", "128MB", 96 << 20, true)});
+        let d = differences(&same);
+        assert_eq!(d[0]["differs"], json!([]));
+        assert!(warnings(&d, &[]).is_empty());
+        let other = json!({"a": class("15.18", "128MB", 96 << 20, true), "b": class("16.4", "1GB", 0, false)});
+        let d = differences(&other);
+        let list: Vec<&str> = d[0]["differs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().unwrap())
+            .collect();
+        assert!(list.contains(&"PostgreSQL: 15.18 vs 16.4"), "{list:?}");
+        assert!(
+            list.contains(&"setting shared_buffers: 128MB vs 1GB"),
+            "{list:?}"
+        );
+        assert!(
+            list.iter()
+                .any(|x| x.starts_with("memory bytes: 100663296 vs")),
+            "{list:?}"
+        );
+        assert!(list.contains(&"CPUs: 1 vs 2"), "{list:?}");
+        let w = warnings(&d, &["warning: plan".into()]);
+        assert_eq!(w.len(), 2);
+        assert!(
+            w[0].contains("differ in more than their storage"),
+            "{}",
+            w[0]
+        );
+    }
+}
