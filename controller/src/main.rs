@@ -281,6 +281,30 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                 eprint!("{}", kubernetes::describe(&objects));
             } else {
                 print!("{}", scenario::plan::describe(&sc, &cells, &path));
+                for c in sc.checks() {
+                    let figure = match &c.baseline {
+                        Some(b) => format!(
+                            "{} of {} / {b}{}",
+                            c.metric,
+                            c.class,
+                            c.baseline_entry
+                                .map(|e| format!(" (workload entry {e})"))
+                                .unwrap_or_default()
+                        ),
+                        None => format!("{} of {}", c.metric, c.class),
+                    };
+                    let bound = match (c.min, c.max) {
+                        (Some(lo), Some(hi)) => format!("within {lo}..={hi}"),
+                        (Some(lo), None) => format!("at least {lo}"),
+                        (None, Some(hi)) => format!("at most {hi}"),
+                        _ => String::new(),
+                    };
+                    println!(
+                        "check `{}`: {figure} {bound}, at {:.0} % confidence",
+                        c.name,
+                        c.confidence * 100.0
+                    );
+                }
             }
             Ok(exit::OK)
         }
