@@ -408,21 +408,46 @@ async fn until(what: &str, mut f: impl FnMut() -> bool) {
     panic!("timed out waiting for {what}");
 }
 
+/// A fake API server, and the test scenario's agents launched on it.
+struct Launched {
+    client: kube::Client,
+    fake: FakeApi,
+    agents: KubeAgents,
+    ids: Vec<String>,
+    rx: mpsc::Receiver<Event>,
+}
+
+async fn launch(opts: KubeOptions) -> Launched {
+    let (client, fake) = FakeApi::start();
+    let (tx, rx) = mpsc::channel(64);
+    let agents = KubeAgents::launch(client.clone(), &scenario(), RUN, &opts, tx)
+        .await
+        .unwrap();
+    let ids = agents
+        .launched()
+        .iter()
+        .map(|l| l.agent_id.clone())
+        .collect();
+    Launched {
+        client,
+        fake,
+        agents,
+        ids,
+        rx,
+    }
+}
+
 const RUN: &str = "20261201-100000-abcdef";
 
 #[tokio::test]
 async fn launch_creates_an_owner_then_a_volume_and_a_pod_per_agent_and_the_end_deletes_them_by_propagation()
  {
-    let (client, fake) = FakeApi::start();
-    let (tx, _rx) = mpsc::channel(64);
-    let mut agents = KubeAgents::launch(client, &scenario(), RUN, &options(), tx)
-        .await
-        .unwrap();
-    let ids: Vec<String> = agents
-        .launched()
-        .iter()
-        .map(|l| l.agent_id.clone())
-        .collect();
+    let Launched {
+        fake,
+        mut agents,
+        ids,
+        ..
+    } = launch(options()).await;
     assert_eq!(
         ids,
         [
@@ -613,16 +638,13 @@ async fn launch_creates_an_owner_then_a_volume_and_a_pod_per_agent_and_the_end_d
 
 #[tokio::test]
 async fn a_failed_evicted_or_deleted_pod_loses_its_agent_at_once() {
-    let (client, fake) = FakeApi::start();
-    let (tx, mut rx) = mpsc::channel(64);
-    let mut agents = KubeAgents::launch(client, &scenario(), RUN, &options(), tx)
-        .await
-        .unwrap();
-    let ids: Vec<String> = agents
-        .launched()
-        .iter()
-        .map(|l| l.agent_id.clone())
-        .collect();
+    let Launched {
+        fake,
+        mut agents,
+        ids,
+        mut rx,
+        ..
+    } = launch(options()).await;
     for id in &ids {
         fake.update_pod(id, |p| p["status"] = json!({"phase": "Running"}));
     }
@@ -668,20 +690,17 @@ async fn a_failed_evicted_or_deleted_pod_loses_its_agent_at_once() {
 #[tokio::test]
 async fn a_pod_pending_past_the_timeout_is_given_up_with_the_reason_from_its_conditions_and_events()
 {
-    let (client, fake) = FakeApi::start();
-    let (tx, mut rx) = mpsc::channel(64);
     let opts = KubeOptions {
         pending_timeout: Duration::from_secs(2),
         ..options()
     };
-    let mut agents = KubeAgents::launch(client, &scenario(), RUN, &opts, tx)
-        .await
-        .unwrap();
-    let ids: Vec<String> = agents
-        .launched()
-        .iter()
-        .map(|l| l.agent_id.clone())
-        .collect();
+    let Launched {
+        fake,
+        mut agents,
+        ids,
+        mut rx,
+        ..
+    } = launch(opts).await;
     // nvme-0: no node of the pool; nvme-1: its image cannot be pulled;
     // gp3-0: runs (not given up).
     fake.update_pod(&ids[0], |p| {
@@ -897,21 +916,18 @@ async fn the_run_fails_with_the_reason_when_its_pods_stay_pending() {
 /// Role, and the Role grants nothing the source does not use.
 #[tokio::test]
 async fn every_request_is_allowed_by_the_role_and_the_role_grants_no_more() {
-    let (client, fake) = FakeApi::start();
     // Launch, watch, a failure, a Pending pod, the end, and a reap.
-    let (tx, mut rx) = mpsc::channel(64);
-    let opts = KubeOptions {
+    let Launched {
+        client,
+        fake,
+        mut agents,
+        ids,
+        mut rx,
+    } = launch(KubeOptions {
         pending_timeout: Duration::from_secs(1),
         ..options()
-    };
-    let mut agents = KubeAgents::launch(client.clone(), &scenario(), RUN, &opts, tx)
-        .await
-        .unwrap();
-    let ids: Vec<String> = agents
-        .launched()
-        .iter()
-        .map(|l| l.agent_id.clone())
-        .collect();
+    })
+    .await;
     fake.update_pod(&ids[0], |p| p["status"] = json!({"phase": "Failed"}));
     fake.update_pod(&ids[2], |p| p["status"] = json!({"phase": "Running"}));
     gone(&mut rx).await;
