@@ -329,3 +329,62 @@ checks:
     assert_eq!(check["baseline_entry"], 1);
     assert_eq!(r["checks"].as_array().unwrap().len(), 1);
 }
+
+/// `cache: cold`: the cluster restarts and its files leave the page cache
+/// before the measurement (without failing the cell), so the measured
+/// window reads from the storage what the warm run finds in memory; the
+/// report says which.
+#[test]
+fn a_cold_cache_is_restarted_and_evicted_and_the_report_says_so() {
+    let s = Scratch::new("cache");
+    let sc = s.write(
+        "cache.yaml",
+        "name: cache
+fleet:
+  - name: a
+workloads:
+  - kind: pgbench
+    scale: 5
+    script: select-only
+    clients: 2
+    duration_s: 2
+  - kind: pgbench
+    scale: 5
+    script: select-only
+    clients: 2
+    duration_s: 2
+    cache: cold
+",
+    );
+    let out = s.run_cmd(&sc, &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let r = s.report();
+    let result = |cache: &str| {
+        r["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["params"]["cache"] == cache)
+            .unwrap_or_else(|| panic!("no {cache} result"))
+            .clone()
+    };
+    let (warm, cold) = (result("warm"), result("cold"));
+    // Both read blocks PostgreSQL does not hold (the load's COPY leaves
+    // little in shared buffers); warm ones come from the page cache, cold
+    // ones from the disk: the time per block read tells them apart.
+    let m = |x: &serde_json::Value, k: &str| x["metrics"][k].as_f64().unwrap();
+    assert!(m(&cold, "blocks_read") > 1000.0);
+    assert!(
+        m(&cold, "page_read_ms_avg") > 3.0 * m(&warm, "page_read_ms_avg"),
+        "page read ms: cold {} warm {}",
+        m(&cold, "page_read_ms_avg"),
+        m(&warm, "page_read_ms_avg")
+    );
+    let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
+    assert!(md.contains("### select-only (cache cold)"), "{md}");
+    assert!(
+        md.contains("Cache when the measurement started: **cold"),
+        "{md}"
+    );
+    s.assert_clean(&common::ports(&r));
+}

@@ -138,7 +138,12 @@ pub struct Cluster {
     data: PathBuf,
     port: u16,
     password: String,
-    child: Option<Child>,
+    /// The postmaster; replaced by `restart`.
+    child: std::sync::Mutex<Option<Child>>,
+    /// Set while `restart` has the server down on purpose.
+    restarting: std::sync::atomic::AtomicBool,
+    /// What it was provisioned with (a restart starts it the same way).
+    spec: ClusterSpec,
     /// The cgroups emulating the instance and its storage (none when
     /// nothing is emulated).
     cgroups: Vec<throttle::Cgroup>,
@@ -159,7 +164,11 @@ impl Cluster {
         self.cgroups.iter().map(|c| c.path.as_path()).collect()
     }
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().and_then(|c| c.id())
+        self.child().as_ref().and_then(|c| c.id())
+    }
+
+    fn child(&self) -> std::sync::MutexGuard<'_, Option<Child>> {
+        self.child.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// initdb, configure, start, wait until it accepts connections.
@@ -182,7 +191,9 @@ impl Cluster {
             dir,
             port: 0,
             password: random_hex(16)?,
-            child: None,
+            child: Default::default(),
+            restarting: Default::default(),
+            spec: spec.clone(),
             cgroups: Vec::new(),
             memory_bytes: spec.memory_bytes,
             pg: spec.pg.clone(),
@@ -225,7 +236,7 @@ impl Cluster {
         for _ in 0..5 {
             cluster.port = free_port()?;
             cluster.write_config(spec)?;
-            match cluster.start(spec).await {
+            match cluster.start().await {
                 Ok(()) => return Ok(cluster),
                 Err(Error::Provision(msg))
                     if msg.contains("could not bind") || msg.contains("Address already in use") =>
@@ -311,10 +322,14 @@ impl Cluster {
         Ok(())
     }
 
-    async fn start(&mut self, spec: &ClusterSpec) -> Result<()> {
+    async fn start(&self) -> Result<()> {
+        let spec = &self.spec;
         let log_path = self.dir.join("postgres.log");
-        let log =
-            std::fs::File::create(&log_path).map_err(|e| Error::io("creating postgres.log", e))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| Error::io("opening postgres.log", e))?;
         let mut cmd = Command::new(spec.pg.tool("postgres"));
         cmd.arg("-D")
             .arg(&self.data)
@@ -372,15 +387,18 @@ impl Cluster {
                 Error::Provision(format!("moving postgres into {}: {e}", cg.path.display()))
             })?;
         }
-        self.child = Some(child);
+        *self.child() = Some(child);
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                self.child = None;
+            let exited = {
+                let mut child = self.child();
+                let status = child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+                if status.is_some() {
+                    *child = None;
+                }
+                status
+            };
+            if let Some(status) = exited {
                 let text = std::fs::read_to_string(&log_path).unwrap_or_default();
                 return Err(Error::Provision(format!(
                     "postgres exited during start-up ({status}): {}",
@@ -477,7 +495,8 @@ impl Cluster {
     /// Resolves when the postmaster has exited (crash, OOM kill, kill -9):
     /// a cell waiting on something else notices its server is gone.
     pub async fn exited(&self) {
-        while self.server_alive() {
+        use std::sync::atomic::Ordering::SeqCst;
+        while self.server_alive() || self.restarting.load(SeqCst) {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
@@ -595,25 +614,76 @@ impl Cluster {
                     if seg > 0 {
                         name.push(format!(".{seg}"));
                     }
-                    let Ok(f) = std::fs::File::open(&name) else {
+                    let Some(n) = evict_file(Path::new(&name))? else {
                         break;
                     };
-                    bytes += f.metadata().map(|m| m.len()).unwrap_or(0);
-                    use std::os::fd::AsRawFd;
-                    // SAFETY: a valid open descriptor; advice only.
-                    let rc = unsafe {
-                        libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED)
-                    };
-                    if rc != 0 {
-                        return Err(Error::io(
-                            format!(
-                                "evicting {} from the page cache",
-                                Path::new(&name).display()
-                            ),
-                            std::io::Error::from_raw_os_error(rc),
-                        ));
+                    bytes += n;
+                }
+            }
+        }
+        Ok(bytes)
+    }
+
+    /// Stops the server (a fast shutdown: a checkpoint, then exit) and
+    /// starts it again the same way, in the same cgroups: its shared
+    /// buffers start empty. The cell's watch on the server (`exited`) does
+    /// not fire meanwhile.
+    pub async fn restart(&self) -> Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.restarting.store(true, SeqCst);
+        let stopped = async {
+            let child = self.child().take();
+            if let Some(mut child) = child {
+                for (sig, wait) in [(Signal::SIGINT, 120), (Signal::SIGQUIT, 10)] {
+                    if let Some(pid) = child.id() {
+                        let _ = kill(Pid::from_raw(pid as i32), sig);
+                    }
+                    if tokio::time::timeout(Duration::from_secs(wait), child.wait())
+                        .await
+                        .is_ok()
+                    {
+                        return Ok(());
                     }
                 }
+                return Err(Error::Provision(
+                    "the server did not stop within 130 s for a restart".into(),
+                ));
+            }
+            Ok(())
+        }
+        .await;
+        let started = match stopped {
+            Ok(()) => self.start().await,
+            Err(e) => Err(e),
+        };
+        self.restarting.store(false, SeqCst);
+        started
+    }
+
+    /// Makes the cache cold before a measurement: CHECKPOINT, a restart
+    /// (shared buffers empty), then every file of the current database
+    /// (`base/<oid>/`) evicted from the OS page cache with
+    /// `posix_fadvise(DONTNEED)`; other clusters' pages stay. Returns the
+    /// bytes evicted.
+    pub async fn make_cold(&self) -> Result<u64> {
+        let client = self.connect().await?;
+        client.batch_execute("CHECKPOINT").await?;
+        let oid: u32 = client
+            .query_one(
+                "SELECT oid FROM pg_database WHERE datname = current_database()",
+                &[],
+            )
+            .await?
+            .get(0);
+        drop(client);
+        self.restart().await?;
+        let dir = self.data.join("base").join(oid.to_string());
+        let mut bytes = 0;
+        let entries = std::fs::read_dir(&dir)
+            .map_err(|e| Error::io(format!("reading {}", dir.display()), e))?;
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_file()) {
+                bytes += evict_file(&e.path())?.unwrap_or(0);
             }
         }
         Ok(bytes)
@@ -662,7 +732,8 @@ impl Cluster {
     /// Stops the server (fast shutdown, then immediate, then SIGKILL) and
     /// removes the cluster's directory.
     pub async fn teardown(mut self) -> Result<()> {
-        if let Some(mut child) = self.child.take() {
+        let child = self.child().take();
+        if let Some(mut child) = child {
             let steps = [
                 (Signal::SIGINT, Duration::from_secs(30)),
                 (Signal::SIGQUIT, Duration::from_secs(10)),
@@ -687,7 +758,8 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
+        let child = self.child().take();
+        if let Some(mut child) = child {
             stop_blocking(&mut child);
         }
         for cg in std::mem::take(&mut self.cgroups) {
@@ -697,6 +769,25 @@ impl Drop for Cluster {
             let _ = remove_tree(&self.dir);
         }
     }
+}
+
+/// Drops a file's pages from the OS page cache; its size, or None when
+/// it does not exist.
+fn evict_file(path: &Path) -> Result<Option<u64>> {
+    let Ok(f) = std::fs::File::open(path) else {
+        return Ok(None);
+    };
+    let bytes = f.metadata().map(|m| m.len()).unwrap_or(0);
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid open descriptor; advice only.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if rc != 0 {
+        return Err(Error::io(
+            format!("evicting {} from the page cache", path.display()),
+            std::io::Error::from_raw_os_error(rc),
+        ));
+    }
+    Ok(Some(bytes))
 }
 
 /// Immediate shutdown, synchronously (for Drop).

@@ -35,6 +35,11 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
         let client = ctx.cluster.connect().await?;
         let loaded = pgbench_init::load(ctx, &p.init).await?;
         client.batch_execute("CHECKPOINT").await?;
+        if p.cache == "cold" {
+            drop(client);
+            let bytes = ctx.cluster.make_cold().await?;
+            tracing::info!(cell = %ctx.cell_id, bytes, "cache cold: restarted, database files evicted");
+        }
         let (result, internals) = drive(ctx, &ctx.cluster.server(), &p.drive, p.init.scale).await?;
         for s in per_second(&result) {
             ctx.sample("second", &s).await?;
@@ -53,6 +58,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                 rate: d.rate,
                 latency_limit_ms: d.latency_limit_ms,
                 warmup_s: d.warmup_s,
+                cache: p.cache.clone(),
             },
             metrics: Metrics {
                 tps: result.tps(),

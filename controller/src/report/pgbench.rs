@@ -61,6 +61,12 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
     {
         let script = sm["script"].as_str().unwrap_or("");
         let label = sm["label"].as_str().unwrap_or("");
+        let cache = match sm["params"]["cache"].as_str() {
+            Some("cold") => {
+                "cold (the cluster restarted, its database's files evicted from the page cache)"
+            }
+            _ => "warm (as the load left it)",
+        };
         let heading = if label.is_empty() {
             script.to_string()
         } else {
@@ -77,6 +83,7 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
         let _ = writeln!(
             md,
             "\n### {heading}: per instance class\n\n\
+             Cache when the measurement started: **{cache}**. \
              Latency quantiles are those of all the class's transactions (its clusters' histograms merged); \
              the other figures are medians over clusters. In brackets: min–max over clusters.\n\n\
              | class | clusters | tps | latency p50 ms | latency p99 ms | page read ms | WAL sync ms |\n|---|---|---|---|---|---|---|"

@@ -78,6 +78,11 @@ pub struct Spec {
     /// `pgfleet` (built-in driver, default) or `pgbench` (the real binary).
     #[serde(default)]
     pub driver: Option<Spanned<String>>,
+    /// The cache when the measurement starts: `warm` (default: as the load
+    /// left it) or `cold` (the cluster restarted, its database's files
+    /// evicted from the page cache).
+    #[serde(default)]
+    pub cache: Option<Spanned<String>>,
 }
 
 /// The driver's part of a cell: what runs after the load. Also used by
@@ -124,6 +129,13 @@ impl DriveParams {
 pub struct Params {
     pub init: InitParams,
     pub drive: DriveParams,
+    /// `warm` or `cold` (see `Spec::cache`).
+    #[serde(default = "warm")]
+    pub cache: String,
+}
+
+fn warm() -> String {
+    "warm".into()
 }
 
 /// A point's parameters (one per cell).
@@ -139,6 +151,9 @@ pub struct PointParams {
     pub rate: Option<f64>,
     pub latency_limit_ms: Option<f64>,
     pub warmup_s: f64,
+    /// The cache when the measurement started: `warm` or `cold`.
+    #[serde(default = "warm")]
+    pub cache: String,
 }
 
 /// pgbench's figures for the measured window.
@@ -310,7 +325,11 @@ impl KindSpec for Spec {
             &self.load_connections,
         )?;
         let drive = check_drive(f, self)?;
-        Ok(vec![(drive.script.clone(), Params { init, drive })])
+        if let Some(c) = &self.cache {
+            f.one_of(c, "cache", super::vacuum_bloat::CACHE, "cache state")?;
+        }
+        let cache = or(&self.cache, warm());
+        Ok(vec![(drive.script.clone(), Params { init, drive, cache })])
     }
 }
 
