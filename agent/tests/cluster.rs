@@ -91,7 +91,7 @@ async fn toast_slice_reproduces_the_articles_storage_and_buffer_facts() {
     let mut ctx = CellContext::new("c1", &cluster, tx, CancellationToken::new());
     use pgfleet_agent::workload::toast_slice::{Dataset, Metrics, Offset, Params, StorageMode};
     use pgfleet_proto::workload::Params as Kind;
-    let params = |dataset| {
+    let params = |dataset, cache: &str| {
         Kind::ToastSlice(Params {
             storage_modes: vec![StorageMode::External, StorageMode::Pglz, StorageMode::Lz4],
             dataset,
@@ -110,9 +110,10 @@ async fn toast_slice_reproduces_the_articles_storage_and_buffer_facts() {
             duration_s: 0.2,
             repeats: 1,
             warmup_s: 0.1,
+            cache: cache.into(),
         })
     };
-    let out = workload::run(&mut ctx, &params(Dataset::Mixed))
+    let out = workload::run(&mut ctx, &params(Dataset::Mixed, "warm"))
         .await
         .unwrap();
     // Typed from the agent's point to the wire and back.
@@ -151,13 +152,26 @@ async fn toast_slice_reproduces_the_articles_storage_and_buffer_facts() {
         let stored = get(m, 1).stored_bytes;
         assert!((5_000_000..7_000_000).contains(&stored), "{m}: {stored}");
     }
-    let out = workload::run(&mut ctx, &params(Dataset::Incompressible))
+    let out = workload::run(&mut ctx, &params(Dataset::Incompressible, "warm"))
         .await
         .unwrap();
     for p in &out.points {
         let m: Metrics = serde_json::from_str(&p.metrics_json).unwrap();
         assert_eq!(m.compression, None, "{}", p.params_json);
         assert!(m.stored_bytes >= 10485760);
+    }
+    // Cold: each repeat is one read right after a restart, and the same
+    // facts hold.
+    let pid = cluster.pid().unwrap();
+    let out = workload::run(&mut ctx, &params(Dataset::Mixed, "cold"))
+        .await
+        .unwrap();
+    assert_ne!(cluster.pid().unwrap(), pid, "the cluster restarted");
+    assert!(cluster.server_alive());
+    for p in &out.points {
+        let m: Metrics = serde_json::from_str(&p.metrics_json).unwrap();
+        assert_eq!((m.calls, m.repeats), (1, 1), "{}", p.params_json);
+        assert_eq!(p.params()["cache"], "cold");
     }
     drop(ctx);
     cluster.teardown().await.unwrap();

@@ -550,6 +550,11 @@ async fn launch_creates_an_owner_then_a_volume_and_a_pod_per_agent_and_the_end_d
     let c = &spec["containers"][0];
     assert_eq!(c["image"], "registry.example/pgfleet-agent:0.1.0");
     assert_eq!(
+        c["args"],
+        json!(["--give-up-after-s", "600"]),
+        "outlives a controller restart"
+    );
+    assert_eq!(
         c["resources"]["requests"],
         json!({"cpu": "15", "memory": "54Gi"})
     );

@@ -17,7 +17,9 @@
 //!    `SELECT octet_length(substring(payload FROM $1 FOR $2)) FROM t WHERE id = $3`
 //!    in a closed loop for `duration_s`, one HDR histogram per repeat; repeats
 //!    are interleaved across points so drift hits every point alike. A point's
-//!    figure is the median over its repeats.
+//!    figure is the median over its repeats. With `cache: cold` each repeat
+//!    is instead one read right after the cluster restarted and its files
+//!    left the page cache (no warm-up): a read from the storage.
 
 use std::time::{Duration, Instant};
 
@@ -107,11 +109,14 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
         for mode in &p.storage_modes {
             stmts.push(client.prepare(&QUERY.replace("{table}", &mode.table())).await?);
         }
+        let cold = p.cache == "cold";
         // Warm-up: each point briefly, not recorded.
         let warm = Duration::from_secs_f64(p.warmup_s.max(0.0) / (stmts.len() * p.offsets.len()) as f64);
         for stmt in &stmts {
             for o in &p.offsets {
-                measure(&client, stmt, o.byte, p.slice_bytes, p.value_bytes, warm, &ctx.cancel).await?;
+                if !cold {
+                    measure(&client, stmt, o.byte, p.slice_bytes, p.value_bytes, warm, &ctx.cancel).await?;
+                }
             }
         }
 
@@ -129,7 +134,16 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                         total,
                         format!("{} @{} repeat {}/{}", mode.name(), o.label, r + 1, p.repeats),
                     );
-                    let s = measure(&client, &stmts[mi], o.byte, p.slice_bytes, p.value_bytes, dur, &ctx.cancel).await?;
+                    let s = if cold {
+                        // One read from a cold cache: restart (the old
+                        // session ends with it), evict, connect, read.
+                        ctx.cluster.make_cold().await?;
+                        let c = ctx.cluster.connect().await?;
+                        let stmt = c.prepare(&QUERY.replace("{table}", &mode.table())).await?;
+                        measure(&c, &stmt, o.byte, p.slice_bytes, p.value_bytes, Duration::ZERO, &ctx.cancel).await?
+                    } else {
+                        measure(&client, &stmts[mi], o.byte, p.slice_bytes, p.value_bytes, dur, &ctx.cancel).await?
+                    };
                     ctx.sample(
                         "repeat",
                         &json!({"storage_mode": mode.name(), "offset": o.byte, "offset_label": o.label,
@@ -159,6 +173,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                         offset: o.byte,
                         offset_label: o.label.clone(),
                         slice_bytes: p.slice_bytes,
+                        cache: p.cache.clone(),
                     },
                     metrics: Metrics {
                         stored_bytes: s.stored_bytes,

@@ -41,6 +41,9 @@ pub const INSTANCE_TYPE_LABEL: &str = "node.kubernetes.io/instance-type";
 /// The agent image's `postgres` user and group (deploy/images/agent.Dockerfile):
 /// the pod runs as it and owns its volume.
 pub const AGENT_UID: i64 = 10001;
+/// How long an agent's pod waits for an absent controller before it tears
+/// down (its run is then resumed by the restarted controller).
+const AGENT_GIVE_UP_S: u64 = 600;
 /// Where the volume is mounted in the agent's pod (its data root).
 const DATA_ROOT: &str = "/data";
 const TOKEN_DIR: &str = "/var/run/pgfleet/token";
@@ -438,6 +441,10 @@ fn agent_objects(
             "name": "agent",
             "image": opts.image,
             "imagePullPolicy": opts.image_pull_policy,
+            // A controller restarted by its Deployment (Recreate: the old
+            // pod goes first, the new one may wait for its volume) is away
+            // longer than on a host: the agent keeps its cell meanwhile.
+            "args": ["--give-up-after-s", AGENT_GIVE_UP_S.to_string()],
             "env": env,
             "resources": {"requests": {"cpu": cpu_quantity(cpu), "memory": quantity(memory)}},
             "volumeMounts": mounts,

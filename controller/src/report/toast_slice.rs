@@ -13,12 +13,13 @@ const MODES: &[&str] = &["external", "pglz", "lz4"];
 /// One section per (instance class, dataset, value size): latency table,
 /// storage/buffers table, and the latency-vs-offset plot.
 pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, _doc: &Json, results: &[&Json]) {
-    let mut groups: BTreeMap<(String, String, u64), Vec<&Json>> = BTreeMap::new();
+    let mut groups: BTreeMap<(String, String, u64, String), Vec<&Json>> = BTreeMap::new();
     for r in results {
         let key = (
             r["instance_class"].as_str().unwrap_or("").to_string(),
             r["params"]["dataset"].as_str().unwrap_or("").to_string(),
             r["params"]["value_bytes"].as_u64().unwrap_or(0),
+            r["params"]["cache"].as_str().unwrap_or("warm").to_string(),
         );
         groups.entry(key).or_default().push(r);
     }
@@ -29,13 +30,15 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, _doc: &Json, 
         md,
         "\n## toast-slice: {} bytes out of one large value\n\nLatency is the mean of each timed run of the prepared \
          query, median over repeats (as pgbench's `latency average` in the article). Buffers are from a warm \
-         `EXPLAIN (ANALYZE, BUFFERS)` read by primary key.",
+         `EXPLAIN (ANALYZE, BUFFERS)` read by primary key. A warm cache: a warm-up, then each repeat a closed \
+         loop of reads from memory; a cold one: each repeat one read right after the cluster restarted and its \
+         files left the page cache.",
         results
             .first()
             .and_then(|r| r["params"]["slice_bytes"].as_u64())
             .unwrap_or(100)
     );
-    for ((class, dataset, size), rs) in groups {
+    for ((class, dataset, size, cache), rs) in groups {
         let mut offsets: Vec<(u64, String)> = rs
             .iter()
             .map(|r| {
@@ -62,7 +65,7 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, _doc: &Json, 
         };
         let _ = writeln!(
             md,
-            "\n### {dataset}, {} ({class})\n",
+            "\n### {dataset}, {} ({class}, {cache} cache)\n",
             pgfleet_proto::workload::human_bytes(size)
         );
         let header: Vec<String> = offsets
