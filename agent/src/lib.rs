@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod driver;
 pub mod host;
 pub mod pgbin;
+pub mod pglz;
 pub mod sampler;
 pub mod session;
 pub mod workload;

@@ -7,6 +7,7 @@
 //! `proto/src/workload/mod.rs` (here: a file and one line in `run`).
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use serde::Serialize;
@@ -18,9 +19,11 @@ use crate::{Error, Result};
 use pgfleet_proto::v1::{AgentMessage, CellProgress, CellSample, Endpoint, agent_message::Msg};
 use pgfleet_proto::workload::{self as kinds, Params};
 
+pub mod compression_analysis;
 pub mod logical_drain;
 pub mod pgbench;
 pub mod pgbench_init;
+pub mod toast_probe;
 pub mod toast_slice;
 pub mod vacuum_bloat;
 
@@ -32,6 +35,8 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Params) -> BoxFuture<'a
         Params::Pgbench(p) => pgbench::run(ctx, p),
         Params::VacuumBloat(p) => vacuum_bloat::run(ctx, p),
         Params::LogicalDrain(p) => logical_drain::run(ctx, p),
+        Params::ToastProbe(p) => toast_probe::run(ctx, p),
+        Params::CompressionAnalysis(p) => compression_analysis::run(ctx, p),
     }
 }
 
@@ -174,6 +179,81 @@ impl CellContext<'_> {
             Ok(())
         }
     }
+}
+
+/// One repeat of a closed loop: calls and latency figures.
+#[derive(Debug, Clone, Default)]
+pub struct RepeatSummary {
+    pub calls: u64,
+    pub mean_ms: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+/// The measurement loop of the read kinds: awaits `call` back to back until
+/// `dur` elapses (at least once), recording each call's latency (ns) in an
+/// HDR histogram.
+pub async fn closed_loop<F, Fut>(
+    dur: Duration,
+    cancel: &CancellationToken,
+    mut call: F,
+) -> Result<RepeatSummary>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1_000, 600_000_000_000, 3)
+        .map_err(|e| Error::Workload {
+            workload: "measure".into(),
+            message: format!("histogram: {e}"),
+        })?;
+    let mut sum_ns: u128 = 0;
+    let start = Instant::now();
+    loop {
+        if cancel.is_cancelled() {
+            return Err(Error::Cancelled("cell cancelled".into()));
+        }
+        let t = Instant::now();
+        call().await?;
+        let ns = t.elapsed().as_nanos();
+        hist.saturating_record(ns as u64);
+        sum_ns += ns;
+        if start.elapsed() >= dur {
+            break;
+        }
+    }
+    let n = hist.len();
+    let ms = |ns: u64| ns as f64 / 1e6;
+    Ok(RepeatSummary {
+        calls: n,
+        mean_ms: sum_ns as f64 / n.max(1) as f64 / 1e6,
+        p50_ms: ms(hist.value_at_quantile(0.5)),
+        p99_ms: ms(hist.value_at_quantile(0.99)),
+        max_ms: ms(hist.max()),
+    })
+}
+
+/// Warm `EXPLAIN (ANALYZE, BUFFERS)` of `sql` (run twice, the second
+/// recorded): (shared hit, shared read, top plan node, execution ms).
+pub async fn explain_buffers(
+    client: &tokio_postgres::Client,
+    sql: &str,
+) -> Result<(i64, i64, String, f64)> {
+    let sql = format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}");
+    let mut doc = serde_json::Value::Null;
+    for _ in 0..2 {
+        doc = client.query_one(&sql, &[]).await?.get(0);
+    }
+    let top = &doc[0];
+    let plan = &top["Plan"];
+    let num = |v: &serde_json::Value| v.as_i64().unwrap_or(0);
+    Ok((
+        num(&plan["Shared Hit Blocks"]),
+        num(&plan["Shared Read Blocks"]),
+        plan["Node Type"].as_str().unwrap_or("").to_string(),
+        top["Execution Time"].as_f64().unwrap_or(f64::NAN),
+    ))
 }
 
 /// Median of a non-empty slice (mean of the middle two for even lengths).

@@ -21,14 +21,13 @@
 //!    is instead one read right after the cluster restarted and its files
 //!    left the page cache (no warm-up): a read from the storage.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use hdrhistogram::Histogram;
-use serde_json::{Value as Json, json};
+use serde_json::json;
 
-use super::{CellContext, Output, median};
+use super::{CellContext, Output, RepeatSummary, closed_loop, explain_buffers, median};
 use crate::{Error, Result};
 
 const ROW_ID: i64 = 2;
@@ -295,40 +294,14 @@ pub async fn explain(
     slice: u32,
 ) -> Result<(i64, i64, String, f64)> {
     let sql = format!(
-        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT octet_length(substring(payload FROM {offset} FOR {slice})) FROM {} WHERE id = {ROW_ID}",
+        "SELECT octet_length(substring(payload FROM {offset} FOR {slice})) FROM {} WHERE id = {ROW_ID}",
         mode.table()
     );
-    let mut last = None;
-    // The first run warms the cache; the second is recorded.
-    for _ in 0..2 {
-        let row = client.query_one(&sql, &[]).await?;
-        let text: Json = row.get(0);
-        last = Some(text);
-    }
-    let doc = last.unwrap_or(Json::Null);
-    let top = &doc[0];
-    let plan = &top["Plan"];
-    let num = |v: &Json| v.as_i64().unwrap_or(0);
-    Ok((
-        num(&plan["Shared Hit Blocks"]),
-        num(&plan["Shared Read Blocks"]),
-        plan["Node Type"].as_str().unwrap_or("").to_string(),
-        top["Execution Time"].as_f64().unwrap_or(f64::NAN),
-    ))
+    explain_buffers(client, &sql).await
 }
 
-#[derive(Debug, Clone, Default)]
-pub struct RepeatSummary {
-    pub calls: u64,
-    pub mean_ms: f64,
-    pub p50_ms: f64,
-    pub p99_ms: f64,
-    pub max_ms: f64,
-}
-
-/// Executes the prepared slice query (`QUERY`) until `dur` elapses,
-/// recording each call's latency (ns) in an HDR histogram, and checks every
-/// answer's length.
+/// Executes the prepared slice query (`QUERY`) until `dur` elapses (see
+/// `closed_loop`), and checks every answer's length.
 pub async fn measure(
     client: &tokio_postgres::Client,
     stmt: &tokio_postgres::Statement,
@@ -338,40 +311,19 @@ pub async fn measure(
     dur: Duration,
     cancel: &tokio_util::sync::CancellationToken,
 ) -> Result<RepeatSummary> {
-    let mut hist = Histogram::<u64>::new_with_bounds(1_000, 600_000_000_000, 3)
-        .map_err(|e| werr(format!("histogram: {e}")))?;
     let expected = (slice_bytes as u64).min(value_bytes - offset + 1) as i32;
     let (off, len, id) = (offset as i32, slice_bytes as i32, ROW_ID);
-    let mut sum_ns: u128 = 0;
-    let start = Instant::now();
-    loop {
-        if cancel.is_cancelled() {
-            return Err(Error::Cancelled("cell cancelled".into()));
-        }
-        let t = Instant::now();
+    closed_loop(dur, cancel, || async {
         let row = client.query_one(stmt, &[&off, &len, &id]).await?;
-        let ns = t.elapsed().as_nanos();
         let got: i32 = row.get(0);
         if got != expected {
             return Err(werr(format!(
                 "slice at {offset} returned {got} bytes, expected {expected}"
             )));
         }
-        hist.saturating_record(ns as u64);
-        sum_ns += ns;
-        if start.elapsed() >= dur {
-            break;
-        }
-    }
-    let n = hist.len();
-    let ms = |ns: u64| ns as f64 / 1e6;
-    Ok(RepeatSummary {
-        calls: n,
-        mean_ms: sum_ns as f64 / n.max(1) as f64 / 1e6,
-        p50_ms: ms(hist.value_at_quantile(0.5)),
-        p99_ms: ms(hist.value_at_quantile(0.99)),
-        max_ms: ms(hist.max()),
+        Ok(())
     })
+    .await
 }
 
 fn db_message(e: &tokio_postgres::Error) -> String {

@@ -18,6 +18,7 @@ const SECTIONS: &[(&str, Section)] = &[
     ("pgbench", super::pgbench::section),
     ("vacuum-bloat", super::vacuum_bloat::section),
     ("logical-drain", super::logical_drain::section),
+    ("toast-probe", super::toast_probe::section),
 ];
 
 /// The checks' verdicts, first: what a pipeline gates on.

@@ -49,6 +49,7 @@ pub mod markdown;
 mod pgbench;
 mod pgbench_init;
 pub mod plot;
+mod toast_probe;
 mod toast_slice;
 mod vacuum_bloat;
 

@@ -32,9 +32,11 @@ use serde::{Deserialize, Serialize};
 
 pub use serde_saphyr::{Location, Spanned};
 
+pub mod compression_analysis;
 pub mod logical_drain;
 pub mod pgbench;
 pub mod pgbench_init;
+pub mod toast_probe;
 pub mod toast_slice;
 pub mod vacuum_bloat;
 
@@ -396,6 +398,8 @@ kinds! {
     "pgbench" => Pgbench(pgbench),
     "vacuum-bloat" => VacuumBloat(vacuum_bloat),
     "logical-drain" => LogicalDrain(logical_drain),
+    "toast-probe" => ToastProbe(toast_probe),
+    "compression-analysis" => CompressionAnalysis(compression_analysis),
 }
 
 /// What the controller knows of a kind without its parameters.

@@ -50,16 +50,21 @@ impl StorageMode {
     }
     pub fn ddl(self) -> String {
         let t = self.table();
-        let alter = match self {
-            StorageMode::External => "ALTER COLUMN payload SET STORAGE EXTERNAL".to_string(),
+        format!(
+            "DROP TABLE IF EXISTS {t}; CREATE TABLE {t} (id bigint PRIMARY KEY, payload bytea); ALTER TABLE {t} {};",
+            self.alter_column("payload")
+        )
+    }
+    /// The `ALTER TABLE` clauses that give `column` this mode (PostgreSQL 15
+    /// lacks `CREATE TABLE ... STORAGE`).
+    pub fn alter_column(self, column: &str) -> String {
+        match self {
+            StorageMode::External => format!("ALTER COLUMN {column} SET STORAGE EXTERNAL"),
             StorageMode::Pglz | StorageMode::Lz4 => format!(
-                "ALTER COLUMN payload SET STORAGE EXTENDED, ALTER COLUMN payload SET COMPRESSION {}",
+                "ALTER COLUMN {column} SET STORAGE EXTENDED, ALTER COLUMN {column} SET COMPRESSION {}",
                 self.name()
             ),
-        };
-        format!(
-            "DROP TABLE IF EXISTS {t}; CREATE TABLE {t} (id bigint PRIMARY KEY, payload bytea); ALTER TABLE {t} {alter};"
-        )
+        }
     }
 }
 

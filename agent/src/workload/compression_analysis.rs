@@ -1,0 +1,284 @@
+//! `compression-analysis`: seeds/004's `csm_compress_analysis` on stock
+//! PostgreSQL (what, and the slot model: `pgfleet_proto::workload::
+//! compression_analysis`). Here, how:
+//!
+//! 1. the dataset: pgbench's tables (the parallel loader), order documents
+//!    (`orders`, toast-probe's generator, default storage) or the scenario's
+//!    `setup_sql`; then `VACUUM ANALYZE` and a `CHECKPOINT`;
+//! 2. the relations: tables, indexes and materialized views in `public`
+//!    (TOAST relations live in `pg_toast` and are not listed), or those the
+//!    scenario names, which must exist;
+//! 3. per relation and sample fraction, the sampled blocks are read in
+//!    batches with pageinspect's `get_raw_page` (through shared buffers: the
+//!    page as PostgreSQL would write it) and each batch compressed on a
+//!    blocking thread, per algorithm, timing the thread's CPU clock
+//!    (`CLOCK_THREAD_CPUTIME_ID`) around that algorithm's pages.
+
+use std::time::Instant;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use tokio_postgres::Client;
+
+use super::{CellContext, Output, pgbench_init, toast_probe};
+use crate::{Error, Result};
+
+pub use pgfleet_proto::workload::compression_analysis::{
+    Metrics, PAGE_BYTES, Params, Point, PointParams, SLOTS, sample_blocks, slot_bytes,
+};
+
+/// Pages read per round trip.
+const BATCH: usize = 256;
+
+pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Result<Output>> {
+    async move {
+        let client = ctx.cluster.connect().await?;
+        client
+            .batch_execute("CREATE EXTENSION IF NOT EXISTS pageinspect")
+            .await
+            .map_err(|e| werr(format!("pageinspect is needed to read pages: {e}")))?;
+        ctx.progress("load", 0, 1, format!("dataset {}", p.dataset));
+        match p.dataset.as_str() {
+            "pgbench" => {
+                let init = p.init.as_ref().ok_or_else(|| werr("dataset pgbench without its scale".into()))?;
+                pgbench_init::load(ctx, init).await?;
+            }
+            "json" => {
+                client
+                    .batch_execute("DROP TABLE IF EXISTS orders; CREATE TABLE orders (id int PRIMARY KEY, body jsonb)")
+                    .await?;
+                toast_probe::load_documents(&client, "orders", p.json_documents, (25, 100), 0.42).await?;
+            }
+            _ => client
+                .batch_execute(&p.setup_sql)
+                .await
+                .map_err(|e| werr(format!("setup_sql failed: {}", e.as_db_error().map(|d| d.message().to_string()).unwrap_or_else(|| e.to_string()))))?,
+        }
+        ctx.check_cancel()?;
+        client.batch_execute("VACUUM ANALYZE").await?;
+        client.batch_execute("CHECKPOINT").await?;
+
+        let rels = relations(&client, &p.relations).await?;
+        let total: u64 = rels
+            .iter()
+            .map(|r| p.sample_fractions.iter().map(|f| sample_blocks(r.pages, *f).len() as u64).sum::<u64>())
+            .sum();
+        let mut done = 0;
+        let mut points = Vec::new();
+        for rel in &rels {
+            for fraction in &p.sample_fractions {
+                ctx.check_cancel()?;
+                let blocks = sample_blocks(rel.pages, *fraction);
+                let mut acc: Vec<Acc> = p.algorithms.iter().map(|_| Acc::default()).collect();
+                let mut read_ms = 0.0;
+                for batch in blocks.chunks(BATCH) {
+                    ctx.check_cancel()?;
+                    let t = Instant::now();
+                    let pages = read_pages(&client, &rel.name, batch).await?;
+                    read_ms += t.elapsed().as_secs_f64() * 1e3;
+                    let algorithms = p.algorithms.clone();
+                    let level = p.zstd_level;
+                    let sizes = tokio::task::spawn_blocking(move || compress_all(&pages, &algorithms, level))
+                        .await
+                        .map_err(|e| werr(format!("compression thread: {e}")))??;
+                    for (a, (sizes, cpu)) in acc.iter_mut().zip(sizes) {
+                        a.sizes.extend(sizes);
+                        a.cpu_ns += cpu;
+                    }
+                    done += batch.len() as u64;
+                    ctx.progress("analyse", done, total, format!("{} at {}", rel.name, fraction));
+                }
+                for (alg, a) in p.algorithms.iter().zip(acc) {
+                    let m = a.metrics(rel, p.slot_header_bytes as u64, read_ms);
+                    let pt = Point {
+                        params: PointParams {
+                            relation: rel.name.clone(),
+                            relkind: rel.kind.clone(),
+                            sample_fraction: *fraction,
+                            algorithm: alg.clone(),
+                        },
+                        metrics: m,
+                    };
+                    ctx.sample("analysis", &pt).await?;
+                    points.push(pt);
+                }
+            }
+        }
+        Ok(Output::of(&points))
+    }
+    .boxed()
+}
+
+fn werr(message: String) -> Error {
+    Error::Workload {
+        workload: "compression-analysis".into(),
+        message,
+    }
+}
+
+pub struct Relation {
+    pub name: String,
+    pub kind: String,
+    pub pages: u64,
+}
+
+/// The relations to analyse, by name.
+pub async fn relations(client: &Client, only: &[String]) -> Result<Vec<Relation>> {
+    let rows = client
+        .query(
+            "SELECT c.oid::regclass::text, c.relkind::text, pg_relation_size(c.oid) / current_setting('block_size')::bigint \
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = 'public' AND c.relkind IN ('r', 'i', 'm') ORDER BY c.relkind DESC, 1",
+            &[],
+        )
+        .await?;
+    let all: Vec<Relation> = rows
+        .iter()
+        .map(|r| Relation {
+            name: r.get(0),
+            kind: r.get(1),
+            pages: r.get::<_, i64>(2) as u64,
+        })
+        .collect();
+    if only.is_empty() {
+        return Ok(all);
+    }
+    let mut out = Vec::new();
+    for name in only {
+        match all.iter().position(|r| &r.name == name) {
+            Some(i) => out.push(Relation {
+                name: all[i].name.clone(),
+                kind: all[i].kind.clone(),
+                pages: all[i].pages,
+            }),
+            None => {
+                let known: Vec<&str> = all.iter().map(|r| r.name.as_str()).collect();
+                return Err(werr(format!(
+                    "relation `{name}` is not a table, index or materialized view of the dataset: known {}",
+                    known.join(", ")
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The raw 8 KiB images of `blocks` of `rel`, in order.
+pub async fn read_pages(client: &Client, rel: &str, blocks: &[u64]) -> Result<Vec<Vec<u8>>> {
+    let ids: Vec<i64> = blocks.iter().map(|b| *b as i64).collect();
+    let rows = client
+        .query(
+            "SELECT get_raw_page($1, 'main', b) FROM unnest($2::int8[]) WITH ORDINALITY AS s(b, i) ORDER BY i",
+            &[&rel, &ids],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get::<_, Vec<u8>>(0)).collect())
+}
+
+/// Per algorithm: each page's compressed size, and the thread CPU
+/// nanoseconds spent compressing them.
+pub fn compress_all(
+    pages: &[Vec<u8>],
+    algorithms: &[String],
+    zstd_level: i32,
+) -> Result<Vec<(Vec<u64>, u64)>> {
+    let mut out = Vec::new();
+    for alg in algorithms {
+        let start = thread_cpu_ns();
+        let mut sizes = Vec::with_capacity(pages.len());
+        for page in pages {
+            sizes.push(compressed_size(alg, page, zstd_level)?);
+        }
+        out.push((sizes, thread_cpu_ns().saturating_sub(start)));
+    }
+    Ok(out)
+}
+
+/// One page's compressed size with `alg`; a pglz give-up is the raw size
+/// (PostgreSQL stores the data uncompressed then).
+pub fn compressed_size(alg: &str, page: &[u8], zstd_level: i32) -> Result<u64> {
+    Ok(match alg {
+        "zstd" => zstd::bulk::compress(page, zstd_level)
+            .map_err(|e| werr(format!("zstd: {e}")))?
+            .len() as u64,
+        "lz4" => lz4::block::compress(page, Some(lz4::block::CompressionMode::DEFAULT), false)
+            .map_err(|e| werr(format!("lz4: {e}")))?
+            .len() as u64,
+        "pglz" => crate::pglz::compress(page).map_or(page.len(), |c| c.len()) as u64,
+        other => return Err(werr(format!("unknown algorithm `{other}`"))),
+    })
+}
+
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which we own.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[derive(Default)]
+struct Acc {
+    sizes: Vec<u64>,
+    cpu_ns: u64,
+}
+
+impl Acc {
+    fn metrics(&self, rel: &Relation, header: u64, read_ms: f64) -> Metrics {
+        let n = self.sizes.len() as u64;
+        let sum: u64 = self.sizes.iter().sum();
+        let mut over = [0u64; 3];
+        let mut sample = [0u64; 3];
+        for s in &self.sizes {
+            for (k, slot) in SLOTS.iter().enumerate() {
+                let (fits, bytes) = slot_bytes(*s, header, *slot);
+                over[k] += u64::from(!fits);
+                sample[k] += bytes;
+            }
+        }
+        let pct = |k: usize| {
+            if n == 0 {
+                0.0
+            } else {
+                100.0 * over[k] as f64 / n as f64
+            }
+        };
+        let scale = |k: usize| {
+            if n == 0 {
+                0
+            } else {
+                (sample[k] as f64 * rel.pages as f64 / n as f64).round() as u64
+            }
+        };
+        let cpu_ms = self.cpu_ns as f64 / 1e6;
+        Metrics {
+            relation_pages: rel.pages,
+            relation_bytes: rel.pages * PAGE_BYTES,
+            pages_analysed: n,
+            avg_compressed_bytes: if n == 0 { 0.0 } else { sum as f64 / n as f64 },
+            ratio: if sum == 0 {
+                0.0
+            } else {
+                (n * PAGE_BYTES) as f64 / sum as f64
+            },
+            pages_incompressible: self.sizes.iter().filter(|s| **s >= PAGE_BYTES).count() as u64,
+            over_1k_pct: pct(0),
+            over_2k_pct: pct(1),
+            over_4k_pct: pct(2),
+            projected_1k_bytes: scale(0),
+            projected_2k_bytes: scale(1),
+            projected_4k_bytes: scale(2),
+            sample_1k_bytes: sample[0],
+            sample_2k_bytes: sample[1],
+            sample_4k_bytes: sample[2],
+            cpu_ms,
+            cpu_us_per_page: if n == 0 { 0.0 } else { cpu_ms * 1e3 / n as f64 },
+            read_ms,
+        }
+    }
+}
