@@ -132,6 +132,9 @@ async fn run_inner(
         } else {
             Caps::default()
         },
+        // Accounting needs a cgroup, so root; without, the kind's device
+        // figures are None and its report says so.
+        account_io: params.account_io() && nix::unistd::geteuid().is_root(),
         memory_bytes: if env.instance.emulated {
             env.instance.memory_bytes
         } else {

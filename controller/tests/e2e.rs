@@ -816,3 +816,90 @@ workloads:
     }
     s.assert_clean(&ports(&r));
 }
+
+/// Experiments 3 and 4 end to end: toast-probe's tables carry the
+/// article's figures beside the measured ones, the compression analysis
+/// and the read-write tests report, and the accounting cgroup a read-write
+/// cell's cluster ran in is gone afterwards.
+#[test]
+fn the_other_two_articles_run_end_to_end() {
+    let s = Scratch::new("articles");
+    let sc = s.write(
+        "articles.yaml",
+        "name: articles
+fleet:
+  - name: local
+    count: 1
+    postgres: { settings: { shared_buffers: 64MB } }
+workloads:
+  - kind: toast-probe
+    probes: [threshold, placement, window]
+  - kind: compression-analysis
+    dataset: sql
+    setup_sql: \"CREATE TABLE items AS SELECT i AS id, md5(i::text) AS h FROM generate_series(1, 20000) i\"
+    sample_fractions: [0.1, 1]
+    zstd_level: 9
+  - kind: read-write
+    rows: 30000
+    tests: [seq-cold, write]
+    repeats: 1
+",
+    );
+    let out = s.run_cmd(&sc, &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let r = s.report();
+    let results = r["results"].as_array().unwrap();
+    let of = |kind: &str| results.iter().filter(|x| x["workload"] == kind).count();
+    assert_eq!(
+        of("toast-probe"),
+        3 * 3 + 3 * 4 + 3 * 2,
+        "modes x (threshold, placement, window cases)"
+    );
+    assert_eq!(
+        of("compression-analysis"),
+        2 * 3,
+        "fractions x algorithms (one table, no index)"
+    );
+    assert_eq!(of("read-write"), 2);
+    let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
+    // Measured and published side by side.
+    assert!(
+        md.contains("| 2001 | lz4 | 26 | lz4 | compressed inline | 54 | 26 |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| V=5000 | pglz | 209999 | 209999 | none | yes | 209999 |"),
+        "{md}"
+    );
+    assert!(md.contains("#### Sampling error"), "{md}");
+    assert!(md.contains("| seq-cold | default | 30000 |"), "{md}");
+    assert!(md.contains("| write test | UPDATE s |"), "{md}");
+    let write = results
+        .iter()
+        .find(|x| x["workload"] == "read-write" && x["params"]["test"] == "write")
+        .unwrap();
+    if nix_is_root() {
+        assert!(
+            write["metrics"]["device_write_bytes"].as_u64().unwrap() > 0,
+            "{write}"
+        );
+        let cg = std::path::Path::new("/sys/fs/cgroup/blkio/pgfleet");
+        let left: Vec<_> = std::fs::read_dir(cg)
+            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(
+            !left
+                .iter()
+                .any(|n| n.to_string_lossy().contains("read-write")),
+            "cgroups left behind: {left:?}"
+        );
+    }
+    s.assert_clean(&[]);
+}
+
+fn nix_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+}

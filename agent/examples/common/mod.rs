@@ -1,4 +1,5 @@
 //! What the benchmark examples share: a scratch cluster and CPU time.
+#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -36,6 +37,7 @@ pub async fn cluster(settings: &[(&str, &str)]) -> anyhow::Result<(Cluster, Path
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect::<BTreeMap<_, _>>(),
         caps: Default::default(),
+        account_io: false,
         listen: Vec::new(),
         peers: Vec::new(),
         memory_bytes: 0,

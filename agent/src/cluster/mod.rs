@@ -126,6 +126,9 @@ pub struct ClusterSpec {
     pub peers: Vec<std::net::IpAddr>,
     /// Storage caps to emulate (block-I/O throttling); uncapped = as is.
     pub caps: Caps,
+    /// Run the server in a block-I/O cgroup that counts its device bytes
+    /// (`io_bytes`), capped or not. Needs root.
+    pub account_io: bool,
     /// The emulated instance's memory (page cache included; 0 = the host's)
     /// and CPUs (0 = the host's).
     pub memory_bytes: u64,
@@ -156,12 +159,24 @@ impl Cluster {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+    /// The data directory (`PGDATA`).
+    pub fn data_dir(&self) -> &Path {
+        &self.data
+    }
     pub fn port(&self) -> u16 {
         self.port
     }
     /// The cgroups the server runs in (instance and storage emulation).
     pub fn cgroups(&self) -> Vec<&Path> {
         self.cgroups.iter().map(|c| c.path.as_path()).collect()
+    }
+    /// Bytes (read, written) the device has done for the server's
+    /// processes since it started: its block-I/O cgroup's statistics. None
+    /// when the cluster has none (see `ClusterSpec::account_io`).
+    pub fn io_bytes(&self) -> Option<(u64, u64)> {
+        self.cgroups
+            .iter()
+            .find_map(|c| throttle::io_bytes(&c.path))
     }
     pub fn pid(&self) -> Option<u32> {
         self.child().as_ref().and_then(|c| c.id())
@@ -218,6 +233,7 @@ impl Cluster {
             caps: spec.caps,
             memory_bytes: spec.memory_bytes,
             cpus: spec.cpus,
+            account_io: spec.account_io,
         };
         if limits.any() {
             let name = format!("{}-{:016x}", spec.name, path_hash(&cluster.dir));

@@ -55,12 +55,49 @@ pub struct Limits {
     /// Memory, page cache included.
     pub memory_bytes: u64,
     pub cpus: u32,
+    /// A block-I/O cgroup even without caps, to count the device bytes.
+    pub account_io: bool,
 }
 
 impl Limits {
     pub fn any(&self) -> bool {
-        self.caps.is_capped() || self.memory_bytes > 0 || self.cpus > 0
+        self.caps.is_capped() || self.memory_bytes > 0 || self.cpus > 0 || self.account_io
     }
+}
+
+/// cgroup v1's throttling layer counts a cgroup's bytes only on devices it
+/// has a rule for: accounting without a cap sets this (never reached) one.
+const NO_CAP_BPS: u64 = 1 << 50;
+
+/// (read, written) bytes of a block-I/O cgroup over every device: v1
+/// `blkio.throttle.io_service_bytes` ("<dev> Read <n>"), v2 `io.stat`
+/// ("<dev> rbytes=<n> wbytes=<n> ..."). None for other cgroups.
+pub fn io_bytes(path: &Path) -> Option<(u64, u64)> {
+    if let Ok(t) = std::fs::read_to_string(path.join("blkio.throttle.io_service_bytes")) {
+        let (mut r, mut w) = (0, 0);
+        for line in t.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if let [_, op, n] = f[..] {
+                let n: u64 = n.parse().unwrap_or(0);
+                match op {
+                    "Read" => r += n,
+                    "Write" => w += n,
+                    _ => {}
+                }
+            }
+        }
+        return Some((r, w));
+    }
+    let t = std::fs::read_to_string(path.join("io.stat")).ok()?;
+    let (mut r, mut w) = (0, 0);
+    for kv in t.split_whitespace() {
+        if let Some(n) = kv.strip_prefix("rbytes=") {
+            r += n.parse::<u64>().unwrap_or(0);
+        } else if let Some(n) = kv.strip_prefix("wbytes=") {
+            w += n.parse::<u64>().unwrap_or(0);
+        }
+    }
+    Some((r, w))
 }
 
 const CG_ROOT: &str = "/sys/fs/cgroup";
@@ -119,7 +156,7 @@ pub fn create(
         && Path::new(CG_ROOT).join("cgroup.controllers").exists();
     let mut made: Vec<Cgroup> = Vec::new();
     let r = (|| -> Result<()> {
-        if limits.caps.is_capped() {
+        if limits.caps.is_capped() || limits.account_io {
             made.push(create_io(name, data_dir, limits.caps, run_as)?);
         }
         if v2 {
@@ -259,11 +296,20 @@ fn create_io(name: &str, data_dir: &Path, caps: Caps, run_as: Option<&RunAs>) ->
     let apply = || -> Result<()> {
         if v1 {
             let b = 1024 * 1024;
+            // Uncapped (accounting only): a rule that never throttles, so
+            // the bytes are counted.
+            let bps = |mbps: u64| {
+                if caps.is_capped() {
+                    mbps * b
+                } else {
+                    NO_CAP_BPS
+                }
+            };
             for (file, v) in [
                 ("blkio.throttle.read_iops_device", caps.read_iops),
                 ("blkio.throttle.write_iops_device", caps.write_iops),
-                ("blkio.throttle.read_bps_device", caps.read_mbps * b),
-                ("blkio.throttle.write_bps_device", caps.write_mbps * b),
+                ("blkio.throttle.read_bps_device", bps(caps.read_mbps)),
+                ("blkio.throttle.write_bps_device", bps(caps.write_mbps)),
             ] {
                 if v > 0 {
                     write(&cg.path.join(file), &format!("{dev} {v}"))?;

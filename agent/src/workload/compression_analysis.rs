@@ -58,7 +58,8 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
         client.batch_execute("VACUUM ANALYZE").await?;
         client.batch_execute("CHECKPOINT").await?;
 
-        let rels = relations(&client, &p.relations).await?;
+        // Empty relations (no pages) have nothing to sample.
+        let rels: Vec<Relation> = relations(&client, &p.relations).await?.into_iter().filter(|r| r.pages > 0).collect();
         let total: u64 = rels
             .iter()
             .map(|r| p.sample_fractions.iter().map(|f| sample_blocks(r.pages, *f).len() as u64).sum::<u64>())
@@ -96,6 +97,8 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                             relkind: rel.kind.clone(),
                             sample_fraction: *fraction,
                             algorithm: alg.clone(),
+                            zstd_level: p.zstd_level,
+                            slot_header_bytes: p.slot_header_bytes,
                         },
                         metrics: m,
                     };
@@ -182,31 +185,55 @@ pub fn compress_all(
     algorithms: &[String],
     zstd_level: i32,
 ) -> Result<Vec<(Vec<u64>, u64)>> {
+    let mut c = PageCompressor::new(zstd_level)?;
     let mut out = Vec::new();
     for alg in algorithms {
         let start = thread_cpu_ns();
         let mut sizes = Vec::with_capacity(pages.len());
         for page in pages {
-            sizes.push(compressed_size(alg, page, zstd_level)?);
+            sizes.push(c.size(alg, page)?);
         }
         out.push((sizes, thread_cpu_ns().saturating_sub(start)));
     }
     Ok(out)
 }
 
-/// One page's compressed size with `alg`; a pglz give-up is the raw size
-/// (PostgreSQL stores the data uncompressed then).
+/// One page's compressed size with `alg` (see `PageCompressor::size`).
 pub fn compressed_size(alg: &str, page: &[u8], zstd_level: i32) -> Result<u64> {
-    Ok(match alg {
-        "zstd" => zstd::bulk::compress(page, zstd_level)
-            .map_err(|e| werr(format!("zstd: {e}")))?
-            .len() as u64,
-        "lz4" => lz4::block::compress(page, Some(lz4::block::CompressionMode::DEFAULT), false)
-            .map_err(|e| werr(format!("lz4: {e}")))?
-            .len() as u64,
-        "pglz" => crate::pglz::compress(page).map_or(page.len(), |c| c.len()) as u64,
-        other => return Err(werr(format!("unknown algorithm `{other}`"))),
-    })
+    PageCompressor::new(zstd_level)?.size(alg, page)
+}
+
+/// The compressors, with zstd's context kept across pages (creating one
+/// per page costs more than compressing a page at low levels; the output
+/// is the same as a one-shot `ZSTD_compress`).
+pub struct PageCompressor {
+    zstd: zstd::bulk::Compressor<'static>,
+}
+
+impl PageCompressor {
+    pub fn new(zstd_level: i32) -> Result<PageCompressor> {
+        Ok(PageCompressor {
+            zstd: zstd::bulk::Compressor::new(zstd_level)
+                .map_err(|e| werr(format!("zstd: {e}")))?,
+        })
+    }
+
+    /// One page's compressed size with `alg`; a pglz give-up is the raw
+    /// size (PostgreSQL stores the data uncompressed then).
+    pub fn size(&mut self, alg: &str, page: &[u8]) -> Result<u64> {
+        Ok(match alg {
+            "zstd" => self
+                .zstd
+                .compress(page)
+                .map_err(|e| werr(format!("zstd: {e}")))?
+                .len() as u64,
+            "lz4" => lz4::block::compress(page, Some(lz4::block::CompressionMode::DEFAULT), false)
+                .map_err(|e| werr(format!("lz4: {e}")))?
+                .len() as u64,
+            "pglz" => crate::pglz::compress(page).map_or(page.len(), |c| c.len()) as u64,
+            other => return Err(werr(format!("unknown algorithm `{other}`"))),
+        })
+    }
 }
 
 fn thread_cpu_ns() -> u64 {

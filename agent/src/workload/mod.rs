@@ -23,6 +23,7 @@ pub mod compression_analysis;
 pub mod logical_drain;
 pub mod pgbench;
 pub mod pgbench_init;
+pub mod read_write;
 pub mod toast_probe;
 pub mod toast_slice;
 pub mod vacuum_bloat;
@@ -37,6 +38,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Params) -> BoxFuture<'a
         Params::LogicalDrain(p) => logical_drain::run(ctx, p),
         Params::ToastProbe(p) => toast_probe::run(ctx, p),
         Params::CompressionAnalysis(p) => compression_analysis::run(ctx, p),
+        Params::ReadWrite(p) => read_write::run(ctx, p),
     }
 }
 

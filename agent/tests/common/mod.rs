@@ -38,6 +38,7 @@ pub fn spec(root: &Path, name: &str, shared_buffers: &str, caps: Caps) -> Cluste
         memory_bytes: 0,
         cpus: 0,
         caps,
+        account_io: false,
     }
 }
 

@@ -19,6 +19,8 @@ const SECTIONS: &[(&str, Section)] = &[
     ("vacuum-bloat", super::vacuum_bloat::section),
     ("logical-drain", super::logical_drain::section),
     ("toast-probe", super::toast_probe::section),
+    ("compression-analysis", super::compression_analysis::section),
+    ("read-write", super::read_write::section),
 ];
 
 /// The checks' verdicts, first: what a pipeline gates on.

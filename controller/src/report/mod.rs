@@ -41,6 +41,7 @@ use crate::store::Store;
 use crate::{Error, Result};
 
 pub mod checks;
+mod compression_analysis;
 pub mod entries;
 pub mod figure;
 pub mod guards;
@@ -49,6 +50,7 @@ pub mod markdown;
 mod pgbench;
 mod pgbench_init;
 pub mod plot;
+mod read_write;
 mod toast_probe;
 mod toast_slice;
 mod vacuum_bloat;

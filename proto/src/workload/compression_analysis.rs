@@ -105,6 +105,9 @@ pub struct PointParams {
     pub relkind: String,
     pub sample_fraction: f64,
     pub algorithm: String,
+    /// zstd's level (for every algorithm's point, so points group alike).
+    pub zstd_level: i32,
+    pub slot_header_bytes: u32,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

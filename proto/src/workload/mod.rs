@@ -36,6 +36,7 @@ pub mod compression_analysis;
 pub mod logical_drain;
 pub mod pgbench;
 pub mod pgbench_init;
+pub mod read_write;
 pub mod toast_probe;
 pub mod toast_slice;
 pub mod vacuum_bloat;
@@ -205,6 +206,12 @@ pub trait KindParams {
     /// the storage under test. None: the kind does not read that way.
     fn working_set_bytes(&self) -> Option<u64> {
         None
+    }
+    /// The cell's cluster runs in a block-I/O cgroup that counts the bytes
+    /// its processes read and write on the device (the workload reads them
+    /// with `Cluster::io_bytes`), where the agent can create one (root).
+    fn account_io(&self) -> bool {
+        false
     }
 }
 
@@ -387,6 +394,12 @@ macro_rules! kinds {
                     $(Params::$variant(p) => p.working_set_bytes(),)*
                 }
             }
+
+            pub fn account_io(&self) -> bool {
+                match self {
+                    $(Params::$variant(p) => p.account_io(),)*
+                }
+            }
         }
     };
 }
@@ -400,6 +413,7 @@ kinds! {
     "logical-drain" => LogicalDrain(logical_drain),
     "toast-probe" => ToastProbe(toast_probe),
     "compression-analysis" => CompressionAnalysis(compression_analysis),
+    "read-write" => ReadWrite(read_write),
 }
 
 /// What the controller knows of a kind without its parameters.

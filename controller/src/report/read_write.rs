@@ -1,0 +1,106 @@
+//! report.md's read-write section: seeds/004's read tests (cold and
+//! OS-cache sequential scans per io_method, random reads from disk) and its
+//! write test with the device bytes behind the write-amplification figure.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use serde_json::Value as Json;
+
+use super::markdown::{mib, num, sig};
+
+fn f(v: &Json) -> String {
+    v.as_f64().map(sig).unwrap_or_else(|| "–".into())
+}
+
+pub fn section(
+    md: &mut String,
+    _plots: &mut Vec<(String, String)>,
+    _doc: &Json,
+    results: &[&Json],
+) {
+    if results.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\n## read-write: reads and writes of seeds/004's test table\n\n\
+         `test_table (id serial, col1 int, txt varchar = repeat(md5(i), 15))`. Sequential scans are \
+         `EXPLAIN (ANALYZE, BUFFERS)` of `count(*) ... WHERE txt <> ...`: cold = restart with the database's files \
+         evicted from the OS page cache, OS cache = restart only (mean of the repeats; I/O ms sums parallel workers). \
+         Device bytes are the cluster's block-I/O cgroup's: its own processes only (– where the agent could not \
+         account: not root, or no cgroup). Write amplification = device bytes / (dirty pages PostgreSQL wrote + WAL)."
+    );
+    let mut by_class: BTreeMap<&str, Vec<&Json>> = BTreeMap::new();
+    for r in results {
+        by_class
+            .entry(r["instance_class"].as_str().unwrap_or(""))
+            .or_default()
+            .push(r);
+    }
+    for (class, rs) in by_class {
+        let _ = writeln!(md, "\n### {class}");
+        let seq: Vec<&&Json> = rs
+            .iter()
+            .filter(|r| {
+                r["params"]["test"]
+                    .as_str()
+                    .is_some_and(|t| t.starts_with("seq-"))
+            })
+            .collect();
+        if !seq.is_empty() {
+            let _ = writeln!(
+                md,
+                "\n| scan | io_method | rows | table MiB | execution ms | I/O read ms | shared read | shared hit | device read MiB |\n|---|---|---|---|---|---|---|---|---|"
+            );
+            for r in seq {
+                let (p, m) = (&r["params"], &r["metrics"]);
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    p["test"].as_str().unwrap_or(""),
+                    p["io_method"].as_str().unwrap_or(""),
+                    p["rows"],
+                    mib(&m["table_bytes"]),
+                    f(&m["execution_ms"]),
+                    f(&m["io_read_ms"]),
+                    num(&m["shared_read"], 0),
+                    num(&m["shared_hit"], 0),
+                    mib(&m["device_read_bytes"]),
+                );
+            }
+        }
+        for r in rs.iter().filter(|r| r["params"]["test"] == "random-read") {
+            let m = &r["metrics"];
+            let _ = writeln!(
+                md,
+                "\nRandom reads (`SELECT txt ... WHERE id = :id` from a cold start, io_method {}): **{} TPS**, latency mean {} ms, p99 {} ms; \
+                 PostgreSQL's page read {} ms over {} blocks; device read {} MiB of a {} MiB table.",
+                r["params"]["io_method"].as_str().unwrap_or(""),
+                num(&m["tps"], 0),
+                f(&m["latency_ms_mean"]),
+                f(&m["latency_ms_p99"]),
+                f(&m["page_read_ms_avg"]),
+                m["blocks_read"],
+                mib(&m["device_read_bytes"]),
+                mib(&m["table_bytes"]),
+            );
+        }
+        for r in rs.iter().filter(|r| r["params"]["test"] == "write") {
+            let m = &r["metrics"];
+            let _ = writeln!(
+                md,
+                "\n| write test | UPDATE s | CHECKPOINT s | dirty pages MiB | WAL MiB | device wrote MiB | of which CHECKPOINT | write amplification |\n|---|---|---|---|---|---|---|---|\n\
+                 | {} rows | {} | {} | {} | {} | {} | {} | {} |",
+                r["params"]["rows"],
+                num(&m["update_seconds"], 2),
+                num(&m["checkpoint_seconds"], 2),
+                mib(&m["dirty_page_bytes"]),
+                mib(&m["wal_bytes"]),
+                mib(&m["device_write_bytes"]),
+                mib(&m["device_write_bytes_checkpoint"]),
+                num(&m["write_amplification"], 2),
+            );
+        }
+    }
+}
