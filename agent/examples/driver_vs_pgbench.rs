@@ -195,6 +195,7 @@ async fn bench(
                 ]),
                 seed: 42,
                 stop_when: None,
+                live: None,
             };
             let c0 = common::cpu_seconds(libc::RUSAGE_SELF);
             let pgc = cluster.pg_config();

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use serde_json::{Value as Json, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::cluster::throttle::Caps;
 use crate::cluster::{Cluster, ClusterSpec, RunAs};
@@ -74,7 +75,25 @@ pub async fn run(
 ) -> CellResult {
     let cell_id = assign.cell_id.clone();
     let mut environment = Json::Null;
-    let outcome = run_inner(env, &assign, &events, &control, &mut environment).await;
+    // The agent's side of the cell: a child of the controller's cell span
+    // (its traceparent came with the assignment); the phases are its
+    // children.
+    let span = tracing::info_span!(
+        target: "pgfleet",
+        "agent cell",
+        cell_id = %assign.cell_id,
+        workload = %assign.workload,
+        role = %assign.role,
+        run_id = %assign.run_id,
+        postgres_version = tracing::field::Empty,
+    );
+    pgfleet_proto::telemetry::set_parent(&span, &assign.traceparent);
+    let outcome = run_inner(env, &assign, &events, &control, &mut environment)
+        .instrument(span.clone())
+        .await;
+    if let Some(v) = environment["postgres"]["version"].as_str() {
+        span.record("postgres_version", v);
+    }
     let (status, error, points) = match outcome {
         Ok(out) => (CellStatus::Succeeded, String::new(), out.points),
         Err(Error::Cancelled(why)) => (CellStatus::Cancelled, why, Vec::new()),
@@ -160,13 +179,15 @@ async fn run_inner(
     };
     let _ = events.try_send(progress(&assign.cell_id, "provision", "initdb and start"));
     let cluster = tokio::select! {
-        c = Cluster::provision(&spec) => c?,
+        c = Cluster::provision(&spec).instrument(phase("provision")) => c?,
         _ = cancel.cancelled() => return Err(Error::Cancelled("cancelled while provisioning".into())),
     };
     // From here the cluster is torn down on every path: explicitly below, or
     // by its Drop if this future is dropped.
     let outcome = async {
-        *environment = collect_environment(env, &cluster, &spec).await?;
+        *environment = collect_environment(env, &cluster, &spec)
+            .instrument(phase("collect"))
+            .await?;
         if !assign.peers.is_empty() {
             let host = env
                 .address
@@ -193,7 +214,7 @@ async fn run_inner(
             peers: control.peers.clone(),
         };
         tokio::select! {
-            r = workload::run(&mut ctx, &params) => r,
+            r = workload::run(&mut ctx, &params).instrument(phase("workload")) => r,
             _ = cancel.cancelled() => Err(Error::Cancelled("cancelled while running".into())),
             _ = cluster.exited() => Err(Error::ServerExited),
         }
@@ -208,10 +229,15 @@ async fn run_inner(
         "teardown",
         "stopping the cluster",
     ));
-    let teardown = cluster.teardown().await;
+    let teardown = cluster.teardown().instrument(phase("teardown")).await;
     let out = outcome?;
     teardown?;
     Ok(out)
+}
+
+/// A phase of a cell, as a span under the current one (the cell's).
+pub fn phase(name: &'static str) -> tracing::Span {
+    tracing::info_span!(target: "pgfleet", "phase", otel.name = name, phase = name)
 }
 
 /// Refuses a cell whose estimated disk need exceeds the free space under the

@@ -123,14 +123,18 @@ struct RunArgs {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("PGFLEET_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    // Processes this agent starts must be spawned from threads that live as
+    // long as the agent (the parent-death signal follows the spawning
+    // thread), so the runtime's worker threads do it.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    // Logs, and traces when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+    let _telemetry = {
+        let _in = rt.enter();
+        pgfleet_proto::telemetry::init("pgfleet-agent", "info")
+    };
     match cli.command {
         Command::Workloads => {
             for k in pgfleet_proto::workload::KINDS {
@@ -145,16 +149,7 @@ fn main() -> anyhow::Result<()> {
             eprintln!("removed {n} stale cluster(s) under {}", data_root.display());
             Ok(())
         }
-        Command::Run(args) => {
-            // Processes this agent starts must be spawned from threads that
-            // live as long as the agent (the parent-death signal follows the
-            // spawning thread), so the runtime's worker threads do it.
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()?;
-            rt.block_on(run(*args))
-        }
+        Command::Run(args) => rt.block_on(run(*args)),
     }
 }
 

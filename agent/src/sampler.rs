@@ -246,6 +246,7 @@ impl Sampler {
                             cell_id: cell_id.clone(),
                             kind: "pg_stat".into(),
                             data_json: Json::Object(data).to_string(),
+                            seq: 0,
                         })),
                     })
                     .await;

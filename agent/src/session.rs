@@ -60,6 +60,7 @@ pub async fn run(
     let (ev_tx, mut ev_rx) = mpsc::channel::<AgentMessage>(1024);
     let mut cells: HashMap<String, Running> = HashMap::new();
     let mut unacked: HashMap<String, CellResult> = HashMap::new();
+    let mut samples = SampleBuffer::default();
     let mut last_ok = Instant::now();
     let mut backoff = Duration::from_millis(100);
     loop {
@@ -105,6 +106,17 @@ pub async fn run(
                 "replaying results the controller has not acknowledged"
             );
         }
+        // Samples first: a cell's result closes it on the controller.
+        let replayed = samples.unacked();
+        if !replayed.is_empty() {
+            tracing::info!(
+                samples = replayed.len(),
+                "replaying samples the controller has not acknowledged"
+            );
+        }
+        for m in replayed {
+            let _ = out_tx.send(m).await;
+        }
         for r in unacked.values() {
             let _ = out_tx.send(msg(Msg::Result(r.clone()))).await;
         }
@@ -120,6 +132,7 @@ pub async fn run(
             &mut ev_rx,
             &mut cells,
             &mut unacked,
+            &mut samples,
             &shutdown,
         )
         .await;
@@ -255,6 +268,7 @@ async fn connected_loop(
     ev_rx: &mut mpsc::Receiver<AgentMessage>,
     cells: &mut HashMap<String, Running>,
     unacked: &mut HashMap<String, CellResult>,
+    samples: &mut SampleBuffer,
     shutdown: &CancellationToken,
 ) -> End {
     let mut tick = tokio::time::interval(heartbeat);
@@ -307,7 +321,9 @@ async fn connected_loop(
                     }
                     CMsg::ResultAck(a) => {
                         unacked.remove(&a.cell_id);
+                        samples.forget_cell(&a.cell_id);
                     }
+                    CMsg::SampleAck(a) => samples.ack(&a.cell_id, a.seq),
                     CMsg::Shutdown(s) if s.refused => {
                         tracing::error!(reason = %s.reason, "the controller refused this agent");
                         return End::Refused(s.reason);
@@ -328,7 +344,11 @@ async fn connected_loop(
                     return End::Reconnect("outbound stream closed".into());
                 }
             }
-            Some(ev) = ev_rx.recv() => {
+            Some(mut ev) = ev_rx.recv() => {
+                if let Some(Msg::Sample(s)) = &mut ev.msg {
+                    samples.number(s);
+                    samples.keep(ev.clone());
+                }
                 match &ev.msg {
                     Some(Msg::Result(r)) => {
                         cells.remove(&r.cell_id);
@@ -347,6 +367,57 @@ async fn connected_loop(
             }
             _ = shutdown.cancelled() => return End::Shutdown,
         }
+    }
+}
+
+/// The samples sent and not yet acknowledged, per cell, in order: what a
+/// reconnect replays so the controller's per-second series has no gap (it
+/// keeps each number once, so no duplicate either).
+#[derive(Default)]
+pub struct SampleBuffer {
+    next: HashMap<String, u64>,
+    unacked: HashMap<String, std::collections::VecDeque<(u64, AgentMessage)>>,
+}
+
+/// A cell's unacknowledged samples are bounded (a controller that never
+/// acknowledges must not grow the agent without limit): the oldest go.
+const MAX_UNACKED_SAMPLES: usize = 100_000;
+
+impl SampleBuffer {
+    /// Gives `s` its cell's next number.
+    pub fn number(&mut self, s: &mut pgfleet_proto::v1::CellSample) {
+        let n = self.next.entry(s.cell_id.clone()).or_insert(0);
+        *n += 1;
+        s.seq = *n;
+    }
+    pub fn keep(&mut self, m: AgentMessage) {
+        if let Some(Msg::Sample(s)) = &m.msg {
+            let q = self.unacked.entry(s.cell_id.clone()).or_default();
+            if q.len() >= MAX_UNACKED_SAMPLES {
+                q.pop_front();
+            }
+            q.push_back((s.seq, m));
+        }
+    }
+    /// Every sample of `cell` up to `seq` is kept by the controller.
+    pub fn ack(&mut self, cell: &str, seq: u64) {
+        if let Some(q) = self.unacked.get_mut(cell) {
+            while q.front().is_some_and(|(n, _)| *n <= seq) {
+                q.pop_front();
+            }
+        }
+    }
+    /// The cell is done on the controller's side.
+    pub fn forget_cell(&mut self, cell: &str) {
+        self.unacked.remove(cell);
+        self.next.remove(cell);
+    }
+    /// What to send again, per cell in order.
+    pub fn unacked(&self) -> Vec<AgentMessage> {
+        self.unacked
+            .values()
+            .flat_map(|q| q.iter().map(|(_, m)| m.clone()))
+            .collect()
     }
 }
 

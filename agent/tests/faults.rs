@@ -108,6 +108,7 @@ async fn a_cell_larger_than_the_free_disk_is_refused_before_loading() {
         settings: Default::default(),
         role: String::new(),
         peers: Vec::new(),
+        traceparent: String::new(),
     };
     let (tx, _rx) = tokio::sync::mpsc::channel(4096);
     let control = cell::Control {

@@ -163,7 +163,7 @@ async fn agent(
                 }
                 if id.is_empty() { continue; }
                 let t = since.elapsed().as_secs();
-                let _ = tx.send(m(Msg::Sample(CellSample { cell_id: id.clone(), kind: "pg_stat".into(), data_json: sample_json(t) }))).await;
+                let _ = tx.send(m(Msg::Sample(CellSample { cell_id: id.clone(), kind: "pg_stat".into(), data_json: sample_json(t), seq: 0 }))).await;
                 let _ = tx.send(m(Msg::Progress(CellProgress { cell_id: id, phase: "measure".into(), done: t, total: measure.as_secs(), message: format!("{t} s") }))).await;
                 sent.fetch_add(2, Ordering::Relaxed);
             }

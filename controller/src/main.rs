@@ -20,14 +20,6 @@ use pgfleet_controller::{Error, exit, report, scenario};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("PGFLEET_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -38,6 +30,12 @@ fn main() -> ExitCode {
             eprintln!("error: starting the runtime: {e}");
             return ExitCode::from(1);
         }
+    };
+    // Logs, and traces when OTEL_EXPORTER_OTLP_ENDPOINT is set (the
+    // exporter lives on the runtime; dropped, it flushes).
+    let _telemetry = {
+        let _in = rt.enter();
+        pgfleet_proto::telemetry::init("pgfleet", "warn")
     };
     match rt.block_on(dispatch(cli)) {
         Ok(code) => ExitCode::from(code),

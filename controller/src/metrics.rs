@@ -50,11 +50,31 @@ pub struct Metrics {
     wal_sync_seconds: prometheus::CounterVec,
     checkpoints: IntCounterVec,
     waits: prometheus::GaugeVec,
+    driver_transactions: IntCounterVec,
+    driver_failures: IntCounterVec,
+    driver_latency: HistogramVec,
+    vacuum_blocks: IntGaugeVec,
+    replication_lag: IntGaugeVec,
+    toast_latency: prometheus::GaugeVec,
     /// The label sets each run used, to remove its series after it ends.
     series: Mutex<BTreeMap<String, BTreeSet<Vec<String>>>>,
     /// Wait events seen per run's label set.
     wait_events: Mutex<BTreeMap<Vec<String>, BTreeSet<String>>>,
+    /// Failure classes seen per run's label set.
+    failure_classes: Mutex<BTreeMap<Vec<String>, BTreeSet<String>>>,
+    /// (storage mode, offset) points of toast-slice per run's label set.
+    toast_points: Mutex<BTreeMap<Vec<String>, BTreeSet<ToastPoint>>>,
 }
+
+/// A toast-slice point: (storage mode, offset).
+type ToastPoint = (String, String);
+
+/// Transaction latency buckets (seconds): from 50 µs to 10 s, so both a
+/// 0.05 ms NVMe read and a 50 ms stall are resolved.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0,
+];
 
 fn must<T>(r: prometheus::Result<T>) -> T {
     // Names and labels are constants here: a failure is a bug.
@@ -143,9 +163,40 @@ impl Metrics {
                 Opts::new("pgfleet_postgres_wait_event_backends", "Active client backends in each wait event at the last sample (CPU:running when none)."),
                 &with("wait_event")
             )),
+            driver_transactions: reg!(IntCounterVec::new(
+                Opts::new("pgfleet_transactions_total", "Transactions the driver completed in the measured window, as they happen (per second of scheduled start)."),
+                run
+            )),
+            driver_failures: reg!(IntCounterVec::new(
+                Opts::new("pgfleet_transaction_failures_total", "Transactions that failed after their retries, by class (serialization, deadlock)."),
+                &with("class")
+            )),
+            driver_latency: reg!(HistogramVec::new(
+                HistogramOpts::new("pgfleet_transaction_latency_seconds", "Latency of the driver's transactions (from scheduled start), merged across clusters.")
+                    .buckets(LATENCY_BUCKETS.to_vec()),
+                run
+            )),
+            vacuum_blocks: reg!(IntGaugeVec::new(
+                Opts::new("pgfleet_vacuum_heap_blocks", "VACUUM's progress on the cell's table (pg_stat_progress_vacuum): heap blocks total, scanned and vacuumed."),
+                &with("stage")
+            )),
+            replication_lag: reg!(IntGaugeVec::new(
+                Opts::new("pgfleet_replication_lag_bytes", "Logical-drain backlog left: the target LSN minus what the subscriber has received."),
+                run
+            )),
+            toast_latency: reg!(prometheus::GaugeVec::new(
+                Opts::new("pgfleet_toast_slice_latency_seconds", "Latency of toast-slice's last repeat per storage mode and offset (median of its calls)."),
+                &{
+                    let mut v = run.to_vec();
+                    v.extend(["storage_mode", "offset"]);
+                    v
+                }
+            )),
             registry,
             series: Mutex::new(BTreeMap::new()),
             wait_events: Mutex::new(BTreeMap::new()),
+            failure_classes: Mutex::new(BTreeMap::new()),
+            toast_points: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -243,6 +294,87 @@ impl Metrics {
         }
     }
 
+    /// Adds one live second of a cell's driver (a `live` sample): its
+    /// transactions, failures by class, and latencies (each bucket's
+    /// count observed at the bucket's geometric middle).
+    pub fn live_second(&self, labels: [&str; 5], data: &Json) {
+        let owned: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
+        self.remember(labels[1], &owned);
+        let l = &labels[..];
+        self.driver_transactions
+            .with_label_values(l)
+            .inc_by(data["transactions"].as_u64().unwrap_or(0));
+        if let Some(f) = data["failures"].as_object() {
+            let mut classes = self
+                .failure_classes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let seen = classes.entry(owned.clone()).or_default();
+            for (class, n) in f {
+                seen.insert(class.clone());
+                let mut v = l.to_vec();
+                v.push(class);
+                self.driver_failures
+                    .with_label_values(&v)
+                    .inc_by(n.as_u64().unwrap_or(0));
+            }
+        }
+        let per_octave = data["buckets_per_octave"].as_f64().unwrap_or(4.0).max(1.0);
+        let h = self.driver_latency.with_label_values(l);
+        for b in data["buckets"].as_array().into_iter().flatten() {
+            let (i, n) = (b[0].as_f64().unwrap_or(0.0), b[1].as_u64().unwrap_or(0));
+            let seconds = ((i + 0.5) / per_octave).exp2() / 1e6;
+            for _ in 0..n {
+                h.observe(seconds);
+            }
+        }
+    }
+
+    /// A workload's own progress sample: VACUUM's (`vacuum`), the drain's
+    /// lag (`lag`), a toast-slice repeat (`repeat`).
+    pub fn progress_sample(&self, labels: [&str; 5], kind: &str, data: &Json) {
+        let owned: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
+        self.remember(labels[1], &owned);
+        let l = &labels[..];
+        let u = |k: &str| data[k].as_u64().unwrap_or(0) as i64;
+        match kind {
+            "vacuum" => {
+                for (stage, key) in [
+                    ("total", "heap_blks_total"),
+                    ("scanned", "heap_blks_scanned"),
+                    ("vacuumed", "heap_blks_vacuumed"),
+                ] {
+                    let mut v = l.to_vec();
+                    v.push(stage);
+                    self.vacuum_blocks.with_label_values(&v).set(u(key));
+                }
+            }
+            "lag" => self
+                .replication_lag
+                .with_label_values(l)
+                .set(u("lag_bytes")),
+            "repeat" => {
+                let (Some(mode), Some(offset), Some(ms)) = (
+                    data["storage_mode"].as_str(),
+                    data["offset_label"].as_str(),
+                    data["latency_ms_p50"].as_f64(),
+                ) else {
+                    return;
+                };
+                self.toast_points
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(owned.clone())
+                    .or_default()
+                    .insert((mode.to_string(), offset.to_string()));
+                let mut v = l.to_vec();
+                v.extend([mode, offset]);
+                self.toast_latency.with_label_values(&v).set(ms / 1000.0);
+            }
+            _ => {}
+        }
+    }
+
     /// Removes every series of `run` (its cells and PostgreSQL figures).
     pub fn forget_run(&self, run: &str) {
         let sets = self
@@ -260,6 +392,36 @@ impl Metrics {
             let _ = self.wal_bytes.remove_label_values(&l);
             let _ = self.wal_syncs.remove_label_values(&l);
             let _ = self.wal_sync_seconds.remove_label_values(&l);
+            let _ = self.driver_transactions.remove_label_values(&l);
+            let _ = self.replication_lag.remove_label_values(&l);
+            for stage in ["total", "scanned", "vacuumed"] {
+                let mut v = l.clone();
+                v.push(stage);
+                let _ = self.vacuum_blocks.remove_label_values(&v);
+            }
+            let points = self
+                .toast_points
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&labels)
+                .unwrap_or_default();
+            for (mode, offset) in &points {
+                let mut v = l.clone();
+                v.extend([mode.as_str(), offset.as_str()]);
+                let _ = self.toast_latency.remove_label_values(&v);
+            }
+            let _ = self.driver_latency.remove_label_values(&l);
+            let classes = self
+                .failure_classes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&labels)
+                .unwrap_or_default();
+            for c in &classes {
+                let mut v = l.clone();
+                v.push(c);
+                let _ = self.driver_failures.remove_label_values(&v);
+            }
             for t in ["timed", "requested"] {
                 let mut v = l.clone();
                 v.push(t);

@@ -15,7 +15,7 @@
 //! (`api::Event`), so there is one place where a cell changes state. It does
 //! not know where agents come from: it is told which agent ids to expect.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
@@ -28,12 +28,12 @@ use pgfleet_proto::v1::agent_message::Msg;
 use pgfleet_proto::v1::controller_message::Msg as CMsg;
 use pgfleet_proto::v1::{
     Assign, Cancel, CellStatus, ControllerMessage, Endpoint, Peer, PeerReady, Register, ResultAck,
-    Shutdown,
+    SampleAck, Shutdown,
 };
 
 use crate::api::{Event, ToAgent};
 use crate::scenario::PlannedCell;
-use crate::store::{CellState, RunStatus, Store};
+use crate::store::{CellState, NewSample, RunStatus, Store};
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -177,6 +177,9 @@ struct CellSlot {
     /// Who runs it, for people (`role:agent, ...`).
     agents: String,
     bar: Option<ProgressBar>,
+    /// The cell's trace span while it runs (a child of the run's); its
+    /// agents' spans are children of it.
+    span: Option<tracing::Span>,
 }
 
 pub struct Scheduler {
@@ -194,8 +197,13 @@ pub struct Scheduler {
     delays: hdrhistogram::Histogram<u64>,
     /// To the task that stores samples (batched, one transaction each), so
     /// a burst of samples never holds up another agent's heartbeat.
-    samples: mpsc::UnboundedSender<(String, String, Json)>,
+    samples: mpsc::UnboundedSender<NewSample>,
     sample_writer: tokio::task::JoinHandle<()>,
+    /// The last sample number kept per (cell, agent) of the current
+    /// assignment: a replayed sample at or below it is a duplicate.
+    sample_seq: HashMap<(String, String), u64>,
+    /// The run's trace span (set when `run` starts).
+    run_span: tracing::Span,
 }
 
 /// Stores a run's samples as they come, a batch per transaction; ends when
@@ -203,7 +211,7 @@ pub struct Scheduler {
 fn sample_writer(
     run_id: String,
     store: Store,
-    mut rx: mpsc::UnboundedReceiver<(String, String, Json)>,
+    mut rx: mpsc::UnboundedReceiver<NewSample>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut batch = Vec::new();
@@ -250,6 +258,7 @@ impl Scheduler {
                     released: false,
                     agents: String::new(),
                     bar: None,
+                    span: None,
                 })
                 .collect(),
             ui,
@@ -258,6 +267,8 @@ impl Scheduler {
             delays: hdrhistogram::Histogram::new(3).expect("3 significant digits is valid"),
             samples,
             sample_writer,
+            sample_seq: HashMap::new(),
+            run_span: tracing::Span::none(),
         }
     }
 
@@ -279,7 +290,10 @@ impl Scheduler {
             .filter(|a| a.lost_at.is_none())
             .map(|a| (a.agent_id.clone(), a.instance_class.clone()))
             .collect();
+        let seqs = store.last_sample_seqs(run_id).unwrap_or_default();
         let mut me = Scheduler::new(run_id, store, opts, cells, &expected);
+        // Agents replay what this controller had not acknowledged.
+        me.sample_seq = seqs;
         for row in stored {
             let Some(idx) = me
                 .cells
@@ -352,9 +366,22 @@ impl Scheduler {
         cancel: CancellationToken,
     ) -> RunStatus {
         let mut tick = tokio::time::interval(Duration::from_millis(200));
+        self.run_span = tracing::info_span!(
+            target: "pgfleet",
+            "run",
+            run_id = %self.run_id,
+            scenario = %self.opts.scenario,
+            cells = self.cells.len(),
+        );
         self.cell_gauges();
         loop {
             self.assign().await;
+            // A finished cell's span ends.
+            for c in self.cells.iter_mut().filter(|c| c.state.is_terminal()) {
+                if let Some(span) = c.span.take() {
+                    span.record("state", format!("{:?}", c.state).to_lowercase());
+                }
+            }
             if self.cells.iter().all(|c| c.state.is_terminal()) {
                 break;
             }
@@ -438,12 +465,43 @@ impl Scheduler {
                         }
                     }
                     Msg::Sample(s) => {
+                        let fresh = s.seq == 0 || {
+                            let last = self
+                                .sample_seq
+                                .entry((s.cell_id.clone(), agent_id.clone()))
+                                .or_insert(0);
+                            let fresh = s.seq > *last;
+                            *last = (*last).max(s.seq);
+                            fresh
+                        };
+                        if s.seq > 0
+                            && let Some(tx) = &a.tx
+                        {
+                            // Acknowledged once handed to the writer (or a
+                            // duplicate of one that was): the agent forgets it.
+                            let _ = tx.try_send(Ok(cmsg(CMsg::SampleAck(SampleAck {
+                                cell_id: s.cell_id.clone(),
+                                seq: s.seq,
+                            }))));
+                        }
+                        if !fresh {
+                            return;
+                        }
                         let data = parse_json(&s.data_json);
-                        if s.kind == "pg_stat" {
-                            self.sample_metrics(&agent_id, &s.cell_id, &data);
+                        if matches!(
+                            s.kind.as_str(),
+                            "pg_stat" | "live" | "vacuum" | "lag" | "repeat"
+                        ) {
+                            self.sample_metrics(&agent_id, &s.cell_id, &s.kind, &data);
                         }
                         // Stored by the sample writer, off this task.
-                        let _ = self.samples.send((s.cell_id, s.kind, data));
+                        let _ = self.samples.send(NewSample {
+                            cell_id: s.cell_id,
+                            kind: s.kind,
+                            data,
+                            agent_id: agent_id.clone(),
+                            seq: s.seq,
+                        });
                     }
                     Msg::Result(r) => self.result(&agent_id, r).await,
                     Msg::RoleReady(rr) => self.role_ready(&agent_id, rr).await,
@@ -910,6 +968,25 @@ impl Scheduler {
 
     async fn start_cell(&mut self, idx: usize, agents: Vec<String>) {
         let c = self.cells[idx].planned.clone();
+        let profile = agents
+            .first()
+            .and_then(|a| self.agents.get(a))
+            .map(|a| a.profile.clone())
+            .unwrap_or_default();
+        let span = tracing::info_span!(
+            target: "pgfleet",
+            parent: &self.run_span,
+            "cell",
+            cell_id = %c.cell_id,
+            workload = %c.workload(),
+            instance_class = %c.instance_class,
+            storage_profile = %profile,
+            scenario = %self.opts.scenario,
+            agents = %agents.join(", "),
+            state = tracing::field::Empty,
+        );
+        let traceparent = pgfleet_proto::telemetry::traceparent(&span);
+        self.cells[idx].span = Some(span);
         let runs: Vec<RoleRun> = c
             .roles
             .iter()
@@ -940,6 +1017,7 @@ impl Scheduler {
                 settings.insert(k.to_string(), v);
             }
             let assign = Assign {
+                traceparent: traceparent.clone(),
                 cell_id: c.cell_id.clone(),
                 run_id: self.run_id.clone(),
                 workload: c.workload().to_string(),
@@ -952,6 +1030,9 @@ impl Scheduler {
                 continue;
             };
             a.cell = Some((idx, run.role.clone()));
+            // A new assignment numbers its samples from 1.
+            self.sample_seq
+                .remove(&(c.cell_id.clone(), run.agent.clone()));
             // A send that fails leaves the role without an answer; its agent
             // re-registers without the cell, which fails or re-queues it.
             if let Some(tx) = a.tx.clone()
@@ -983,7 +1064,7 @@ impl Scheduler {
 
     /// A cell's `pg_stat` sample into the metrics, labelled by its run,
     /// class, the sending agent's storage profile and the workload.
-    fn sample_metrics(&self, agent_id: &str, cell_id: &str, data: &Json) {
+    fn sample_metrics(&self, agent_id: &str, cell_id: &str, kind: &str, data: &Json) {
         let (Some(m), Some(cell)) = (
             &self.opts.metrics,
             self.cells.iter().find(|c| c.planned.cell_id == cell_id),
@@ -995,16 +1076,18 @@ impl Scheduler {
             .get(agent_id)
             .map(|a| a.profile.as_str())
             .unwrap_or("");
-        m.pg_stat(
-            [
-                self.opts.scenario.as_str(),
-                self.run_id.as_str(),
-                cell.planned.instance_class.as_str(),
-                profile,
-                cell.planned.workload(),
-            ],
-            data,
-        );
+        let labels = [
+            self.opts.scenario.as_str(),
+            self.run_id.as_str(),
+            cell.planned.instance_class.as_str(),
+            profile,
+            cell.planned.workload(),
+        ];
+        match kind {
+            "live" => m.live_second(labels, data),
+            "pg_stat" => m.pg_stat(labels, data),
+            _ => m.progress_sample(labels, kind, data),
+        }
     }
 
     /// The run's cells by class, workload and state, into the metrics.

@@ -132,6 +132,17 @@ pub struct AgentRow {
     pub lost_at: Option<String>,
 }
 
+/// A sample to store: its cell, kind and data, who sent it and its number
+/// (0: not numbered).
+#[derive(Debug, Clone)]
+pub struct NewSample {
+    pub cell_id: String,
+    pub kind: String,
+    pub data: Json,
+    pub agent_id: String,
+    pub seq: u64,
+}
+
 /// A handle to the store; cheap to clone. Calls are short and synchronous.
 #[derive(Clone)]
 pub struct Store {
@@ -253,6 +264,20 @@ impl Store {
             if !has {
                 // Another process opening the same old store may add it first.
                 match conn.execute_batch(&format!("ALTER TABLE runs ADD COLUMN {col} {ty}")) {
+                    Err(e) if e.to_string().contains("duplicate column name") => {}
+                    r => r?,
+                }
+            }
+        }
+        // Samples numbered by their agent (replays are kept once).
+        for (col, ty) in [("agent_id", "TEXT"), ("seq", "INTEGER")] {
+            let has: bool = conn.query_row(
+                "SELECT count(*) > 0 FROM pragma_table_info('samples') WHERE name = ?1",
+                [col],
+                |r| r.get(0),
+            )?;
+            if !has {
+                match conn.execute_batch(&format!("ALTER TABLE samples ADD COLUMN {col} {ty}")) {
                     Err(e) if e.to_string().contains("duplicate column name") => {}
                     r => r?,
                 }
@@ -468,19 +493,35 @@ impl Store {
     }
 
     /// Stores samples in one transaction: (cell, kind, data) of one run.
-    pub fn add_samples(&self, run: &str, samples: &[(String, String, Json)]) -> Result<()> {
+    pub fn add_samples(&self, run: &str, samples: &[NewSample]) -> Result<()> {
         self.with(|c| {
             let tx = c.transaction()?;
             {
                 let mut st = tx.prepare_cached(
-                    "INSERT INTO samples (run_id, cell_id, kind, data, at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    "INSERT INTO samples (run_id, cell_id, kind, data, at, agent_id, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                 )?;
                 let at = now();
-                for (cell, kind, data) in samples {
-                    st.execute(params![run, cell, kind, js(data), at])?;
+                for n in samples {
+                    let seq = (n.seq > 0).then_some(n.seq as i64);
+                    st.execute(params![run, n.cell_id, n.kind, js(&n.data), at, n.agent_id, seq])?;
                 }
             }
             tx.commit()
+        })
+    }
+
+    /// The last sample number stored per (cell, agent) of a run: where a
+    /// resumed run's deduplication starts.
+    pub fn last_sample_seqs(
+        &self,
+        run: &str,
+    ) -> Result<std::collections::HashMap<(String, String), u64>> {
+        self.with(|c| {
+            let mut st = c.prepare(
+                "SELECT cell_id, agent_id, max(seq) FROM samples WHERE run_id = ?1 AND seq IS NOT NULL AND agent_id IS NOT NULL GROUP BY 1, 2",
+            )?;
+            let rows = st.query_map([run], |r| Ok(((r.get(0)?, r.get(1)?), r.get::<_, i64>(2)? as u64)))?;
+            rows.collect()
         })
     }
 

@@ -477,6 +477,27 @@ fn an_agent_cut_off_reconnects_replays_unacknowledged_results_and_nothing_is_los
         log.contains("replaying results the controller has not acknowledged"),
         "{log}"
     );
+    // The samples sent while acknowledgements were held back were sent
+    // again, and kept once: every sample exactly once, none missing.
+    assert!(
+        log.contains("replaying samples the controller has not acknowledged"),
+        "{log}"
+    );
+    let store = Store::open(&s.store()).unwrap();
+    let id = r["run_id"].as_str().unwrap();
+    for (kind, n) in [("storage", 6), ("explain", 12), ("repeat", 12)] {
+        let got = store.samples(id, kind).unwrap();
+        assert_eq!(got.len(), n, "{kind}: {got:?}");
+    }
+    let mut repeats: Vec<String> = store
+        .samples(id, "repeat")
+        .unwrap()
+        .iter()
+        .map(|x| format!("{:?}", x))
+        .collect();
+    repeats.sort();
+    repeats.dedup();
+    assert_eq!(repeats.len(), 12, "no sample twice");
     s.assert_clean(&ports(&r));
 }
 

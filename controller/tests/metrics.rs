@@ -144,7 +144,10 @@ fn prometheus_scrapes_a_run_and_every_dashboard_query_returns_data() {
     let scenario = s.write(
         "two.yaml",
         "name: metrics-two-storage\nfleet:\n  - name: fast\n    storage: { profile: nvme }\n  - name: slow\n    storage: { profile: gp3 }\n\
-         workloads:\n  - kind: pgbench\n    scale: 4\n    script: random-update\n    clients: 4\n    warmup_s: 1\n    duration_s: 10\n",
+         workloads:\n  - kind: pgbench\n    scale: 4\n    script: random-update\n    clients: 4\n    warmup_s: 1\n    duration_s: 10\n\
+         \x20 - kind: toast-slice\n    on: [fast]\n    storage_modes: [external, lz4]\n    value_bytes: 1048576\n    offsets: [\"0%\", \"50%\"]\n    duration_s: 0.3\n    repeats: 2\n    warmup_s: 0.1\n\
+         \x20 - kind: vacuum-bloat\n    on: [slow]\n    scale: 8\n    bloat_bytes: 48MB\n\
+         \x20 - kind: logical-drain\n    on: [fast]\n    roles: { publisher: slow }\n    scale: 1\n    backlog_bytes: 24MB\n",
     );
     let t0 = chrono::Utc::now().timestamp();
     let run = s
@@ -268,5 +271,48 @@ fn prometheus_scrapes_a_run_and_every_dashboard_query_returns_data() {
         profiles.contains(&"nvme") && profiles.contains(&"gp3"),
         "{profiles:?}"
     );
+    // The figures agree: the transactions Prometheus holds for each cell's
+    // measured window, over that window, are the report's TPS within 2 %.
+    let body = get(
+        &prom_addr,
+        &format!(
+            "/api/v1/query?time={t1}&query={}",
+            urlencode(&format!(
+                "sum by (instance_class) (max_over_time(pgfleet_transactions_total{{run_id=\"{run_id}\", workload=\"pgbench\"}}[10m]))"
+            ))
+        ),
+    )
+    .unwrap();
+    let totals: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let mut compared = 0;
+    for r in report["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["workload"] == "pgbench")
+    {
+        let class = r["instance_class"].as_str().unwrap();
+        let tps = r["metrics"]["tps"].as_f64().unwrap();
+        let window = r["params"]["duration_s"].as_f64().unwrap_or(10.0);
+        let total: f64 = totals["data"]["result"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["metric"]["instance_class"] == class)
+            .and_then(|x| x["value"][1].as_str())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no pgfleet_transactions_total for {class}: {totals}"));
+        let prom_tps = total / window;
+        assert!(
+            (prom_tps - tps).abs() / tps < 0.02,
+            "{class}: Prometheus {prom_tps:.1} TPS vs report {tps:.1}"
+        );
+        compared += 1;
+    }
+    assert_eq!(compared, 2);
+    // The live seconds were stored, numbered, once each.
+    let store = pgfleet_controller::store::Store::open(&s.store()).unwrap();
+    let live = store.samples(&run_id, "live").unwrap();
+    assert!(live.len() >= 2 * 9, "{}", live.len());
     s.assert_clean(&common::ports(&report));
 }

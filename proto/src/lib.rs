@@ -6,6 +6,8 @@
 //!   their types end to end.
 //! - `workload`: each workload kind's scenario keys, validation, defaults,
 //!   cell parameters, metrics and estimates, in one file per kind.
+//! - `telemetry`: logs and OpenTelemetry traces, set up once for both
+//!   binaries, and the W3C trace context a cell's span carries to its agent.
 //! - `script`: pgbench's script language (the agent's driver runs it; the
 //!   controller checks scenarios' scripts with it before anything starts).
 
@@ -14,6 +16,7 @@ pub mod v1 {
 }
 
 pub mod script;
+pub mod telemetry;
 pub mod workload;
 
 /// PostgreSQL settings the agent manages itself (listening address, its own

@@ -52,6 +52,53 @@ pub struct DriverConfig {
     /// Ends the run early as its duration would (results are kept), e.g.
     /// once a backlog reached its size. None: duration or transactions.
     pub stop_when: Option<tokio_util::sync::CancellationToken>,
+    /// Where clients publish each of their measured seconds as it ends,
+    /// for the live figures (None: only the result at the end).
+    pub live: Option<Arc<Live>>,
+}
+
+/// One second of the measured window as the clients publish it while they
+/// run (by scheduled start): the figures of `SecondStat` and the failures
+/// by class. A client publishes a second when its next transaction falls
+/// in a later one, so a second may arrive in parts: they merge.
+#[derive(Debug, Clone, Default)]
+pub struct LiveSecond {
+    pub stat: SecondStat,
+    pub failures: BTreeMap<String, u64>,
+}
+
+impl LiveSecond {
+    fn merge(&mut self, o: &LiveSecond) {
+        self.stat.merge(&o.stat);
+        for (k, v) in &o.failures {
+            *self.failures.entry(k.clone()).or_default() += v;
+        }
+    }
+}
+
+/// The live seconds the clients published and nobody took yet, and when
+/// the measured window started.
+#[derive(Debug, Default)]
+pub struct Live {
+    seconds: std::sync::Mutex<BTreeMap<u64, LiveSecond>>,
+    /// The end of the warm-up: second 0 starts here.
+    pub start: std::sync::OnceLock<Instant>,
+}
+
+impl Live {
+    fn add(&self, sec: u64, s: &LiveSecond) {
+        let mut m = self.seconds.lock().unwrap_or_else(|p| p.into_inner());
+        m.entry(sec).or_default().merge(s);
+    }
+    /// Takes the seconds before `sec` (all with None), in order.
+    pub fn take(&self, before: Option<u64>) -> Vec<(u64, LiveSecond)> {
+        let mut m = self.seconds.lock().unwrap_or_else(|p| p.into_inner());
+        let rest = match before {
+            Some(b) => m.split_off(&b),
+            None => BTreeMap::new(),
+        };
+        std::mem::replace(&mut *m, rest).into_iter().collect()
+    }
 }
 
 /// One second of the measured window (by scheduled start).
@@ -81,7 +128,7 @@ impl SecondStat {
         self.buckets[b.min(BUCKETS - 1)] += 1;
     }
 
-    fn merge(&mut self, o: &SecondStat) {
+    pub fn merge(&mut self, o: &SecondStat) {
         self.transactions += o.transactions;
         self.latency_sum_us += o.latency_sum_us;
         self.latency_max_us = self.latency_max_us.max(o.latency_max_us);
@@ -216,6 +263,9 @@ pub fn run_blocking(
     let t0 = runtime()?.block_on(async {
         barrier.wait().await;
         let t0 = *start.get_or_init(Instant::now);
+        if let Some(live) = &cfg.live {
+            let _ = live.start.set(t0 + cfg.warmup);
+        }
         while !handles.iter().all(|h| h.is_finished()) {
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(250)) => {}
@@ -373,6 +423,13 @@ async fn client(
     let per_client_rate = cfg.rate.map(|r| r / cfg.clients as f64);
     let mut next_due = t0;
     let mut done: u64 = 0;
+    // The second this client is filling for the live figures.
+    let mut live: Option<(u64, LiveSecond)> = None;
+    let publish = |live: &mut Option<(u64, LiveSecond)>| {
+        if let (Some(l), Some((sec, s))) = (&cfg.live, live.take()) {
+            l.add(sec, &s);
+        }
+    };
     loop {
         if stop.load(Ordering::Relaxed) {
             break;
@@ -430,6 +487,19 @@ async fn client(
         if scheduled < warm_end {
             continue;
         }
+        let sec = scheduled.duration_since(warm_end).as_secs();
+        if cfg.live.is_some() {
+            if live.as_ref().is_some_and(|(s, _)| *s != sec) {
+                publish(&mut live);
+            }
+            let (_, l) = live.get_or_insert_with(|| (sec, LiveSecond::default()));
+            match &outcome {
+                Ok(()) => l
+                    .stat
+                    .record(finished.duration_since(scheduled).as_micros() as u64),
+                Err((class, _)) => *l.failures.entry(class.to_string()).or_default() += 1,
+            }
+        }
         match outcome {
             Ok(()) => {
                 let us = finished.duration_since(scheduled).as_micros() as u64;
@@ -451,6 +521,7 @@ async fn client(
             Err((class, _)) => *stats.failures.entry(class.to_string()).or_default() += 1,
         }
     }
+    publish(&mut live);
     Ok(stats)
 }
 

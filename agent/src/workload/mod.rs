@@ -168,6 +168,8 @@ impl CellContext<'_> {
                     cell_id: self.cell_id.clone(),
                     kind: kind.to_string(),
                     data_json: to_json(data),
+                    // Numbered by the session as it sends them.
+                    seq: 0,
                 })),
             })
             .await

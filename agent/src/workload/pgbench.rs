@@ -5,6 +5,7 @@
 //! WAL sync time per sync (pg_stat_wal, `track_wal_io_timing`).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::pgbench_init;
@@ -17,6 +18,7 @@ use crate::{Error, Result};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use pgfleet_proto::v1::{AgentMessage, CellProgress, agent_message::Msg};
+use tokio_util::sync::CancellationToken;
 
 pub use pgfleet_proto::workload::pgbench::{
     Define, DriveParams, Metrics, Params, PointParams, Second,
@@ -155,6 +157,7 @@ pub async fn drive_until(
         vars,
         seed,
         stop_when: stop.cloned(),
+        live: None,
     };
 
     let sampler = Sampler::start(
@@ -176,45 +179,140 @@ pub async fn drive_until(
             })),
         });
     };
-    let result = match d.driver.as_str() {
-        "pgbench" => {
-            progress(
-                0.0,
-                (cfg.warmup + cfg.duration.unwrap_or_default()).as_secs_f64(),
-            );
-            if stop.is_some() {
-                return Err(werr(
-                    "driver: pgbench cannot be stopped early; use driver: pgfleet".into(),
-                ));
-            }
-            driver::pgbench_bin::run(
-                &cfg,
-                &text,
-                &ctx.cluster.pg,
-                &server.conninfo,
-                ctx.cluster.dir(),
-                &ctx.cancel,
-            )
-            .await
-        }
-        "pgfleet" => {
-            let (pg, cancel) = (server.config.clone(), ctx.cancel.clone());
-            tokio::task::spawn_blocking(move || driver::run_blocking(cfg, pg, cancel, progress))
+    let phases_done = CancellationToken::new();
+    let driven = async {
+        let result = match d.driver.as_str() {
+            "pgbench" => {
+                progress(
+                    0.0,
+                    (cfg.warmup + cfg.duration.unwrap_or_default()).as_secs_f64(),
+                );
+                if stop.is_some() {
+                    return Err(werr(
+                        "driver: pgbench cannot be stopped early; use driver: pgfleet".into(),
+                    ));
+                }
+                driver::pgbench_bin::run(
+                    &cfg,
+                    &text,
+                    &ctx.cluster.pg,
+                    &server.conninfo,
+                    ctx.cluster.dir(),
+                    &ctx.cancel,
+                )
                 .await
-                .map_err(|e| werr(format!("driver thread: {e}")))?
-        }
-        other => {
-            return Err(werr(format!(
-                "unknown driver `{other}`: allowed pgfleet, pgbench"
-            )));
-        }
+            }
+            "pgfleet" => {
+                let (pg, cancel) = (server.config.clone(), ctx.cancel.clone());
+                let live = Arc::new(driver::Live::default());
+                let mut cfg = cfg;
+                cfg.live = Some(live.clone());
+                let done = CancellationToken::new();
+                let finished = done.clone();
+                let run = async move {
+                    let r = tokio::task::spawn_blocking(move || {
+                        driver::run_blocking(cfg, pg, cancel, progress)
+                    })
+                    .await;
+                    finished.cancel();
+                    r
+                };
+                let (r, reported) = tokio::join!(run, report_live(ctx, &live, &done));
+                reported?;
+                r.map_err(|e| werr(format!("driver thread: {e}")))?
+            }
+            other => {
+                return Err(werr(format!(
+                    "unknown driver `{other}`: allowed pgfleet, pgbench"
+                )));
+            }
+        };
+        Ok::<_, Error>(result)
     };
-    let result = match result {
+    let (result, ()) = tokio::join!(
+        async {
+            let r = driven.await;
+            phases_done.cancel();
+            r
+        },
+        phase_spans(d.warmup_s, &phases_done)
+    );
+    let result = match result? {
         Ok(r) => r,
         Err(e) if ctx.cancel.is_cancelled() => return Err(Error::Cancelled(e.0)),
         Err(e) => return Err(werr(e.0)),
     };
     Ok((result, sampler.finish().await?.internals()))
+}
+
+/// The driver's phases as spans: `warm-up` for its first `warmup_s`, then
+/// `measure` until `done` (siblings under the current span).
+async fn phase_spans(warmup_s: f64, done: &CancellationToken) {
+    let parent = tracing::Span::current();
+    if warmup_s > 0.0 {
+        let _warm = parent.in_scope(|| crate::cell::phase("warm-up"));
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs_f64(warmup_s)) => {}
+            _ = done.cancelled() => return,
+        }
+    }
+    let _measure = parent.in_scope(|| crate::cell::phase("measure"));
+    done.cancelled().await;
+}
+
+/// Sends the driver's live seconds as samples of kind `live` while it runs
+/// (each about two seconds after it began, so its clients have published
+/// it; a late part of a second is sent as another sample of that second),
+/// and what is left once `done` fires.
+async fn report_live(
+    ctx: &CellContext<'_>,
+    live: &driver::Live,
+    done: &CancellationToken,
+) -> Result<()> {
+    loop {
+        let last = tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => false,
+            _ = done.cancelled() => true,
+        };
+        let before = if last {
+            None
+        } else {
+            Some(
+                live.start
+                    .get()
+                    .map_or(0, |s| s.elapsed().as_secs().saturating_sub(1)),
+            )
+        };
+        for (sec, l) in live.take(before) {
+            ctx.sample("live", &live_json(sec, &l)).await?;
+        }
+        if last {
+            return Ok(());
+        }
+    }
+}
+
+/// One live second as a sample: counts, the latency sum and maximum, and
+/// the non-empty latency buckets (`[index, count]`, `buckets_per_octave`
+/// log buckets per power of two of microseconds; see `SecondStat`).
+pub fn live_json(sec: u64, l: &driver::LiveSecond) -> serde_json::Value {
+    let buckets: Vec<[u64; 2]> = l
+        .stat
+        .buckets
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| **c > 0)
+        .map(|(i, c)| [i as u64, u64::from(*c)])
+        .collect();
+    serde_json::json!({
+        "second": sec + 1,
+        "transactions": l.stat.transactions,
+        "failures": l.failures,
+        "latency_sum_us": l.stat.latency_sum_us,
+        "latency_max_us": l.stat.latency_max_us,
+        "buckets_per_octave": driver::BUCKETS_PER_OCTAVE,
+        "buckets": buckets,
+    })
 }
 
 /// The run's per-second figures (samples of kind `second`).

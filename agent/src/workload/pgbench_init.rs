@@ -257,6 +257,13 @@ pub async fn load(ctx: &CellContext<'_>, p: &InitParams) -> Result<Loaded> {
 
 /// `load` into any server (e.g. a peer role's cluster).
 pub async fn load_into(ctx: &CellContext<'_>, server: &Server, p: &InitParams) -> Result<Loaded> {
+    use tracing::Instrument;
+    load_unspanned(ctx, server, p)
+        .instrument(crate::cell::phase("load"))
+        .await
+}
+
+async fn load_unspanned(ctx: &CellContext<'_>, server: &Server, p: &InitParams) -> Result<Loaded> {
     if p.scale == 0 {
         return Err(werr("scale must be at least 1".into()));
     }

@@ -125,6 +125,20 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
         if heap_blks_total == 0 {
             heap_blks_total = bloated.table_bytes / 8192;
         }
+        // VACUUM's end as a last progress sample (a VACUUM shorter than a
+        // second has no other): every heap block scanned.
+        ctx.sample(
+            "vacuum",
+            &Progress {
+                second: vacuum_seconds,
+                phase: "done".into(),
+                heap_blks_total,
+                heap_blks_scanned: heap_blks_total,
+                heap_blks_vacuumed: heap_blks_total,
+                index_vacuum_count,
+            },
+        )
+        .await?;
         Ok(Output::of(&[Point {
             params: PointParams {
                 scale: p.init.scale,
