@@ -483,3 +483,96 @@ impl Default for Metrics {
         Metrics::new()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LABELS: [&str; 5] = ["sc", "run-1", "fast", "nvme", "pgbench"];
+
+    #[test]
+    fn live_seconds_add_up_and_the_histogram_resolves_both_ends() {
+        let m = Metrics::new();
+        // 3 transactions near 64 µs (bucket 24 at 4 per octave), 1 near 55 ms.
+        let sec = serde_json::json!({"second": 1, "transactions": 4, "failures": {"serialization": 2},
+            "buckets_per_octave": 4, "buckets": [[24, 3], [63, 1]]});
+        m.live_second(LABELS, &sec);
+        m.live_second(LABELS, &sec);
+        let text = m.render();
+        // The value of the sample of `name` whose labels include `labels`.
+        let line = |name: &str, labels: &[&str]| {
+            text.lines()
+                .find(|l| {
+                    l.starts_with(&format!("{name}{{")) && labels.iter().all(|x| l.contains(x))
+                })
+                .unwrap_or_else(|| panic!("no {name} {labels:?} in\n{text}"))
+                .rsplit(' ')
+                .next()
+                .unwrap()
+                .parse::<f64>()
+                .unwrap()
+        };
+        assert_eq!(
+            line("pgfleet_transactions_total", &["run_id=\"run-1\""]),
+            8.0
+        );
+        assert_eq!(
+            line(
+                "pgfleet_transaction_failures_total",
+                &["class=\"serialization\""]
+            ),
+            4.0
+        );
+        // 64 µs lies in (50 µs, 100 µs]; 55 ms in (50 ms, 100 ms].
+        assert_eq!(
+            line(
+                "pgfleet_transaction_latency_seconds_bucket",
+                &["le=\"0.00005\""]
+            ),
+            0.0
+        );
+        assert_eq!(
+            line(
+                "pgfleet_transaction_latency_seconds_bucket",
+                &["le=\"0.0001\""]
+            ),
+            6.0
+        );
+        assert_eq!(
+            line(
+                "pgfleet_transaction_latency_seconds_bucket",
+                &["le=\"0.05\""]
+            ),
+            6.0
+        );
+        assert_eq!(
+            line(
+                "pgfleet_transaction_latency_seconds_bucket",
+                &["le=\"0.1\""]
+            ),
+            8.0
+        );
+    }
+
+    #[tokio::test]
+    async fn a_finished_runs_series_leave_after_the_retention() {
+        let m = std::sync::Arc::new(Metrics::new());
+        m.live_second(
+            LABELS,
+            &serde_json::json!({"transactions": 1, "buckets": [[10, 1]]}),
+        );
+        m.progress_sample(LABELS, "lag", &serde_json::json!({"lag_bytes": 10}));
+        m.progress_sample(
+            LABELS,
+            "repeat",
+            &serde_json::json!({"storage_mode": "lz4", "offset_label": "50%", "latency_ms_p50": 1.5}),
+        );
+        assert!(m.render().contains("run-1"));
+        m.retire_run("run-1", Duration::from_millis(50));
+        // Still there within the retention, gone after it.
+        assert!(m.render().contains("run-1"));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let text = m.render();
+        assert!(!text.contains("run-1"), "{text}");
+    }
+}

@@ -165,7 +165,21 @@ async fn set_io_method(ctx: &CellContext<'_>, method: &str) -> std::result::Resu
     })?;
     drop(client);
     // Applied by a restart; a server that cannot start with it is put back.
-    if let Err(e) = ctx.cluster.restart().await {
+    let restarted = ctx.cluster.restart().await;
+    if restarted.is_ok() && method != "default" {
+        let c = ctx.cluster.connect().await.map_err(|e| e.to_string())?;
+        let now: String = c
+            .query_one("SHOW io_method", &[])
+            .await
+            .map_err(|e| e.to_string())?
+            .get(0);
+        if now != method {
+            return Err(format!(
+                "the server runs with io_method {now} after asking for {method}"
+            ));
+        }
+    }
+    if let Err(e) = restarted {
         let why = e.to_string();
         if method != "default" {
             let auto = ctx.cluster.data_dir().join("postgresql.auto.conf");
