@@ -862,8 +862,10 @@ workloads:
     zstd_level: 9
   - kind: read-write
     rows: 30000
-    tests: [seq-cold, write]
+    tests: [seq-cold, random-read, write]
     repeats: 1
+    random_clients: 2
+    random_duration_s: 2
 ",
     );
     let out = s.run_cmd(&sc, &[]).output().unwrap();
@@ -881,7 +883,7 @@ workloads:
         2 * 3,
         "fractions x algorithms (one table, no index)"
     );
-    assert_eq!(of("read-write"), 2);
+    assert_eq!(of("read-write"), 3);
     let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
     // Measured and published side by side.
     assert!(
@@ -895,6 +897,14 @@ workloads:
     assert!(md.contains("#### Sampling error"), "{md}");
     assert!(md.contains("| seq-cold | default | 30000 |"), "{md}");
     assert!(md.contains("| write test | UPDATE s |"), "{md}");
+    assert!(md.contains("Random reads (`SELECT txt ... WHERE id = :id` from a cold start"), "{md}");
+    let random = results
+        .iter()
+        .find(|x| x["workload"] == "read-write" && x["params"]["test"] == "random-read")
+        .unwrap();
+    assert!(random["metrics"]["tps"].as_f64().unwrap() > 0.0, "{random}");
+    // From a cold start, the first reads came from outside shared buffers.
+    assert!(random["metrics"]["blocks_read"].as_u64().unwrap() > 0, "{random}");
     let write = results
         .iter()
         .find(|x| x["workload"] == "read-write" && x["params"]["test"] == "write")
