@@ -107,15 +107,7 @@ async fn pages_compress_as_postgres_and_the_libraries_do() {
 }
 
 fn points(out: &pgfleet_agent::workload::Output) -> Vec<(PointParams, Metrics)> {
-    out.points
-        .iter()
-        .map(|p| {
-            (
-                serde_json::from_str(&p.params_json).unwrap(),
-                serde_json::from_str(&p.metrics_json).unwrap(),
-            )
-        })
-        .collect()
+    common::typed_points(out)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -897,14 +897,20 @@ workloads:
     assert!(md.contains("#### Sampling error"), "{md}");
     assert!(md.contains("| seq-cold | default | 30000 |"), "{md}");
     assert!(md.contains("| write test | UPDATE s |"), "{md}");
-    assert!(md.contains("Random reads (`SELECT txt ... WHERE id = :id` from a cold start"), "{md}");
+    assert!(
+        md.contains("Random reads (`SELECT txt ... WHERE id = :id` from a cold start"),
+        "{md}"
+    );
     let random = results
         .iter()
         .find(|x| x["workload"] == "read-write" && x["params"]["test"] == "random-read")
         .unwrap();
     assert!(random["metrics"]["tps"].as_f64().unwrap() > 0.0, "{random}");
     // From a cold start, the first reads came from outside shared buffers.
-    assert!(random["metrics"]["blocks_read"].as_u64().unwrap() > 0, "{random}");
+    assert!(
+        random["metrics"]["blocks_read"].as_u64().unwrap() > 0,
+        "{random}"
+    );
     let write = results
         .iter()
         .find(|x| x["workload"] == "read-write" && x["params"]["test"] == "write")

@@ -55,3 +55,18 @@ pub async fn run(cluster: &Cluster, params: &Params) -> pgfleet_agent::Result<Ou
     let mut ctx = CellContext::new("c", cluster, tx, CancellationToken::new());
     workload::run(&mut ctx, params).await
 }
+
+/// A kind's points as its typed params and metrics.
+pub fn typed_points<P: serde::de::DeserializeOwned, M: serde::de::DeserializeOwned>(
+    out: &Output,
+) -> Vec<(P, M)> {
+    out.points
+        .iter()
+        .map(|p| {
+            (
+                serde_json::from_str(&p.params_json).unwrap(),
+                serde_json::from_str(&p.metrics_json).unwrap(),
+            )
+        })
+        .collect()
+}

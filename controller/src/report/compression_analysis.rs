@@ -7,7 +7,7 @@ use std::fmt::Write;
 
 use serde_json::Value as Json;
 
-use super::markdown::{mib, num};
+use super::markdown::{by_class, mib, num};
 
 pub fn section(
     md: &mut String,
@@ -31,14 +31,7 @@ pub fn section(
          in 1 KiB units. Projected size = the sample's slots and overflow scaled to the relation. CPU is the \
          compressing thread's."
     );
-    let mut by_class: BTreeMap<&str, Vec<&Json>> = BTreeMap::new();
-    for r in results {
-        by_class
-            .entry(r["instance_class"].as_str().unwrap_or(""))
-            .or_default()
-            .push(r);
-    }
-    for (class, rs) in by_class {
+    for (class, rs) in by_class(results) {
         let _ = writeln!(
             md,
             "\n### {class}\n\n| relation | size MiB | sample | algorithm | pages | avg bytes | ratio | over 1K % | over 2K % | over 4K % | projected 1K / 2K / 4K MiB | CPU µs/page |\n\

@@ -376,6 +376,17 @@ pub fn samples_plot(
     }
 }
 
+/// A section's results by instance class, in the classes' order.
+pub fn by_class<'a>(results: &[&'a Json]) -> std::collections::BTreeMap<&'a str, Vec<&'a Json>> {
+    let mut m: std::collections::BTreeMap<&str, Vec<&Json>> = std::collections::BTreeMap::new();
+    for r in results {
+        m.entry(r["instance_class"].as_str().unwrap_or(""))
+            .or_default()
+            .push(r);
+    }
+    m
+}
+
 /// Bytes as MiB with one decimal.
 pub fn mib(v: &Json) -> String {
     num(

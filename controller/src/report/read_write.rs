@@ -2,12 +2,11 @@
 //! OS-cache sequential scans per io_method, random reads from disk) and its
 //! write test with the device bytes behind the write-amplification figure.
 
-use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use serde_json::Value as Json;
 
-use super::markdown::{mib, num, sig};
+use super::markdown::{by_class, mib, num, sig};
 
 fn f(v: &Json) -> String {
     v.as_f64().map(sig).unwrap_or_else(|| "–".into())
@@ -31,14 +30,7 @@ pub fn section(
          Device bytes are the cluster's block-I/O cgroup's: its own processes only (– where the agent could not \
          account: not root, or no cgroup). Write amplification = device bytes / (dirty pages PostgreSQL wrote + WAL)."
     );
-    let mut by_class: BTreeMap<&str, Vec<&Json>> = BTreeMap::new();
-    for r in results {
-        by_class
-            .entry(r["instance_class"].as_str().unwrap_or(""))
-            .or_default()
-            .push(r);
-    }
-    for (class, rs) in by_class {
+    for (class, rs) in by_class(results) {
         let _ = writeln!(md, "\n### {class}");
         let seq: Vec<&&Json> = rs
             .iter()

@@ -2,12 +2,11 @@
 //! run's clusters, with the article's published figures in a column beside
 //! the measured ones (`pgfleet_proto::workload::toast_probe::ARTICLE`).
 
-use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use serde_json::Value as Json;
 
-use super::markdown::{num, sig};
+use super::markdown::{by_class, num, sig};
 use pgfleet_proto::workload::toast_probe::{PROBES, article};
 
 /// A column of a probe's table: header and how a point shows it.
@@ -165,14 +164,7 @@ pub fn section(md: &mut String, _plots: &mut Vec<(String, String)>, doc: &Json, 
         "\n## toast-probe: what gets TOASTed (seeds/003)\n\nMeasured on each instance class's cluster; \
          the article's figures (PostgreSQL 18) beside them where it published one."
     );
-    let mut by_class: BTreeMap<&str, Vec<&Json>> = BTreeMap::new();
-    for r in results {
-        by_class
-            .entry(r["instance_class"].as_str().unwrap_or(""))
-            .or_default()
-            .push(r);
-    }
-    for (class, rs) in by_class {
+    for (class, rs) in by_class(results) {
         let version = doc["environment"]["instance_classes"][class]["postgres"]["version"]
             .as_str()
             .unwrap_or("");

@@ -24,8 +24,6 @@
 //! the rest as overflow). Projected size = sampled pages' slots + overflow,
 //! scaled by pages / sampled pages.
 
-use std::collections::BTreeSet;
-
 use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
@@ -235,30 +233,13 @@ impl KindSpec for Spec {
                 l.iter().map(|x| x.value).collect()
             }
         };
-        let algorithms = match &self.algorithms {
-            None => ALGORITHMS.iter().map(|s| s.to_string()).collect(),
-            Some(l) if l.is_empty() => {
-                return f.err(
-                    f.kind_at,
-                    "algorithms",
-                    format!("must not be empty: allowed {}", ALGORITHMS.join(", ")),
-                );
-            }
-            Some(l) => {
-                let mut seen = BTreeSet::new();
-                for (j, a) in l.iter().enumerate() {
-                    f.one_of(a, &format!("algorithms[{j}]"), ALGORITHMS, "algorithm")?;
-                    if !seen.insert(&a.value) {
-                        return f.err(
-                            a.referenced,
-                            &format!("algorithms[{j}]"),
-                            format!("`{}` is listed twice", a.value),
-                        );
-                    }
-                }
-                l.iter().map(|a| a.value.clone()).collect()
-            }
-        };
+        let algorithms = f.names(
+            &self.algorithms,
+            "algorithms",
+            ALGORITHMS,
+            "algorithm",
+            ALGORITHMS,
+        )?;
         f.in_range(&self.zstd_level, "zstd_level", 1, 22, "")?;
         f.in_range(
             &self.slot_header_bytes,

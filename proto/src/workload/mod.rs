@@ -123,6 +123,40 @@ impl Field {
         Ok(Some(n))
     }
 
+    /// A list of names from `allowed`: not empty, none twice; `default`
+    /// when the key is absent.
+    pub fn names(
+        &self,
+        list: &Option<Vec<Spanned<String>>>,
+        key: &str,
+        allowed: &[&str],
+        what: &str,
+        default: &[&str],
+    ) -> Checked<Vec<String>> {
+        let Some(list) = list else {
+            return Ok(default.iter().map(|s| s.to_string()).collect());
+        };
+        if list.is_empty() {
+            return self.err(
+                self.kind_at,
+                key,
+                format!("must not be empty: allowed {}", allowed.join(", ")),
+            );
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (j, m) in list.iter().enumerate() {
+            self.one_of(m, &format!("{key}[{j}]"), allowed, what)?;
+            if !seen.insert(&m.value) {
+                return self.err(
+                    m.referenced,
+                    &format!("{key}[{j}]"),
+                    format!("`{}` is listed twice", m.value),
+                );
+            }
+        }
+        Ok(list.iter().map(|m| m.value.clone()).collect())
+    }
+
     /// `v` must be one of `allowed`.
     pub fn one_of(
         &self,

@@ -146,22 +146,7 @@ impl KindSpec for Spec {
 
     fn plan(&self, f: &Field) -> Checked<Vec<(String, Params)>> {
         f.in_range(&self.rows, "rows", 1000, 10_000_000_000, "")?;
-        let tests = match &self.tests {
-            None => TESTS.iter().map(|s| s.to_string()).collect(),
-            Some(l) if l.is_empty() => {
-                return f.err(
-                    f.kind_at,
-                    "tests",
-                    format!("must not be empty: allowed {}", TESTS.join(", ")),
-                );
-            }
-            Some(l) => {
-                for (j, t) in l.iter().enumerate() {
-                    f.one_of(t, &format!("tests[{j}]"), TESTS, "test")?;
-                }
-                l.iter().map(|t| t.value.clone()).collect()
-            }
-        };
+        let tests = f.names(&self.tests, "tests", TESTS, "test", TESTS)?;
         let io_methods = match &self.io_methods {
             None => Vec::new(),
             Some(l) => {

@@ -18,8 +18,6 @@
 //! - `reads`: `left(body, 200)` over values of ~1 MB and a 200-byte read at
 //!   byte 500,000 → buffers and latency per mode (toast-slice's loop).
 
-use std::collections::BTreeSet;
-
 use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
@@ -285,9 +283,8 @@ impl KindSpec for Spec {
     type Params = Params;
 
     fn plan(&self, f: &Field) -> Checked<Vec<(String, Params)>> {
-        let probes = names_list(f, &self.probes, "probes", PROBES, "probe", PROBES)?;
-        let modes = names_list(
-            f,
+        let probes = f.names(&self.probes, "probes", PROBES, "probe", PROBES)?;
+        let modes = f.names(
             &self.storage_modes,
             "storage_modes",
             super::toast_slice::STORAGE_MODES,
@@ -397,40 +394,6 @@ impl KindSpec for Spec {
         };
         Ok(vec![("probes".to_string(), params)])
     }
-}
-
-/// A list of names from `allowed`, no duplicates, not empty; `default`
-/// when absent.
-fn names_list(
-    f: &Field,
-    list: &Option<Vec<Spanned<String>>>,
-    key: &str,
-    allowed: &[&str],
-    what: &str,
-    default: &[&str],
-) -> Checked<Vec<String>> {
-    let Some(list) = list else {
-        return Ok(default.iter().map(|s| s.to_string()).collect());
-    };
-    if list.is_empty() {
-        return f.err(
-            f.kind_at,
-            key,
-            format!("must not be empty: allowed {}", allowed.join(", ")),
-        );
-    }
-    let mut seen = BTreeSet::new();
-    for (j, m) in list.iter().enumerate() {
-        f.one_of(m, &format!("{key}[{j}]"), allowed, what)?;
-        if !seen.insert(&m.value) {
-            return f.err(
-                m.referenced,
-                &format!("{key}[{j}]"),
-                format!("`{}` is listed twice", m.value),
-            );
-        }
-    }
-    Ok(list.iter().map(|m| m.value.clone()).collect())
 }
 
 impl Params {

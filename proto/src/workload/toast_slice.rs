@@ -4,8 +4,6 @@
 //! One cell per (entry, instance class, dataset): it measures every storage
 //! mode and offset of that dataset on one fresh cluster.
 
-use std::collections::BTreeSet;
-
 use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
@@ -222,47 +220,16 @@ impl KindSpec for Spec {
             " (bytea's limit)",
         )?;
         let value_bytes = or(&self.value_bytes, 10 * 1024 * 1024);
-        let mut lists = Vec::new();
-        for (key, list, allowed, what, default) in [
-            (
-                "storage_modes",
+        let lists = [
+            f.names(
                 &self.storage_modes,
+                "storage_modes",
                 STORAGE_MODES,
                 "storage mode",
                 STORAGE_MODES,
-            ),
-            (
-                "datasets",
-                &self.datasets,
-                DATASETS,
-                "dataset",
-                &["mixed"][..],
-            ),
-        ] {
-            let Some(list) = list else {
-                lists.push(default.iter().map(|s| s.to_string()).collect::<Vec<_>>());
-                continue;
-            };
-            if list.is_empty() {
-                return f.err(
-                    f.kind_at,
-                    key,
-                    format!("must not be empty: allowed {}", allowed.join(", ")),
-                );
-            }
-            let mut seen = BTreeSet::new();
-            for (j, m) in list.iter().enumerate() {
-                f.one_of(m, &format!("{key}[{j}]"), allowed, what)?;
-                if !seen.insert(&m.value) {
-                    return f.err(
-                        m.referenced,
-                        &format!("{key}[{j}]"),
-                        format!("`{}` is listed twice", m.value),
-                    );
-                }
-            }
-            lists.push(list.iter().map(|m| m.value.clone()).collect());
-        }
+            )?,
+            f.names(&self.datasets, "datasets", DATASETS, "dataset", &["mixed"])?,
+        ];
         let offsets = match &self.offsets {
             Some(o) if o.is_empty() => return f.err(f.kind_at, "offsets", "must not be empty"),
             Some(o) => o.clone(),
