@@ -56,6 +56,11 @@ pub struct Metrics {
     vacuum_blocks: IntGaugeVec,
     replication_lag: IntGaugeVec,
     toast_latency: prometheus::GaugeVec,
+    /// 1 for each running cell's current phase (what dashboards draw as
+    /// annotations); a cell's series goes when it ends.
+    cell_phase: IntGaugeVec,
+    /// The phase series each run's cells have: (labels of the series).
+    phases: Mutex<BTreeMap<String, BTreeMap<String, Vec<String>>>>,
     /// The label sets each run used, to remove its series after it ends.
     series: Mutex<BTreeMap<String, BTreeSet<Vec<String>>>>,
     /// Wait events seen per run's label set.
@@ -192,6 +197,11 @@ impl Metrics {
                     v
                 }
             )),
+            cell_phase: reg!(IntGaugeVec::new(
+                Opts::new("pgfleet_cell_phase", "1 while a cell is in this phase (provision, load, measure, vacuum, drain, teardown...); one series per running cell."),
+                &["scenario", "run_id", "instance_class", "workload", "cell_id", "phase"]
+            )),
+            phases: Mutex::new(BTreeMap::new()),
             registry,
             series: Mutex::new(BTreeMap::new()),
             wait_events: Mutex::new(BTreeMap::new()),
@@ -330,6 +340,32 @@ impl Metrics {
         }
     }
 
+    /// A cell reports its phase: its series moves to the new phase.
+    pub fn cell_phase(&self, labels: [&str; 4], cell_id: &str, phase: &str) {
+        let mut all = self.phases.lock().unwrap_or_else(|p| p.into_inner());
+        let cells = all.entry(labels[1].to_string()).or_default();
+        let mut now: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
+        now.extend([cell_id.to_string(), phase.to_string()]);
+        if cells.get(cell_id) == Some(&now) {
+            return;
+        }
+        if let Some(old) = cells.insert(cell_id.to_string(), now.clone()) {
+            let old: Vec<&str> = old.iter().map(String::as_str).collect();
+            let _ = self.cell_phase.remove_label_values(&old);
+        }
+        let now: Vec<&str> = now.iter().map(String::as_str).collect();
+        self.cell_phase.with_label_values(&now).set(1);
+    }
+
+    /// A cell ended: no phase any more.
+    pub fn cell_ended(&self, run: &str, cell_id: &str) {
+        let mut all = self.phases.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = all.get_mut(run).and_then(|cells| cells.remove(cell_id)) {
+            let old: Vec<&str> = old.iter().map(String::as_str).collect();
+            let _ = self.cell_phase.remove_label_values(&old);
+        }
+    }
+
     /// A workload's own progress sample: VACUUM's (`vacuum`), the drain's
     /// lag (`lag`), a toast-slice repeat (`repeat`).
     pub fn progress_sample(&self, labels: [&str; 5], kind: &str, data: &Json) {
@@ -438,6 +474,16 @@ impl Metrics {
                 v.push(e);
                 let _ = self.waits.remove_label_values(&v);
             }
+        }
+        let phases = self
+            .phases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(run)
+            .unwrap_or_default();
+        for old in phases.values() {
+            let old: Vec<&str> = old.iter().map(String::as_str).collect();
+            let _ = self.cell_phase.remove_label_values(&old);
         }
         // Cell gauges carry the run id too.
         let families = self.registry.gather();

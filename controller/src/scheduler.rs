@@ -380,6 +380,9 @@ impl Scheduler {
             for c in self.cells.iter_mut().filter(|c| c.state.is_terminal()) {
                 if let Some(span) = c.span.take() {
                     span.record("state", format!("{:?}", c.state).to_lowercase());
+                    if let Some(m) = &self.opts.metrics {
+                        m.cell_ended(&self.run_id, &c.planned.cell_id);
+                    }
                 }
             }
             if self.cells.iter().all(|c| c.state.is_terminal()) {
@@ -447,6 +450,21 @@ impl Scheduler {
                 match msg {
                     Msg::Heartbeat(_) | Msg::Register(_) => {}
                     Msg::Progress(p) => {
+                        if let (Some(m), Some(c)) = (
+                            &self.opts.metrics,
+                            self.cells.iter().find(|c| c.planned.cell_id == p.cell_id),
+                        ) {
+                            m.cell_phase(
+                                [
+                                    self.opts.scenario.as_str(),
+                                    self.run_id.as_str(),
+                                    c.planned.instance_class.as_str(),
+                                    c.planned.workload(),
+                                ],
+                                &p.cell_id,
+                                &p.phase,
+                            );
+                        }
                         self.publish(RunEvent::Progress {
                             cell_id: p.cell_id.clone(),
                             phase: p.phase.clone(),

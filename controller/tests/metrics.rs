@@ -236,6 +236,30 @@ fn prometheus_scrapes_a_run_and_every_dashboard_query_returns_data() {
                 "{name}: {q} -> {body}"
             );
         }
+        // Annotations (the cells' phases) show this run's phases too.
+        for a in d["annotations"]["list"].as_array().into_iter().flatten() {
+            let Some(expr) = a["expr"].as_str() else {
+                continue;
+            };
+            let expr = expr
+                .replace("$run_id", &run_id)
+                .replace("$scenario", "metrics-two-storage")
+                .replace("$instance_class", ".*");
+            let r = query(&expr);
+            let series = r["data"]["result"].as_array().cloned().unwrap_or_default();
+            let mut phases: Vec<&str> = series
+                .iter()
+                .filter_map(|x| x["metric"]["phase"].as_str())
+                .collect();
+            phases.sort();
+            phases.dedup();
+            // Short phases may fall between two scrapes; the long ones not.
+            assert!(
+                phases.contains(&"measure") && phases.len() >= 3,
+                "{name}: annotation `{}` misses phases: {phases:?}",
+                a["name"]
+            );
+        }
         for p in d["panels"].as_array().unwrap() {
             for t in p["targets"].as_array().unwrap() {
                 let expr = t["expr"]
