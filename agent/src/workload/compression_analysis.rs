@@ -119,6 +119,7 @@ fn werr(message: String) -> Error {
     }
 }
 
+#[derive(Clone)]
 pub struct Relation {
     pub name: String,
     pub kind: String,
@@ -149,11 +150,7 @@ pub async fn relations(client: &Client, only: &[String]) -> Result<Vec<Relation>
     let mut out = Vec::new();
     for name in only {
         match all.iter().position(|r| &r.name == name) {
-            Some(i) => out.push(Relation {
-                name: all[i].name.clone(),
-                kind: all[i].kind.clone(),
-                pages: all[i].pages,
-            }),
+            Some(i) => out.push(all[i].clone()),
             None => {
                 let known: Vec<&str> = all.iter().map(|r| r.name.as_str()).collect();
                 return Err(werr(format!(

@@ -26,7 +26,7 @@ use futures::future::BoxFuture;
 use serde_json::{Value as Json, json};
 use tokio_postgres::Client;
 
-use super::{CellContext, Output, median, pgbench};
+use super::{CellContext, Output, pgbench};
 use crate::{Error, Result};
 
 use pgfleet_proto::workload::pgbench::{Define, DriveParams};
@@ -61,7 +61,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
             if reads.is_empty() {
                 break;
             }
-            if let Err(why) = set_io_method(ctx, method).await {
+            if let Err(why) = set_io_method(ctx, version, method).await {
                 ctx.sample("skipped", &json!({"io_method": method, "why": why})).await?;
                 ctx.progress("read", 0, 1, format!("io_method {method} skipped: {why}"));
                 continue;
@@ -80,7 +80,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
         }
         if p.tests.iter().any(|t| t == "write") {
             if methods.iter().any(|m| m != "default") {
-                set_io_method(ctx, "default").await.map_err(werr)?;
+                set_io_method(ctx, version, "default").await.map_err(werr)?;
             }
             let pt = point(p, "write", "default", write(ctx, p).await?);
             ctx.sample("test", &pt).await?;
@@ -143,18 +143,17 @@ async fn load(ctx: &CellContext<'_>, client: &Client, p: &Params) -> Result<()> 
 
 /// Sets io_method for the next start (`default`: the server's own).
 /// Err: why the server refused it.
-async fn set_io_method(ctx: &CellContext<'_>, method: &str) -> std::result::Result<(), String> {
+async fn set_io_method(
+    ctx: &CellContext<'_>,
+    version: i32,
+    method: &str,
+) -> std::result::Result<(), String> {
     let client = ctx.cluster.connect().await.map_err(|e| e.to_string())?;
     let sql = if method == "default" {
         "ALTER SYSTEM RESET io_method".to_string()
     } else {
         format!("ALTER SYSTEM SET io_method = '{method}'")
     };
-    let version: i32 = client
-        .query_one("SELECT current_setting('server_version_num')::int", &[])
-        .await
-        .map_err(|e| e.to_string())?
-        .get(0);
     if version < 180000 {
         return Ok(());
     }
@@ -385,9 +384,4 @@ async fn write(ctx: &CellContext<'_>, p: &Params) -> Result<Metrics> {
         write_amplification: dev.map(|d| d as f64 / (dirty + wal).max(1) as f64),
         ..Metrics::default()
     })
-}
-
-/// The median execution time of a set of scans (for tools).
-pub fn median_ms(m: &Metrics) -> f64 {
-    median(&m.executions_ms)
 }
