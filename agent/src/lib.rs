@@ -9,6 +9,7 @@ pub mod cell;
 pub mod cluster;
 pub mod driver;
 pub mod host;
+pub mod metrics;
 pub mod pgbin;
 pub mod pglz;
 pub mod sampler;

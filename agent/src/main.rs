@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use pgfleet_agent::cell::{AgentEnv, Instance};
 use pgfleet_agent::cluster::throttle::Caps;
 use pgfleet_agent::cluster::{self, RunAs};
+use pgfleet_agent::metrics::AgentMetrics;
 use pgfleet_agent::pgbin::PgBin;
 use pgfleet_agent::session;
 
@@ -116,6 +117,13 @@ struct RunArgs {
     /// PEM CA certificate to trust for an https:// controller.
     #[arg(long, env = "PGFLEET_CA")]
     ca: Option<PathBuf>,
+    /// Serve this agent's own Prometheus metrics at http://ADDR/metrics
+    /// (session up, reconnects, cells, samples awaiting acknowledgement, the
+    /// driver's transactions), e.g. 0.0.0.0:9187 in a pod; port 0 picks a
+    /// free port. The address is reported to the controller, which lists
+    /// it at /sd/agents for Prometheus' HTTP service discovery.
+    #[arg(long, env = "PGFLEET_METRICS_ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
     /// Exit (after tearing down) when the controller is unreachable this many seconds.
     #[arg(long, default_value_t = 30)]
     give_up_after_s: u64,
@@ -229,6 +237,37 @@ async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let metrics = Arc::new(AgentMetrics::new());
+    metrics
+        .info
+        .with_label_values(&[
+            env!("CARGO_PKG_VERSION"),
+            env.pg.as_ref().map(|p| p.version.as_str()).unwrap_or(""),
+        ])
+        .set(1);
+    let metrics_address = match args.metrics_addr {
+        Some(bind) => {
+            let bound = pgfleet_agent::metrics::serve(bind, metrics.clone())
+                .await
+                .with_context(|| format!("serving metrics on {bind} (--metrics-addr)"))?;
+            // What a scraper elsewhere dials: the bound IP, or for a
+            // wildcard bind the advertised address, else the host name.
+            let host = if !bound.ip().is_unspecified() {
+                bound.ip().to_string()
+            } else if let Some(a) = args.advertise_address {
+                a.to_string()
+            } else {
+                pgfleet_agent::host::hostname()
+            };
+            let reach = match host.parse::<std::net::IpAddr>() {
+                Ok(std::net::IpAddr::V6(_)) => format!("[{host}]:{}", bound.port()),
+                _ => format!("{host}:{}", bound.port()),
+            };
+            tracing::info!(metrics = %format!("http://{reach}/metrics"), "serving metrics");
+            reach
+        }
+        None => String::new(),
+    };
     let cfg = session::SessionConfig {
         controller: args.controller,
         agent_id,
@@ -236,6 +275,8 @@ async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         give_up_after: Duration::from_secs(args.give_up_after_s),
         token,
         ca,
+        metrics,
+        metrics_address,
     };
     let result = session::run(cfg, env, shutdown).await;
     // Whatever happened, leave nothing behind.

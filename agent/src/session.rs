@@ -11,8 +11,10 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
+use tracing::Instrument;
 
 use crate::cell::{self, AgentEnv};
+use crate::metrics::AgentMetrics;
 use crate::{Error, Result, host};
 use pgfleet_proto::v1::{
     AgentMessage, CellResult, CellStatus, ControllerMessage, Endpoint, Heartbeat, Register,
@@ -33,6 +35,9 @@ pub struct SessionConfig {
     pub token: Option<String>,
     /// PEM CA certificate(s) to trust for an `https://` controller.
     pub ca: Option<Vec<u8>>,
+    /// This agent's own metrics, and where they are served ("" = nowhere).
+    pub metrics: Arc<AgentMetrics>,
+    pub metrics_address: String,
 }
 
 struct Running {
@@ -68,8 +73,17 @@ pub async fn run(
             stop_cells(&mut cells, &mut ev_rx, None).await;
             return Ok(());
         }
+        // One span per connection; the controller's side of the session is
+        // its child (W3C trace context in the request's metadata).
+        let span = tracing::info_span!(
+            target: "pgfleet",
+            "session",
+            agent_id = %cfg.agent_id,
+            instance_class = %cfg.instance_class,
+            controller = %cfg.controller,
+        );
         let connected = tokio::select! {
-            c = connect(&cfg, &env, &cells, &unacked) => c,
+            c = connect(&cfg, &env, &cells, &unacked, &span) => c,
             _ = shutdown.cancelled() => continue,
         };
         let (out_tx, inbound, heartbeat) = match connected {
@@ -99,6 +113,8 @@ pub async fn run(
             }
         };
         backoff = Duration::from_millis(100);
+        cfg.metrics.connected.set(1);
+        cfg.metrics.sessions.inc();
         tracing::info!(controller = %cfg.controller, "registered");
         if !unacked.is_empty() {
             tracing::info!(
@@ -125,6 +141,7 @@ pub async fn run(
         }
         let end = connected_loop(
             &env,
+            &cfg.metrics,
             &out_tx,
             inbound,
             heartbeat,
@@ -135,7 +152,9 @@ pub async fn run(
             &mut samples,
             &shutdown,
         )
+        .instrument(span)
         .await;
+        cfg.metrics.connected.set(0);
         last_ok = Instant::now();
         match end {
             End::Shutdown => {
@@ -159,6 +178,7 @@ async fn connect(
     env: &AgentEnv,
     cells: &HashMap<String, Running>,
     unacked: &HashMap<String, CellResult>,
+    span: &tracing::Span,
 ) -> Result<(
     mpsc::Sender<AgentMessage>,
     Streaming<ControllerMessage>,
@@ -214,6 +234,7 @@ async fn connect(
         // this agent has, as its assignment was lost.
         running_cells: cells.keys().chain(unacked.keys()).cloned().collect(),
         address: env.address.map(|a| a.to_string()).unwrap_or_default(),
+        metrics_address: cfg.metrics_address.clone(),
     };
     out_tx
         .send(msg(Msg::Register(register)))
@@ -225,6 +246,12 @@ async fn connect(
             Error::Refused("the join token has characters a header cannot carry".into())
         })?;
         request.metadata_mut().insert("authorization", value);
+    }
+    let traceparent = pgfleet_proto::telemetry::traceparent(span);
+    if !traceparent.is_empty()
+        && let Ok(v) = traceparent.parse()
+    {
+        request.metadata_mut().insert("traceparent", v);
     }
     let mut inbound = client
         .session(request)
@@ -261,6 +288,7 @@ async fn connect(
 #[allow(clippy::too_many_arguments)]
 async fn connected_loop(
     env: &Arc<AgentEnv>,
+    metrics: &AgentMetrics,
     out_tx: &mpsc::Sender<AgentMessage>,
     mut inbound: Streaming<ControllerMessage>,
     heartbeat: Duration,
@@ -282,6 +310,7 @@ async fn connected_loop(
                             let mut r = failed(&a.cell_id, format!("agent busy with cell {busy}"));
                             r.role = a.role.clone();
                             unacked.insert(a.cell_id.clone(), r.clone());
+                            metrics.cell_finished(CellStatus::Failed);
                             let _ = out_tx.send(msg(Msg::Result(r))).await;
                             continue;
                         }
@@ -299,6 +328,7 @@ async fn connected_loop(
                             let _ = ev.send(msg(Msg::Result(r))).await;
                         });
                         cells.insert(id, Running { cancel, release, peers, ready: None, task });
+                        metrics.cells_running.set(cells.len() as i64);
                     }
                     CMsg::Cancel(c) => {
                         if let Some(r) = cells.get(&c.cell_id) {
@@ -322,8 +352,12 @@ async fn connected_loop(
                     CMsg::ResultAck(a) => {
                         unacked.remove(&a.cell_id);
                         samples.forget_cell(&a.cell_id);
+                        metrics.samples_unacked.set(samples.len() as i64);
                     }
-                    CMsg::SampleAck(a) => samples.ack(&a.cell_id, a.seq),
+                    CMsg::SampleAck(a) => {
+                        samples.ack(&a.cell_id, a.seq);
+                        metrics.samples_unacked.set(samples.len() as i64);
+                    }
                     CMsg::Shutdown(s) if s.refused => {
                         tracing::error!(reason = %s.reason, "the controller refused this agent");
                         return End::Refused(s.reason);
@@ -347,12 +381,16 @@ async fn connected_loop(
             Some(mut ev) = ev_rx.recv() => {
                 if let Some(Msg::Sample(s)) = &mut ev.msg {
                     samples.number(s);
+                    metrics.sample_sent(s);
                     samples.keep(ev.clone());
+                    metrics.samples_unacked.set(samples.len() as i64);
                 }
                 match &ev.msg {
                     Some(Msg::Result(r)) => {
                         cells.remove(&r.cell_id);
                         unacked.insert(r.cell_id.clone(), r.clone());
+                        metrics.cells_running.set(cells.len() as i64);
+                        metrics.cell_finished(r.status());
                     }
                     Some(Msg::RoleReady(rr)) => {
                         if let Some(c) = cells.get_mut(&rr.cell_id) {
@@ -411,6 +449,13 @@ impl SampleBuffer {
     pub fn forget_cell(&mut self, cell: &str) {
         self.unacked.remove(cell);
         self.next.remove(cell);
+    }
+    /// How many samples are kept for replay.
+    pub fn len(&self) -> usize {
+        self.unacked.values().map(|q| q.len()).sum()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
     /// What to send again, per cell in order.
     pub fn unacked(&self) -> Vec<AgentMessage> {

@@ -3,12 +3,14 @@
 //! Starts a real `pgfleet serve` process (TLS on the agent session, a join
 //! token), connects N simulated agents from this process over real gRPC
 //! with TLS, submits a run with one cell per agent, and has every agent
-//! heartbeat and stream a sample (a pg_stat-sized JSON object) and a
-//! progress message per second for the measured window, then report. While
-//! it runs, polls `GET /v1/runs/{id}` and times it. Prints the server's CPU
-//! (cores), peak memory, the wait of agent messages between arrival and
-//! handling (p50/p99/max, from the server's log), API latency, and whether
-//! any agent was falsely lost.
+//! heartbeat and stream, per second of the measured window, what a pgbench
+//! cell streams (a pg_stat sample, the driver's live second with its
+//! latency buckets, both numbered; a progress message), then report. While
+//! it runs, polls `GET /v1/runs/{id}` and times it, and scrapes `/metrics`
+//! every 5 s as Prometheus would. Prints the server's CPU (cores), peak
+//! memory, the wait of agent messages between arrival and handling
+//! (p50/p99/max, from the server's log), API and scrape latency, the
+//! scrape's size, and whether any agent was falsely lost.
 //!
 //!   cargo build --release --workspace --bins --examples
 //!   target/release/examples/serve_load [AGENTS] [SECONDS]     (default 200 60)
@@ -87,6 +89,23 @@ fn sample_json(i: u64) -> String {
     serde_json::Value::Object(m).to_string()
 }
 
+/// A driver's live second as the pgbench workload sends it: 1,000
+/// transactions spread over a dozen log buckets (0.25 .. 8 ms), a failure.
+fn live_json(t: u64) -> String {
+    let buckets: Vec<[u64; 2]> = (0..12u64).map(|k| [32 + k * 2, 40 + 3 * k]).collect();
+    let transactions: u64 = buckets.iter().map(|b| b[1]).sum();
+    serde_json::json!({
+        "second": t,
+        "transactions": transactions,
+        "failures": {"serialization": 1},
+        "latency_sum_us": transactions * 900,
+        "latency_max_us": 8_100,
+        "buckets_per_octave": 4,
+        "buckets": buckets,
+    })
+    .to_string()
+}
+
 async fn agent(
     i: usize,
     url: String,
@@ -128,6 +147,7 @@ async fn agent(
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut cell: Option<(String, Instant)> = None;
     let mut seq = 0u64;
+    let mut sample_seq = 0u64;
     loop {
         tokio::select! {
             msg = inbound.message() => match msg {
@@ -135,7 +155,10 @@ async fn agent(
                     Some(CMsg::Registered(r)) => {
                         heartbeat = tokio::time::interval(Duration::from_millis(r.heartbeat_interval_ms as u64));
                     }
-                    Some(CMsg::Assign(a)) => cell = Some((a.cell_id, Instant::now())),
+                    Some(CMsg::Assign(a)) => {
+                        sample_seq = 0;
+                        cell = Some((a.cell_id, Instant::now()))
+                    }
                     Some(CMsg::Shutdown(_)) => return Ok(()),
                     // The run ended: stay connected, idle, like a static agent.
                     Some(CMsg::ResultAck(_)) => cell = None,
@@ -163,9 +186,15 @@ async fn agent(
                 }
                 if id.is_empty() { continue; }
                 let t = since.elapsed().as_secs();
-                let _ = tx.send(m(Msg::Sample(CellSample { cell_id: id.clone(), kind: "pg_stat".into(), data_json: sample_json(t), seq: 0 }))).await;
+                // What a pgbench cell streams each second: the sampler's
+                // pg_stat figures and the driver's live second, numbered for
+                // replay, and its progress.
+                sample_seq += 1;
+                let _ = tx.send(m(Msg::Sample(CellSample { cell_id: id.clone(), kind: "pg_stat".into(), data_json: sample_json(t), seq: sample_seq }))).await;
+                sample_seq += 1;
+                let _ = tx.send(m(Msg::Sample(CellSample { cell_id: id.clone(), kind: "live".into(), data_json: live_json(t), seq: sample_seq }))).await;
                 let _ = tx.send(m(Msg::Progress(CellProgress { cell_id: id, phase: "measure".into(), done: t, total: measure.as_secs(), message: format!("{t} s") }))).await;
-                sent.fetch_add(2, Ordering::Relaxed);
+                sent.fetch_add(3, Ordering::Relaxed);
             }
         }
     }
@@ -360,7 +389,21 @@ async fn main() {
     let t0 = Instant::now();
     let sent0 = sent.load(Ordering::Relaxed);
     let mut api_ms = Vec::new();
+    let mut scrape_ms = Vec::new();
+    let mut scrape_bytes = 0usize;
+    let mut last_scrape = Instant::now() - Duration::from_secs(60);
     while t0.elapsed() < Duration::from_secs(secs.saturating_sub(5)) {
+        // Prometheus' view: a scrape of /metrics every 5 s.
+        if last_scrape.elapsed() >= Duration::from_secs(5) {
+            last_scrape = Instant::now();
+            let a = api.clone();
+            let (code, body) = tokio::task::spawn_blocking(move || get(&a, "/metrics", ""))
+                .await
+                .unwrap();
+            assert_eq!(code, 200);
+            scrape_ms.push(last_scrape.elapsed().as_secs_f64() * 1000.0);
+            scrape_bytes = body.split_once("\r\n\r\n").map_or(0, |(_, b)| b.len());
+        }
         let (a, r, tk) = (api.clone(), run.clone(), token.clone());
         let q = Instant::now();
         let (code, _) = tokio::task::spawn_blocking(move || get(&a, &format!("/v1/runs/{r}"), &tk))
@@ -421,6 +464,13 @@ async fn main() {
         quantile(&mut api_ms, 0.99),
         quantile(&mut api_ms, 1.0),
         api_ms.len()
+    );
+    println!(
+        "GET /metrics:      p50 {:.1} ms, max {:.1} ms ({} scrapes), {:.0} KiB",
+        quantile(&mut scrape_ms, 0.5),
+        quantile(&mut scrape_ms, 1.0),
+        scrape_ms.len(),
+        scrape_bytes as f64 / 1024.0
     );
     println!("agents lost:       {lost}");
     println!("run:               {status}");

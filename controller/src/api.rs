@@ -17,6 +17,7 @@ use futures::Stream;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
 
 use pgfleet_proto::v1::agent_message::Msg;
 use pgfleet_proto::v1::agent_session_server::{AgentSession, AgentSessionServer};
@@ -120,6 +121,13 @@ impl AgentSession for SessionService {
         req: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<OutStream>, Status> {
         self.admit(&req)?;
+        // The agent's session span, if it sent one (W3C trace context).
+        let traceparent = req
+            .metadata()
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
         let mut inbound = req.into_inner();
         let info = match inbound.message().await? {
             Some(AgentMessage {
@@ -148,26 +156,40 @@ impl AgentSession for SessionService {
             }))
             .await;
         let agent_id = info.agent_id.clone();
+        // The controller's side of the session, as long as it lasts: a
+        // child of the agent's.
+        let span = tracing::info_span!(
+            target: "pgfleet",
+            "agent session",
+            agent_id = %info.agent_id,
+            instance_class = %info.instance_class,
+            postgres_version = %info.postgres_version,
+            conn,
+        );
+        pgfleet_proto::telemetry::set_parent(&span, &traceparent);
         self.hub.route(Event::Registered { info, conn, tx }).await;
         let hub = self.hub.clone();
-        tokio::spawn(async move {
-            loop {
-                match inbound.message().await {
-                    Ok(Some(AgentMessage { msg: Some(msg) })) => {
-                        hub.route(Event::Message {
-                            agent_id: agent_id.clone(),
-                            conn,
-                            msg,
-                            received: std::time::Instant::now(),
-                        })
-                        .await;
+        tokio::spawn(
+            async move {
+                loop {
+                    match inbound.message().await {
+                        Ok(Some(AgentMessage { msg: Some(msg) })) => {
+                            hub.route(Event::Message {
+                                agent_id: agent_id.clone(),
+                                conn,
+                                msg,
+                                received: std::time::Instant::now(),
+                            })
+                            .await;
+                        }
+                        Ok(Some(_)) => {}
+                        Ok(None) | Err(_) => break,
                     }
-                    Ok(Some(_)) => {}
-                    Ok(None) | Err(_) => break,
                 }
+                hub.route(Event::Disconnected { agent_id, conn }).await;
             }
-            hub.route(Event::Disconnected { agent_id, conn }).await;
-        });
+            .instrument(span),
+        );
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }

@@ -298,7 +298,9 @@ pub struct RunArgs {
     #[arg(long, default_value = "127.0.0.1:0")]
     pub bind: SocketAddr,
     /// Serve Prometheus metrics at http://ADDR/metrics while the run goes
-    /// on (e.g. 127.0.0.1:9187).
+    /// on (e.g. 127.0.0.1:9187). The local agents then serve their own on
+    /// free ports, listed for Prometheus at http://ADDR/sd/agents
+    /// (`http_sd_configs`).
     #[arg(long)]
     pub metrics_addr: Option<SocketAddr>,
     /// Write the scenario's checks as JUnit XML (one test case per check)

@@ -575,6 +575,41 @@ async fn agents(State(s): State<Shared>) -> Response {
     json(StatusCode::OK, &s.service.hub.agents())
 }
 
+/// Prometheus HTTP service discovery: the connected agents that serve
+/// their own /metrics, each with its id, class and storage profile as
+/// target labels. No token, like /metrics.
+#[utoipa::path(get, path = "/sd/agents",
+    responses((status = 200, description = "Targets, in the http_sd_configs format", body = Vec<SdTargets>)),
+    tag = "health")]
+async fn sd_agents(State(s): State<Shared>) -> Response {
+    json(StatusCode::OK, &sd_targets(&s.service.hub))
+}
+
+/// One group of Prometheus targets (`http_sd_configs`).
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct SdTargets {
+    pub targets: Vec<String>,
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+pub fn sd_targets(hub: &crate::hub::Hub) -> Vec<SdTargets> {
+    hub.agents()
+        .into_iter()
+        .filter(|a| a.connected && !a.metrics_address.is_empty())
+        .map(|a| SdTargets {
+            targets: vec![a.metrics_address],
+            labels: [
+                ("agent_id", a.agent_id),
+                ("instance_class", a.instance_class),
+                ("storage_profile", a.storage_profile),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+        })
+        .collect()
+}
+
 /// Liveness: the process answers.
 #[utoipa::path(get, path = "/healthz",
     responses((status = 200, description = "Alive", content_type = "text/plain", body = String)),
@@ -648,8 +683,8 @@ impl Modify for BearerAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "pgfleet", description = "Submit PostgreSQL storage experiments to a pgfleet controller, follow them, and fetch their reports."),
-    paths(submit, list_runs, get_run, cancel_run, events, report_json, report_md, plots, plot, agents, healthz, readyz, metrics, openapi_json),
-    components(schemas(ApiError, StreamEvent, Location, Links, Submitted, RunSummary, Progress, CellView, RunDetail, AgentView)),
+    paths(submit, list_runs, get_run, cancel_run, events, report_json, report_md, plots, plot, agents, healthz, readyz, metrics, sd_agents, openapi_json),
+    components(schemas(ApiError, StreamEvent, Location, Links, Submitted, RunSummary, Progress, CellView, RunDetail, AgentView, SdTargets)),
     modifiers(&BearerAuth),
 )]
 pub struct ApiDoc;
@@ -693,6 +728,7 @@ pub fn router(s: Shared) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/sd/agents", get(sd_agents))
         .merge(api)
         .fallback(|| async {
             error(
@@ -729,7 +765,7 @@ pub struct MetricsSource {
     pub scrapes: Arc<std::sync::atomic::AtomicU64>,
 }
 
-/// Serves only `/metrics` (`pgfleet run --metrics-addr`).
+/// Serves only `/metrics` and `/sd/agents` (`pgfleet run --metrics-addr`).
 pub async fn listen_metrics(bind: SocketAddr, src: MetricsSource) -> Result<HttpServer> {
     let app = Router::new()
         .route(
@@ -744,6 +780,12 @@ pub async fn listen_metrics(bind: SocketAddr, src: MetricsSource) -> Result<Http
                     )],
                     m.metrics.render(),
                 )
+            }),
+        )
+        .route(
+            "/sd/agents",
+            get(|State(m): State<MetricsSource>| async move {
+                json(StatusCode::OK, &sd_targets(&m.hub))
             }),
         )
         .with_state(src);

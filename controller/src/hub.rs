@@ -54,6 +54,9 @@ pub struct AgentView {
     pub run_id: Option<String>,
     pub hostname: String,
     pub postgres_version: String,
+    pub storage_profile: String,
+    /// Where the agent serves its own /metrics ("host:port"); empty: nowhere.
+    pub metrics_address: String,
 }
 
 #[derive(Clone)]
@@ -385,6 +388,13 @@ impl Hub {
                 run_id: a.run.clone(),
                 hostname: a.info.hostname.clone(),
                 postgres_version: a.info.postgres_version.clone(),
+                storage_profile: a
+                    .info
+                    .storage
+                    .as_ref()
+                    .map(|s| s.profile.clone())
+                    .unwrap_or_default(),
+                metrics_address: a.info.metrics_address.clone(),
             })
             .collect()
     }

@@ -370,6 +370,8 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                         .data_dir
                         .unwrap_or_else(|| std::env::temp_dir().join("pgfleet")),
                     netns: args.agent_netns,
+                    // With --metrics-addr, the agents serve theirs too.
+                    agent_metrics: args.metrics_addr.is_some(),
                 },
                 metrics_addr: args.metrics_addr,
             };

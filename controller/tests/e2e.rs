@@ -502,6 +502,92 @@ fn an_agent_cut_off_reconnects_replays_unacknowledged_results_and_nothing_is_los
 }
 
 #[test]
+fn a_cut_off_agent_leaves_no_gap_and_no_duplicate_in_the_live_per_second_series() {
+    let s = Scratch::new("live-outage");
+    let sc = s.write(
+        "live.yaml",
+        "name: live-outage\nfleet:\n  - name: local\nworkloads:\n  - kind: pgbench\n    scale: 1\n    clients: 2\n    warmup_s: 1\n    duration_s: 12\n",
+    );
+    let controller_port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let proxy = Proxy::start(controller_port);
+    let bind = format!("127.0.0.1:{controller_port}");
+    let url = format!("http://127.0.0.1:{}", proxy.port);
+    let mut child = s
+        .run_cmd(
+            &sc,
+            &["--bind", &bind, "--advertise-url", &url, "--lease-s", "30"],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let live_stored = || -> usize {
+        Store::open(&s.store())
+            .ok()
+            .and_then(|st| {
+                let run = st.runs().ok()?.pop()?;
+                st.samples(&run.id, "live").ok()
+            })
+            .map_or(0, |v| v.len())
+    };
+    // Mid-measurement: hold back the acknowledgements, then cut the
+    // connection for 3 s while the driver keeps measuring.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while live_stored() < 3 {
+        assert!(Instant::now() < deadline, "no live seconds arrived");
+        assert!(child.try_wait().unwrap().is_none(), "pgfleet exited early");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    proxy.mute(true);
+    std::thread::sleep(Duration::from_millis(1500));
+    proxy.outage(Duration::from_secs(3));
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    let r = s.report();
+    assert_eq!(r["status"], "succeeded");
+    let agent = r["cells"][0]["agent"].as_str().unwrap();
+    let log = std::fs::read_to_string(s.out().join(format!("logs/{agent}.log"))).unwrap();
+    assert_eq!(log.matches(" registered").count(), 2, "{log}");
+    assert!(
+        log.contains("replaying samples the controller has not acknowledged"),
+        "{log}"
+    );
+    let store = Store::open(&s.store()).unwrap();
+    let id = r["run_id"].as_str().unwrap();
+    let seconds = |kind: &str, field: &str| -> Vec<(u64, u64)> {
+        store
+            .samples(id, kind)
+            .unwrap()
+            .iter()
+            .map(|(_, v)| (v["second"].as_u64().unwrap(), v[field].as_u64().unwrap()))
+            .collect()
+    };
+    // Every measured second once: no gap, no duplicate.
+    let mut live = seconds("live", "transactions");
+    live.sort();
+    let numbers: Vec<u64> = live.iter().map(|x| x.0).collect();
+    assert_eq!(numbers, (1..=12).collect::<Vec<u64>>(), "{live:?}");
+    // And each is the second the result reports.
+    let result = seconds("second", "tps");
+    assert_eq!(
+        live, result,
+        "live seconds vs the result's per-second series"
+    );
+    let total: u64 = live.iter().map(|x| x.1).sum();
+    let point = &r["results"][0]["metrics"];
+    assert_eq!(
+        total,
+        point["transactions"].as_u64().unwrap(),
+        "the live seconds add up to the result: {point}"
+    );
+    s.assert_clean(&ports(&r));
+}
+
+#[test]
 fn a_failed_cell_fails_the_run_and_leaves_nothing_behind() {
     let s = Scratch::new("failed");
     let sc = s.write(

@@ -551,8 +551,32 @@ async fn launch_creates_an_owner_then_a_volume_and_a_pod_per_agent_and_the_end_d
     assert_eq!(c["image"], "registry.example/pgfleet-agent:0.1.0");
     assert_eq!(
         c["args"],
-        json!(["--give-up-after-s", "600"]),
-        "outlives a controller restart"
+        json!(["--give-up-after-s", "600", "--metrics-addr", "0.0.0.0:9187"]),
+        "outlives a controller restart; serves its own metrics"
+    );
+    // The PodMonitor in deploy/monitoring scrapes the `metrics` port and
+    // takes the pod's labels as target labels.
+    assert_eq!(
+        c["ports"],
+        json!([{"name": "metrics", "containerPort": 9187, "protocol": "TCP"}])
+    );
+    let monitor = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/monitoring/podmonitor.yaml"),
+    )
+    .unwrap();
+    assert!(monitor.contains("port: metrics"));
+    for label in pod["metadata"]["labels"].as_object().unwrap().keys() {
+        let meta = format!(
+            "__meta_kubernetes_pod_label_{}",
+            label.replace(['.', '/', '-'], "_")
+        );
+        if label.starts_with("pgfleet.io/") {
+            assert!(monitor.contains(&meta), "the PodMonitor misses {meta}");
+        }
+    }
+    assert_eq!(
+        pod["metadata"]["labels"]["pgfleet.io/storage-profile"],
+        "nvme"
     );
     assert_eq!(
         c["resources"]["requests"],

@@ -113,7 +113,8 @@ fn prometheus_scrapes_a_run_and_every_dashboard_query_returns_data() {
     s.write(
         "prometheus.yml",
         &format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: pgfleet\n    static_configs:\n      - targets: ['127.0.0.1:{metrics_port}']\n"
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: pgfleet\n    static_configs:\n      - targets: ['127.0.0.1:{metrics_port}']\n\
+             \x20 - job_name: pgfleet-agents\n    http_sd_configs:\n      - url: http://127.0.0.1:{metrics_port}/sd/agents\n        refresh_interval: 1s\n"
         ),
     );
     let _prom = Killed(
@@ -159,15 +160,29 @@ fn prometheus_scrapes_a_run_and_every_dashboard_query_returns_data() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // A real scrape mid-run, for promtool.
+    // A real scrape mid-run, for promtool; and one of an agent's own
+    // /metrics, found the way Prometheus finds it.
     let mut scrape = String::new();
+    let mut agent_scrape = String::new();
     let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(90) {
-        if let Some(m) = get(&format!("127.0.0.1:{metrics_port}"), "/metrics")
+    while start.elapsed() < Duration::from_secs(90)
+        && (scrape.is_empty() || agent_scrape.is_empty())
+    {
+        if scrape.is_empty()
+            && let Some(m) = get(&format!("127.0.0.1:{metrics_port}"), "/metrics")
             && m.contains("pgfleet_postgres_transactions_total{")
         {
             scrape = m;
-            break;
+        }
+        if agent_scrape.is_empty()
+            && let Some(sd) = get(&format!("127.0.0.1:{metrics_port}"), "/sd/agents")
+        {
+            let sd: serde_json::Value = serde_json::from_str(&sd).unwrap();
+            if let Some(target) = sd[0]["targets"][0].as_str()
+                && let Some(m) = get(target, "/metrics")
+            {
+                agent_scrape = m;
+            }
         }
         std::thread::sleep(Duration::from_millis(500));
     }
@@ -176,6 +191,16 @@ fn prometheus_scrapes_a_run_and_every_dashboard_query_returns_data() {
     assert!(!scrape.is_empty(), "no workload series were ever exposed");
     let checked = promtool(&["check", "metrics"], Some(&scrape), &s.dir);
     assert!(checked.status.success(), "{}\n{scrape}", show(&checked));
+    assert!(
+        agent_scrape.contains("pgfleet_agent_connected 1"),
+        "an agent's /metrics during the run: {agent_scrape}"
+    );
+    let checked = promtool(&["check", "metrics"], Some(&agent_scrape), &s.dir);
+    assert!(
+        checked.status.success(),
+        "{}\n{agent_scrape}",
+        show(&checked)
+    );
     let t1 = chrono::Utc::now().timestamp();
     let report = s.report();
     let run_id = report["run_id"].as_str().unwrap().to_string();
@@ -334,6 +359,49 @@ fn prometheus_scrapes_a_run_and_every_dashboard_query_returns_data() {
         compared += 1;
     }
     assert_eq!(compared, 2);
+    // Prometheus found both agents through /sd/agents and scraped them;
+    // each agent counted the transactions the controller merged for its
+    // class (its last seconds may fall after its last scrape).
+    let body = get(
+        &prom_addr,
+        &format!(
+            "/api/v1/query?time={t1}&query={}",
+            urlencode(
+                "max by (instance_class) (max_over_time(pgfleet_agent_transactions_total{job=\"pgfleet-agents\"}[10m]))"
+            )
+        ),
+    )
+    .unwrap();
+    let agents: serde_json::Value = serde_json::from_str(&body).unwrap();
+    // Every workload's driver transactions (toast-slice's reads too), by class.
+    let body = get(
+        &prom_addr,
+        &format!(
+            "/api/v1/query?time={t1}&query={}",
+            urlencode(&format!(
+                "sum by (instance_class) (max_over_time(pgfleet_transactions_total{{run_id=\"{run_id}\"}}[10m]))"
+            ))
+        ),
+    )
+    .unwrap();
+    let all: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let per_class = |v: &serde_json::Value, class: &str| -> f64 {
+        v["data"]["result"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["metric"]["instance_class"] == class)
+            .and_then(|x| x["value"][1].as_str())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no series for {class}: {v}"))
+    };
+    for class in ["fast", "slow"] {
+        let (agent, controller) = (per_class(&agents, class), per_class(&all, class));
+        assert!(
+            agent <= controller && agent >= 0.9 * controller,
+            "{class}: the agent counted {agent} transactions, the controller {controller}"
+        );
+    }
     // The live seconds were stored, numbered, once each.
     let store = pgfleet_controller::store::Store::open(&s.store()).unwrap();
     let live = store.samples(&run_id, "live").unwrap();

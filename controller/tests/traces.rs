@@ -110,7 +110,11 @@ workloads:
     let spans = loop {
         let got = received.lock().unwrap().clone();
         let phases = got.iter().filter(|(_, s)| s.name == "teardown").count();
-        if got.iter().any(|(_, s)| s.name == "run") && phases >= 2 {
+        let sessions = got
+            .iter()
+            .filter(|(_, s)| s.name == "agent session")
+            .count();
+        if got.iter().any(|(_, s)| s.name == "run") && phases >= 2 && sessions >= 2 {
             break got;
         }
         assert!(
@@ -123,6 +127,11 @@ workloads:
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     server.abort();
+    // Sessions are traces of their own: each agent's connection, and the
+    // controller's side of it as its child through the gRPC metadata.
+    let (sessions, spans): (Vec<_>, Vec<_>) = spans
+        .into_iter()
+        .partition(|(_, s)| s.name == "session" || s.name == "agent session");
 
     let named = |name: &str| -> Vec<&(String, opentelemetry_proto::tonic::trace::v1::Span)> {
         spans.iter().filter(|(_, s)| s.name == name).collect()
@@ -133,7 +142,35 @@ workloads:
     assert_eq!(svc, "pgfleet");
     assert_eq!(attr(run, "scenario").as_deref(), Some("traces"));
     let trace = &run.trace_id;
-    // Every span of the run is in its trace.
+    let agent_sessions: Vec<_> = sessions
+        .iter()
+        .filter(|(svc, s)| svc == "pgfleet-agent" && s.name == "session")
+        .collect();
+    assert_eq!(
+        agent_sessions.len(),
+        2,
+        "one session per agent (no reconnect)"
+    );
+    for (_, a) in &agent_sessions {
+        let served: Vec<_> = sessions
+            .iter()
+            .filter(|(svc, s)| {
+                svc == "pgfleet" && s.name == "agent session" && s.parent_span_id == a.span_id
+            })
+            .collect();
+        assert_eq!(
+            served.len(),
+            1,
+            "the controller's session span is the agent's child"
+        );
+        assert_eq!(served[0].1.trace_id, a.trace_id);
+        assert_eq!(attr(&served[0].1, "agent_id"), attr(a, "agent_id"));
+        assert_ne!(
+            &a.trace_id, trace,
+            "a session is not part of the run's trace"
+        );
+    }
+    // Every other span of the run is in its trace.
     assert!(spans.iter().all(|(_, s)| &s.trace_id == trace), "one trace");
 
     let cells = named("cell");

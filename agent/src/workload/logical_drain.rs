@@ -224,6 +224,17 @@ async fn measure(
     let t0 = Instant::now();
     here.batch_execute(&format!("ALTER SUBSCRIPTION {NAME} ENABLE"))
         .await?;
+    // The lag series starts at the whole backlog and (below) ends drained,
+    // however short the drain: one sample each side of it at least.
+    ctx.sample(
+        "lag",
+        &Lag {
+            second: 0.0,
+            lag_bytes: received_lag(here, &target).await?,
+            slot_lag_bytes: backlog_bytes,
+        },
+    )
+    .await?;
     let mut next_sample = Duration::from_secs(1);
     loop {
         ctx.check_cancel()?;
@@ -258,6 +269,15 @@ async fn measure(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let drain_seconds = t0.elapsed().as_secs_f64();
+    ctx.sample(
+        "lag",
+        &Lag {
+            second: drain_seconds,
+            lag_bytes: received_lag(here, &target).await?,
+            slot_lag_bytes: slot_lag(there, Some(&target)).await?,
+        },
+    )
+    .await?;
     let internals = sampler.finish().await?.internals();
 
     let (rows_here, sum_here) = checksum(here).await?;

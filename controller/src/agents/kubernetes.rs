@@ -44,6 +44,8 @@ pub const AGENT_UID: i64 = 10001;
 /// How long an agent's pod waits for an absent controller before it tears
 /// down (its run is then resumed by the restarted controller).
 const AGENT_GIVE_UP_S: u64 = 600;
+/// The port of an agent pod's own /metrics (named `metrics`).
+pub const AGENT_METRICS_PORT: u16 = 9187;
 /// Where the volume is mounted in the agent's pod (its data root).
 const DATA_ROOT: &str = "/data";
 const TOKEN_DIR: &str = "/var/run/pgfleet/token";
@@ -444,7 +446,13 @@ fn agent_objects(
             // A controller restarted by its Deployment (Recreate: the old
             // pod goes first, the new one may wait for its volume) is away
             // longer than on a host: the agent keeps its cell meanwhile.
-            "args": ["--give-up-after-s", AGENT_GIVE_UP_S.to_string()],
+            // Its own /metrics on the pod's IP (a PodMonitor scrapes the
+            // `metrics` port; the controller lists it at /sd/agents too).
+            "args": [
+                "--give-up-after-s", AGENT_GIVE_UP_S.to_string(),
+                "--metrics-addr", format!("0.0.0.0:{AGENT_METRICS_PORT}"),
+            ],
+            "ports": [{"name": "metrics", "containerPort": AGENT_METRICS_PORT, "protocol": "TCP"}],
             "env": env,
             "resources": {"requests": {"cpu": cpu_quantity(cpu), "memory": quantity(memory)}},
             "volumeMounts": mounts,
@@ -461,13 +469,15 @@ fn agent_objects(
     if !tolerations.is_empty() {
         spec["tolerations"] = json!(tolerations);
     }
+    let mut pod_labels = labels(run_id, "agent", Some(class));
+    pod_labels.insert("pgfleet.io/storage-profile".into(), f.profile());
     let pod: Pod = from_value(json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": name,
             "namespace": opts.namespace,
-            "labels": labels(run_id, "agent", Some(class)),
+            "labels": pod_labels,
             "ownerReferences": owner_ref,
         },
         "spec": spec,

@@ -36,6 +36,9 @@ pub struct LocalOptions {
     /// clusters of multi-role cells talk over real interfaces. Empty: every
     /// agent on this host's network, peers over loopback.
     pub netns: Vec<String>,
+    /// Each agent serves its own /metrics on a free port (of its namespace's
+    /// address, else loopback), listed at the controller's /sd/agents.
+    pub agent_metrics: bool,
 }
 
 struct Child {
@@ -132,11 +135,17 @@ impl LocalAgents {
                         let mut c = Command::new("ip");
                         c.args(["netns", "exec", ns]).arg(&me.opts.agent_bin);
                         c.arg("run").args(["--advertise-address", &address]);
+                        if me.opts.agent_metrics {
+                            c.args(["--metrics-addr", &format!("{address}:0")]);
+                        }
                         c
                     }
                     None => {
                         let mut c = Command::new(&me.opts.agent_bin);
                         c.arg("run");
+                        if me.opts.agent_metrics {
+                            c.args(["--metrics-addr", "127.0.0.1:0"]);
+                        }
                         c
                     }
                 };
