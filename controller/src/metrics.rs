@@ -59,8 +59,10 @@ pub struct Metrics {
     /// 1 for each running cell's current phase (what dashboards draw as
     /// annotations); a cell's series goes when it ends.
     cell_phase: IntGaugeVec,
-    /// The phase series each run's cells have: (labels of the series).
-    phases: Mutex<BTreeMap<String, BTreeMap<String, Vec<String>>>>,
+    /// Time cells spent in each phase, by class, workload and phase.
+    pub phase_seconds: HistogramVec,
+    /// The phase series each run's cells have: (labels of the series, since).
+    phases: Mutex<BTreeMap<String, BTreeMap<String, (Vec<String>, std::time::Instant)>>>,
     /// The label sets each run used, to remove its series after it ends.
     series: Mutex<BTreeMap<String, BTreeSet<Vec<String>>>>,
     /// Wait events seen per run's label set.
@@ -200,6 +202,11 @@ impl Metrics {
             cell_phase: reg!(IntGaugeVec::new(
                 Opts::new("pgfleet_cell_phase", "1 while a cell is in this phase (provision, load, measure, vacuum, drain, teardown...); one series per running cell."),
                 &["scenario", "run_id", "instance_class", "workload", "cell_id", "phase"]
+            )),
+            phase_seconds: reg!(HistogramVec::new(
+                HistogramOpts::new("pgfleet_cell_phase_duration_seconds", "Time cells spent in a phase (provision, load, warm-up, measure, vacuum, drain, teardown...), observed when the phase ends.")
+                    .buckets(vec![0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0]),
+                &["instance_class", "workload", "phase"]
             )),
             phases: Mutex::new(BTreeMap::new()),
             registry,
@@ -346,23 +353,31 @@ impl Metrics {
         let cells = all.entry(labels[1].to_string()).or_default();
         let mut now: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
         now.extend([cell_id.to_string(), phase.to_string()]);
-        if cells.get(cell_id) == Some(&now) {
+        if cells.get(cell_id).is_some_and(|(l, _)| *l == now) {
             return;
         }
-        if let Some(old) = cells.insert(cell_id.to_string(), now.clone()) {
-            let old: Vec<&str> = old.iter().map(String::as_str).collect();
-            let _ = self.cell_phase.remove_label_values(&old);
+        let started = std::time::Instant::now();
+        if let Some(old) = cells.insert(cell_id.to_string(), (now.clone(), started)) {
+            self.phase_ended(old);
         }
         let now: Vec<&str> = now.iter().map(String::as_str).collect();
         self.cell_phase.with_label_values(&now).set(1);
+    }
+
+    /// A phase is over: its series goes, its duration is observed.
+    fn phase_ended(&self, (labels, since): (Vec<String>, std::time::Instant)) {
+        self.phase_seconds
+            .with_label_values(&[&labels[2], &labels[3], &labels[5]])
+            .observe(since.elapsed().as_secs_f64());
+        let old: Vec<&str> = labels.iter().map(String::as_str).collect();
+        let _ = self.cell_phase.remove_label_values(&old);
     }
 
     /// A cell ended: no phase any more.
     pub fn cell_ended(&self, run: &str, cell_id: &str) {
         let mut all = self.phases.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(old) = all.get_mut(run).and_then(|cells| cells.remove(cell_id)) {
-            let old: Vec<&str> = old.iter().map(String::as_str).collect();
-            let _ = self.cell_phase.remove_label_values(&old);
+            self.phase_ended(old);
         }
     }
 
@@ -481,7 +496,7 @@ impl Metrics {
             .unwrap_or_else(|p| p.into_inner())
             .remove(run)
             .unwrap_or_default();
-        for old in phases.values() {
+        for (old, _) in phases.values() {
             let old: Vec<&str> = old.iter().map(String::as_str).collect();
             let _ = self.cell_phase.remove_label_values(&old);
         }
@@ -620,5 +635,27 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let text = m.render();
         assert!(!text.contains("run-1"), "{text}");
+    }
+
+    #[test]
+    fn a_phase_ends_into_its_duration_histogram_and_its_gauge_goes() {
+        let m = Metrics::new();
+        let labels = ["sc", "run-1", "fast", "pgbench"];
+        m.cell_phase(labels, "c1", "load");
+        std::thread::sleep(Duration::from_millis(120));
+        m.cell_phase(labels, "c1", "load");
+        m.cell_phase(labels, "c1", "measure");
+        let load = m
+            .phase_seconds
+            .with_label_values(&["fast", "pgbench", "load"]);
+        assert_eq!(load.get_sample_count(), 1, "a repeated phase is one phase");
+        assert!(load.get_sample_sum() >= 0.12, "{}", load.get_sample_sum());
+        m.cell_ended("run-1", "c1");
+        let measure = m
+            .phase_seconds
+            .with_label_values(&["fast", "pgbench", "measure"]);
+        assert_eq!(measure.get_sample_count(), 1);
+        let text = m.render();
+        assert!(!text.contains("pgfleet_cell_phase{"), "{text}");
     }
 }
