@@ -62,7 +62,7 @@ pub struct Metrics {
     /// Time cells spent in each phase, by class, workload and phase.
     pub phase_seconds: HistogramVec,
     /// The phase series each run's cells have: (labels of the series, since).
-    phases: Mutex<BTreeMap<String, BTreeMap<String, (Vec<String>, std::time::Instant)>>>,
+    phases: Mutex<BTreeMap<String, BTreeMap<String, PhaseSeries>>>,
     /// The label sets each run used, to remove its series after it ends.
     series: Mutex<BTreeMap<String, BTreeSet<Vec<String>>>>,
     /// Wait events seen per run's label set.
@@ -72,6 +72,9 @@ pub struct Metrics {
     /// (storage mode, offset) points of toast-slice per run's label set.
     toast_points: Mutex<BTreeMap<Vec<String>, BTreeSet<ToastPoint>>>,
 }
+
+/// A running cell's phase series: its labels, and since when.
+type PhaseSeries = (Vec<String>, std::time::Instant);
 
 /// A toast-slice point: (storage mode, offset).
 type ToastPoint = (String, String);
@@ -365,7 +368,7 @@ impl Metrics {
     }
 
     /// A phase is over: its series goes, its duration is observed.
-    fn phase_ended(&self, (labels, since): (Vec<String>, std::time::Instant)) {
+    fn phase_ended(&self, (labels, since): PhaseSeries) {
         self.phase_seconds
             .with_label_values(&[&labels[2], &labels[3], &labels[5]])
             .observe(since.elapsed().as_secs_f64());
