@@ -251,7 +251,10 @@ async fn script_errors_name_the_line() {
         p.drive.script_text = Some("\\set aid rnd(1, 10)\nSELECT :aid;".into());
     }
     let e = run_params(&cl, p).await.unwrap_err().to_string();
-    assert!(e.contains("script:1: unknown function `rnd`"), "{e}");
+    assert!(
+        e.contains("script:1: syntax error in command \"set\": unexpected function name \"rnd\""),
+        "{e}"
+    );
     let e = run(
         &cl,
         "pgbench",

@@ -26,8 +26,8 @@ pub mod pgbench_bin;
 pub use pgfleet_proto::script::{self, BUILTIN_SCRIPTS, builtin, rng};
 pub mod wire;
 
-use rng::Rng;
-use script::{Command, Env, Script, Value, Vars, eval};
+use rng::{Rng, Seeds};
+use script::{Command, Env, Expr, Script, Value, Vars, eval};
 
 #[derive(Debug, Clone)]
 pub struct DriverConfig {
@@ -220,6 +220,9 @@ pub fn run_blocking(
     let threads = cfg.threads.clamp(1, clients);
     let barrier = Arc::new(tokio::sync::Barrier::new(clients as usize + 1));
     let start = Arc::new(std::sync::OnceLock::<Instant>::new());
+    // Each client's generator, and :default_seed, derived from the seed as
+    // pgbench derives them: a client draws the values pgbench's draws.
+    let seeds = Arc::new(Seeds::new(cfg.seed, clients as usize, threads as usize));
     let runtime = || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -232,12 +235,13 @@ pub fn run_blocking(
     let mut handles = Vec::new();
     for t in 0..threads {
         let ids: Vec<u32> = (0..clients).filter(|c| c % threads == t).collect();
-        let (cfg, pg, barrier, start, stop) = (
+        let (cfg, pg, barrier, start, stop, seeds) = (
             cfg.clone(),
             pg.clone(),
             barrier.clone(),
             start.clone(),
             stop.clone(),
+            seeds.clone(),
         );
         let rt = runtime()?;
         let h = std::thread::Builder::new()
@@ -247,7 +251,7 @@ pub fn run_blocking(
                 // (join_all would poll all of them on every wake-up).
                 rt.block_on(
                     ids.into_iter()
-                        .map(|id| client(id, &cfg, &pg, &barrier, &start, &stop))
+                        .map(|id| client(id, &cfg, &seeds, &pg, &barrier, &start, &stop))
                         .collect::<futures::stream::FuturesUnordered<_>>()
                         .collect::<Vec<_>>(),
                 )
@@ -384,6 +388,7 @@ enum TxnError {
 async fn client(
     id: u32,
     cfg: &DriverConfig,
+    seeds: &Seeds,
     pg: &tokio_postgres::Config,
     barrier: &tokio::sync::Barrier,
     start: &std::sync::OnceLock<Instant>,
@@ -417,9 +422,20 @@ async fn client(
     let warm_end = t0 + cfg.warmup;
     let end = cfg.duration.map(|d| warm_end + d);
     let mut stats = ClientStats::new();
-    let mut rng = Rng::seeded(cfg.seed ^ (u64::from(id) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut rng = seeds.clients[id as usize];
+    // Throttling draws from its own generator (pgbench's thread's), so
+    // --rate does not shift the script's values.
+    let mut throttle =
+        Rng::seeded(cfg.seed ^ (u64::from(id) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let mut vars: Vars = cfg.vars.iter().map(|(k, v)| (k.clone(), *v)).collect();
-    vars.insert("client_id".into(), Value::Int(id as i64));
+    // pgbench's automatic variables, unless defined.
+    for (k, v) in [
+        ("client_id", Value::Int(id as i64)),
+        ("default_seed", Value::Int(seeds.default_seed)),
+        ("random_seed", Value::Int(cfg.seed as i64)),
+    ] {
+        vars.entry(k.to_string()).or_insert(v);
+    }
     let per_client_rate = cfg.rate.map(|r| r / cfg.clients as f64);
     let mut next_due = t0;
     let mut done: u64 = 0;
@@ -441,7 +457,7 @@ async fn client(
         let scheduled = match per_client_rate {
             Some(r) => {
                 // Poisson arrivals: exponential gaps with mean 1/r.
-                let gap = -(1.0 - rng.double()).ln() / r;
+                let gap = -(1.0 - throttle.double()).ln() / r;
                 next_due += Duration::from_secs_f64(gap);
                 if end.is_some_and(|e| next_due >= e) {
                     tokio::time::sleep_until(end.unwrap_or(next_due).into()).await;
@@ -542,7 +558,7 @@ async fn transaction(
                     &mut Env {
                         vars,
                         rng,
-                        seed: cfg.seed,
+                        debug: None,
                     },
                 )
                 .map_err(|e| TxnError::Fatal(format!("{name}:{line}: {e}")))?;
@@ -554,23 +570,23 @@ async fn transaction(
                 }
             }
             Command::Sleep { amount, unit_us } => {
-                let n = eval(
-                    amount,
-                    &mut Env {
-                        vars,
-                        rng,
-                        seed: cfg.seed,
-                    },
-                )
-                .and_then(|v| match v {
-                    Value::Int(i) if i >= 0 => Ok(i as u64),
-                    other => Err(format!(
-                        "\\sleep needs a non-negative integer, got {}",
-                        other.to_text()
-                    )),
-                })
-                .map_err(|e| TxnError::Fatal(format!("{name}:{line}: {e}")))?;
-                tokio::time::sleep(Duration::from_micros(n * unit_us)).await;
+                // pgbench reads the amount as atoi() of its text (a double
+                // variable sleeps its integer part); below zero, no sleep.
+                let n = match amount {
+                    Expr::Var(v) => vars.get(v).map(|x| atoi(&x.to_string())).ok_or_else(|| {
+                        TxnError::Fatal(format!(
+                            "{name}:{line}: \\sleep: undefined variable \"{v}\""
+                        ))
+                    })?,
+                    Expr::Const(Value::Int(i)) => *i,
+                    other => {
+                        return Err(TxnError::Fatal(format!(
+                            "{name}:{line}: \\sleep: unexpected amount {other:?}"
+                        )));
+                    }
+                };
+                let us = (n.max(0) as u64).saturating_mul(*unit_us);
+                tokio::time::sleep(Duration::from_micros(us)).await;
             }
             Command::Sql {
                 params: names_of, ..
@@ -588,6 +604,20 @@ async fn transaction(
         }
     }
     Ok(())
+}
+
+/// C's atoi: an optional sign and the leading digits; 0 without any.
+fn atoi(s: &str) -> i64 {
+    let t = s.trim_start();
+    let (neg, digits) = match t.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, t.strip_prefix('+').unwrap_or(t)),
+    };
+    let mut n: i64 = 0;
+    for b in digits.bytes().take_while(u8::is_ascii_digit) {
+        n = n.wrapping_mul(10).wrapping_add(i64::from(b - b'0'));
+    }
+    if neg { n.wrapping_neg() } else { n }
 }
 
 fn stmt_name(line: usize) -> String {

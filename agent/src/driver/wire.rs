@@ -233,12 +233,9 @@ impl Conn {
             std::iter::empty(),
             params,
             |v, out| {
-                match v {
-                    Value::Int(i) => write!(out, "{i}"),
-                    Value::Double(d) => write!(out, "{d}"),
-                    Value::Bool(b) => write!(out, "{b}"),
-                }
-                .map_err(|e| -> Box<dyn std::error::Error + Sync + Send> { Box::new(e) })?;
+                // As pgbench substitutes it: %.15g doubles, NULL as "NULL".
+                write!(out, "{v}")
+                    .map_err(|e| -> Box<dyn std::error::Error + Sync + Send> { Box::new(e) })?;
                 Ok(IsNull::No)
             },
             std::iter::empty(),

@@ -897,7 +897,7 @@ workloads:
         );
         assert!(
             e.message
-                .contains("line 1 of the script: unknown function `rnd`"),
+                .contains("line 1 of the script: syntax error in command \"set\": unexpected function name \"rnd\""),
             "{e}"
         );
         let e = err(&PGBENCH.replace("replicas: 2", "replicas: 0"));

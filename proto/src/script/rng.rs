@@ -1,100 +1,195 @@
-//! The driver's PRNG (xoshiro256**) and pgbench's random distributions.
-//! Owned and copyable, so a retried transaction replays the same values, as
+//! pgbench's pseudo-random numbers, drawn exactly as pgbench 15+ draws
+//! them: PostgreSQL's `pg_prng` (xoroshiro128** seeded through SplitMix64),
+//! its bitmask-rejection ranges, and pgbench's distributions and
+//! `permute`. With the same seed a client draws the values pgbench's client
+//! draws (`Seeds` derives each client's generator as pgbench does). Owned
+//! and copyable, so a retried transaction replays the same values, as
 //! pgbench does.
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rng {
-    s: [u64; 4],
+    s0: u64,
+    s1: u64,
+}
+
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 impl Rng {
+    /// `pg_prng_seed`.
     pub fn seeded(seed: u64) -> Rng {
-        // SplitMix64 to spread the seed over the state.
         let mut x = seed;
-        let mut next = || {
-            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = x;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        };
-        Rng {
-            s: [next(), next(), next(), next()],
+        let (s0, s1) = (splitmix64(&mut x), splitmix64(&mut x));
+        if s0 == 0 && s1 == 0 {
+            // pg_prng_seed_check's replacement for the all-zero state.
+            return Rng {
+                s0: 0x5851_F42D_4C95_7F2D,
+                s1: 0x1405_7B7E_F767_814F,
+            };
         }
+        Rng { s0, s1 }
     }
 
+    /// xoroshiro128** (`pg_prng_uint64`).
     pub fn next_u64(&mut self) -> u64 {
-        let s = &mut self.s;
-        let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
-        let t = s[1] << 17;
-        s[2] ^= s[0];
-        s[3] ^= s[1];
-        s[1] ^= s[2];
-        s[0] ^= s[3];
-        s[2] ^= t;
-        s[3] = s[3].rotate_left(45);
-        result
+        let s0 = self.s0;
+        let sx = self.s1 ^ s0;
+        let val = s0.wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        self.s0 = s0.rotate_left(24) ^ sx ^ (sx << 16);
+        self.s1 = sx.rotate_left(37);
+        val
     }
 
-    /// Uniform in [0, 1).
+    /// Uniform in [0, 1) from 52 bits (`pg_prng_double`).
     pub fn double(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+        (self.next_u64() >> 12) as f64 * (1.0 / (1u64 << 52) as f64)
     }
 
-    /// Uniform integer in [lb, ub] (inclusive), without modulo bias.
-    pub fn uniform(&mut self, lb: i64, ub: i64) -> i64 {
-        let range = (ub as i128 - lb as i128) as u128 as u64; // ub >= lb checked by the caller
-        if range == u64::MAX {
-            return self.next_u64() as i64;
+    /// Uniform in [rmin, rmax] by bitmask rejection (`pg_prng_uint64_range`).
+    pub fn range_u64(&mut self, rmin: u64, rmax: u64) -> u64 {
+        if rmax <= rmin {
+            return rmin;
         }
-        let n = range + 1;
-        let zone = u64::MAX - (u64::MAX % n);
+        let range = rmax - rmin;
+        let shift = range.leading_zeros();
         loop {
-            let v = self.next_u64();
-            if v < zone {
-                return (lb as i128 + (v % n) as i128) as i64;
+            let v = self.next_u64() >> shift;
+            if v <= range {
+                return rmin + v;
             }
         }
+    }
+
+    /// Standard normal by Box-Muller (`pg_prng_double_normal`).
+    pub fn normal(&mut self) -> f64 {
+        let u1 = 1.0 - self.double();
+        let u2 = 1.0 - self.double();
+        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).sin()
+    }
+
+    /// pgbench's `random(lb, ub)`: `lb + range(0, ub - lb)`; the caller
+    /// checked lb <= ub and that the range fits.
+    pub fn uniform(&mut self, lb: i64, ub: i64) -> i64 {
+        lb.wrapping_add(self.range_u64(0, ub.wrapping_sub(lb) as u64) as i64)
     }
 
     /// pgbench's random_exponential: `parameter` > 0.
     pub fn exponential(&mut self, lb: i64, ub: i64, parameter: f64) -> i64 {
         let cut = (-parameter).exp();
-        let uniform = 1.0 - self.double(); // (0, 1]
+        let uniform = 1.0 - self.double();
         let rand = -(cut + (1.0 - cut) * uniform).ln() / parameter;
-        lb + (((ub - lb + 1) as f64) * rand) as i64
+        lb.wrapping_add((ub.wrapping_sub(lb).wrapping_add(1) as f64 * rand) as i64)
     }
 
-    /// pgbench's random_gaussian: `parameter` >= 2, values beyond ±parameter
-    /// standard deviations are redrawn.
+    /// pgbench's random_gaussian: `parameter` >= 2, values beyond
+    /// ±parameter standard deviations are redrawn.
     pub fn gaussian(&mut self, lb: i64, ub: i64, parameter: f64) -> i64 {
         let stdev = loop {
-            let r1 = 1.0 - self.double();
-            let r2 = 1.0 - self.double();
-            let s = (-2.0 * r1.ln()).sqrt() * (2.0 * std::f64::consts::PI * r2).sin();
+            let s = self.normal();
             if s >= -parameter && s < parameter {
                 break s;
             }
         };
         let rand = (stdev + parameter) / (parameter * 2.0);
-        lb + (((ub - lb + 1) as f64) * rand) as i64
+        lb.wrapping_add((ub.wrapping_sub(lb).wrapping_add(1) as f64 * rand) as i64)
     }
 
     /// pgbench's random_zipfian (Devroye's rejection method): 1.001 <= s <= 1000.
     pub fn zipfian(&mut self, lb: i64, ub: i64, s: f64) -> i64 {
-        let n = (ub - lb + 1) as f64;
+        let n = ub.wrapping_sub(lb).wrapping_add(1);
+        if n <= 1 {
+            return lb;
+        }
         let b = 2f64.powf(s - 1.0);
         let x = loop {
-            let u = 1.0 - self.double();
+            let u = self.double();
             let v = self.double();
             let x = u.powf(-1.0 / (s - 1.0)).floor();
             let t = (1.0 + 1.0 / x).powf(s - 1.0);
-            if v * x * (t - 1.0) / (b - 1.0) <= t / b && x <= n {
+            if v * x * (t - 1.0) / (b - 1.0) <= t / b && x <= n as f64 {
                 break x;
             }
         };
-        lb + x as i64 - 1
+        lb.wrapping_sub(1).wrapping_add(x as i64)
     }
+
+    /// pgbench's Poisson-distributed `--rate` delays around `center`.
+    pub fn poisson(&mut self, center: f64) -> i64 {
+        let uniform = 1.0 - self.double();
+        (-uniform.ln() * center + 0.5) as i64
+    }
+}
+
+/// The generators pgbench derives from `--random-seed`: one base sequence
+/// gives, in this order, each client's generator for script functions,
+/// then `:default_seed`, then per thread the generators that choose a
+/// script, throttle (`--rate`) and sample the log.
+#[derive(Debug, Clone)]
+pub struct Seeds {
+    pub clients: Vec<Rng>,
+    pub default_seed: i64,
+    /// Per thread: (choose, throttle, sample).
+    pub threads: Vec<(Rng, Rng, Rng)>,
+}
+
+impl Seeds {
+    pub fn new(random_seed: u64, clients: usize, threads: usize) -> Seeds {
+        let mut base = Rng::seeded(random_seed);
+        let clients = (0..clients).map(|_| Rng::seeded(base.next_u64())).collect();
+        let default_seed = base.next_u64() as i64;
+        let threads = (0..threads)
+            .map(|_| {
+                let c = Rng::seeded(base.next_u64());
+                let t = Rng::seeded(base.next_u64());
+                let s = Rng::seeded(base.next_u64());
+                (c, t, s)
+            })
+            .collect();
+        Seeds {
+            clients,
+            default_seed,
+            threads,
+        }
+    }
+}
+
+/// pgbench's `permute(val, size, seed)`: a pseudorandom permutation of
+/// [0, size), six rounds of random multiply-xor-rotate over overlapping
+/// halves and a random offset; `size` > 0 is checked by the caller.
+pub fn permute(val: i64, isize: i64, seed: i64) -> i64 {
+    if isize < 2 {
+        return 0;
+    }
+    let mut rng = Rng::seeded(seed as u64);
+    let size = isize as u64;
+    let mut v = (val as u64) % size;
+    let masklen = 63 - size.leading_zeros();
+    let mask = (1u64 << masklen) - 1;
+    let mix = |x: u64, m: u64, r: u64| -> u64 {
+        let x = (x.wrapping_mul(m) ^ r) & mask;
+        ((x << 1) & mask) | (x >> (masklen - 1))
+    };
+    for _ in 0..6 {
+        let m = (rng.next_u64() & mask) | 1;
+        let r = rng.next_u64() & mask;
+        if v <= mask {
+            v = mix(v, m, r);
+        }
+        let m = (rng.next_u64() & mask) | 1;
+        let r = rng.next_u64() & mask;
+        let t = size - 1 - v;
+        if t <= mask {
+            v = size - 1 - mix(t, m, r);
+        }
+        let r = rng.range_u64(0, size - 1);
+        v = (v + r) % size;
+    }
+    v as i64
 }
 
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;

@@ -1,0 +1,160 @@
+//! pgfleet's script semantics against the real pgbench on a real cluster:
+//! the reference values of proto/tests/data/pgbench_values.tsv are what
+//! the installed pgbench prints with `debug()`, and a seeded run of a
+//! script drawing from every random function, `permute` and the hashes
+//! writes the same values per client under `driver: pgfleet` as under
+//! `driver: pgbench`.
+
+mod common;
+
+use std::path::PathBuf;
+
+use pgfleet_agent::cluster::Cluster;
+use pgfleet_agent::cluster::throttle::Caps;
+use pgfleet_agent::pgbin::PgBin;
+use serde_json::json;
+
+async fn cluster(name: &str) -> (Cluster, PathBuf) {
+    let root = common::scratch(name);
+    let spec = common::spec(&root, "c", "64MB", Caps::default());
+    (Cluster::provision(&spec).await.unwrap(), root)
+}
+
+fn pg() -> PgBin {
+    PgBin::find(
+        std::env::var_os("PGFLEET_PG_BIN")
+            .map(PathBuf::from)
+            .as_deref(),
+    )
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_values_are_what_the_real_pgbench_prints() {
+    let (cl, root) = cluster("pgbench-values").await;
+    let cases: Vec<(String, String)> = include_str!("../../proto/tests/data/pgbench_values.tsv")
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (e, v) = l.split_once('\t').unwrap();
+            (e.to_string(), v.to_string())
+        })
+        .collect();
+    // One script, one debug() per command: command N is case N-1.
+    let mut script = String::new();
+    for (e, _) in &cases {
+        script.push_str(&format!("\\set x debug({e})\n"));
+    }
+    script.push_str("SELECT 1;\n");
+    let file = root.join("values.sql");
+    std::fs::write(&file, &script).unwrap();
+    let out = tokio::process::Command::new(pg().tool("pgbench"))
+        .args(["-n", "-t", "1", "-f"])
+        .arg(&file)
+        .arg(cl.conninfo())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let printed: Vec<(usize, String)> = stderr
+        .lines()
+        .filter_map(|l| {
+            let rest = l.split("command=").nth(1)?;
+            let (n, v) = rest.split_once("): ")?;
+            Some((n.parse().ok()?, v.to_string()))
+        })
+        .collect();
+    assert_eq!(printed.len(), cases.len(), "{stderr}");
+    for (n, value) in printed {
+        let (expr, want) = &cases[n - 1];
+        assert_eq!(&value, want, "pgbench prints `{value}` for {expr}");
+    }
+    cl.teardown().await.unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// Every random function, permute and the hashes, per client.
+const DRAWS: &str = "\\set a random(1, 100000)
+\\set b random_exponential(1, 1000, 2.5)
+\\set c random_gaussian(1, 1000, 4)
+\\set d random_zipfian(1, 1000, 1.07)
+\\set e permute(:a, 100000)
+\\set f hash(:a)
+\\set g hash_fnv1a(:b, :random_seed)
+\\set h random(-5, 5) * 0.5
+INSERT INTO draws (client, a, b, c, d, e, f, g, h) VALUES (:client_id, :a, :b, :c, :d, :e, :f, :g, :h);
+";
+
+async fn draws(cl: &Cluster, driver: &str, script: &str) -> Vec<Vec<String>> {
+    let c = cl.connect().await.unwrap();
+    c.batch_execute(
+        "DROP TABLE IF EXISTS draws; CREATE TABLE draws (id bigserial, client int, a int8, b int8, \
+         c int8, d int8, e int8, f int8, g int8, h float8)",
+    )
+    .await
+    .unwrap();
+    let params = common::params(
+        &json!({
+            "kind": "pgbench", "scale": 1, "script_text": script, "clients": 3, "threads": 2,
+            "transactions": 40, "warmup_s": 0, "seed": 20261201, "driver": driver,
+        })
+        .to_string(),
+    );
+    common::run(cl, &params).await.unwrap();
+    c.query(
+        "SELECT client::text, a::text, b::text, c::text, d::text, e::text, f::text, g::text, h::text \
+         FROM draws ORDER BY client, id",
+        &[],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (0..9).map(|i| r.get::<_, String>(i)).collect())
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seeded_run_draws_what_pgbench_draws_client_by_client() {
+    let (cl, root) = cluster("pgbench-draws").await;
+    let by_pgbench = draws(&cl, "pgbench", DRAWS).await;
+    let by_pgfleet = draws(&cl, "pgfleet", DRAWS).await;
+    assert_eq!(by_pgbench.len(), 3 * 40);
+    assert_eq!(
+        by_pgfleet, by_pgbench,
+        "value by value, per client in order"
+    );
+    // The built-in scripts' draws too: tpcb-like's history rows.
+    let history = |driver: &'static str| {
+        let cl = &cl;
+        async move {
+            let params = common::params(
+                &json!({
+                    "kind": "pgbench", "scale": 1, "script": "tpcb-like", "clients": 2,
+                    "transactions": 25, "warmup_s": 0, "seed": 7, "driver": driver,
+                })
+                .to_string(),
+            );
+            common::run(cl, &params).await.unwrap();
+            let c = cl.connect().await.unwrap();
+            let mut rows: Vec<String> = c
+                .query(
+                    "SELECT tid || ',' || bid || ',' || aid || ',' || delta FROM pgbench_history",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get::<_, String>(0))
+                .collect();
+            rows.sort();
+            rows
+        }
+    };
+    let a = history("pgbench").await;
+    let b = history("pgfleet").await;
+    assert_eq!(a.len(), 50);
+    assert_eq!(a, b, "tpcb-like's aid, bid, tid and delta");
+    cl.teardown().await.unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+}
