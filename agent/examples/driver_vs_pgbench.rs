@@ -193,6 +193,7 @@ async fn bench(
                     ("scale".into(), Value::Int(scale as i64)),
                     ("naccounts".into(), Value::Int(scale as i64 * 100_000)),
                 ]),
+                text_defines: Vec::new(),
                 seed: 42,
                 stop_when: None,
                 live: None,

@@ -158,3 +158,73 @@ async fn a_seeded_run_draws_what_pgbench_draws_client_by_client() {
     cl.teardown().await.unwrap();
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// pgbench's SQL splitting and preparation, under both drivers: the same
+/// end state. A DO body with semicolons, two statements on one line, a
+/// temporary table used by the next statement (prepared when first run),
+/// an E'' string with an escaped quote, an array slice, a compound `\;`
+/// command, and doubles written as pgbench writes them.
+const SPLITTING: &str = "\\set n 3
+\\set d 0.1 + 0.2
+CREATE TEMP TABLE IF NOT EXISTS tt (s text); TRUNCATE tt;
+INSERT INTO tt VALUES (E'it\\'s; fine');
+DO $$
+BEGIN
+  INSERT INTO results VALUES ('do; body');
+END
+$$;
+INSERT INTO results SELECT s FROM tt;
+INSERT INTO results SELECT ((ARRAY['a','b','c'])[2:3])::text;
+INSERT INTO results VALUES (:n::text) \\; INSERT INTO results VALUES ('compound');
+INSERT INTO results VALUES (:d::text), (-- a comment; not an end
+  'after comment');
+";
+
+async fn end_state(cl: &Cluster, driver: &str) -> Vec<String> {
+    let c = cl.connect().await.unwrap();
+    c.batch_execute("DROP TABLE IF EXISTS results; CREATE TABLE results (v text)")
+        .await
+        .unwrap();
+    let params = common::params(
+        &json!({
+            "kind": "pgbench", "scale": 1, "script_text": SPLITTING, "clients": 2,
+            "transactions": 3, "warmup_s": 0, "seed": 1, "driver": driver,
+        })
+        .to_string(),
+    );
+    common::run(cl, &params).await.unwrap();
+    let mut rows: Vec<String> = c
+        .query("SELECT v FROM results", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect();
+    rows.sort();
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_split_and_prepare_as_pgbench_under_both_drivers() {
+    let (cl, root) = cluster("pgbench-split").await;
+    let by_pgbench = end_state(&cl, "pgbench").await;
+    let by_pgfleet = end_state(&cl, "pgfleet").await;
+    assert_eq!(by_pgbench.len(), 2 * 3 * 7, "{by_pgbench:?}");
+    assert_eq!(by_pgfleet, by_pgbench);
+    for want in [
+        "do; body",
+        "it's; fine",
+        "{b,c}",
+        "3",
+        "compound",
+        "0.3",
+        "after comment",
+    ] {
+        assert!(
+            by_pgfleet.iter().any(|v| v == want),
+            "{want}: {by_pgfleet:?}"
+        );
+    }
+    cl.teardown().await.unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+}

@@ -474,7 +474,7 @@ fn script_level_errors_have_pgbench_s_classes() {
         ("\\sleep\nSELECT 1;", "missing argument"),
         ("\\sleep 1 week\nSELECT 1;", "unrecognized time unit"),
         ("\\nosuchcommand\nSELECT 1;", "invalid command"),
-        ("", "no SQL command"),
+        ("", "empty command list for script"),
     ] {
         let e = Script::parse("s", script).expect_err(script).to_string();
         assert!(e.contains(want), "{script:?}: {e}");

@@ -48,6 +48,9 @@ pub struct DriverConfig {
     pub max_tries: u32,
     /// Script variables (`scale`, `naccounts`, defines).
     pub vars: HashMap<String, Value>,
+    /// `defines` only the real pgbench can carry (text it does not read
+    /// as a number, boolean or null), passed to it as given.
+    pub text_defines: Vec<(String, String)>,
     pub seed: u64,
     /// Ends the run early as its duration would (results are kept), e.g.
     /// once a backlog reached its size. None: duration or transactions.
@@ -394,29 +397,16 @@ async fn client(
     start: &std::sync::OnceLock<Instant>,
     stop: &AtomicBool,
 ) -> Result<ClientStats, DriverError> {
-    let connected = async {
-        let mut db = wire::Conn::connect(pg)
-            .await
-            .map_err(|e| format!("client {id}: connecting: {e}"))?;
-        for (line, c) in &cfg.script.commands {
-            if let Command::Sql { sql, .. } = c {
-                db.prepare(&stmt_name(*line), sql)
-                    .await
-                    .map_err(|e| format!("{}:{line}: preparing: {e}", cfg.script.name))?;
-            }
-        }
-        Ok::<_, String>(db)
-    }
-    .await;
+    // Statements are prepared when first run, as pgbench does (a script
+    // may create what a later statement refers to).
+    let connected = wire::Conn::connect(pg)
+        .await
+        .map_err(|e| format!("client {id}: connecting: {e}"));
     // Reach the barrier even on failure, so the others are not left waiting.
     barrier.wait().await;
     let mut db = connected.map_err(DriverError)?;
-    let names: Vec<String> = cfg
-        .script
-        .commands
-        .iter()
-        .map(|(line, _)| stmt_name(*line))
-        .collect();
+    let names: Vec<String> = (0..cfg.script.commands.len()).map(stmt_name).collect();
+    let mut prepared = vec![false; names.len()];
     let mut params = Vec::new();
     let t0 = *start.get_or_init(Instant::now);
     let warm_end = t0 + cfg.warmup;
@@ -480,7 +470,17 @@ async fn client(
         let mut tries = 0;
         let outcome = loop {
             tries += 1;
-            match transaction(cfg, &mut db, &names, &mut params, &mut vars, &mut rng).await {
+            match transaction(
+                cfg,
+                &mut db,
+                &names,
+                &mut prepared,
+                &mut params,
+                &mut vars,
+                &mut rng,
+            )
+            .await
+            {
                 Ok(()) => break Ok(()),
                 Err(TxnError::Retryable(class, msg)) => {
                     if db.status() != wire::TxStatus::Idle {
@@ -545,6 +545,7 @@ async fn transaction(
     cfg: &DriverConfig,
     db: &mut wire::Conn,
     names: &[String],
+    prepared: &mut [bool],
     params: &mut Vec<Value>,
     vars: &mut Vars,
     rng: &mut Rng,
@@ -589,15 +590,31 @@ async fn transaction(
                 tokio::time::sleep(Duration::from_micros(us)).await;
             }
             Command::Sql {
-                params: names_of, ..
+                sql,
+                params: names_of,
+                compound: false,
             } => {
                 params.clear();
                 for p in names_of {
                     params.push(*vars.get(p).ok_or_else(|| {
-                        TxnError::Fatal(format!("{name}:{line}: undefined variable `{p}`"))
+                        TxnError::Fatal(format!("{name}:{line}: undefined variable \"{p}\""))
                     })?);
                 }
+                if !prepared[i] {
+                    if let Err(e) = db.prepare(&names[i], sql).await {
+                        return Err(classify(&e, &format!("{name}:{line}: preparing")));
+                    }
+                    prepared[i] = true;
+                }
                 if let Err(e) = db.execute(&names[i], params).await {
+                    return Err(classify(&e, &format!("{name}:{line}")));
+                }
+            }
+            Command::Sql { sql, .. } => {
+                // Statements joined by `\;`: one simple query, variables
+                // substituted as text (pgbench's simple protocol).
+                let text = script::substitute(sql, vars);
+                if let Err(e) = db.simple(&text).await {
                     return Err(classify(&e, &format!("{name}:{line}")));
                 }
             }
@@ -620,8 +637,8 @@ fn atoi(s: &str) -> i64 {
     if neg { n.wrapping_neg() } else { n }
 }
 
-fn stmt_name(line: usize) -> String {
-    format!("pgfleet_{line}")
+fn stmt_name(command: usize) -> String {
+    format!("pgfleet_{command}")
 }
 
 /// pgbench's error classes: only serialization failures and deadlocks retry.

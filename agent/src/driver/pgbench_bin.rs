@@ -31,7 +31,15 @@ pub async fn run(
     std::fs::write(&script, script_text).map_err(|x| e(format!("writing the script: {x}")))?;
     let prefix = workdir.join("pgbench_log");
     let mut cmd = tokio::process::Command::new(pg.tool("pgbench"));
-    cmd.args(["-n", "-M", "prepared"])
+    // Prepared statements as pgfleet's driver; a script with compound
+    // commands (`\;`) needs the simple protocol, which pgfleet's driver
+    // uses for those commands alone.
+    let mode = if script_text.contains("\\;") {
+        "simple"
+    } else {
+        "prepared"
+    };
+    cmd.args(["-n", "-M", mode])
         .arg(format!("--client={}", cfg.clients.max(1)))
         .arg(format!(
             "--jobs={}",
@@ -57,6 +65,9 @@ pub async fn run(
     };
     for (k, v) in &cfg.vars {
         cmd.arg(format!("--define={k}={}", v.to_text()));
+    }
+    for (k, v) in &cfg.text_defines {
+        cmd.arg(format!("--define={k}={v}"));
     }
     if let Some(r) = cfg.rate {
         cmd.arg(format!("--rate={r}"));

@@ -110,7 +110,17 @@ pub async fn drive_until(
     stop: Option<&tokio_util::sync::CancellationToken>,
 ) -> Result<(DriverResult, Internals)> {
     let text = d.text().map_err(werr)?.to_string();
-    let script = Script::parse(&d.script, &text).map_err(|e| werr(e.to_string()))?;
+    // The real pgbench parses its own script (it may use what pgfleet's
+    // driver does not run).
+    let script = if d.driver == "pgbench" {
+        Script {
+            name: d.script.clone(),
+            commands: Vec::new(),
+        }
+    } else {
+        Script::parse(&d.script, &text).map_err(|e| werr(e.to_string()))?
+    };
+    let mut text_defines = Vec::new();
     if d.duration_s.is_none() == d.transactions.is_none() {
         return Err(werr(
             "give exactly one of duration_s and transactions".into(),
@@ -128,11 +138,14 @@ pub async fn drive_until(
             Define::Int(i) => Value::Int(*i),
             Define::Float(f) => Value::Double(*f),
             Define::Bool(b) => Value::Bool(*b),
-            Define::Str(s) => {
-                return Err(werr(format!(
-                    "define `{k}`: `{s}` is not a number or boolean"
-                )));
-            }
+            Define::Str(s) => match Value::parse_text(k, s) {
+                Ok(v) => v,
+                Err(_) if d.driver == "pgbench" => {
+                    text_defines.push((k.clone(), s.clone()));
+                    continue;
+                }
+                Err(e) => return Err(werr(format!("define `{k}`: {e}"))),
+            },
         };
         vars.insert(k.clone(), val);
     }
@@ -155,6 +168,7 @@ pub async fn drive_until(
             .map(|ms| Duration::from_secs_f64(ms / 1000.0)),
         max_tries: d.max_tries.max(1),
         vars,
+        text_defines,
         seed,
         stop_when: stop.cloned(),
         live: None,

@@ -91,10 +91,14 @@ pub enum Command {
         amount: Expr,
         unit_us: u64,
     },
-    /// SQL with `:var` replaced by `$1..$n`; `params[i]` is the variable of `$i+1`.
+    /// SQL with `:var` replaced by `$1..$n`; `params[i]` is the variable of
+    /// `$i+1`. A compound command (statements joined by `\;`) keeps its
+    /// `:var`s, substituted as text and sent by the simple protocol, as
+    /// pgbench's simple mode does.
     Sql {
         sql: String,
         params: Vec<String>,
+        compound: bool,
     },
 }
 
@@ -106,6 +110,12 @@ pub struct Script {
 }
 
 impl Script {
+    /// Splits a script as pgbench does: a meta-command is a line starting
+    /// with `\` (continued by a trailing `\`); an SQL command runs to a
+    /// `;` outside quotes (`'...'`, `E'...'` with backslash escapes,
+    /// `"..."`, `$tag$...$tag$`), comments and parentheses, so several
+    /// may share a line and a DO body keeps its semicolons; `\;` joins
+    /// statements into one compound command.
     pub fn parse(name: &str, text: &str) -> Result<Script, ScriptError> {
         let err = |line, message: String| ScriptError {
             script: name.into(),
@@ -113,37 +123,38 @@ impl Script {
             message,
         };
         let mut commands = Vec::new();
-        let mut sql = String::new();
-        let mut sql_line = 0;
-        for (i, raw) in text.lines().enumerate() {
-            let line = i + 1;
-            let trimmed = raw.trim();
-            if sql.is_empty() && (trimmed.is_empty() || trimmed.starts_with("--")) {
+        let mut lx = Lexer {
+            b: text.as_bytes(),
+            i: 0,
+            line: 1,
+        };
+        loop {
+            lx.skip_space_and_comments();
+            if lx.i >= lx.b.len() {
+                break;
+            }
+            let line = lx.line;
+            if lx.b[lx.i] == b'\\' && lx.b.get(lx.i + 1) != Some(&b';') {
+                let meta = lx.meta_line();
+                commands.push((line, parse_meta(meta.trim()).map_err(|m| err(line, m))?));
                 continue;
             }
-            if sql.is_empty() && trimmed.starts_with('\\') {
-                commands.push((line, parse_meta(trimmed).map_err(|m| err(line, m))?));
+            let (sql, compound, trailing_meta) = lx.sql().map_err(|m| err(line, m))?;
+            if let Some(m) = trailing_meta {
+                return Err(err(
+                    line,
+                    format!(
+                        "\\{m} after an SQL command is not run by driver: pgfleet yet (use driver: pgbench)"
+                    ),
+                ));
+            }
+            if sql.trim().is_empty() {
                 continue;
             }
-            if sql.is_empty() {
-                sql_line = line;
-            }
-            let code = strip_comment(raw);
-            sql.push_str(code);
-            sql.push('\n');
-            if code.trim_end().ends_with(';') {
-                commands.push((sql_line, parse_sql(&sql).map_err(|m| err(sql_line, m))?));
-                sql.clear();
-            }
+            commands.push((line, parse_sql(&sql, compound).map_err(|m| err(line, m))?));
         }
-        if !sql.trim().is_empty() {
-            commands.push((sql_line, parse_sql(&sql).map_err(|m| err(sql_line, m))?));
-        }
-        if !commands
-            .iter()
-            .any(|(_, c)| matches!(c, Command::Sql { .. }))
-        {
-            return Err(err(1, "the script has no SQL command".into()));
+        if commands.is_empty() {
+            return Err(err(1, "empty command list for script".into()));
         }
         Ok(Script {
             name: name.into(),
@@ -152,19 +163,315 @@ impl Script {
     }
 }
 
-/// Drops a `--` comment outside quotes.
-fn strip_comment(line: &str) -> &str {
-    let mut in_quote = false;
-    let b = line.as_bytes();
-    for i in 0..b.len() {
-        match b[i] {
-            b'\'' => in_quote = !in_quote,
-            b'-' if !in_quote && b.get(i + 1) == Some(&b'-') => return &line[..i],
-            _ => {}
+/// The script's text and where the lexer is (byte offset, line).
+struct Lexer<'a> {
+    b: &'a [u8],
+    i: usize,
+    line: usize,
+}
+
+impl Lexer<'_> {
+    fn bump(&mut self) -> u8 {
+        let c = self.b[self.i];
+        if c == b'\n' {
+            self.line += 1;
+        }
+        self.i += 1;
+        c
+    }
+
+    fn at(&self, s: &[u8]) -> bool {
+        self.b[self.i..].starts_with(s)
+    }
+
+    fn skip_space_and_comments(&mut self) {
+        while self.i < self.b.len() {
+            if self.b[self.i].is_ascii_whitespace() {
+                self.bump();
+            } else if self.at(b"--") {
+                while self.i < self.b.len() && self.b[self.i] != b'\n' {
+                    self.bump();
+                }
+            } else if self.at(b"/*") {
+                self.block_comment();
+            } else {
+                break;
+            }
         }
     }
-    line
+
+    fn block_comment(&mut self) {
+        let mut depth = 0;
+        while self.i < self.b.len() {
+            if self.at(b"/*") {
+                depth += 1;
+                self.bump();
+                self.bump();
+            } else if self.at(b"*/") {
+                depth -= 1;
+                self.bump();
+                self.bump();
+                if depth == 0 {
+                    return;
+                }
+            } else {
+                self.bump();
+            }
+        }
+    }
+
+    /// A meta-command's line, joined with the next while it ends with `\`.
+    fn meta_line(&mut self) -> String {
+        let mut out = String::new();
+        loop {
+            let start = self.i;
+            while self.i < self.b.len() && self.b[self.i] != b'\n' {
+                self.i += 1;
+            }
+            let mut piece = String::from_utf8_lossy(&self.b[start..self.i]).into_owned();
+            if piece.ends_with('\r') {
+                piece.pop();
+            }
+            let continued = piece.ends_with('\\');
+            if continued {
+                piece.pop();
+            }
+            out.push_str(&piece);
+            if self.i < self.b.len() {
+                self.bump();
+            }
+            if !continued || self.i >= self.b.len() {
+                return out;
+            }
+            out.push(' ');
+        }
+    }
+
+    /// One SQL command: its text (without the final `;`), whether `\;`
+    /// joined statements, and a meta-command (`\gset`) that ended it.
+    fn sql(&mut self) -> Result<(String, bool, Option<String>), String> {
+        let mut out: Vec<u8> = Vec::new();
+        let mut depth = 0i32;
+        let mut compound = false;
+        let text = |out: &[u8]| String::from_utf8_lossy(out).into_owned();
+        while self.i < self.b.len() {
+            let c = self.b[self.i];
+            match c {
+                b';' if depth <= 0 => {
+                    self.bump();
+                    return Ok((text(&out), compound, None));
+                }
+                b'\\' if self.b.get(self.i + 1) == Some(&b';') => {
+                    self.bump();
+                    self.bump();
+                    out.push(b';');
+                    compound = true;
+                }
+                b'\\' if depth <= 0 => {
+                    // A meta-command ends the SQL (\gset, \aset).
+                    let meta = self.meta_line();
+                    let word = meta
+                        .trim_start_matches('\\')
+                        .split_whitespace()
+                        .next()
+                        .unwrap_or("")
+                        .to_ascii_lowercase();
+                    return Ok((text(&out), compound, Some(word)));
+                }
+                b'(' | b'[' => {
+                    depth += 1;
+                    out.push(self.bump());
+                }
+                b')' | b']' => {
+                    depth -= 1;
+                    out.push(self.bump());
+                }
+                b'-' if self.at(b"--") => {
+                    while self.i < self.b.len() && self.b[self.i] != b'\n' {
+                        self.bump();
+                    }
+                }
+                b'/' if self.at(b"/*") => {
+                    let start = self.i;
+                    self.block_comment();
+                    out.extend_from_slice(&self.b[start..self.i]);
+                }
+                b'\'' => {
+                    // E'...': backslash escapes (E not ending a longer word).
+                    let n = out.len();
+                    let escapes = n >= 1
+                        && (out[n - 1] == b'E' || out[n - 1] == b'e')
+                        && !(n >= 2 && (out[n - 2].is_ascii_alphanumeric() || out[n - 2] == b'_'));
+                    self.quoted(&mut out, b'\'', escapes)?;
+                }
+                b'"' => self.quoted(&mut out, b'"', false)?,
+                b'$' => match self.dollar_tag() {
+                    Some(tag) => {
+                        let start = self.i;
+                        let line = self.line;
+                        for _ in 0..tag.len() {
+                            self.bump();
+                        }
+                        loop {
+                            if self.i >= self.b.len() {
+                                return Err(format!(
+                                    "unterminated dollar-quoted string {tag} from line {line}"
+                                ));
+                            }
+                            if self.at(tag.as_bytes()) {
+                                for _ in 0..tag.len() {
+                                    self.bump();
+                                }
+                                break;
+                            }
+                            self.bump();
+                        }
+                        out.extend_from_slice(&self.b[start..self.i]);
+                    }
+                    None => out.push(self.bump()),
+                },
+                _ => out.push(self.bump()),
+            }
+        }
+        Ok((text(&out), compound, None))
+    }
+
+    /// A quoted string or identifier, copied; `''` (or `""`) inside.
+    fn quoted(&mut self, out: &mut Vec<u8>, q: u8, escapes: bool) -> Result<(), String> {
+        let line = self.line;
+        out.push(self.bump());
+        while self.i < self.b.len() {
+            let c = self.bump();
+            out.push(c);
+            if escapes && c == b'\\' && self.i < self.b.len() {
+                out.push(self.bump());
+            } else if c == q {
+                if self.b.get(self.i) == Some(&q) {
+                    out.push(self.bump());
+                } else {
+                    return Ok(());
+                }
+            }
+        }
+        Err(format!(
+            "unterminated quoted {} from line {line}",
+            if q == b'"' { "identifier" } else { "string" }
+        ))
+    }
+
+    /// `$tag$` at the cursor (not a `$1` parameter).
+    fn dollar_tag(&self) -> Option<String> {
+        let rest = &self.b[self.i + 1..];
+        let n = rest
+            .iter()
+            .take_while(|c| c.is_ascii_alphanumeric() || **c == b'_' || **c >= 0x80)
+            .count();
+        if rest.first().is_some_and(u8::is_ascii_digit) || rest.get(n) != Some(&b'$') {
+            return None;
+        }
+        Some(String::from_utf8_lossy(&self.b[self.i..self.i + n + 2]).into_owned())
+    }
 }
+
+/// pgbench's `parseQuery`: every `:name` (a name not starting with a
+/// digit; `::` is a cast) becomes `$n` for the extended protocol — inside
+/// quotes too, as pgbench's prepared mode does. A compound command keeps
+/// `:name` for simple-protocol substitution.
+fn parse_sql(sql: &str, compound: bool) -> Result<Command, String> {
+    let sql = sql.trim();
+    let b = sql.as_bytes();
+    let mut out = String::with_capacity(sql.len());
+    let mut params: Vec<String> = Vec::new();
+    let mut i = 0;
+    let mut last = 0;
+    while i < b.len() {
+        if b[i] != b':' {
+            i += 1;
+            continue;
+        }
+        let start = i + 1;
+        let first_ok = b
+            .get(start)
+            .is_some_and(|c| c.is_ascii_alphabetic() || *c == b'_' || *c >= 0x80);
+        if !first_ok {
+            // `::type` and `[1:2]`: skip the colons.
+            while i < b.len() && b[i] == b':' {
+                i += 1;
+            }
+            continue;
+        }
+        let mut j = start;
+        while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_' || b[j] >= 0x80) {
+            j += 1;
+        }
+        let name = &sql[start..j];
+        let n = match params.iter().position(|p| p == name) {
+            Some(n) => n + 1,
+            None => {
+                params.push(name.to_string());
+                params.len()
+            }
+        };
+        out.push_str(&sql[last..i]);
+        if compound {
+            out.push_str(&sql[i..j]);
+        } else {
+            out.push_str(&format!("${n}"));
+        }
+        i = j;
+        last = j;
+    }
+    out.push_str(&sql[last..]);
+    if params.len() > MAX_SQL_ARGS {
+        return Err(format!(
+            "statement has too many arguments (maximum is {MAX_SQL_ARGS})"
+        ));
+    }
+    Ok(Command::Sql {
+        sql: out,
+        params,
+        compound,
+    })
+}
+
+/// pgbench's simple-protocol substitution: each `:name` whose variable is
+/// defined becomes the variable's text (unquoted); others stay as they are.
+pub fn substitute(sql: &str, vars: &Vars) -> String {
+    let b = sql.as_bytes();
+    let mut out = String::with_capacity(sql.len() + 16);
+    let (mut i, mut last) = (0, 0);
+    while i < b.len() {
+        if b[i] != b':' {
+            i += 1;
+            continue;
+        }
+        let start = i + 1;
+        if !b
+            .get(start)
+            .is_some_and(|c| c.is_ascii_alphabetic() || *c == b'_' || *c >= 0x80)
+        {
+            while i < b.len() && b[i] == b':' {
+                i += 1;
+            }
+            continue;
+        }
+        let mut j = start;
+        while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_' || b[j] >= 0x80) {
+            j += 1;
+        }
+        if let Some(v) = vars.get(&sql[start..j]) {
+            out.push_str(&sql[last..i]);
+            out.push_str(&v.to_string());
+            last = j;
+        }
+        i = j;
+    }
+    out.push_str(&sql[last..]);
+    out
+}
+
+/// pgbench's limit on a statement's variables (MAX_ARGS - 1).
+pub const MAX_SQL_ARGS: usize = 255;
 
 fn parse_meta(line: &str) -> Result<Command, String> {
     let mut parts = line[1..].splitn(2, char::is_whitespace);
@@ -241,53 +548,6 @@ fn parse_meta(line: &str) -> Result<Command, String> {
 
 fn is_var_name(s: &str) -> bool {
     !s.is_empty() && s.chars().all(|c| c.is_alphanumeric() || c == '_')
-}
-
-/// Replaces `:var` (not `::type`, not inside quotes) by `$n`.
-fn parse_sql(sql: &str) -> Result<Command, String> {
-    let mut out = String::new();
-    let mut params: Vec<String> = Vec::new();
-    let chars: Vec<char> = sql.trim().chars().collect();
-    let mut i = 0;
-    let mut in_quote = false;
-    while i < chars.len() {
-        let c = chars[i];
-        if c == '\'' {
-            in_quote = !in_quote;
-        }
-        if c == ':' && !in_quote {
-            if chars.get(i + 1) == Some(&':') {
-                out.push_str("::");
-                i += 2;
-                continue;
-            }
-            let start = i + 1;
-            let mut j = start;
-            while j < chars.len() && (chars[j].is_ascii_alphanumeric() || chars[j] == '_') {
-                j += 1;
-            }
-            if j > start && !(i > 0 && chars[i - 1] == ':') {
-                let name: String = chars[start..j].iter().collect();
-                let n = match params.iter().position(|p| *p == name) {
-                    Some(n) => n + 1,
-                    None => {
-                        params.push(name);
-                        params.len()
-                    }
-                };
-                out.push_str(&format!("${n}"));
-                i = j;
-                continue;
-            }
-        }
-        out.push(c);
-        i += 1;
-    }
-    let sql = out.trim().trim_end_matches(';').trim().to_string();
-    if sql.is_empty() {
-        return Err("empty SQL command".into());
-    }
-    Ok(Command::Sql { sql, params })
 }
 
 #[cfg(test)]
@@ -411,14 +671,17 @@ mod tests {
             Command::Sql {
                 sql: "UPDATE pgbench_accounts\n   SET abalance = abalance + $1 WHERE aid = $2"
                     .into(),
-                params: vec!["delta".into(), "aid".into()]
+                params: vec!["delta".into(), "aid".into()],
+                compound: false,
             }
         );
+        // pgbench replaces a variable inside quotes too (its prepared mode).
         assert_eq!(
             s.commands[4].1,
             Command::Sql {
-                sql: "SELECT ':notavar', x::int, $1 FROM t".into(),
-                params: vec!["aid".into()]
+                sql: "SELECT '$1', x::int, $2 FROM t".into(),
+                params: vec!["notavar".into(), "aid".into()],
+                compound: false,
             }
         );
         assert_eq!(
@@ -427,6 +690,106 @@ mod tests {
                 amount: Expr::Const(Value::Int(10)),
                 unit_us: 1000
             }
+        );
+    }
+
+    fn sql_of(script: &str) -> Vec<(usize, String)> {
+        Script::parse("s", script)
+            .unwrap_or_else(|e| panic!("{script:?}: {e}"))
+            .commands
+            .into_iter()
+            .filter_map(|(line, c)| match c {
+                Command::Sql { sql, .. } => Some((line, sql)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sql_splits_where_pgbench_splits() {
+        // Two statements on one line are two commands.
+        assert_eq!(
+            sql_of("SELECT 1; SELECT 2;\nSELECT 3;"),
+            [
+                (1, "SELECT 1".into()),
+                (1, "SELECT 2".into()),
+                (2, "SELECT 3".into())
+            ]
+        );
+        // A DO body keeps its semicolons; so do E'' strings, quoted
+        // identifiers, nested comments and parentheses.
+        let body = "DO $$\nBEGIN\n  PERFORM 1;\n  RAISE NOTICE 'x;';\nEND\n$$";
+        assert_eq!(
+            sql_of(&format!("{body};\nSELECT 1;")),
+            [(1, body.into()), (7, "SELECT 1".into())]
+        );
+        let tagged = "DO $f$ BEGIN PERFORM $$;$$; END $f$";
+        assert_eq!(sql_of(&format!("{tagged};")), [(1, tagged.into())]);
+        assert_eq!(
+            sql_of("SELECT E'it\\'s;', 'a''b;', \"c;d\" FROM t /* x; /* y; */ z; */;"),
+            [(
+                1,
+                "SELECT E'it\\'s;', 'a''b;', \"c;d\" FROM t /* x; /* y; */ z; */".into()
+            )]
+        );
+        assert_eq!(
+            sql_of("SELECT (SELECT 1; ) ;"),
+            [(1, "SELECT (SELECT 1; )".into())],
+            "no end inside parentheses"
+        );
+        // Array slices are not variables; casts are not either.
+        let s = Script::parse("s", "SELECT (ARRAY[1,2,3])[1:2], x::int[], :v;").unwrap();
+        assert_eq!(
+            s.commands[0].1,
+            Command::Sql {
+                sql: "SELECT (ARRAY[1,2,3])[1:2], x::int[], $1".into(),
+                params: vec!["v".into()],
+                compound: false,
+            }
+        );
+        // `\;` joins statements into one compound command.
+        let s = Script::parse("s", "SELECT :a \\; SELECT 2;\n").unwrap();
+        assert_eq!(
+            s.commands[0].1,
+            Command::Sql {
+                sql: "SELECT :a ; SELECT 2".into(),
+                params: vec!["a".into()],
+                compound: true,
+            }
+        );
+        // `--` comments go, a trailing command without `;` counts.
+        assert_eq!(
+            sql_of("-- lead\nSELECT 1 -- trailing; not an end\n, 2"),
+            [(2, "SELECT 1 \n, 2".into())]
+        );
+        // Meta-commands continue on the next line after a trailing `\`.
+        let s = Script::parse("s", "\\set x 1 +\\\n  2\nSELECT :x;").unwrap();
+        assert_eq!(s.commands.len(), 2);
+        let e = Script::parse("s", "SELECT 'open;\n").unwrap_err();
+        assert!(e.message.contains("unterminated quoted string"), "{e}");
+        let e = Script::parse("s", "SELECT 1 \\gset\n").unwrap_err();
+        assert!(e.message.contains("\\gset"), "{e}");
+        let many: Vec<String> = (0..256).map(|_| ":i".to_string()).collect();
+        let distinct: Vec<String> = (0..256).map(|k| format!(":v{k}")).collect();
+        assert!(Script::parse("s", &format!("SELECT least({});", many.join(", "))).is_ok());
+        let e = Script::parse("s", &format!("SELECT least({});", distinct.join(", "))).unwrap_err();
+        assert!(
+            e.message.contains("too many arguments (maximum is 255)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn compound_commands_substitute_text_as_pgbench_s_simple_mode() {
+        let vars: Vars = [
+            ("a".to_string(), Value::Int(5)),
+            ("d".to_string(), Value::Double(0.1 + 0.2)),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(
+            substitute("SELECT :a, :d, :nope, x::int ; SELECT 2", &vars),
+            "SELECT 5, 0.3, :nope, x::int ; SELECT 2"
         );
     }
 
@@ -445,8 +808,8 @@ mod tests {
             e.to_string().starts_with("mine:1: invalid command \\shell"),
             "{e}"
         );
-        let e = Script::parse("mine", "\\set x 1\n").unwrap_err();
-        assert!(e.message.contains("no SQL"), "{e}");
+        let e = Script::parse("mine", "-- nothing\n").unwrap_err();
+        assert!(e.message.contains("empty command list"), "{e}");
         let e = Script::parse("mine", "SELECT 1;\n\\sleep 1 min\n").unwrap_err();
         assert_eq!(e.line, 2);
     }

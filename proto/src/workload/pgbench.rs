@@ -262,7 +262,11 @@ pub fn check_drive(f: &Field, s: &Spec) -> Checked<DriveParams> {
             ),
         );
     }
-    if let Some(t) = &s.script_text {
+    // Under driver: pgbench the script is pgbench's to judge (the
+    // controller asks the real pgbench before the run starts).
+    if let Some(t) = &s.script_text
+        && driver != "pgbench"
+    {
         Script::parse("script_text", &t.value).or_else(|e| {
             f.err(
                 t.referenced,
@@ -280,11 +284,17 @@ pub fn check_drive(f: &Field, s: &Spec) -> Checked<DriveParams> {
                 format!("`{k}` is not a variable name (letters, digits, _)"),
             );
         }
-        if let Define::Str(text) = &v.value {
+        // pgbench reads a variable's text when an expression uses it:
+        // `null`, boolean spellings, integers and doubles. Other text only
+        // the real pgbench can carry (substituted into SQL as is).
+        if let Define::Str(text) = &v.value
+            && driver != "pgbench"
+            && let Err(e) = crate::script::Value::parse_text(k, text)
+        {
             return f.err(
                 v.referenced,
                 &format!("defines.{k}"),
-                format!("`{text}` is not a number or boolean"),
+                format!("{e}: driver: pgfleet takes null, true/false, integers and doubles (other text needs driver: pgbench)"),
             );
         }
         defines.insert(k.clone(), v.value.clone());
