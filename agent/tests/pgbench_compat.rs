@@ -163,7 +163,7 @@ async fn a_seeded_run_draws_what_pgbench_draws_client_by_client() {
 /// end state. A DO body with semicolons, two statements on one line, a
 /// temporary table used by the next statement (prepared when first run),
 /// an E'' string with an escaped quote, an array slice, a compound `\;`
-/// command, and doubles written as pgbench writes them.
+/// command, doubles written as pgbench writes them, and an \\if chain.
 const SPLITTING: &str = "\\set n 3
 \\set d 0.1 + 0.2
 CREATE TEMP TABLE IF NOT EXISTS tt (s text); TRUNCATE tt;
@@ -178,6 +178,13 @@ INSERT INTO results SELECT ((ARRAY['a','b','c'])[2:3])::text;
 INSERT INTO results VALUES (:n::text) \\; INSERT INTO results VALUES ('compound');
 INSERT INTO results VALUES (:d::text), (-- a comment; not an end
   'after comment');
+\\if :client_id = 0
+INSERT INTO results VALUES ('client zero');
+\\elif :n > 2
+INSERT INTO results VALUES ('other client');
+\\else
+INSERT INTO results VALUES ('never');
+\\endif
 ";
 
 async fn end_state(cl: &Cluster, driver: &str) -> Vec<String> {
@@ -209,7 +216,8 @@ async fn scripts_split_and_prepare_as_pgbench_under_both_drivers() {
     let (cl, root) = cluster("pgbench-split").await;
     let by_pgbench = end_state(&cl, "pgbench").await;
     let by_pgfleet = end_state(&cl, "pgfleet").await;
-    assert_eq!(by_pgbench.len(), 2 * 3 * 7, "{by_pgbench:?}");
+    assert_eq!(by_pgbench.len(), 2 * 3 * 8, "{by_pgbench:?}");
+    assert!(!by_pgfleet.iter().any(|v| v == "never"), "{by_pgfleet:?}");
     assert_eq!(by_pgfleet, by_pgbench);
     for want in [
         "do; body",

@@ -8,7 +8,7 @@
 //! binary where it is installed.
 
 use pgfleet_proto::script::rng::{Seeds, permute};
-use pgfleet_proto::script::{Env, Script, Value, Vars, eval, format_g15, parse_expr};
+use pgfleet_proto::script::{Command, Env, Script, Value, Vars, eval, format_g15, parse_expr};
 
 /// The TAP run's variables: its -D switches, then pgbench's automatic ones.
 fn tap_vars() -> Vars {
@@ -318,9 +318,118 @@ fn the_tap_expression_script_prints_what_pgbench_prints() {
             checked += 1;
         }
     }
-    // The TAP test checks 69 values; the other 6 are its \\if chains
-    // (commands 65, 74, 83, 86, 93, 95), which pgfleet does not run yet.
+    // The TAP test checks 69 values: these 63, and its \\if chains'
+    // six (commands 65, 74, 83, 86, 93, 95) in if_chains_take_the_branch_pgbench_takes.
     assert_eq!(checked, 63, "the TAP test's checked values");
+}
+
+/// Runs a script's meta-commands as one client's transaction (SQL is
+/// skipped); returns the debug() values in order and the variables.
+fn run_script(text: &str) -> (Vec<String>, Vars) {
+    let script = Script::parse("s", text).unwrap_or_else(|e| panic!("{e}"));
+    let mut rng = Seeds::new(5432, 1, 1).clients[0];
+    let mut vars = tap_vars();
+    let mut debug = Vec::new();
+    let mut pc = 0;
+    while let Some((_, c)) = script.commands.get(pc) {
+        let mut env = Env {
+            vars: &vars,
+            rng: &mut rng,
+            debug: Some(&mut debug),
+        };
+        match c {
+            Command::Set { var, expr } => {
+                let v = eval(expr, &mut env).unwrap();
+                vars.insert(var.clone(), v);
+                pc += 1;
+            }
+            Command::If { .. } | Command::Elif { .. } | Command::Else { .. } | Command::Endif => {
+                pc = script.branch(pc, &mut env).unwrap();
+            }
+            _ => pc += 1,
+        }
+    }
+    (debug.iter().map(|v| v.debug_text()).collect(), vars)
+}
+
+#[test]
+fn if_chains_take_the_branch_pgbench_takes() {
+    // The TAP test's five chains (a true \if; a true \elif; the \else;
+    // \if without \else; \elif without \else), each setting a debug
+    // value in the branch it must take and `nope` in every other.
+    let (debug, vars) = run_script(
+        "\\set nope 0
+\\if 1 > 0
+\\set id debug(65)
+\\elif 0
+\\set nope 1
+\\else
+\\set nope 1
+\\endif
+\\if 1 < 0
+\\set nope 1
+\\elif 1 > 0
+\\set ie debug(74)
+\\else
+\\set nope 1
+\\endif
+\\if 1 < 0
+\\set nope 1
+\\elif 1 < 0
+\\set nope 1
+\\else
+\\set if debug(83)
+\\endif
+\\IF 1 = 1
+\\set ig debug(86)
+\\elif 0
+\\set nope 1
+\\endif
+\\if 1 = 0
+\\set nope 1
+\\elif 1 <> 0
+\\set ih debug(93)
+\\endif
+\\set nope debug(:nope)
+SELECT 1;
+",
+    );
+    assert_eq!(
+        debug,
+        ["int 65", "int 74", "int 83", "int 86", "int 93", "int 0"]
+    );
+    assert_eq!(vars["nope"], Value::Int(0));
+    // Nested chains, NULL and double conditions (a condition's truth).
+    let (debug, _) = run_script(
+        "\\if NULL
+\\set x debug(1)
+\\elif 0.5
+\\if false
+\\set x debug(2)
+\\else
+\\set x debug(3)
+\\endif
+\\else
+\\set x debug(4)
+\\endif
+",
+    );
+    assert_eq!(debug, ["int 3"]);
+    // Every misuse pgbench reports.
+    for (script, want) in [
+        ("\\else\n", "\\else without matching \\if"),
+        ("\\elif 1\n", "\\elif without matching \\if"),
+        ("\\endif\n", "\\endif without matching \\if"),
+        ("\\if 1\n\\else\n\\else\n\\endif\n", "\\else after \\else"),
+        ("\\if 1\n\\else\n\\elif 0\n\\endif\n", "\\elif after \\else"),
+        ("\\if 1\nSELECT 1;\n", "\\if without matching \\endif"),
+        ("\\if\n\\endif\n", "missing expression"),
+        ("\\if 1 +\n\\endif\n", "syntax error in command \"if\""),
+        ("\\if 1\n\\else 2\n\\endif\n", "unexpected argument"),
+    ] {
+        let e = Script::parse("s", script).expect_err(script).to_string();
+        assert!(e.contains(want), "{script:?}: {e}");
+    }
 }
 
 #[test]

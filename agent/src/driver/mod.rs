@@ -551,8 +551,25 @@ async fn transaction(
     rng: &mut Rng,
 ) -> Result<(), TxnError> {
     let name = &cfg.script.name;
-    for (i, (line, c)) in cfg.script.commands.iter().enumerate() {
+    let commands = &cfg.script.commands;
+    let mut pc = 0;
+    while let Some((line, c)) = commands.get(pc) {
+        let i = pc;
+        pc += 1;
         match c {
+            Command::If { .. } | Command::Elif { .. } | Command::Else { .. } | Command::Endif => {
+                pc = cfg
+                    .script
+                    .branch(
+                        i,
+                        &mut Env {
+                            vars,
+                            rng,
+                            debug: None,
+                        },
+                    )
+                    .map_err(|e| TxnError::Fatal(format!("{name}:{line}: {e}")))?;
+            }
             Command::Set { var, expr } => {
                 let v = eval(
                     expr,

@@ -91,6 +91,23 @@ pub enum Command {
         amount: Expr,
         unit_us: u64,
     },
+    /// `\if cond`: on false, execution enters command `next` (the chain's
+    /// next `\elif`, its `\else` or its `\endif`).
+    If {
+        cond: Expr,
+        next: usize,
+    },
+    /// `\elif cond`: entered from a false branch, it tests `cond`; reached
+    /// at the end of a taken branch, it goes past `end` (the `\endif`).
+    Elif {
+        cond: Expr,
+        next: usize,
+        end: usize,
+    },
+    Else {
+        end: usize,
+    },
+    Endif,
     /// SQL with `:var` replaced by `$1..$n`; `params[i]` is the variable of
     /// `$i+1`. A compound command (statements joined by `\;`) keeps its
     /// `:var`s, substituted as text and sent by the simple protocol, as
@@ -156,11 +173,96 @@ impl Script {
         if commands.is_empty() {
             return Err(err(1, "empty command list for script".into()));
         }
+        link_conditionals(&mut commands).map_err(|(line, m)| err(line, m))?;
         Ok(Script {
             name: name.into(),
             commands,
         })
     }
+
+    /// Where execution goes after arriving in sequence at command `pc`, a
+    /// conditional: into a true `\if`'s branch or on to the chain's next
+    /// part; past the `\endif` at the end of a taken branch.
+    pub fn branch(&self, pc: usize, env: &mut Env<'_>) -> Result<usize, String> {
+        match &self.commands[pc].1 {
+            Command::If { cond, next } => {
+                if eval(cond, env)?.truth() {
+                    Ok(pc + 1)
+                } else {
+                    self.enter(*next, env)
+                }
+            }
+            Command::Elif { end, .. } | Command::Else { end } => Ok(end + 1),
+            _ => Ok(pc + 1),
+        }
+    }
+
+    /// Enters the chain's part at `at` after a false condition.
+    fn enter(&self, at: usize, env: &mut Env<'_>) -> Result<usize, String> {
+        match &self.commands[at].1 {
+            Command::Elif { cond, next, .. } => {
+                if eval(cond, env)?.truth() {
+                    Ok(at + 1)
+                } else {
+                    self.enter(*next, env)
+                }
+            }
+            _ => Ok(at + 1),
+        }
+    }
+}
+
+/// Links each `\if` chain's parts, refusing what pgbench refuses.
+fn link_conditionals(commands: &mut [(usize, Command)]) -> Result<(), (usize, String)> {
+    // Open chains: their parts' indexes, and whether \else was seen.
+    let mut open: Vec<(Vec<usize>, bool)> = Vec::new();
+    for i in 0..commands.len() {
+        let line = commands[i].0;
+        match commands[i].1 {
+            Command::If { .. } => open.push((vec![i], false)),
+            Command::Elif { .. } | Command::Else { .. } => {
+                let word = if matches!(commands[i].1, Command::Else { .. }) {
+                    "\\else"
+                } else {
+                    "\\elif"
+                };
+                let Some((parts, seen_else)) = open.last_mut() else {
+                    return Err((line, format!("{word} without matching \\if")));
+                };
+                if *seen_else {
+                    return Err((line, format!("{word} after \\else")));
+                }
+                *seen_else = word == "\\else";
+                parts.push(i);
+            }
+            Command::Endif => {
+                let Some((mut parts, _)) = open.pop() else {
+                    return Err((line, "\\endif without matching \\if".into()));
+                };
+                parts.push(i);
+                for w in parts.windows(2) {
+                    let (at, next) = (w[0], w[1]);
+                    match &mut commands[at].1 {
+                        Command::If { next: n, .. } => *n = next,
+                        Command::Elif { next: n, end, .. } => {
+                            *n = next;
+                            *end = i;
+                        }
+                        Command::Else { end } => *end = i,
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    if let Some((parts, _)) = open.first() {
+        return Err((
+            commands[parts[0]].0,
+            "\\if without matching \\endif at the end of the script".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The script's text and where the lexer is (byte offset, line).
@@ -540,8 +642,34 @@ fn parse_meta(line: &str) -> Result<Command, String> {
             };
             Ok(Command::Sleep { amount, unit_us })
         }
+        "if" | "elif" => {
+            if rest.is_empty() {
+                return Err(format!("missing expression in command \"{cmd}\""));
+            }
+            let cond =
+                parse_expr(rest).map_err(|e| format!("syntax error in command \"{cmd}\": {e}"))?;
+            Ok(if cmd == "if" {
+                Command::If { cond, next: 0 }
+            } else {
+                Command::Elif {
+                    cond,
+                    next: 0,
+                    end: 0,
+                }
+            })
+        }
+        "else" | "endif" => {
+            if !rest.is_empty() {
+                return Err(format!("unexpected argument in command \"{cmd}\""));
+            }
+            Ok(if cmd == "else" {
+                Command::Else { end: 0 }
+            } else {
+                Command::Endif
+            })
+        }
         other => Err(format!(
-            "invalid command \\{other}: pgfleet runs \\set and \\sleep"
+            "invalid command \\{other}: pgfleet runs \\set, \\sleep and \\if/\\elif/\\else/\\endif"
         )),
     }
 }
