@@ -236,3 +236,26 @@ async fn scripts_split_and_prepare_as_pgbench_under_both_drivers() {
     cl.teardown().await.unwrap();
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+#[test]
+fn driver_pgbench_takes_what_pgbench_takes_and_refuses_what_it_refuses() {
+    let entry = |script: &str, driver: &str| {
+        pgfleet_proto::workload::plan_entry(
+            &json!({"kind": "pgbench", "scale": 1, "script_text": script, "driver": driver, "transactions": 1})
+                .to_string(),
+        )
+        .map(|_| ())
+        .map_err(|e| format!("{e:?}"))
+    };
+    // \gset is pgbench's (pgfleet's driver does not run it yet).
+    let gset = "SELECT 1 AS one \\gset\n\\set x :one + 1\nSELECT :x;\n";
+    entry(gset, "pgbench").unwrap();
+    let e = entry(gset, "pgfleet").unwrap_err();
+    assert!(e.contains("gset") && e.contains("driver: pgbench"), "{e}");
+    // What pgbench refuses is refused before anything starts, in its words.
+    let e = entry("\\set x 1 +\nSELECT 1;\n", "pgbench").unwrap_err();
+    assert!(
+        e.contains("pgbench rejects the script") && e.contains("syntax error in command"),
+        "{e}"
+    );
+}

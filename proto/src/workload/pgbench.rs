@@ -262,8 +262,18 @@ pub fn check_drive(f: &Field, s: &Spec) -> Checked<DriveParams> {
             ),
         );
     }
-    // Under driver: pgbench the script is pgbench's to judge (the
-    // controller asks the real pgbench before the run starts).
+    // Under driver: pgbench the script is pgbench's own to judge: the
+    // real pgbench, where one is installed (the agent's run judges again).
+    if let Some(t) = &s.script_text
+        && driver == "pgbench"
+        && let Some(Err(why)) = pgbench_verdict(&t.value)
+    {
+        return f.err(
+            t.referenced,
+            "script_text",
+            format!("pgbench rejects the script: {why}"),
+        );
+    }
     if let Some(t) = &s.script_text
         && driver != "pgbench"
     {
@@ -358,4 +368,70 @@ impl KindParams for Params {
     fn working_set_bytes(&self) -> Option<u64> {
         Some(self.init.data_bytes())
     }
+}
+
+/// The real pgbench's verdict on a script: it parses its scripts before it
+/// connects, so pointed at a socket that cannot exist it stops right after
+/// judging. None: no pgbench here (`PGFLEET_PG_BIN`, `PATH`, or Debian's
+/// /usr/lib/postgresql/*/bin).
+pub fn pgbench_verdict(script: &str) -> Option<Result<(), String>> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let mut candidates: Vec<std::path::PathBuf> = Vec::new();
+    if let Some(d) = std::env::var_os("PGFLEET_PG_BIN") {
+        candidates.push(std::path::Path::new(&d).join("pgbench"));
+    }
+    for d in std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()) {
+        candidates.push(d.join("pgbench"));
+    }
+    let mut debian: Vec<std::path::PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("bin/pgbench"))
+        .collect();
+    debian.sort_by_key(|p| {
+        p.components()
+            .nth(4)
+            .and_then(|c| c.as_os_str().to_str()?.parse::<u32>().ok())
+    });
+    candidates.extend(debian.into_iter().rev());
+    let bin = candidates.into_iter().find(|p| p.is_file())?;
+    let file = std::env::temp_dir().join(format!(
+        "pgfleet-check-{}-{}.sql",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::write(&file, script).ok()?;
+    let out = std::process::Command::new(&bin)
+        .args([
+            "-n",
+            "-t",
+            "1",
+            "-p",
+            "1",
+            "-h",
+            "/nonexistent/pgfleet-script-check",
+            "-f",
+        ])
+        .arg(&file)
+        .env_remove("PGHOST")
+        .env_remove("PGSERVICE")
+        .output();
+    let _ = std::fs::remove_file(&file);
+    let out = out.ok()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("connection to server") || stderr.contains("could not connect") {
+        return Some(Ok(()));
+    }
+    let path = file.display().to_string();
+    let why: Vec<String> = stderr
+        .lines()
+        .map(|l| {
+            l.trim_start_matches("pgbench: error: ")
+                .replace(&path, "script_text")
+        })
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    Some(Err(why.join("\n")))
 }
