@@ -163,7 +163,8 @@ async fn a_seeded_run_draws_what_pgbench_draws_client_by_client() {
 /// end state. A DO body with semicolons, two statements on one line, a
 /// temporary table used by the next statement (prepared when first run),
 /// an E'' string with an escaped quote, an array slice, a compound `\;`
-/// command, doubles written as pgbench writes them, and an \\if chain.
+/// command, doubles written as pgbench writes them, `\\gset` with a
+/// prefix, `\\aset` over a compound command, and an `\\if` chain.
 const SPLITTING: &str = "\\set n 3
 \\set d 0.1 + 0.2
 CREATE TEMP TABLE IF NOT EXISTS tt (s text); TRUNCATE tt;
@@ -178,6 +179,10 @@ INSERT INTO results SELECT ((ARRAY['a','b','c'])[2:3])::text;
 INSERT INTO results VALUES (:n::text) \\; INSERT INTO results VALUES ('compound');
 INSERT INTO results VALUES (:d::text), (-- a comment; not an end
   'after comment');
+SELECT 40 + :n AS got, NULL AS nothing \\gset g_
+INSERT INTO results VALUES ((:g_got + 1)::text);
+\\; SELECT 6 AS i6 \\; SELECT 7 AS i7 \\; \\aset
+INSERT INTO results VALUES ((:i6::int + :i7::int)::text);
 \\if :client_id = 0
 INSERT INTO results VALUES ('client zero');
 \\elif :n > 2
@@ -216,7 +221,7 @@ async fn scripts_split_and_prepare_as_pgbench_under_both_drivers() {
     let (cl, root) = cluster("pgbench-split").await;
     let by_pgbench = end_state(&cl, "pgbench").await;
     let by_pgfleet = end_state(&cl, "pgfleet").await;
-    assert_eq!(by_pgbench.len(), 2 * 3 * 8, "{by_pgbench:?}");
+    assert_eq!(by_pgbench.len(), 2 * 3 * 10, "{by_pgbench:?}");
     assert!(!by_pgfleet.iter().any(|v| v == "never"), "{by_pgfleet:?}");
     assert_eq!(by_pgfleet, by_pgbench);
     for want in [
@@ -247,15 +252,55 @@ fn driver_pgbench_takes_what_pgbench_takes_and_refuses_what_it_refuses() {
         .map(|_| ())
         .map_err(|e| format!("{e:?}"))
     };
-    // \gset is pgbench's (pgfleet's driver does not run it yet).
-    let gset = "SELECT 1 AS one \\gset\n\\set x :one + 1\nSELECT :x;\n";
-    entry(gset, "pgbench").unwrap();
-    let e = entry(gset, "pgfleet").unwrap_err();
-    assert!(e.contains("gset") && e.contains("driver: pgbench"), "{e}");
+    // \shell is pgbench's (pgfleet's driver does not run it); judging
+    // the script runs nothing.
+    let shell = "\\shell touch /tmp/pgfleet-must-not-exist\nSELECT 1;\n";
+    entry(shell, "pgbench").unwrap();
+    assert!(!std::path::Path::new("/tmp/pgfleet-must-not-exist").exists());
+    let e = entry(shell, "pgfleet").unwrap_err();
+    assert!(e.contains("shell") && e.contains("driver: pgbench"), "{e}");
     // What pgbench refuses is refused before anything starts, in its words.
     let e = entry("\\set x 1 +\nSELECT 1;\n", "pgbench").unwrap_err();
     assert!(
         e.contains("pgbench rejects the script") && e.contains("syntax error in command"),
         "{e}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gset_refuses_what_pgbench_refuses() {
+    let (cl, root) = cluster("pgbench-gset").await;
+    for (script, want) in [
+        ("SELECT WHERE FALSE \\gset\n", "expected one row, got 0"),
+        (
+            "SELECT 5432 AS fail UNION SELECT 5433 ORDER BY 1 \\gset\n",
+            "expected one row, got 2",
+        ),
+        (
+            "DROP TABLE IF EXISTS no_such_table \\gset\n",
+            "expected one row, got 0",
+        ),
+        ("SELECT 1 \\gset\n", "error storing into variable ?column?"),
+        (
+            "SELECT 1 AS \"bad name!\" \\gset\n",
+            "error storing into variable bad name!",
+        ),
+        (
+            "SELECT 'text' AS t \\gset\n",
+            "driver: pgbench keeps any text",
+        ),
+        (
+            "\\; SELECT 5432 AS i8 WHERE FALSE \\; \\aset\n\\set i debug(:i8)\n",
+            "undefined variable \"i8\"",
+        ),
+    ] {
+        let params = common::params(
+            &json!({"kind": "pgbench", "scale": 1, "script_text": script, "transactions": 1, "warmup_s": 0})
+                .to_string(),
+        );
+        let e = common::run(&cl, &params).await.unwrap_err().to_string();
+        assert!(e.contains(want), "{script:?}: {e}");
+    }
+    cl.teardown().await.unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
 }

@@ -610,6 +610,7 @@ async fn transaction(
                 sql,
                 params: names_of,
                 compound: false,
+                store,
             } => {
                 params.clear();
                 for p in names_of {
@@ -623,17 +624,75 @@ async fn transaction(
                     }
                     prepared[i] = true;
                 }
-                if let Err(e) = db.execute(&names[i], params).await {
-                    return Err(classify(&e, &format!("{name}:{line}")));
+                match store {
+                    None => {
+                        if let Err(e) = db.execute(&names[i], params).await {
+                            return Err(classify(&e, &format!("{name}:{line}")));
+                        }
+                    }
+                    Some(store) => match db.execute_rows(&names[i], params).await {
+                        Ok(sets) => keep_rows(store, &sets, vars)
+                            .map_err(|e| TxnError::Fatal(format!("{name}:{line}: {e}")))?,
+                        Err(e) => return Err(classify(&e, &format!("{name}:{line}"))),
+                    },
                 }
             }
-            Command::Sql { sql, .. } => {
+            Command::Sql { sql, store, .. } => {
                 // Statements joined by `\;`: one simple query, variables
                 // substituted as text (pgbench's simple protocol).
                 let text = script::substitute(sql, vars);
-                if let Err(e) = db.simple(&text).await {
-                    return Err(classify(&e, &format!("{name}:{line}")));
+                match store {
+                    None => {
+                        if let Err(e) = db.simple(&text).await {
+                            return Err(classify(&e, &format!("{name}:{line}")));
+                        }
+                    }
+                    Some(store) => match db.simple_rows(&text).await {
+                        Ok(sets) => keep_rows(store, &sets, vars)
+                            .map_err(|e| TxnError::Fatal(format!("{name}:{line}: {e}")))?,
+                        Err(e) => return Err(classify(&e, &format!("{name}:{line}"))),
+                    },
                 }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `\gset`: the last statement's one row into variables (its column
+/// names, prefixed); `\aset`: every row of every statement, the last
+/// value kept. Values are read as pgbench reads a variable's text.
+fn keep_rows(
+    store: &script::Store,
+    sets: &[wire::ResultSet],
+    vars: &mut Vars,
+) -> Result<(), String> {
+    let sets: &[wire::ResultSet] = if store.all {
+        sets
+    } else {
+        let last = sets.last().map(std::slice::from_ref).unwrap_or_default();
+        let rows = last.first().map_or(0, |s| s.rows.len());
+        if rows != 1 {
+            return Err(format!("expected one row, got {rows}"));
+        }
+        last
+    };
+    for set in sets {
+        for row in &set.rows {
+            for (col, v) in set.columns.iter().zip(row) {
+                let var = format!("{}{col}", store.prefix);
+                if var.is_empty() || !var.chars().all(|c| c.is_alphanumeric() || c == '_') {
+                    return Err(format!("error storing into variable {var}"));
+                }
+                let value = match v {
+                    None => Value::Null,
+                    Some(text) => Value::parse_text(&var, text).map_err(|_| {
+                        format!(
+                            "error storing into variable {var}: driver: pgfleet keeps numbers, booleans and NULL, not `{text}` (driver: pgbench keeps any text)"
+                        )
+                    })?,
+                };
+                vars.insert(var, value);
             }
         }
     }

@@ -227,6 +227,67 @@ impl Conn {
     /// Executes prepared statement `name` with `params` sent as text, and
     /// discards the rows (pgbench reads none either).
     pub async fn execute(&mut self, name: &str, params: &[Value]) -> Result<(), WireError> {
+        self.bind_execute(name, params, false)?;
+        self.flush().await?;
+        self.finish().await
+    }
+
+    /// Executes prepared statement `name` and returns its rows as text
+    /// (`\gset`, `\aset`).
+    pub async fn execute_rows(
+        &mut self,
+        name: &str,
+        params: &[Value],
+    ) -> Result<Vec<ResultSet>, WireError> {
+        self.bind_execute(name, params, true)?;
+        self.flush().await?;
+        self.finish_rows().await
+    }
+
+    /// Runs `sql` as a simple query and returns each statement's rows.
+    pub async fn simple_rows(&mut self, sql: &str) -> Result<Vec<ResultSet>, WireError> {
+        frontend::query(sql, &mut self.out)?;
+        self.flush().await?;
+        self.finish_rows().await
+    }
+
+    /// Reads replies up to ReadyForQuery, keeping each statement's rows.
+    async fn finish_rows(&mut self) -> Result<Vec<ResultSet>, WireError> {
+        let mut error = None;
+        let mut sets = Vec::new();
+        let mut current: Option<ResultSet> = None;
+        loop {
+            let m = self.next().await?;
+            let body = &self.buf[m.start..m.end];
+            match m.tag {
+                b'Z' => {
+                    self.status = tx_status(body)?;
+                    return match error {
+                        Some(e) => Err(e),
+                        None => Ok(sets),
+                    };
+                }
+                b'E' if error.is_none() => error = Some(db_error(body)),
+                b'T' => current = Some(row_description(body)?),
+                b'D' => {
+                    let row = data_row(body)?;
+                    if let Some(c) = current.as_mut() {
+                        c.rows.push(row);
+                    }
+                }
+                // CommandComplete, EmptyQueryResponse: one statement done.
+                b'C' | b'I' => sets.push(current.take().unwrap_or_default()),
+                _ => {}
+            }
+        }
+    }
+
+    fn bind_execute(
+        &mut self,
+        name: &str,
+        params: &[Value],
+        describe: bool,
+    ) -> Result<(), WireError> {
         frontend::bind(
             "",
             name,
@@ -245,10 +306,12 @@ impl Conn {
             frontend::BindError::Conversion(e) => protocol(&format!("encoding a parameter: {e}")),
             frontend::BindError::Serialization(e) => WireError::from(e),
         })?;
+        if describe {
+            frontend::describe(b'P', "", &mut self.out)?;
+        }
         frontend::execute("", 0, &mut self.out)?;
         frontend::sync(&mut self.out);
-        self.flush().await?;
-        self.finish().await
+        Ok(())
     }
 
     /// Runs `sql` as a simple query (e.g. `ROLLBACK`).
@@ -363,6 +426,59 @@ impl Drop for Conn {
             }
         }
     }
+}
+
+/// One statement's result: its columns and rows as text (None: NULL).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ResultSet {
+    pub columns: Vec<String>,
+    pub rows: Vec<Vec<Option<String>>>,
+}
+
+fn be_i16(b: &[u8], at: usize) -> Result<i16, WireError> {
+    b.get(at..at + 2)
+        .map(|x| i16::from_be_bytes([x[0], x[1]]))
+        .ok_or_else(|| protocol("message shorter than its fields"))
+}
+
+fn row_description(body: &[u8]) -> Result<ResultSet, WireError> {
+    let n = be_i16(body, 0)?.max(0) as usize;
+    let mut at = 2;
+    let mut columns = Vec::with_capacity(n);
+    for _ in 0..n {
+        let end = body[at..]
+            .iter()
+            .position(|b| *b == 0)
+            .ok_or_else(|| protocol("unterminated column name"))?;
+        columns.push(String::from_utf8_lossy(&body[at..at + end]).into_owned());
+        // The name, its NUL, then table oid, attnum, type oid, size, modifier, format.
+        at += end + 1 + 18;
+    }
+    Ok(ResultSet {
+        columns,
+        rows: Vec::new(),
+    })
+}
+
+fn data_row(body: &[u8]) -> Result<Vec<Option<String>>, WireError> {
+    let n = be_i16(body, 0)?.max(0) as usize;
+    let mut at = 2;
+    let mut row = Vec::with_capacity(n);
+    for _ in 0..n {
+        let len = be_i32(body, at)?;
+        at += 4;
+        if len < 0 {
+            row.push(None);
+        } else {
+            let end = at + len as usize;
+            let v = body
+                .get(at..end)
+                .ok_or_else(|| protocol("data row shorter than its values"))?;
+            row.push(Some(String::from_utf8_lossy(v).into_owned()));
+            at = end;
+        }
+    }
+    Ok(row)
 }
 
 fn tx_status(body: &[u8]) -> Result<TxStatus, WireError> {

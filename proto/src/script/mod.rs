@@ -116,7 +116,17 @@ pub enum Command {
         sql: String,
         params: Vec<String>,
         compound: bool,
+        /// `\gset` / `\aset` after it: where its row goes.
+        store: Option<Store>,
     },
+}
+
+/// `\gset [prefix]` (the one row of the last statement) or `\aset
+/// [prefix]` (every row of every statement, the last value kept).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Store {
+    pub all: bool,
+    pub prefix: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -157,18 +167,37 @@ impl Script {
                 continue;
             }
             let (sql, compound, trailing_meta) = lx.sql().map_err(|m| err(line, m))?;
-            if let Some(m) = trailing_meta {
-                return Err(err(
-                    line,
-                    format!(
-                        "\\{m} after an SQL command is not run by driver: pgfleet yet (use driver: pgbench)"
-                    ),
-                ));
+            let mut store = None;
+            let mut next_meta = None;
+            if let Some(meta) = trailing_meta {
+                let mut words = meta.trim().trim_start_matches('\\').split_whitespace();
+                let cmd = words.next().unwrap_or("").to_ascii_lowercase();
+                let args: Vec<&str> = words.collect();
+                if cmd == "gset" || cmd == "aset" {
+                    if args.len() > 1 {
+                        return Err(err(
+                            line,
+                            format!("too many arguments in command \"{cmd}\""),
+                        ));
+                    }
+                    store = Some(Store {
+                        all: cmd == "aset",
+                        prefix: args.first().unwrap_or(&"").to_string(),
+                    });
+                } else {
+                    next_meta = Some(meta);
+                }
             }
-            if sql.trim().is_empty() {
-                continue;
+            if !sql.trim().is_empty() || store.is_some() {
+                let mut c = parse_sql(&sql, compound).map_err(|m| err(line, m))?;
+                if let Command::Sql { store: s, .. } = &mut c {
+                    *s = store;
+                }
+                commands.push((line, c));
             }
-            commands.push((line, parse_sql(&sql, compound).map_err(|m| err(line, m))?));
+            if let Some(meta) = next_meta {
+                commands.push((line, parse_meta(meta.trim()).map_err(|m| err(line, m))?));
+            }
         }
         if commands.is_empty() {
             return Err(err(1, "empty command list for script".into()));
@@ -350,7 +379,7 @@ impl Lexer<'_> {
     }
 
     /// One SQL command: its text (without the final `;`), whether `\;`
-    /// joined statements, and a meta-command (`\gset`) that ended it.
+    /// joined statements, and the meta-command line (`\gset`) that ended it.
     fn sql(&mut self) -> Result<(String, bool, Option<String>), String> {
         let mut out: Vec<u8> = Vec::new();
         let mut depth = 0i32;
@@ -372,13 +401,7 @@ impl Lexer<'_> {
                 b'\\' if depth <= 0 => {
                     // A meta-command ends the SQL (\gset, \aset).
                     let meta = self.meta_line();
-                    let word = meta
-                        .trim_start_matches('\\')
-                        .split_whitespace()
-                        .next()
-                        .unwrap_or("")
-                        .to_ascii_lowercase();
-                    return Ok((text(&out), compound, Some(word)));
+                    return Ok((text(&out), compound, Some(meta)));
                 }
                 b'(' | b'[' => {
                     depth += 1;
@@ -533,6 +556,7 @@ fn parse_sql(sql: &str, compound: bool) -> Result<Command, String> {
         sql: out,
         params,
         compound,
+        store: None,
     })
 }
 
@@ -668,8 +692,12 @@ fn parse_meta(line: &str) -> Result<Command, String> {
                 Command::Endif
             })
         }
+        "gset" | "aset" => Err(format!("\\{cmd} must follow an SQL command")),
+        "setshell" | "shell" | "startpipeline" | "syncpipeline" | "endpipeline" => Err(format!(
+            "\\{cmd} is pgbench's but not run by driver: pgfleet yet (use driver: pgbench)"
+        )),
         other => Err(format!(
-            "invalid command \\{other}: pgfleet runs \\set, \\sleep and \\if/\\elif/\\else/\\endif"
+            "invalid command \\{other}: pgfleet runs \\set, \\sleep, \\if/\\elif/\\else/\\endif, \\gset and \\aset"
         )),
     }
 }
@@ -801,6 +829,7 @@ mod tests {
                     .into(),
                 params: vec!["delta".into(), "aid".into()],
                 compound: false,
+                store: None,
             }
         );
         // pgbench replaces a variable inside quotes too (its prepared mode).
@@ -810,6 +839,7 @@ mod tests {
                 sql: "SELECT '$1', x::int, $2 FROM t".into(),
                 params: vec!["notavar".into(), "aid".into()],
                 compound: false,
+                store: None,
             }
         );
         assert_eq!(
@@ -873,6 +903,7 @@ mod tests {
                 sql: "SELECT (ARRAY[1,2,3])[1:2], x::int[], $1".into(),
                 params: vec!["v".into()],
                 compound: false,
+                store: None,
             }
         );
         // `\;` joins statements into one compound command.
@@ -883,6 +914,7 @@ mod tests {
                 sql: "SELECT :a ; SELECT 2".into(),
                 params: vec!["a".into()],
                 compound: true,
+                store: None,
             }
         );
         // `--` comments go, a trailing command without `;` counts.
@@ -895,8 +927,30 @@ mod tests {
         assert_eq!(s.commands.len(), 2);
         let e = Script::parse("s", "SELECT 'open;\n").unwrap_err();
         assert!(e.message.contains("unterminated quoted string"), "{e}");
-        let e = Script::parse("s", "SELECT 1 \\gset\n").unwrap_err();
-        assert!(e.message.contains("\\gset"), "{e}");
+        let s = Script::parse("s", "SELECT 1 AS a \\gset p_\nSELECT 2 \\aset\n").unwrap();
+        assert!(
+            matches!(&s.commands[0].1, Command::Sql { store: Some(Store { all: false, prefix }), .. } if prefix == "p_")
+        );
+        assert!(matches!(
+            &s.commands[1].1,
+            Command::Sql {
+                store: Some(Store { all: true, .. }),
+                ..
+            }
+        ));
+        for (bad, want) in [
+            ("\\gset\n", "gset must follow an SQL command"),
+            (
+                "SELECT 1 AS i \\gset\n\\gset\n",
+                "gset must follow an SQL command",
+            ),
+            ("SELECT 1 \\gset a b\n", "too many arguments"),
+            ("\\shell ls\n", "use driver: pgbench"),
+            ("\\startpipeline\n", "use driver: pgbench"),
+        ] {
+            let e = Script::parse("s", bad).unwrap_err();
+            assert!(e.message.contains(want), "{bad:?}: {e}");
+        }
         let many: Vec<String> = (0..256).map(|_| ":i".to_string()).collect();
         let distinct: Vec<String> = (0..256).map(|k| format!(":v{k}")).collect();
         assert!(Script::parse("s", &format!("SELECT least({});", many.join(", "))).is_ok());
@@ -931,9 +985,10 @@ mod tests {
             ),
             "{e}"
         );
-        let e = Script::parse("mine", "\\shell ls\nSELECT 1;").unwrap_err();
+        let e = Script::parse("mine", "\\nosuch ls\nSELECT 1;").unwrap_err();
         assert!(
-            e.to_string().starts_with("mine:1: invalid command \\shell"),
+            e.to_string()
+                .starts_with("mine:1: invalid command \\nosuch"),
             "{e}"
         );
         let e = Script::parse("mine", "-- nothing\n").unwrap_err();
