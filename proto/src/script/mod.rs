@@ -498,38 +498,51 @@ impl Lexer<'_> {
     }
 }
 
-/// pgbench's `parseQuery`: every `:name` (a name not starting with a
-/// digit; `::` is a cast) becomes `$n` for the extended protocol — inside
-/// quotes too, as pgbench's prepared mode does. A compound command keeps
-/// `:name` for simple-protocol substitution.
+/// Each `:name` in `sql` as pgbench's `parseVariable` finds them: the
+/// colon's offset and the name's end. A name starts with a letter, `_` or
+/// a non-ASCII byte (so `::type` and `[1:2]` are not variables).
+fn variables(sql: &str) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let b = sql.as_bytes();
+    let name_byte = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c >= 0x80;
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        while i < b.len() {
+            if b[i] != b':' {
+                i += 1;
+                continue;
+            }
+            let start = i + 1;
+            if !b
+                .get(start)
+                .is_some_and(|c| name_byte(*c) && !c.is_ascii_digit())
+            {
+                while i < b.len() && b[i] == b':' {
+                    i += 1;
+                }
+                continue;
+            }
+            let mut j = start;
+            while j < b.len() && name_byte(b[j]) {
+                j += 1;
+            }
+            let at = i;
+            i = j;
+            return Some((at, j));
+        }
+        None
+    })
+}
+
+/// pgbench's `parseQuery`: every `:name` becomes `$n` for the extended
+/// protocol — inside quotes too, as pgbench's prepared mode does. A
+/// compound command keeps `:name` for simple-protocol substitution.
 fn parse_sql(sql: &str, compound: bool) -> Result<Command, String> {
     let sql = sql.trim();
-    let b = sql.as_bytes();
     let mut out = String::with_capacity(sql.len());
     let mut params: Vec<String> = Vec::new();
-    let mut i = 0;
     let mut last = 0;
-    while i < b.len() {
-        if b[i] != b':' {
-            i += 1;
-            continue;
-        }
-        let start = i + 1;
-        let first_ok = b
-            .get(start)
-            .is_some_and(|c| c.is_ascii_alphabetic() || *c == b'_' || *c >= 0x80);
-        if !first_ok {
-            // `::type` and `[1:2]`: skip the colons.
-            while i < b.len() && b[i] == b':' {
-                i += 1;
-            }
-            continue;
-        }
-        let mut j = start;
-        while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_' || b[j] >= 0x80) {
-            j += 1;
-        }
-        let name = &sql[start..j];
+    for (at, end) in variables(sql) {
+        let name = &sql[at + 1..end];
         let n = match params.iter().position(|p| p == name) {
             Some(n) => n + 1,
             None => {
@@ -537,14 +550,11 @@ fn parse_sql(sql: &str, compound: bool) -> Result<Command, String> {
                 params.len()
             }
         };
-        out.push_str(&sql[last..i]);
-        if compound {
-            out.push_str(&sql[i..j]);
-        } else {
+        if !compound {
+            out.push_str(&sql[last..at]);
             out.push_str(&format!("${n}"));
+            last = end;
         }
-        i = j;
-        last = j;
     }
     out.push_str(&sql[last..]);
     if params.len() > MAX_SQL_ARGS {
@@ -563,34 +573,14 @@ fn parse_sql(sql: &str, compound: bool) -> Result<Command, String> {
 /// pgbench's simple-protocol substitution: each `:name` whose variable is
 /// defined becomes the variable's text (unquoted); others stay as they are.
 pub fn substitute(sql: &str, vars: &Vars) -> String {
-    let b = sql.as_bytes();
     let mut out = String::with_capacity(sql.len() + 16);
-    let (mut i, mut last) = (0, 0);
-    while i < b.len() {
-        if b[i] != b':' {
-            i += 1;
-            continue;
-        }
-        let start = i + 1;
-        if !b
-            .get(start)
-            .is_some_and(|c| c.is_ascii_alphabetic() || *c == b'_' || *c >= 0x80)
-        {
-            while i < b.len() && b[i] == b':' {
-                i += 1;
-            }
-            continue;
-        }
-        let mut j = start;
-        while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_' || b[j] >= 0x80) {
-            j += 1;
-        }
-        if let Some(v) = vars.get(&sql[start..j]) {
-            out.push_str(&sql[last..i]);
+    let mut last = 0;
+    for (at, end) in variables(sql) {
+        if let Some(v) = vars.get(&sql[at + 1..end]) {
+            out.push_str(&sql[last..at]);
             out.push_str(&v.to_string());
-            last = j;
+            last = end;
         }
-        i = j;
     }
     out.push_str(&sql[last..]);
     out
