@@ -194,6 +194,7 @@ async fn bench(
                     ("naccounts".into(), Value::Int(scale as i64 * 100_000)),
                 ]),
                 text_defines: Vec::new(),
+                shell_as: None,
                 seed: 42,
                 stop_when: None,
                 live: None,

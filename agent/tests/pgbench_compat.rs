@@ -252,13 +252,23 @@ fn driver_pgbench_takes_what_pgbench_takes_and_refuses_what_it_refuses() {
         .map(|_| ())
         .map_err(|e| format!("{e:?}"))
     };
-    // \shell is pgbench's (pgfleet's driver does not run it); judging
-    // the script runs nothing.
+    // Pipelines are pgbench's (pgfleet's driver does not run them).
+    let pipeline = "\\startpipeline\nSELECT 1;\nSELECT 2;\n\\endpipeline\n";
+    entry(pipeline, "pgbench").unwrap();
+    let e = entry(pipeline, "pgfleet").unwrap_err();
+    assert!(
+        e.contains("startpipeline") && e.contains("driver: pgbench"),
+        "{e}"
+    );
+    // Judging a script runs nothing, even one allowed to run commands.
     let shell = "\\shell touch /tmp/pgfleet-must-not-exist\nSELECT 1;\n";
-    entry(shell, "pgbench").unwrap();
+    let judged = pgfleet_proto::workload::plan_entry(
+        &json!({"kind": "pgbench", "scale": 1, "script_text": shell, "driver": "pgbench",
+                "transactions": 1, "allow_shell": true})
+        .to_string(),
+    );
+    assert!(judged.is_ok(), "{judged:?}");
     assert!(!std::path::Path::new("/tmp/pgfleet-must-not-exist").exists());
-    let e = entry(shell, "pgfleet").unwrap_err();
-    assert!(e.contains("shell") && e.contains("driver: pgbench"), "{e}");
     // What pgbench refuses is refused before anything starts, in its words.
     let e = entry("\\set x 1 +\nSELECT 1;\n", "pgbench").unwrap_err();
     assert!(
@@ -297,6 +307,77 @@ async fn gset_refuses_what_pgbench_refuses() {
         let params = common::params(
             &json!({"kind": "pgbench", "scale": 1, "script_text": script, "transactions": 1, "warmup_s": 0})
                 .to_string(),
+        );
+        let e = common::run(&cl, &params).await.unwrap_err().to_string();
+        assert!(e.contains(want), "{script:?}: {e}");
+    }
+    cl.teardown().await.unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// `\\shell` and `\\setshell` run only when the scenario allows them, as
+/// the cluster's OS user, under both drivers alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shell_commands_run_as_the_cluster_user_only_when_allowed() {
+    let script = "\\setshell uid id -u
+\\setshell n echo :base
+\\shell test $(id -u) -ne 0
+\\set m :n + 1
+INSERT INTO results VALUES (:uid::text), (:m::text);
+";
+    let entry = |driver: &str, allow: bool| {
+        json!({
+            "kind": "pgbench", "scale": 1, "script_text": script, "transactions": 2,
+            "warmup_s": 0, "driver": driver, "allow_shell": allow, "defines": {"base": 41},
+        })
+        .to_string()
+    };
+    for driver in ["pgfleet", "pgbench"] {
+        let e = pgfleet_proto::workload::plan_entry(&entry(driver, false)).unwrap_err();
+        assert!(e.contains("allow_shell"), "{driver}: {e}");
+    }
+    let (cl, root) = cluster("pgbench-shell").await;
+    let uid = cl.run_as().map(|u| u.uid.to_string()).unwrap_or_default();
+    for driver in ["pgfleet", "pgbench"] {
+        let c = cl.connect().await.unwrap();
+        c.batch_execute("DROP TABLE IF EXISTS results; CREATE TABLE results (v text)")
+            .await
+            .unwrap();
+        common::run(&cl, &common::params(&entry(driver, true)))
+            .await
+            .unwrap_or_else(|e| panic!("{driver}: {e}"));
+        let mut rows: Vec<String> = c
+            .query("SELECT v FROM results", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect();
+        rows.sort();
+        let mut want = vec![uid.clone(), uid.clone(), "42".to_string(), "42".to_string()];
+        want.sort();
+        assert_eq!(rows, want, "{driver}");
+    }
+    // pgbench's run-time refusals.
+    for (script, want) in [
+        (
+            "\\setshell x echo one\nSELECT 1;\n",
+            "command must return an integer",
+        ),
+        ("\\shell false\nSELECT 1;\n", "meta-command failed"),
+        (
+            "\\shell echo ::foo :nosuchvariable\nSELECT 1;\n",
+            "undefined variable \":nosuchvariable\"",
+        ),
+        (
+            "\\setshell var no-such-command\nSELECT 1;\n",
+            "could not read result",
+        ),
+    ] {
+        let params = common::params(
+            &json!({"kind": "pgbench", "scale": 1, "script_text": script, "transactions": 1,
+                    "warmup_s": 0, "allow_shell": true})
+            .to_string(),
         );
         let e = common::run(&cl, &params).await.unwrap_err().to_string();
         assert!(e.contains(want), "{script:?}: {e}");

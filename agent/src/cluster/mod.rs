@@ -159,6 +159,10 @@ impl Cluster {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+    /// The unprivileged OS user its server runs as (None: the agent's own).
+    pub fn run_as(&self) -> Option<&RunAs> {
+        self.spec.run_as.as_ref()
+    }
     /// The data directory (`PGDATA`).
     pub fn data_dir(&self) -> &Path {
         &self.data

@@ -51,6 +51,9 @@ pub struct DriverConfig {
     /// `defines` only the real pgbench can carry (text it does not read
     /// as a number, boolean or null), passed to it as given.
     pub text_defines: Vec<(String, String)>,
+    /// `\shell` / `\setshell` run as this (uid, gid): the cluster's OS
+    /// user. None: as the agent itself.
+    pub shell_as: Option<(u32, u32)>,
     pub seed: u64,
     /// Ends the run early as its duration would (results are kept), e.g.
     /// once a backlog reached its size. None: duration or transactions.
@@ -606,6 +609,20 @@ async fn transaction(
                 let us = (n.max(0) as u64).saturating_mul(*unit_us);
                 tokio::time::sleep(Duration::from_micros(us)).await;
             }
+            Command::Shell { var, args } => {
+                let out = shell(args, vars, cfg.shell_as, var.is_some())
+                    .await
+                    .map_err(|e| TxnError::Fatal(format!("{name}:{line}: {e}")))?;
+                if let Some(var) = var {
+                    let n: i64 = out.trim().parse().map_err(|_| {
+                        TxnError::Fatal(format!(
+                            "{name}:{line}: \\setshell: command must return an integer (not \"{}\")",
+                            out.trim()
+                        ))
+                    })?;
+                    vars.insert(var.clone(), Value::Int(n));
+                }
+            }
             Command::Sql {
                 sql,
                 params: names_of,
@@ -697,6 +714,65 @@ fn keep_rows(
         }
     }
     Ok(())
+}
+
+/// `\shell` / `\setshell`: the words (`:name` a variable's text, `::x`
+/// a literal `:x`) joined by spaces and run by `/bin/sh -c` as `run_as`;
+/// returns its standard output when `capture`.
+async fn shell(
+    args: &[String],
+    vars: &Vars,
+    run_as: Option<(u32, u32)>,
+    capture: bool,
+) -> Result<String, String> {
+    let mut words = Vec::with_capacity(args.len());
+    for a in args {
+        if let Some(rest) = a.strip_prefix("::") {
+            words.push(format!(":{rest}"));
+        } else if let Some(v) = a.strip_prefix(':') {
+            let value = vars
+                .get(v)
+                .ok_or_else(|| format!("undefined variable \":{v}\""))?;
+            words.push(value.to_string());
+        } else {
+            words.push(a.clone());
+        }
+    }
+    let command = words.join(" ");
+    let mut cmd = tokio::process::Command::new("/bin/sh");
+    cmd.arg("-c")
+        .arg(&command)
+        .current_dir("/")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .stdout(if capture {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        })
+        .kill_on_drop(true);
+    if let Some((uid, gid)) = run_as {
+        cmd.uid(uid).gid(gid);
+    }
+    let out = cmd
+        .output()
+        .await
+        .map_err(|e| format!("could not run the shell command `{command}`: {e}"))?;
+    if capture {
+        if out.stdout.is_empty() {
+            return Err(format!(
+                "could not read result of shell command `{command}`"
+            ));
+        }
+        return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
+    }
+    if !out.status.success() {
+        return Err(format!(
+            "\\shell: `{command}` failed ({}): meta-command failed",
+            out.status
+        ));
+    }
+    Ok(String::new())
 }
 
 /// C's atoi: an optional sign and the leading digits; 0 without any.

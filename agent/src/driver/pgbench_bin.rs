@@ -50,6 +50,11 @@ pub async fn run(
         .arg("--log")
         .arg(format!("--log-prefix={}", prefix.display()))
         .kill_on_drop(true);
+    // A script allowed to run \shell / \setshell runs them as the
+    // cluster's OS user: so does pgbench then.
+    if let Some((uid, gid)) = cfg.shell_as {
+        cmd.uid(uid).gid(gid);
+    }
     match (cfg.duration, cfg.transactions) {
         (Some(d), _) => {
             let total = (cfg.warmup + d).as_secs_f64();

@@ -175,6 +175,7 @@ async fn measure(
         defines: Default::default(),
         seed: None,
         driver: "pgfleet".into(),
+        allow_shell: false,
     };
     let builder = drive_until(ctx, publisher, &drive, p.init.scale, Some(&stop));
     tokio::pin!(builder);

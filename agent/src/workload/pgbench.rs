@@ -169,6 +169,17 @@ pub async fn drive_until(
         max_tries: d.max_tries.max(1),
         vars,
         text_defines,
+        // Checked at validation; checked again here, as the host is ours.
+        shell_as: if driver::script::uses_shell(&text) {
+            if !d.allow_shell {
+                return Err(werr(
+                    "the script runs \\shell or \\setshell and allow_shell is not set".into(),
+                ));
+            }
+            ctx.cluster.run_as().map(|u| (u.uid, u.gid))
+        } else {
+            None
+        },
         seed,
         stop_when: stop.cloned(),
         live: None,

@@ -285,6 +285,7 @@ async fn random_read(ctx: &CellContext<'_>, p: &Params) -> Result<Metrics> {
         defines: BTreeMap::from([("rows".to_string(), Define::Int(p.rows as i64))]),
         seed: None,
         driver: "pgfleet".into(),
+        allow_shell: false,
     };
     let before = ctx.cluster.io_bytes();
     let (result, internals) = pgbench::drive(ctx, &ctx.cluster.server(), &drive, 0).await?;

@@ -108,6 +108,13 @@ pub enum Command {
         end: usize,
     },
     Endif,
+    /// `\shell` (no `var`) or `\setshell var`: the words joined by spaces
+    /// run by `/bin/sh -c`; a word `:name` is the variable's text, `::x`
+    /// is `:x`. Runs on the agent's host: only with `allow_shell`.
+    Shell {
+        var: Option<String>,
+        args: Vec<String>,
+    },
     /// SQL with `:var` replaced by `$1..$n`; `params[i]` is the variable of
     /// `$i+1`. A compound command (statements joined by `\;`) keeps its
     /// `:var`s, substituted as text and sent by the simple protocol, as
@@ -586,6 +593,19 @@ pub fn substitute(sql: &str, vars: &Vars) -> String {
     out
 }
 
+/// Whether a script runs commands on the host (`\shell`, `\setshell`),
+/// by pgbench's reading of a meta-command line (case-insensitive).
+pub fn uses_shell(text: &str) -> bool {
+    text.lines().any(|l| {
+        let w = l.trim_start().to_ascii_lowercase();
+        ["\\shell", "\\setshell"]
+            .iter()
+            .any(|c| w.starts_with(c) && w[c.len()..].starts_with(|ch: char| ch.is_whitespace()))
+            || w == "\\shell"
+            || w == "\\setshell"
+    })
+}
+
 /// pgbench's limit on a statement's variables (MAX_ARGS - 1).
 pub const MAX_SQL_ARGS: usize = 255;
 
@@ -683,7 +703,29 @@ fn parse_meta(line: &str) -> Result<Command, String> {
             })
         }
         "gset" | "aset" => Err(format!("\\{cmd} must follow an SQL command")),
-        "setshell" | "shell" | "startpipeline" | "syncpipeline" | "endpipeline" => Err(format!(
+        "shell" | "setshell" => {
+            let mut words: Vec<String> = rest.split_whitespace().map(String::from).collect();
+            let var = if cmd == "setshell" {
+                if words.len() < 2 {
+                    return Err("missing argument in command \"setshell\"".into());
+                }
+                let v = words.remove(0);
+                if !is_var_name(&v) {
+                    return Err(format!("invalid variable name: \"{v}\""));
+                }
+                Some(v)
+            } else {
+                if words.is_empty() {
+                    return Err("missing command in command \"shell\"".into());
+                }
+                None
+            };
+            if words.len() > MAX_SQL_ARGS {
+                return Err(format!("too many arguments in command \"{cmd}\""));
+            }
+            Ok(Command::Shell { var, args: words })
+        }
+        "startpipeline" | "syncpipeline" | "endpipeline" => Err(format!(
             "\\{cmd} is pgbench's but not run by driver: pgfleet yet (use driver: pgbench)"
         )),
         other => Err(format!(
@@ -935,7 +977,8 @@ mod tests {
                 "gset must follow an SQL command",
             ),
             ("SELECT 1 \\gset a b\n", "too many arguments"),
-            ("\\shell ls\n", "use driver: pgbench"),
+            ("\\shell\n", "missing command"),
+            ("\\setshell x\n", "missing argument"),
             ("\\startpipeline\n", "use driver: pgbench"),
         ] {
             let e = Script::parse("s", bad).unwrap_err();

@@ -75,6 +75,10 @@ pub struct Spec {
     pub defines: Option<BTreeMap<String, Spanned<Define>>>,
     #[serde(default)]
     pub seed: Option<Spanned<u64>>,
+    /// Let `\shell` and `\setshell` run commands on the agent's host (as
+    /// the cluster's OS user). Off by default.
+    #[serde(default)]
+    pub allow_shell: Option<Spanned<bool>>,
     /// `pgfleet` (built-in driver, default) or `pgbench` (the real binary).
     #[serde(default)]
     pub driver: Option<Spanned<String>>,
@@ -105,6 +109,9 @@ pub struct DriveParams {
     pub defines: BTreeMap<String, Define>,
     pub seed: Option<u64>,
     pub driver: String,
+    /// `\shell` / `\setshell` may run (as the cluster's OS user).
+    #[serde(default)]
+    pub allow_shell: bool,
 }
 
 impl DriveParams {
@@ -262,6 +269,16 @@ pub fn check_drive(f: &Field, s: &Spec) -> Checked<DriveParams> {
             ),
         );
     }
+    if let Some(t) = &s.script_text
+        && crate::script::uses_shell(&t.value)
+        && !s.allow_shell.as_ref().is_some_and(|a| a.value)
+    {
+        return f.err(
+            t.referenced,
+            "script_text",
+            "\\shell and \\setshell run commands on the agent's host (as the cluster's OS user): set allow_shell: true to let them",
+        );
+    }
     // Under driver: pgbench the script is pgbench's own to judge: the
     // real pgbench, where one is installed (the agent's run judges again).
     if let Some(t) = &s.script_text
@@ -331,6 +348,7 @@ pub fn check_drive(f: &Field, s: &Spec) -> Checked<DriveParams> {
         defines,
         seed: opt(&s.seed),
         driver,
+        allow_shell: s.allow_shell.as_ref().is_some_and(|a| a.value),
     })
 }
 
