@@ -252,14 +252,19 @@ fn driver_pgbench_takes_what_pgbench_takes_and_refuses_what_it_refuses() {
         .map(|_| ())
         .map_err(|e| format!("{e:?}"))
     };
-    // Pipelines are pgbench's (pgfleet's driver does not run them).
-    let pipeline = "\\startpipeline\nSELECT 1;\nSELECT 2;\n\\endpipeline\n";
-    entry(pipeline, "pgbench").unwrap();
-    let e = entry(pipeline, "pgfleet").unwrap_err();
-    assert!(
-        e.contains("startpipeline") && e.contains("driver: pgbench"),
-        "{e}"
-    );
+    // Text variables are pgbench's (pgfleet's values are numbers,
+    // booleans and NULL): a text define passes to pgbench as given.
+    let text_define = |driver: &str| {
+        pgfleet_proto::workload::plan_entry(
+            &json!({"kind": "pgbench", "scale": 1, "script_text": "SELECT count(*) FROM :tbl;\n",
+                    "driver": driver, "transactions": 1, "defines": {"tbl": "pgbench_branches"}})
+            .to_string(),
+        )
+        .map(|_| ())
+    };
+    text_define("pgbench").unwrap();
+    let e = text_define("pgfleet").unwrap_err();
+    assert!(e.contains("driver: pgbench") && e.contains("tbl"), "{e}");
     // Judging a script runs nothing, even one allowed to run commands.
     let shell = "\\shell touch /tmp/pgfleet-must-not-exist\nSELECT 1;\n";
     let judged = pgfleet_proto::workload::plan_entry(
@@ -378,6 +383,76 @@ INSERT INTO results VALUES (:uid::text), (:m::text);
             &json!({"kind": "pgbench", "scale": 1, "script_text": script, "transactions": 1,
                     "warmup_s": 0, "allow_shell": true})
             .to_string(),
+        );
+        let e = common::run(&cl, &params).await.unwrap_err().to_string();
+        assert!(e.contains(want), "{script:?}: {e}");
+    }
+    cl.teardown().await.unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// Pipelines (\startpipeline .. \endpipeline): statements sent without
+/// waiting, the same rows under both drivers, and pgbench's misuse errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelines_end_where_pgbench_s_end() {
+    let script = "\\set n 7
+\\startpipeline
+INSERT INTO results VALUES ('first');
+INSERT INTO results VALUES ((:n + 1)::text);
+\\endpipeline
+\\startpipeline
+BEGIN;
+INSERT INTO results VALUES ('in a transaction');
+END;
+\\endpipeline
+";
+    let (cl, root) = cluster("pgbench-pipeline").await;
+    let mut by = Vec::new();
+    for driver in ["pgbench", "pgfleet"] {
+        let c = cl.connect().await.unwrap();
+        c.batch_execute("DROP TABLE IF EXISTS results; CREATE TABLE results (v text)")
+            .await
+            .unwrap();
+        let params = common::params(
+            &json!({"kind": "pgbench", "scale": 1, "script_text": script, "clients": 2,
+                    "transactions": 3, "warmup_s": 0, "driver": driver})
+            .to_string(),
+        );
+        common::run(&cl, &params)
+            .await
+            .unwrap_or_else(|e| panic!("{driver}: {e}"));
+        let mut rows: Vec<String> = c
+            .query("SELECT v FROM results", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect();
+        rows.sort();
+        by.push(rows);
+    }
+    assert_eq!(by[0].len(), 2 * 3 * 3, "{:?}", by[0]);
+    assert_eq!(by[1], by[0]);
+    assert!(by[1].contains(&"8".to_string()));
+    for (script, want) in [
+        (
+            "\\startpipeline\n\\startpipeline\nSELECT 1;\n",
+            "already in pipeline mode",
+        ),
+        ("\\endpipeline\nSELECT 1;\n", "not in pipeline mode"),
+        (
+            "\\startpipeline\nselect 1 \\gset f\n\\endpipeline\n",
+            "gset is not allowed in pipeline mode",
+        ),
+        ("\\startpipeline\nSELECT 1;\n", "pipeline open"),
+        (
+            "\\startpipeline\nSELECT 1/0;\nSELECT 2;\n\\endpipeline\n",
+            "division by zero",
+        ),
+    ] {
+        let params = common::params(
+            &json!({"kind": "pgbench", "scale": 1, "script_text": script, "transactions": 1, "warmup_s": 0})
+                .to_string(),
         );
         let e = common::run(&cl, &params).await.unwrap_err().to_string();
         assert!(e.contains(want), "{script:?}: {e}");

@@ -555,6 +555,9 @@ async fn transaction(
 ) -> Result<(), TxnError> {
     let name = &cfg.script.name;
     let commands = &cfg.script.commands;
+    // In a pipeline: the Syncs queued so far (\syncpipeline).
+    let mut pipeline: Option<usize> = None;
+    let fatal = |line: &usize, m: &str| TxnError::Fatal(format!("{name}:{line}: {m}"));
     let mut pc = 0;
     while let Some((line, c)) = commands.get(pc) {
         let i = pc;
@@ -608,6 +611,56 @@ async fn transaction(
                 };
                 let us = (n.max(0) as u64).saturating_mul(*unit_us);
                 tokio::time::sleep(Duration::from_micros(us)).await;
+            }
+            Command::Pipeline(op) => match (op, pipeline) {
+                (script::PipelineOp::Start, None) => pipeline = Some(0),
+                (script::PipelineOp::Start, Some(_)) => {
+                    return Err(fatal(line, "already in pipeline mode"));
+                }
+                (_, None) => return Err(fatal(line, "not in pipeline mode")),
+                (script::PipelineOp::Sync, Some(n)) => {
+                    db.queue_sync();
+                    pipeline = Some(n + 1);
+                }
+                (script::PipelineOp::End, Some(n)) => {
+                    pipeline = None;
+                    if let Err(e) = db.end_pipeline(n).await {
+                        return Err(classify(&e, &format!("{name}:{line}")));
+                    }
+                }
+            },
+            Command::Sql {
+                sql,
+                params: names_of,
+                compound,
+                store,
+            } if pipeline.is_some() => {
+                if *compound {
+                    return Err(fatal(
+                        line,
+                        "a compound (\\;) command cannot run in pipeline mode",
+                    ));
+                }
+                if store.is_some() {
+                    return Err(fatal(line, "gset is not allowed in pipeline mode"));
+                }
+                params.clear();
+                for p in names_of {
+                    params.push(
+                        *vars
+                            .get(p)
+                            .ok_or_else(|| fatal(line, &format!("undefined variable \"{p}\"")))?,
+                    );
+                }
+                let queued = if prepared[i] {
+                    Ok(())
+                } else {
+                    prepared[i] = true;
+                    db.queue_prepare(&names[i], sql)
+                };
+                if let Err(e) = queued.and_then(|()| db.queue_execute(&names[i], params)) {
+                    return Err(classify(&e, &format!("{name}:{line}")));
+                }
             }
             Command::Shell { var, args } => {
                 let out = shell(args, vars, cfg.shell_as, var.is_some())
@@ -672,6 +725,11 @@ async fn transaction(
                 }
             }
         }
+    }
+    if pipeline.is_some() {
+        return Err(TxnError::Fatal(format!(
+            "{name}: end of script reached with the pipeline open (\\endpipeline missing)"
+        )));
     }
     Ok(())
 }

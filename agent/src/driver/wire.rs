@@ -314,6 +314,51 @@ impl Conn {
         Ok(())
     }
 
+    // ---- pipeline mode (pgbench's \startpipeline .. \endpipeline) ----
+    // Statements are queued without a Sync; \syncpipeline adds one;
+    // \endpipeline adds the last, sends everything and reads every reply.
+
+    /// Queues a Parse of `sql` as statement `name`.
+    pub fn queue_prepare(&mut self, name: &str, sql: &str) -> Result<(), WireError> {
+        frontend::parse(name, sql, std::iter::empty(), &mut self.out)?;
+        Ok(())
+    }
+
+    /// Queues an execution of statement `name`.
+    pub fn queue_execute(&mut self, name: &str, params: &[Value]) -> Result<(), WireError> {
+        self.bind_execute(name, params, false)?;
+        // bind_execute ends with a Sync; a pipeline has none between its
+        // statements: take it back off (its 5 bytes: 'S' and the length).
+        let n = self.out.len();
+        self.out.truncate(n - 5);
+        Ok(())
+    }
+
+    /// A Sync point inside the pipeline; returns how many are now queued.
+    pub fn queue_sync(&mut self) {
+        frontend::sync(&mut self.out);
+    }
+
+    /// Sends the pipeline with a final Sync and reads the replies to its
+    /// `syncs` + 1 Syncs; returns the first error.
+    pub async fn end_pipeline(&mut self, syncs: usize) -> Result<(), WireError> {
+        frontend::sync(&mut self.out);
+        self.flush().await?;
+        let mut first = None;
+        for _ in 0..=syncs {
+            if let Err(e) = self.finish().await {
+                if matches!(e, WireError::Closed(_)) {
+                    return Err(e);
+                }
+                first.get_or_insert(e);
+            }
+        }
+        match first {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     /// Runs `sql` as a simple query (e.g. `ROLLBACK`).
     pub async fn simple(&mut self, sql: &str) -> Result<(), WireError> {
         frontend::query(sql, &mut self.out)?;

@@ -115,6 +115,9 @@ pub enum Command {
         var: Option<String>,
         args: Vec<String>,
     },
+    /// `\startpipeline`, `\syncpipeline`, `\endpipeline`: SQL between
+    /// them is sent without waiting, replies read at the end.
+    Pipeline(PipelineOp),
     /// SQL with `:var` replaced by `$1..$n`; `params[i]` is the variable of
     /// `$i+1`. A compound command (statements joined by `\;`) keeps its
     /// `:var`s, substituted as text and sent by the simple protocol, as
@@ -126,6 +129,13 @@ pub enum Command {
         /// `\gset` / `\aset` after it: where its row goes.
         store: Option<Store>,
     },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PipelineOp {
+    Start,
+    Sync,
+    End,
 }
 
 /// `\gset [prefix]` (the one row of the last statement) or `\aset
@@ -725,9 +735,16 @@ fn parse_meta(line: &str) -> Result<Command, String> {
             }
             Ok(Command::Shell { var, args: words })
         }
-        "startpipeline" | "syncpipeline" | "endpipeline" => Err(format!(
-            "\\{cmd} is pgbench's but not run by driver: pgfleet yet (use driver: pgbench)"
-        )),
+        "startpipeline" | "syncpipeline" | "endpipeline" => {
+            if !rest.is_empty() {
+                return Err(format!("unexpected argument in command \"{cmd}\""));
+            }
+            Ok(Command::Pipeline(match cmd.as_str() {
+                "startpipeline" => PipelineOp::Start,
+                "syncpipeline" => PipelineOp::Sync,
+                _ => PipelineOp::End,
+            }))
+        }
         other => Err(format!(
             "invalid command \\{other}: pgfleet runs \\set, \\sleep, \\if/\\elif/\\else/\\endif, \\gset and \\aset"
         )),
@@ -979,7 +996,7 @@ mod tests {
             ("SELECT 1 \\gset a b\n", "too many arguments"),
             ("\\shell\n", "missing command"),
             ("\\setshell x\n", "missing argument"),
-            ("\\startpipeline\n", "use driver: pgbench"),
+            ("\\startpipeline now\n", "unexpected argument"),
         ] {
             let e = Script::parse("s", bad).unwrap_err();
             assert!(e.message.contains(want), "{bad:?}: {e}");
