@@ -192,19 +192,20 @@ INSERT INTO results VALUES ('never');
 \\endif
 ";
 
-async fn end_state(cl: &Cluster, driver: &str) -> Vec<String> {
+/// Runs a pgbench cell (`entry`: its keys) into a fresh `results (v
+/// text)` table and returns the rows, sorted.
+async fn results(cl: &Cluster, entry: serde_json::Value) -> Vec<String> {
     let c = cl.connect().await.unwrap();
     c.batch_execute("DROP TABLE IF EXISTS results; CREATE TABLE results (v text)")
         .await
         .unwrap();
-    let params = common::params(
-        &json!({
-            "kind": "pgbench", "scale": 1, "script_text": SPLITTING, "clients": 2,
-            "transactions": 3, "warmup_s": 0, "seed": 1, "driver": driver,
-        })
-        .to_string(),
-    );
-    common::run(cl, &params).await.unwrap();
+    let mut keys = json!({"kind": "pgbench", "scale": 1, "warmup_s": 0});
+    keys.as_object_mut()
+        .unwrap()
+        .extend(entry.as_object().unwrap().clone());
+    common::run(cl, &common::params(&keys.to_string()))
+        .await
+        .unwrap_or_else(|e| panic!("{keys}: {e}"));
     let mut rows: Vec<String> = c
         .query("SELECT v FROM results", &[])
         .await
@@ -214,6 +215,31 @@ async fn end_state(cl: &Cluster, driver: &str) -> Vec<String> {
         .collect();
     rows.sort();
     rows
+}
+
+/// Each script (with `keys` added) fails one transaction with its message.
+async fn refusals(cl: &Cluster, keys: serde_json::Value, cases: &[(&str, &str)]) {
+    for (script, want) in cases {
+        let mut entry = json!({"kind": "pgbench", "scale": 1, "script_text": script,
+                               "transactions": 1, "warmup_s": 0});
+        entry
+            .as_object_mut()
+            .unwrap()
+            .extend(keys.as_object().unwrap().clone());
+        let e = common::run(cl, &common::params(&entry.to_string()))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{script:?}: {e}");
+    }
+}
+
+async fn end_state(cl: &Cluster, driver: &str) -> Vec<String> {
+    results(
+        cl,
+        json!({"script_text": SPLITTING, "clients": 2, "transactions": 3, "seed": 1, "driver": driver}),
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -285,37 +311,35 @@ fn driver_pgbench_takes_what_pgbench_takes_and_refuses_what_it_refuses() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gset_refuses_what_pgbench_refuses() {
     let (cl, root) = cluster("pgbench-gset").await;
-    for (script, want) in [
-        ("SELECT WHERE FALSE \\gset\n", "expected one row, got 0"),
-        (
-            "SELECT 5432 AS fail UNION SELECT 5433 ORDER BY 1 \\gset\n",
-            "expected one row, got 2",
-        ),
-        (
-            "DROP TABLE IF EXISTS no_such_table \\gset\n",
-            "expected one row, got 0",
-        ),
-        ("SELECT 1 \\gset\n", "error storing into variable ?column?"),
-        (
-            "SELECT 1 AS \"bad name!\" \\gset\n",
-            "error storing into variable bad name!",
-        ),
-        (
-            "SELECT 'text' AS t \\gset\n",
-            "driver: pgbench keeps any text",
-        ),
-        (
-            "\\; SELECT 5432 AS i8 WHERE FALSE \\; \\aset\n\\set i debug(:i8)\n",
-            "undefined variable \"i8\"",
-        ),
-    ] {
-        let params = common::params(
-            &json!({"kind": "pgbench", "scale": 1, "script_text": script, "transactions": 1, "warmup_s": 0})
-                .to_string(),
-        );
-        let e = common::run(&cl, &params).await.unwrap_err().to_string();
-        assert!(e.contains(want), "{script:?}: {e}");
-    }
+    refusals(
+        &cl,
+        json!({}),
+        &[
+            ("SELECT WHERE FALSE \\gset\n", "expected one row, got 0"),
+            (
+                "SELECT 5432 AS fail UNION SELECT 5433 ORDER BY 1 \\gset\n",
+                "expected one row, got 2",
+            ),
+            (
+                "DROP TABLE IF EXISTS no_such_table \\gset\n",
+                "expected one row, got 0",
+            ),
+            ("SELECT 1 \\gset\n", "error storing into variable ?column?"),
+            (
+                "SELECT 1 AS \"bad name!\" \\gset\n",
+                "error storing into variable bad name!",
+            ),
+            (
+                "SELECT 'text' AS t \\gset\n",
+                "driver: pgbench keeps any text",
+            ),
+            (
+                "\\; SELECT 5432 AS i8 WHERE FALSE \\; \\aset\n\\set i debug(:i8)\n",
+                "undefined variable \"i8\"",
+            ),
+        ],
+    )
+    .await;
     cl.teardown().await.unwrap();
     std::fs::remove_dir_all(&root).unwrap();
 }
@@ -344,49 +368,33 @@ INSERT INTO results VALUES (:uid::text), (:m::text);
     let (cl, root) = cluster("pgbench-shell").await;
     let uid = cl.run_as().map(|u| u.uid.to_string()).unwrap_or_default();
     for driver in ["pgfleet", "pgbench"] {
-        let c = cl.connect().await.unwrap();
-        c.batch_execute("DROP TABLE IF EXISTS results; CREATE TABLE results (v text)")
-            .await
-            .unwrap();
-        common::run(&cl, &common::params(&entry(driver, true)))
-            .await
-            .unwrap_or_else(|e| panic!("{driver}: {e}"));
-        let mut rows: Vec<String> = c
-            .query("SELECT v FROM results", &[])
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.get::<_, String>(0))
-            .collect();
-        rows.sort();
+        let keys: serde_json::Value = serde_json::from_str(&entry(driver, true)).unwrap();
+        let rows = results(&cl, keys).await;
         let mut want = vec![uid.clone(), uid.clone(), "42".to_string(), "42".to_string()];
         want.sort();
         assert_eq!(rows, want, "{driver}");
     }
     // pgbench's run-time refusals.
-    for (script, want) in [
-        (
-            "\\setshell x echo one\nSELECT 1;\n",
-            "command must return an integer",
-        ),
-        ("\\shell false\nSELECT 1;\n", "meta-command failed"),
-        (
-            "\\shell echo ::foo :nosuchvariable\nSELECT 1;\n",
-            "undefined variable \":nosuchvariable\"",
-        ),
-        (
-            "\\setshell var no-such-command\nSELECT 1;\n",
-            "could not read result",
-        ),
-    ] {
-        let params = common::params(
-            &json!({"kind": "pgbench", "scale": 1, "script_text": script, "transactions": 1,
-                    "warmup_s": 0, "allow_shell": true})
-            .to_string(),
-        );
-        let e = common::run(&cl, &params).await.unwrap_err().to_string();
-        assert!(e.contains(want), "{script:?}: {e}");
-    }
+    refusals(
+        &cl,
+        json!({"allow_shell": true}),
+        &[
+            (
+                "\\setshell x echo one\nSELECT 1;\n",
+                "command must return an integer",
+            ),
+            ("\\shell false\nSELECT 1;\n", "meta-command failed"),
+            (
+                "\\shell echo ::foo :nosuchvariable\nSELECT 1;\n",
+                "undefined variable \":nosuchvariable\"",
+            ),
+            (
+                "\\setshell var no-such-command\nSELECT 1;\n",
+                "could not read result",
+            ),
+        ],
+    )
+    .await;
     cl.teardown().await.unwrap();
     std::fs::remove_dir_all(&root).unwrap();
 }
@@ -409,54 +417,38 @@ END;
     let (cl, root) = cluster("pgbench-pipeline").await;
     let mut by = Vec::new();
     for driver in ["pgbench", "pgfleet"] {
-        let c = cl.connect().await.unwrap();
-        c.batch_execute("DROP TABLE IF EXISTS results; CREATE TABLE results (v text)")
-            .await
-            .unwrap();
-        let params = common::params(
-            &json!({"kind": "pgbench", "scale": 1, "script_text": script, "clients": 2,
-                    "transactions": 3, "warmup_s": 0, "driver": driver})
-            .to_string(),
+        by.push(
+            results(
+                &cl,
+                json!({"script_text": script, "clients": 2, "transactions": 3, "driver": driver}),
+            )
+            .await,
         );
-        common::run(&cl, &params)
-            .await
-            .unwrap_or_else(|e| panic!("{driver}: {e}"));
-        let mut rows: Vec<String> = c
-            .query("SELECT v FROM results", &[])
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.get::<_, String>(0))
-            .collect();
-        rows.sort();
-        by.push(rows);
     }
     assert_eq!(by[0].len(), 2 * 3 * 3, "{:?}", by[0]);
     assert_eq!(by[1], by[0]);
     assert!(by[1].contains(&"8".to_string()));
-    for (script, want) in [
-        (
-            "\\startpipeline\n\\startpipeline\nSELECT 1;\n",
-            "already in pipeline mode",
-        ),
-        ("\\endpipeline\nSELECT 1;\n", "not in pipeline mode"),
-        (
-            "\\startpipeline\nselect 1 \\gset f\n\\endpipeline\n",
-            "gset is not allowed in pipeline mode",
-        ),
-        ("\\startpipeline\nSELECT 1;\n", "pipeline open"),
-        (
-            "\\startpipeline\nSELECT 1/0;\nSELECT 2;\n\\endpipeline\n",
-            "division by zero",
-        ),
-    ] {
-        let params = common::params(
-            &json!({"kind": "pgbench", "scale": 1, "script_text": script, "transactions": 1, "warmup_s": 0})
-                .to_string(),
-        );
-        let e = common::run(&cl, &params).await.unwrap_err().to_string();
-        assert!(e.contains(want), "{script:?}: {e}");
-    }
+    refusals(
+        &cl,
+        json!({}),
+        &[
+            (
+                "\\startpipeline\n\\startpipeline\nSELECT 1;\n",
+                "already in pipeline mode",
+            ),
+            ("\\endpipeline\nSELECT 1;\n", "not in pipeline mode"),
+            (
+                "\\startpipeline\nselect 1 \\gset f\n\\endpipeline\n",
+                "gset is not allowed in pipeline mode",
+            ),
+            ("\\startpipeline\nSELECT 1;\n", "pipeline open"),
+            (
+                "\\startpipeline\nSELECT 1/0;\nSELECT 2;\n\\endpipeline\n",
+                "division by zero",
+            ),
+        ],
+    )
+    .await;
     cl.teardown().await.unwrap();
     std::fs::remove_dir_all(&root).unwrap();
 }
