@@ -322,69 +322,12 @@ fn prometheus_scrapes_a_run_and_every_dashboard_query_returns_data() {
     );
     // The figures agree: the transactions Prometheus holds for each cell's
     // measured window, over that window, are the report's TPS within 2 %.
-    let body = get(
-        &prom_addr,
-        &format!(
-            "/api/v1/query?time={t1}&query={}",
-            urlencode(&format!(
-                "sum by (instance_class) (max_over_time(pgfleet_transactions_total{{run_id=\"{run_id}\", workload=\"pgbench\"}}[10m]))"
-            ))
-        ),
-    )
-    .unwrap();
-    let totals: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let mut compared = 0;
-    for r in report["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["workload"] == "pgbench")
-    {
-        let class = r["instance_class"].as_str().unwrap();
-        let tps = r["metrics"]["tps"].as_f64().unwrap();
-        let window = r["params"]["duration_s"].as_f64().unwrap_or(10.0);
-        let total: f64 = totals["data"]["result"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|x| x["metric"]["instance_class"] == class)
-            .and_then(|x| x["value"][1].as_str())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no pgfleet_transactions_total for {class}: {totals}"));
-        let prom_tps = total / window;
-        assert!(
-            (prom_tps - tps).abs() / tps < 0.02,
-            "{class}: Prometheus {prom_tps:.1} TPS vs report {tps:.1}"
-        );
-        compared += 1;
-    }
-    assert_eq!(compared, 2);
-    // Prometheus found both agents through /sd/agents and scraped them;
-    // each agent counted the transactions the controller merged for its
-    // class (its last seconds may fall after its last scrape).
-    let body = get(
-        &prom_addr,
-        &format!(
-            "/api/v1/query?time={t1}&query={}",
-            urlencode(
-                "max by (instance_class) (max_over_time(pgfleet_agent_transactions_total{job=\"pgfleet-agents\"}[10m]))"
-            )
-        ),
-    )
-    .unwrap();
-    let agents: serde_json::Value = serde_json::from_str(&body).unwrap();
-    // Every workload's driver transactions (toast-slice's reads too), by class.
-    let body = get(
-        &prom_addr,
-        &format!(
-            "/api/v1/query?time={t1}&query={}",
-            urlencode(&format!(
-                "sum by (instance_class) (max_over_time(pgfleet_transactions_total{{run_id=\"{run_id}\"}}[10m]))"
-            ))
-        ),
-    )
-    .unwrap();
-    let all: serde_json::Value = serde_json::from_str(&body).unwrap();
+    // An instant query at the end, and a series' value for one class.
+    let instant = |expr: &str| -> serde_json::Value {
+        let path = format!("/api/v1/query?time={t1}&query={}", urlencode(expr));
+        let body = get(&prom_addr, &path).unwrap_or_else(|| panic!("query failed: {expr}"));
+        serde_json::from_str(&body).unwrap()
+    };
     let per_class = |v: &serde_json::Value, class: &str| -> f64 {
         v["data"]["result"]
             .as_array()
@@ -395,6 +338,37 @@ fn prometheus_scrapes_a_run_and_every_dashboard_query_returns_data() {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no series for {class}: {v}"))
     };
+    let totals = instant(&format!(
+        "sum by (instance_class) (max_over_time(pgfleet_transactions_total{{run_id=\"{run_id}\", workload=\"pgbench\"}}[10m]))"
+    ));
+    let mut compared = 0;
+    for r in report["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["workload"] == "pgbench")
+    {
+        let class = r["instance_class"].as_str().unwrap();
+        let tps = r["metrics"]["tps"].as_f64().unwrap();
+        let window = r["params"]["duration_s"].as_f64().unwrap_or(10.0);
+        let prom_tps = per_class(&totals, class) / window;
+        assert!(
+            (prom_tps - tps).abs() / tps < 0.02,
+            "{class}: Prometheus {prom_tps:.1} TPS vs report {tps:.1}"
+        );
+        compared += 1;
+    }
+    assert_eq!(compared, 2);
+    // Prometheus found both agents through /sd/agents and scraped them;
+    // each agent counted the transactions the controller merged for its
+    // class (its last seconds may fall after its last scrape).
+    let agents = instant(
+        "max by (instance_class) (max_over_time(pgfleet_agent_transactions_total{job=\"pgfleet-agents\"}[10m]))",
+    );
+    // Every workload's driver transactions (toast-slice's reads too), by class.
+    let all = instant(&format!(
+        "sum by (instance_class) (max_over_time(pgfleet_transactions_total{{run_id=\"{run_id}\"}}[10m]))"
+    ));
     for class in ["fast", "slow"] {
         let (agent, controller) = (per_class(&agents, class), per_class(&all, class));
         assert!(
