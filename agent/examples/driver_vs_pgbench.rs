@@ -190,10 +190,12 @@ async fn bench(
                 latency_limit: None,
                 max_tries: 10,
                 vars: HashMap::from([
-                    ("scale".into(), Value::Int(scale as i64)),
-                    ("naccounts".into(), Value::Int(scale as i64 * 100_000)),
+                    ("scale".into(), Value::Int(scale as i64).into()),
+                    (
+                        "naccounts".into(),
+                        Value::Int(scale as i64 * 100_000).into(),
+                    ),
                 ]),
-                text_defines: Vec::new(),
                 shell_as: None,
                 seed: 42,
                 stop_when: None,

@@ -252,7 +252,7 @@ async fn script_errors_name_the_line() {
     }
     let e = run_params(&cl, p).await.unwrap_err().to_string();
     assert!(
-        e.contains("script:1: syntax error in command \"set\": unexpected function name \"rnd\""),
+        e.contains("script:1: unexpected function name (rnd) in command \"set\""),
         "{e}"
     );
     let e = run(

@@ -8,9 +8,10 @@
 //! binary where it is installed.
 
 use pgfleet_proto::script::rng::{Seeds, permute};
-use pgfleet_proto::script::{Command, Env, Script, Value, Vars, eval, format_g15, parse_expr};
+use pgfleet_proto::script::{Command, Env, Script, Value, Var, Vars, eval, format_g15, parse_expr};
 
-/// The TAP run's variables: its -D switches, then pgbench's automatic ones.
+/// The TAP run's variables: its -D switches (text, as -D keeps them),
+/// then pgbench's automatic ones.
 fn tap_vars() -> Vars {
     let mut vars = Vars::default();
     for (k, v) in [
@@ -22,13 +23,13 @@ fn tap_vars() -> Vars {
         ("f", "of"),
         ("d", "1.0"),
     ] {
-        vars.insert(k.into(), Value::parse_text(k, v).unwrap());
+        vars.insert(k.into(), Var::Text(v.into()));
     }
     let seeds = Seeds::new(5432, 1, 1);
-    vars.insert("scale".into(), Value::Int(1));
-    vars.insert("client_id".into(), Value::Int(0));
-    vars.insert("random_seed".into(), Value::Int(5432));
-    vars.insert("default_seed".into(), Value::Int(seeds.default_seed));
+    vars.insert("scale".into(), Value::Int(1).into());
+    vars.insert("client_id".into(), Value::Int(0).into());
+    vars.insert("random_seed".into(), Value::Int(5432).into());
+    vars.insert("default_seed".into(), Value::Int(seeds.default_seed).into());
     vars
 }
 
@@ -50,7 +51,7 @@ fn run_sets(lines: &[(&str, &str)]) -> Vec<(String, String)> {
             },
         )
         .unwrap_or_else(|e| panic!("{expr}: {e}"));
-        vars.insert(var.to_string(), v);
+        vars.insert(var.to_string(), v.into());
         for d in debug {
             out.push((expr.to_string(), d.debug_text()));
         }
@@ -340,7 +341,7 @@ fn run_script(text: &str) -> (Vec<String>, Vars) {
         match c {
             Command::Set { var, expr } => {
                 let v = eval(expr, &mut env).unwrap();
-                vars.insert(var.clone(), v);
+                vars.insert(var.clone(), v.into());
                 pc += 1;
             }
             Command::If { .. } | Command::Elif { .. } | Command::Else { .. } | Command::Endif => {
@@ -398,7 +399,7 @@ SELECT 1;
         debug,
         ["int 65", "int 74", "int 83", "int 86", "int 93", "int 0"]
     );
-    assert_eq!(vars["nope"], Value::Int(0));
+    assert_eq!(vars["nope"], Var::Value(Value::Int(0)));
     // Nested chains, NULL and double conditions (a condition's truth).
     let (debug, _) = run_script(
         "\\if NULL
@@ -423,7 +424,7 @@ SELECT 1;
         ("\\if 1\n\\else\n\\else\n\\endif\n", "\\else after \\else"),
         ("\\if 1\n\\else\n\\elif 0\n\\endif\n", "\\elif after \\else"),
         ("\\if 1\nSELECT 1;\n", "\\if without matching \\endif"),
-        ("\\if\n\\endif\n", "missing expression"),
+        ("\\if\n\\endif\n", "syntax error in command \"if\""),
         ("\\if 1 +\n\\endif\n", "syntax error in command \"if\""),
         ("\\if 1\n\\else 2\n\\endif\n", "unexpected argument"),
     ] {
@@ -451,87 +452,88 @@ fn values_pgbench_15_printed_for_cases_its_test_leaves_out() {
     }
 }
 
-/// What pgbench refuses and how: `parse` = the script is rejected (its
-/// exit status 1), `run` = the command fails when it runs (status 2).
+#[path = "data/invalid_scripts.rs"]
+mod invalid_scripts;
+
+/// pgbench's invalid-script list (data/pgbench_invalid_scripts.txt, 73
+/// cases): what pgbench refuses before running (status 1) the parser
+/// refuses with pgbench's message; what fails when it runs (status 2)
+/// parses, and where it is meta-commands only, fails here as pgbench
+/// does. (agent/tests/pgbench_compat.rs runs all 73 through both drivers
+/// and the real pgbench.)
 #[test]
-fn pgbench_s_errors_with_its_classes() {
-    let vars = {
-        let mut v = tap_vars();
-        for (k, t) in [
-            ("foo", "bla"),
-            ("badtrue", "trueXXX"),
-            ("maxint", "9223372036854775807"),
-            ("minint", "-9223372036854775808"),
-            ("zero", "0.0"),
-            ("one", "1"),
-        ] {
-            match Value::parse_text(k, t) {
-                Ok(x) => {
-                    v.insert(k.into(), x);
-                }
-                Err(e) => assert!(k == "foo" || k == "badtrue", "{k}: {e}"),
+fn pgbench_s_invalid_scripts_fail_with_its_classes() {
+    let (defines, cases) = invalid_scripts::cases();
+    assert_eq!(cases.len(), 73);
+    let mut vars = tap_vars();
+    for (k, v) in defines {
+        vars.insert(k, Var::Text(v.into()));
+    }
+    let mut ran = 0;
+    for case in &cases {
+        let parsed = Script::parse("case.sql", &case.script);
+        let check = |e: &str| {
+            for want in &case.expect {
+                assert!(
+                    e.contains(want.as_str()),
+                    "{}: {e:?} lacks {want:?}",
+                    case.name
+                );
             }
+        };
+        if case.status == 1 {
+            check(&parsed.expect_err(&case.name).to_string());
+            continue;
         }
-        v
-    };
-    let cases: &[(&str, &str, &str)] = &[
+        let script = parsed.unwrap_or_else(|e| panic!("{} must parse: {e}", case.name));
+        if script
+            .commands
+            .iter()
+            .any(|(_, c)| matches!(c, Command::Sql { .. } | Command::Shell { .. }))
+        {
+            continue;
+        }
+        ran += 1;
+        check(&run_meta(&script, &vars).expect_err(&case.name));
+    }
+    assert_eq!(ran, 23, "status-2 cases of meta-commands only");
+}
+
+/// Runs a script's meta-commands once as client 0; the first error.
+fn run_meta(script: &Script, vars: &Vars) -> Result<(), String> {
+    let mut vars = vars.clone();
+    let mut rng = Seeds::new(1, 1, 1).clients[0];
+    for (_, c) in &script.commands {
+        let mut env = Env {
+            vars: &vars,
+            rng: &mut rng,
+            debug: None,
+        };
+        match c {
+            Command::Set { var, expr } => {
+                let v = eval(expr, &mut env)?;
+                vars.insert(var.clone(), v.into());
+            }
+            Command::Fail(m) => return Err(m.clone()),
+            Command::Sleep {
+                amount: pgfleet_proto::script::Expr::Var(v),
+                ..
+            } if !vars.contains_key(v) => {
+                return Err(format!("\\sleep: undefined variable \"{v}\""));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Expression errors the list leaves out, with pgbench's classes:
+/// `parse` = the script is refused, `run` = the command fails running.
+#[test]
+fn pgbench_s_other_expression_errors() {
+    let vars = tap_vars();
+    for (class, expr, want) in [
         ("parse", "1 +", "syntax error"),
-        ("parse", "noSuchFunction()", "unexpected function name"),
-        ("run", "1/0", "division by zero"),
-        (
-            "run",
-            ":nosuchvariable",
-            "undefined variable \"nosuchvariable\"",
-        ),
-        ("parse", ";", "unexpected character \";\""),
-        (
-            "run",
-            "least(0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16)",
-            "too many function arguments",
-        ),
-        ("run", "random(5,3)", "empty range given to random"),
-        (
-            "run",
-            "random(:minint, :maxint)",
-            "random range is too large",
-        ),
-        (
-            "run",
-            "random_gaussian(0, 10, 1.0)",
-            "gaussian parameter must be at least 2",
-        ),
-        (
-            "run",
-            "random_exponential(0, 10, 0.0)",
-            "exponential parameter must be greater ",
-        ),
-        (
-            "run",
-            "random_zipfian(0, 10, 1)",
-            "zipfian parameter must be in range [1.001, 1000]",
-        ),
-        (
-            "run",
-            "random_zipfian(0, 10, 1000000)",
-            "zipfian parameter must be in range [1.001, 1000]",
-        ),
-        ("run", "NOT 0.0", "cannot coerce double to boolean"),
-        ("run", "TRUE + 2", "cannot coerce boolean to int"),
-        ("run", "ln(TRUE)", "cannot coerce boolean to double"),
-        ("parse", "CASE TRUE THEN 1 ELSE 0 END", "syntax error"),
-        ("run", "random(FALSE, TRUE)", "cannot coerce boolean to int"),
-        ("parse", "ln(1.0, 2.0))", "unexpected number of arguments"),
-        ("parse", "greatest())", "at least one argument expected"),
-        ("run", "int(1E32)", "double to int overflow for 100"),
-        ("run", "(1<<62) + (1<<62)", "int add out"),
-        ("run", "0 - (1<<62) - (1<<62) - (1<<62)", "int sub out"),
-        ("run", "2 * (1<<62)", "int mul out"),
-        ("run", ":minint / -1", "bigint div out of range"),
-        (
-            "run",
-            "permute(0, 0)",
-            "permute size parameter must be greater than zero",
-        ),
         ("parse", "1 < 2 < 3", "syntax error"),
         ("parse", "9223372036854775808", "syntax error"),
         ("parse", "1e400", "double constant overflow"),
@@ -540,31 +542,27 @@ fn pgbench_s_errors_with_its_classes() {
         ("run", "true and 1", "cannot coerce int to boolean"),
         ("run", "false or 0", "cannot coerce int to boolean"),
         ("run", "1 and true", "cannot coerce int to boolean"),
-    ];
-    for (class, expr, want) in cases {
+    ] {
         let parsed = parse_expr(expr);
-        match *class {
-            "parse" => {
-                let e = parsed.expect_err(expr).to_string();
-                assert!(e.contains(want), "{expr}: {e}");
-            }
-            _ => {
-                let e = parsed.unwrap_or_else(|e| panic!("{expr} must parse: {e}"));
-                let mut rng = Seeds::new(1, 1, 1).clients[0];
-                let err = eval(
-                    &e,
-                    &mut Env {
-                        vars: &vars,
-                        rng: &mut rng,
-                        debug: None,
-                    },
-                )
-                .expect_err(expr);
-                assert!(err.contains(want), "{expr}: {err}");
-            }
+        if class == "parse" {
+            let e = parsed.expect_err(expr).to_string();
+            assert!(e.contains(want), "{expr}: {e}");
+            continue;
         }
+        let e = parsed.unwrap_or_else(|e| panic!("{expr} must parse: {e}"));
+        let mut rng = Seeds::new(1, 1, 1).clients[0];
+        let err = eval(
+            &e,
+            &mut Env {
+                vars: &vars,
+                rng: &mut rng,
+                debug: None,
+            },
+        )
+        .expect_err(expr);
+        assert!(err.contains(want), "{expr}: {err}");
     }
-    // Malformed variable text is refused when read, as pgbench does.
+    // Malformed variable text is refused when an expression reads it.
     let e = Value::parse_text("foo", "bla").unwrap_err();
     assert!(
         e.contains("malformed variable \"foo\" value: \"bla\""),
@@ -574,19 +572,27 @@ fn pgbench_s_errors_with_its_classes() {
 }
 
 #[test]
-fn script_level_errors_have_pgbench_s_classes() {
+fn errors_show_the_command_and_the_position_as_pgbench_does() {
+    // What pgbench 15 prints for these, its first three lines.
     for (script, want) in [
-        ("\\set i 1 +\nSELECT 1;", "syntax error in command \"set\""),
-        ("\\set\nSELECT 1;", "missing argument"),
-        ("\\set i\nSELECT 1;", "syntax error"),
-        ("\\sleep too many args\nSELECT 1;", "too many arguments"),
-        ("\\sleep\nSELECT 1;", "missing argument"),
-        ("\\sleep 1 week\nSELECT 1;", "unrecognized time unit"),
-        ("\\nosuchcommand\nSELECT 1;", "invalid command"),
-        ("", "empty command list for script"),
+        (
+            "\\set i 1 +\n",
+            "case.sql:1: syntax error in command \"set\"\n\\set i 1 +\n          ^ error found here",
+        ),
+        (
+            "SELECT 1;\n\\sleep 1 week\n",
+            "case.sql:2: unrecognized time unit, must be us, ms or s (week) in command \"sleep\"\n\\sleep 1 week\n         ^ error found here",
+        ),
+        (
+            "\\if\n\\endif\n",
+            "case.sql:1: syntax error in command \"if\"\n\\if\n   ^ error found here",
+        ),
     ] {
-        let e = Script::parse("s", script).expect_err(script).to_string();
-        assert!(e.contains(want), "{script:?}: {e}");
+        let e = Script::parse("case.sql", script)
+            .expect_err(script)
+            .to_string();
+        let head: Vec<&str> = e.lines().take(3).collect();
+        assert_eq!(head.join("\n"), want, "{e}");
     }
     // pgbench's spellings that must be accepted.
     for ok in [
@@ -729,10 +735,10 @@ fn no_input_crashes_the_parser_or_the_evaluator() {
         .unwrap_or(20_000);
     let mut rng = pgfleet_proto::script::rng::Rng::seeded(0x5EED);
     let mut vars = Vars::default();
-    vars.insert("a".into(), Value::Int(i64::MIN));
-    vars.insert("b".into(), Value::Double(f64::NAN));
-    vars.insert("n".into(), Value::Null);
-    vars.insert("default_seed".into(), Value::Int(1));
+    vars.insert("a".into(), Value::Int(i64::MIN).into());
+    vars.insert("b".into(), Value::Double(f64::NAN).into());
+    vars.insert("n".into(), Value::Null.into());
+    vars.insert("default_seed".into(), Value::Int(1).into());
     let try_expr = |text: &str, rng: &mut pgfleet_proto::script::rng::Rng| {
         if let Ok(e) = parse_expr(text) {
             let mut r = *rng;

@@ -27,7 +27,7 @@ pub use pgfleet_proto::script::{self, BUILTIN_SCRIPTS, builtin, rng};
 pub mod wire;
 
 use rng::{Rng, Seeds};
-use script::{Command, Env, Expr, Script, Value, Vars, eval};
+use script::{Command, Env, Expr, Script, Value, Var, Vars, eval};
 
 #[derive(Debug, Clone)]
 pub struct DriverConfig {
@@ -46,11 +46,9 @@ pub struct DriverConfig {
     /// already this late when due are skipped (pgbench's --latency-limit).
     pub latency_limit: Option<Duration>,
     pub max_tries: u32,
-    /// Script variables (`scale`, `naccounts`, defines).
-    pub vars: HashMap<String, Value>,
-    /// `defines` only the real pgbench can carry (text it does not read
-    /// as a number, boolean or null), passed to it as given.
-    pub text_defines: Vec<(String, String)>,
+    /// Script variables (`scale`, `naccounts`, defines; a text define is
+    /// kept as text, as pgbench's -D keeps it).
+    pub vars: HashMap<String, Var>,
     /// `\shell` / `\setshell` run as this (uid, gid): the cluster's OS
     /// user. None: as the agent itself.
     pub shell_as: Option<(u32, u32)>,
@@ -420,14 +418,18 @@ async fn client(
     // --rate does not shift the script's values.
     let mut throttle =
         Rng::seeded(cfg.seed ^ (u64::from(id) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let mut vars: Vars = cfg.vars.iter().map(|(k, v)| (k.clone(), *v)).collect();
+    let mut vars: Vars = cfg
+        .vars
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     // pgbench's automatic variables, unless defined.
     for (k, v) in [
         ("client_id", Value::Int(id as i64)),
         ("default_seed", Value::Int(seeds.default_seed)),
         ("random_seed", Value::Int(cfg.seed as i64)),
     ] {
-        vars.entry(k.to_string()).or_insert(v);
+        vars.entry(k.to_string()).or_insert(Var::Value(v));
     }
     let per_client_rate = cfg.rate.map(|r| r / cfg.clients as f64);
     let mut next_due = t0;
@@ -549,7 +551,7 @@ async fn transaction(
     db: &mut wire::Conn,
     names: &[String],
     prepared: &mut [bool],
-    params: &mut Vec<Value>,
+    params: &mut Vec<Var>,
     vars: &mut Vars,
     rng: &mut Rng,
 ) -> Result<(), TxnError> {
@@ -587,9 +589,9 @@ async fn transaction(
                 )
                 .map_err(|e| TxnError::Fatal(format!("{name}:{line}: {e}")))?;
                 match vars.get_mut(var) {
-                    Some(slot) => *slot = v,
+                    Some(slot) => *slot = Var::Value(v),
                     None => {
-                        vars.insert(var.clone(), v);
+                        vars.insert(var.clone(), Var::Value(v));
                     }
                 }
             }
@@ -647,9 +649,9 @@ async fn transaction(
                 params.clear();
                 for p in names_of {
                     params.push(
-                        *vars
-                            .get(p)
-                            .ok_or_else(|| fatal(line, &format!("undefined variable \"{p}\"")))?,
+                        vars.get(p)
+                            .ok_or_else(|| fatal(line, &format!("undefined variable \"{p}\"")))?
+                            .clone(),
                     );
                 }
                 let queued = if prepared[i] {
@@ -662,6 +664,7 @@ async fn transaction(
                     return Err(classify(&e, &format!("{name}:{line}")));
                 }
             }
+            Command::Fail(m) => return Err(fatal(line, m)),
             Command::Shell { var, args } => {
                 let out = shell(args, vars, cfg.shell_as, var.is_some())
                     .await
@@ -673,7 +676,7 @@ async fn transaction(
                             out.trim()
                         ))
                     })?;
-                    vars.insert(var.clone(), Value::Int(n));
+                    vars.insert(var.clone(), Var::Value(Value::Int(n)));
                 }
             }
             Command::Sql {
@@ -684,9 +687,15 @@ async fn transaction(
             } => {
                 params.clear();
                 for p in names_of {
-                    params.push(*vars.get(p).ok_or_else(|| {
-                        TxnError::Fatal(format!("{name}:{line}: undefined variable \"{p}\""))
-                    })?);
+                    params.push(
+                        vars.get(p)
+                            .ok_or_else(|| {
+                                TxnError::Fatal(format!(
+                                    "{name}:{line}: undefined variable \"{p}\""
+                                ))
+                            })?
+                            .clone(),
+                    );
                 }
                 if !prepared[i] {
                     if let Err(e) = db.prepare(&names[i], sql).await {
@@ -759,15 +768,9 @@ fn keep_rows(
                 if var.is_empty() || !var.chars().all(|c| c.is_alphanumeric() || c == '_') {
                     return Err(format!("error storing into variable {var}"));
                 }
-                let value = match v {
-                    None => Value::Null,
-                    Some(text) => Value::parse_text(&var, text).map_err(|_| {
-                        format!(
-                            "error storing into variable {var}: driver: pgfleet keeps numbers, booleans and NULL, not `{text}` (driver: pgbench keeps any text)"
-                        )
-                    })?,
-                };
-                vars.insert(var, value);
+                // The text as it came (pgbench keeps the empty string
+                // for NULL, as libpq's PQgetvalue gives it).
+                vars.insert(var, Var::Text(v.as_deref().unwrap_or("").into()));
             }
         }
     }

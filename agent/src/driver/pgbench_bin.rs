@@ -31,14 +31,7 @@ pub async fn run(
     std::fs::write(&script, script_text).map_err(|x| e(format!("writing the script: {x}")))?;
     let prefix = workdir.join("pgbench_log");
     let mut cmd = tokio::process::Command::new(pg.tool("pgbench"));
-    // Prepared statements as pgfleet's driver; a script with compound
-    // commands (`\;`) needs the simple protocol, which pgfleet's driver
-    // uses for those commands alone.
-    let mode = if script_text.contains("\\;") {
-        "simple"
-    } else {
-        "prepared"
-    };
+    let mode = pgfleet_proto::workload::pgbench::pgbench_query_mode(script_text);
     cmd.args(["-n", "-M", mode])
         .arg(format!("--client={}", cfg.clients.max(1)))
         .arg(format!(
@@ -69,9 +62,6 @@ pub async fn run(
         (None, None) => return Err(e("give duration_s or transactions".into())),
     };
     for (k, v) in &cfg.vars {
-        cmd.arg(format!("--define={k}={}", v.to_text()));
-    }
-    for (k, v) in &cfg.text_defines {
         cmd.arg(format!("--define={k}={v}"));
     }
     if let Some(r) = cfg.rate {

@@ -25,7 +25,7 @@ use postgres_protocol::{IsNull, authentication};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio_postgres::config::Host;
 
-use super::script::Value;
+use super::script::Var;
 
 /// An error from the server (SQLSTATE and message) or from the connection.
 #[derive(Debug)]
@@ -226,7 +226,7 @@ impl Conn {
 
     /// Executes prepared statement `name` with `params` sent as text, and
     /// discards the rows (pgbench reads none either).
-    pub async fn execute(&mut self, name: &str, params: &[Value]) -> Result<(), WireError> {
+    pub async fn execute(&mut self, name: &str, params: &[Var]) -> Result<(), WireError> {
         self.bind_execute(name, params, false)?;
         self.flush().await?;
         self.finish().await
@@ -237,7 +237,7 @@ impl Conn {
     pub async fn execute_rows(
         &mut self,
         name: &str,
-        params: &[Value],
+        params: &[Var],
     ) -> Result<Vec<ResultSet>, WireError> {
         self.bind_execute(name, params, true)?;
         self.flush().await?;
@@ -285,7 +285,7 @@ impl Conn {
     fn bind_execute(
         &mut self,
         name: &str,
-        params: &[Value],
+        params: &[Var],
         describe: bool,
     ) -> Result<(), WireError> {
         frontend::bind(
@@ -325,7 +325,7 @@ impl Conn {
     }
 
     /// Queues an execution of statement `name`.
-    pub fn queue_execute(&mut self, name: &str, params: &[Value]) -> Result<(), WireError> {
+    pub fn queue_execute(&mut self, name: &str, params: &[Var]) -> Result<(), WireError> {
         self.bind_execute(name, params, false)?;
         // bind_execute ends with a Sync; a pipeline has none between its
         // statements: take it back off (its 5 bytes: 'S' and the length).

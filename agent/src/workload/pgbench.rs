@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::pgbench_init;
 use super::{CellContext, Output};
 use crate::cluster::Server;
-use crate::driver::script::{Script, Value};
+use crate::driver::script::{Script, Value, Var};
 use crate::driver::{self, DriverConfig, DriverResult};
 use crate::sampler::Sampler;
 use crate::{Error, Result};
@@ -120,32 +120,26 @@ pub async fn drive_until(
     } else {
         Script::parse(&d.script, &text).map_err(|e| werr(e.to_string()))?
     };
-    let mut text_defines = Vec::new();
     if d.duration_s.is_none() == d.transactions.is_none() {
         return Err(werr(
             "give exactly one of duration_s and transactions".into(),
         ));
     }
     let mut vars = HashMap::from([
-        ("scale".to_string(), Value::Int(scale as i64)),
+        ("scale".to_string(), Var::Value(Value::Int(scale as i64))),
         (
             "naccounts".to_string(),
-            Value::Int((scale * 100_000) as i64),
+            Var::Value(Value::Int((scale * 100_000) as i64)),
         ),
     ]);
     for (k, v) in &d.defines {
         let val = match v {
-            Define::Int(i) => Value::Int(*i),
-            Define::Float(f) => Value::Double(*f),
-            Define::Bool(b) => Value::Bool(*b),
-            Define::Str(s) => match Value::parse_text(k, s) {
-                Ok(v) => v,
-                Err(_) if d.driver == "pgbench" => {
-                    text_defines.push((k.clone(), s.clone()));
-                    continue;
-                }
-                Err(e) => return Err(werr(format!("define `{k}`: {e}"))),
-            },
+            Define::Int(i) => Var::Value(Value::Int(*i)),
+            Define::Float(f) => Var::Value(Value::Double(*f)),
+            Define::Bool(b) => Var::Value(Value::Bool(*b)),
+            // Text as pgbench's -D keeps it: read when an expression
+            // uses it (where text that is no value is "malformed").
+            Define::Str(s) => Var::Text(s.as_str().into()),
         };
         vars.insert(k.clone(), val);
     }
@@ -168,7 +162,6 @@ pub async fn drive_until(
             .map(|ms| Duration::from_secs_f64(ms / 1000.0)),
         max_tries: d.max_tries.max(1),
         vars,
-        text_defines,
         // Checked at validation; checked again here, as the host is ours.
         shell_as: if driver::script::uses_shell(&text) {
             if !d.allow_shell {

@@ -897,7 +897,7 @@ workloads:
         );
         assert!(
             e.message
-                .contains("line 1 of the script: syntax error in command \"set\": unexpected function name \"rnd\""),
+                .contains("script_text:1: unexpected function name (rnd) in command \"set\""),
             "{e}"
         );
         let e = err(&PGBENCH.replace("replicas: 2", "replicas: 0"));

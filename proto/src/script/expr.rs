@@ -271,16 +271,23 @@ enum Tok {
     Comma,
 }
 
-/// A syntax error at a byte offset of the expression.
+/// A syntax error at a byte offset of the expression: pgbench's message
+/// (`syntax error`, `unexpected function name (f)`, ...) and what more
+/// pgfleet can say.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ExprError {
     pub message: String,
     pub at: usize,
+    pub hint: Option<String>,
 }
 
 impl fmt::Display for ExprError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (at column {})", self.message, self.at + 1)
+        write!(f, "{} at column {}", self.message, self.at + 1)?;
+        match &self.hint {
+            Some(h) => write!(f, " ({h})"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -292,7 +299,11 @@ fn tokenize(s: &str) -> Result<Vec<(Tok, usize)>, ExprError> {
     let b = s.as_bytes();
     let mut i = 0;
     let mut out = Vec::new();
-    let err = |message: String, at: usize| ExprError { message, at };
+    let err = |message: String, at: usize| ExprError {
+        message,
+        at,
+        hint: None,
+    };
     'outer: while i < b.len() {
         let ch = b[i];
         let start = i;
@@ -379,7 +390,7 @@ fn tokenize(s: &str) -> Result<Vec<(Tok, usize)>, ExprError> {
             }
         }
         let c = s[i..].chars().next().unwrap_or('?');
-        return Err(err(format!("unexpected character \"{c}\""), start));
+        return Err(err(format!("unexpected character ({c})"), start));
     }
     Ok(out)
 }
@@ -465,9 +476,14 @@ impl Parser {
             Some(Tok::RParen) => ")".into(),
             Some(Tok::Comma) => ",".into(),
         };
+        let hint = match what.strip_prefix("syntax error: ") {
+            Some(h) => format!("{h}, at or near \"{near}\""),
+            None => format!("at or near \"{near}\""),
+        };
         ExprError {
-            message: format!("{what} at or near \"{near}\""),
+            message: "syntax error".into(),
             at,
+            hint: Some(hint),
         }
     }
 
@@ -647,11 +663,12 @@ impl Parser {
                 }
                 let Some(&(_, f, min, max)) = FUNCS.iter().find(|(n, ..)| *n == name) else {
                     return Err(ExprError {
-                        message: format!(
-                            "unexpected function name \"{name}\": pgbench's are {}",
-                            FUNCS.iter().map(|f| f.0).collect::<Vec<_>>().join(", ")
-                        ),
+                        message: format!("unexpected function name ({name})"),
                         at: self.toks[self.pos].1,
+                        hint: Some(format!(
+                            "pgbench's functions are {}",
+                            FUNCS.iter().map(|f| f.0).collect::<Vec<_>>().join(", ")
+                        )),
                     });
                 };
                 let at = self.toks[self.pos].1;
@@ -677,20 +694,20 @@ impl Parser {
                     }
                 }
                 if args.len() < min || args.len() > max {
-                    let message = if max == usize::MAX {
-                        format!("at least one argument expected ({name})")
+                    let (message, hint) = if max == usize::MAX {
+                        (format!("at least one argument expected ({name})"), None)
                     } else {
-                        format!(
-                            "unexpected number of arguments ({name}: {} given, {} expected)",
-                            args.len(),
-                            if min == max {
-                                min.to_string()
-                            } else {
-                                format!("{min} to {max}")
-                            }
+                        let want = if min == max {
+                            min.to_string()
+                        } else {
+                            format!("{min} to {max}")
+                        };
+                        (
+                            format!("unexpected number of arguments ({name})"),
+                            Some(format!("{} given, {want} expected", args.len())),
                         )
                     };
-                    return Err(ExprError { message, at });
+                    return Err(ExprError { message, at, hint });
                 }
                 // Hashes and permute without a seed take :default_seed.
                 if matches!(f, Func::HashMurmur2 | Func::HashFnv1a) && args.len() == 1
@@ -707,10 +724,47 @@ impl Parser {
 
 // ---- evaluation -------------------------------------------------------------
 
+/// A script variable as pgbench keeps it: a value an expression computed,
+/// or text from outside (`defines`, `\gset`, `\aset`), kept as it came
+/// (SQL receives it unchanged) and read as a value only when an
+/// expression uses it, where text that is not one is "malformed".
+#[derive(Debug, Clone, PartialEq)]
+pub enum Var {
+    Value(Value),
+    Text(Box<str>),
+}
+
+impl Var {
+    /// The variable's value in an expression (`name` for the error).
+    pub fn value(&self, name: &str) -> Result<Value, String> {
+        match self {
+            Var::Value(v) => Ok(*v),
+            Var::Text(t) => Value::parse_text(name, t),
+        }
+    }
+}
+
+impl From<Value> for Var {
+    fn from(v: Value) -> Var {
+        Var::Value(v)
+    }
+}
+
+impl fmt::Display for Var {
+    /// The text substituted into SQL: text as it came, values as pgbench
+    /// writes them.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Var::Value(v) => v.fmt(f),
+            Var::Text(t) => f.write_str(t),
+        }
+    }
+}
+
 /// Script variables. FNV-1a hashing: a transaction looks variables up a
 /// few times and the names are short, where SipHash's DoS resistance buys
 /// nothing (the names come from the scenario's own script).
-pub type Vars = HashMap<String, Value, std::hash::BuildHasherDefault<Fnv>>;
+pub type Vars = HashMap<String, Var, std::hash::BuildHasherDefault<Fnv>>;
 
 #[derive(Default)]
 pub struct Fnv(u64);
@@ -744,10 +798,11 @@ pub struct Env<'a> {
 pub fn eval(e: &Expr, env: &mut Env<'_>) -> Result<Value, String> {
     Ok(match e {
         Expr::Const(v) => *v,
-        Expr::Var(v) => *env
+        Expr::Var(v) => env
             .vars
             .get(v)
-            .ok_or_else(|| format!("undefined variable \"{v}\""))?,
+            .ok_or_else(|| format!("undefined variable \"{v}\""))?
+            .value(v)?,
         Expr::Not(x) => match eval(x, env)? {
             Value::Null => Value::Null,
             v => Value::Bool(!v.as_bool()?),

@@ -11,7 +11,7 @@ use std::fmt;
 pub mod expr;
 pub mod rng;
 
-pub use expr::{BinOp, Env, Expr, Func, Value, Vars, eval, format_g15, parse_expr};
+pub use expr::{BinOp, Env, Expr, Func, Value, Var, Vars, eval, format_g15, parse_expr};
 
 /// pgbench's built-in scripts, plus the seeds' random UPDATE.
 pub const BUILTIN_SCRIPTS: &[(&str, &str, &str)] = &[
@@ -65,16 +65,70 @@ pub fn builtin(name: &str) -> Option<&'static str> {
     BUILTIN_SCRIPTS.iter().find(|b| b.0 == name).map(|b| b.2)
 }
 
+/// A script pgbench would refuse, reported as pgbench reports it: the
+/// script and line, pgbench's message, then the command's text and a
+/// caret under the position where there is one.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScriptError {
     pub script: String,
     pub line: usize,
     pub message: String,
+    /// The meta-command's text, and the byte column of the error in it.
+    pub text: Option<String>,
+    pub column: Option<usize>,
+    /// What more pgfleet can say (what it expected, the valid names).
+    pub hint: Option<String>,
 }
 
 impl fmt::Display for ScriptError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}: {}", self.script, self.line, self.message)
+        write!(f, "{}:{}: {}", self.script, self.line, self.message)?;
+        if let Some(t) = &self.text {
+            write!(f, "\n{t}")?;
+            if let Some(c) = self.column {
+                write!(f, "\n{:c$}^ error found here", "")?;
+            }
+        }
+        match &self.hint {
+            Some(h) => write!(f, "\n{h}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A meta-command's error: pgbench's message, and where in the line.
+#[derive(Debug)]
+struct MetaError {
+    message: String,
+    column: Option<usize>,
+    hint: Option<String>,
+}
+
+impl From<String> for MetaError {
+    fn from(message: String) -> MetaError {
+        MetaError {
+            message,
+            column: None,
+            hint: None,
+        }
+    }
+}
+
+impl From<&str> for MetaError {
+    fn from(message: &str) -> MetaError {
+        message.to_string().into()
+    }
+}
+
+impl MetaError {
+    /// An expression's error in command `cmd`, the expression starting
+    /// at byte `offset` of the line.
+    fn expr(e: expr::ExprError, cmd: &str, offset: usize) -> MetaError {
+        MetaError {
+            message: format!("{} in command \"{cmd}\"", e.message),
+            column: Some(offset + e.at),
+            hint: e.hint,
+        }
     }
 }
 
@@ -115,6 +169,9 @@ pub enum Command {
         var: Option<String>,
         args: Vec<String>,
     },
+    /// A command pgbench accepts in a script but fails when it runs
+    /// (`\set . 1`: a variable name it checks only on assignment).
+    Fail(String),
     /// `\startpipeline`, `\syncpipeline`, `\endpipeline`: SQL between
     /// them is sent without waiting, replies read at the end.
     Pipeline(PipelineOp),
@@ -165,6 +222,17 @@ impl Script {
             script: name.into(),
             line,
             message,
+            text: None,
+            column: None,
+            hint: None,
+        };
+        let meta_err = |line, text: &str, e: MetaError| ScriptError {
+            script: name.into(),
+            line,
+            message: e.message,
+            text: Some(text.to_string()),
+            column: e.column,
+            hint: e.hint,
         };
         let mut commands = Vec::new();
         let mut lx = Lexer {
@@ -180,7 +248,8 @@ impl Script {
             let line = lx.line;
             if lx.b[lx.i] == b'\\' && lx.b.get(lx.i + 1) != Some(&b';') {
                 let meta = lx.meta_line();
-                commands.push((line, parse_meta(meta.trim()).map_err(|m| err(line, m))?));
+                let meta = meta.trim();
+                commands.push((line, parse_meta(meta).map_err(|e| meta_err(line, meta, e))?));
                 continue;
             }
             let (sql, compound, trailing_meta) = lx.sql().map_err(|m| err(line, m))?;
@@ -213,7 +282,8 @@ impl Script {
                 commands.push((line, c));
             }
             if let Some(meta) = next_meta {
-                commands.push((line, parse_meta(meta.trim()).map_err(|m| err(line, m))?));
+                let meta = meta.trim();
+                commands.push((line, parse_meta(meta).map_err(|e| meta_err(line, meta, e))?));
             }
         }
         if commands.is_empty() {
@@ -558,7 +628,11 @@ fn parse_sql(sql: &str, compound: bool) -> Result<Command, String> {
     let mut out = String::with_capacity(sql.len());
     let mut params: Vec<String> = Vec::new();
     let mut last = 0;
+    // pgbench gives each occurrence its own parameter; pgfleet sends a
+    // variable once, but keeps pgbench's limit on occurrences.
+    let mut occurrences = 0;
     for (at, end) in variables(sql) {
+        occurrences += 1;
         let name = &sql[at + 1..end];
         let n = match params.iter().position(|p| p == name) {
             Some(n) => n + 1,
@@ -574,7 +648,7 @@ fn parse_sql(sql: &str, compound: bool) -> Result<Command, String> {
         }
     }
     out.push_str(&sql[last..]);
-    if params.len() > MAX_SQL_ARGS {
+    if occurrences > MAX_SQL_ARGS {
         return Err(format!(
             "statement has too many arguments (maximum is {MAX_SQL_ARGS})"
         ));
@@ -619,10 +693,12 @@ pub fn uses_shell(text: &str) -> bool {
 /// pgbench's limit on a statement's variables (MAX_ARGS - 1).
 pub const MAX_SQL_ARGS: usize = 255;
 
-fn parse_meta(line: &str) -> Result<Command, String> {
+fn parse_meta(line: &str) -> Result<Command, MetaError> {
     let mut parts = line[1..].splitn(2, char::is_whitespace);
     let cmd = parts.next().unwrap_or("").to_ascii_lowercase();
     let rest = parts.next().unwrap_or("").trim();
+    // Where `text`, a slice of `line`, starts in it (for carets).
+    let offset = |text: &str| text.as_ptr() as usize - line.as_ptr() as usize;
     match cmd.as_str() {
         "set" => {
             let mut p = rest.splitn(2, char::is_whitespace);
@@ -630,19 +706,23 @@ fn parse_meta(line: &str) -> Result<Command, String> {
             if var.is_empty() {
                 return Err("missing argument in command \"set\"".into());
             }
-            if !is_var_name(var) {
-                return Err(format!("invalid variable name: \"{var}\""));
-            }
             let expr_text = p.next().unwrap_or("").trim();
             if expr_text.is_empty() {
-                return Err(format!(
-                    "syntax error in command \"set\": missing expression for {var}"
-                ));
+                return Err(MetaError {
+                    message: "syntax error in command \"set\"".into(),
+                    column: Some(line.len()),
+                    hint: Some(format!("an expression is expected after {var}")),
+                });
+            }
+            let expr = parse_expr(expr_text)
+                .map_err(|e| MetaError::expr(e, "set", offset(expr_text)))?;
+            // pgbench refuses a bad name only when the command runs.
+            if !is_var_name(var) {
+                return Ok(Command::Fail(format!("invalid variable name: \"{var}\"")));
             }
             Ok(Command::Set {
                 var: var.into(),
-                expr: parse_expr(expr_text)
-                    .map_err(|e| format!("syntax error in command \"set\": {e}"))?,
+                expr,
             })
         }
         "sleep" => {
@@ -665,7 +745,7 @@ fn parse_meta(line: &str) -> Result<Command, String> {
                         .len();
                 let (number, unit) = a.split_at(a.len() - unsigned.len() + digits);
                 if digits == 0 || (!unit.is_empty() && args.len() == 2) {
-                    return Err(format!("invalid sleep time, must be an integer: \"{a}\""));
+                    return Err(format!("invalid sleep time, must be an integer: \"{a}\"").into());
                 }
                 if !unit.is_empty() {
                     args.push(unit);
@@ -679,19 +759,26 @@ fn parse_meta(line: &str) -> Result<Command, String> {
                 Some("ms") => 1_000,
                 Some("us") => 1,
                 Some(u) => {
-                    return Err(format!(
-                        "unrecognized time unit, must be us, ms or s: \"{u}\""
-                    ));
+                    return Err(MetaError {
+                        message: format!(
+                            "unrecognized time unit, must be us, ms or s ({u}) in command \"sleep\""
+                        ),
+                        column: args.get(1).map(|a| offset(a)),
+                        hint: None,
+                    });
                 }
             };
             Ok(Command::Sleep { amount, unit_us })
         }
         "if" | "elif" => {
             if rest.is_empty() {
-                return Err(format!("missing expression in command \"{cmd}\""));
+                return Err(MetaError {
+                    message: format!("syntax error in command \"{cmd}\""),
+                    column: Some(line.len()),
+                    hint: Some("a condition is expected".into()),
+                });
             }
-            let cond =
-                parse_expr(rest).map_err(|e| format!("syntax error in command \"{cmd}\": {e}"))?;
+            let cond = parse_expr(rest).map_err(|e| MetaError::expr(e, &cmd, offset(rest)))?;
             Ok(if cmd == "if" {
                 Command::If { cond, next: 0 }
             } else {
@@ -704,7 +791,7 @@ fn parse_meta(line: &str) -> Result<Command, String> {
         }
         "else" | "endif" => {
             if !rest.is_empty() {
-                return Err(format!("unexpected argument in command \"{cmd}\""));
+                return Err(format!("unexpected argument in command \"{cmd}\"").into());
             }
             Ok(if cmd == "else" {
                 Command::Else { end: 0 }
@@ -712,7 +799,7 @@ fn parse_meta(line: &str) -> Result<Command, String> {
                 Command::Endif
             })
         }
-        "gset" | "aset" => Err(format!("\\{cmd} must follow an SQL command")),
+        "gset" | "aset" => Err(format!("\\{cmd} must follow an SQL command").into()),
         "shell" | "setshell" => {
             let mut words: Vec<String> = rest.split_whitespace().map(String::from).collect();
             let var = if cmd == "setshell" {
@@ -721,7 +808,7 @@ fn parse_meta(line: &str) -> Result<Command, String> {
                 }
                 let v = words.remove(0);
                 if !is_var_name(&v) {
-                    return Err(format!("invalid variable name: \"{v}\""));
+                    return Ok(Command::Fail(format!("invalid variable name: \"{v}\"")));
                 }
                 Some(v)
             } else {
@@ -731,13 +818,13 @@ fn parse_meta(line: &str) -> Result<Command, String> {
                 None
             };
             if words.len() > MAX_SQL_ARGS {
-                return Err(format!("too many arguments in command \"{cmd}\""));
+                return Err(format!("too many arguments in command \"{cmd}\"").into());
             }
             Ok(Command::Shell { var, args: words })
         }
         "startpipeline" | "syncpipeline" | "endpipeline" => {
             if !rest.is_empty() {
-                return Err(format!("unexpected argument in command \"{cmd}\""));
+                return Err(format!("unexpected argument in command \"{cmd}\"").into());
             }
             Ok(Command::Pipeline(match cmd.as_str() {
                 "startpipeline" => PipelineOp::Start,
@@ -745,9 +832,13 @@ fn parse_meta(line: &str) -> Result<Command, String> {
                 _ => PipelineOp::End,
             }))
         }
-        other => Err(format!(
-            "invalid command \\{other}: pgfleet runs \\set, \\sleep, \\if/\\elif/\\else/\\endif, \\gset and \\aset"
-        )),
+        other => Err(MetaError {
+            message: format!("invalid command in command \"{other}\""),
+            column: None,
+            hint: Some(
+                "pgbench's meta-commands are \\set, \\sleep, \\if, \\elif, \\else, \\endif, \\gset, \\aset, \\shell, \\setshell, \\startpipeline, \\syncpipeline and \\endpipeline".into(),
+            ),
+        }),
     }
 }
 
@@ -761,8 +852,8 @@ mod tests {
 
     fn ev(s: &str) -> Result<Value, String> {
         let vars: Vars = [
-            ("scale".to_string(), Value::Int(10)),
-            ("x".to_string(), Value::Double(1.5)),
+            ("scale".to_string(), Value::Int(10).into()),
+            ("x".to_string(), Value::Double(1.5).into()),
         ]
         .into_iter()
         .collect();
@@ -846,7 +937,7 @@ mod tests {
         assert!(
             ev("rnd(1, 2)")
                 .unwrap_err()
-                .contains("unexpected function name \"rnd\"")
+                .contains("unexpected function name (rnd)")
         );
         assert!(
             ev("random(1)")
@@ -1001,9 +1092,10 @@ mod tests {
             let e = Script::parse("s", bad).unwrap_err();
             assert!(e.message.contains(want), "{bad:?}: {e}");
         }
-        let many: Vec<String> = (0..256).map(|_| ":i".to_string()).collect();
-        let distinct: Vec<String> = (0..256).map(|k| format!(":v{k}")).collect();
+        // pgbench's limit counts occurrences, not distinct variables.
+        let many: Vec<String> = (0..255).map(|_| ":i".to_string()).collect();
         assert!(Script::parse("s", &format!("SELECT least({});", many.join(", "))).is_ok());
+        let distinct: Vec<String> = (0..256).map(|k| format!(":v{k}")).collect();
         let e = Script::parse("s", &format!("SELECT least({});", distinct.join(", "))).unwrap_err();
         assert!(
             e.message.contains("too many arguments (maximum is 255)"),
@@ -1014,14 +1106,17 @@ mod tests {
     #[test]
     fn compound_commands_substitute_text_as_pgbench_s_simple_mode() {
         let vars: Vars = [
-            ("a".to_string(), Value::Int(5)),
-            ("d".to_string(), Value::Double(0.1 + 0.2)),
+            ("a".to_string(), Value::Int(5).into()),
+            ("d".to_string(), Value::Double(0.1 + 0.2).into()),
+            // Text is substituted as it came (pgbench's -D, \gset).
+            ("t".to_string(), Var::Text("pgbench_accounts".into())),
+            ("z".to_string(), Var::Text("1.50".into())),
         ]
         .into_iter()
         .collect();
         assert_eq!(
-            substitute("SELECT :a, :d, :nope, x::int ; SELECT 2", &vars),
-            "SELECT 5, 0.3, :nope, x::int ; SELECT 2"
+            substitute("SELECT :a, :d, :nope, x::int, :z FROM :t; SELECT 2", &vars),
+            "SELECT 5, 0.3, :nope, x::int, 1.50 FROM pgbench_accounts; SELECT 2"
         );
     }
 
@@ -1031,14 +1126,14 @@ mod tests {
         assert_eq!((e.script.as_str(), e.line), ("mine", 2));
         assert!(
             e.to_string().starts_with(
-                "mine:2: syntax error in command \"set\": unexpected function name \"rnd\""
+                "mine:2: unexpected function name (rnd) in command \"set\"\n\\set x rnd(1, 2)\n       ^ error found here"
             ),
             "{e}"
         );
         let e = Script::parse("mine", "\\nosuch ls\nSELECT 1;").unwrap_err();
         assert!(
             e.to_string()
-                .starts_with("mine:1: invalid command \\nosuch"),
+                .starts_with("mine:1: invalid command in command \"nosuch\"\n\\nosuch ls\n"),
             "{e}"
         );
         let e = Script::parse("mine", "-- nothing\n").unwrap_err();

@@ -294,13 +294,8 @@ pub fn check_drive(f: &Field, s: &Spec) -> Checked<DriveParams> {
     if let Some(t) = &s.script_text
         && driver != "pgbench"
     {
-        Script::parse("script_text", &t.value).or_else(|e| {
-            f.err(
-                t.referenced,
-                "script_text",
-                format!("line {} of the script: {}", e.line, e.message),
-            )
-        })?;
+        Script::parse("script_text", &t.value)
+            .or_else(|e| f.err(t.referenced, "script_text", e.to_string()))?;
     }
     let mut defines = BTreeMap::new();
     for (k, v) in s.defines.iter().flatten() {
@@ -311,19 +306,9 @@ pub fn check_drive(f: &Field, s: &Spec) -> Checked<DriveParams> {
                 format!("`{k}` is not a variable name (letters, digits, _)"),
             );
         }
-        // pgbench reads a variable's text when an expression uses it:
-        // `null`, boolean spellings, integers and doubles. Other text only
-        // the real pgbench can carry (substituted into SQL as is).
-        if let Define::Str(text) = &v.value
-            && driver != "pgbench"
-            && let Err(e) = crate::script::Value::parse_text(k, text)
-        {
-            return f.err(
-                v.referenced,
-                &format!("defines.{k}"),
-                format!("{e}: driver: pgfleet takes null, true/false, integers and doubles (other text needs driver: pgbench)"),
-            );
-        }
+        // Text is kept as text, as pgbench's -D keeps it: substituted into
+        // SQL as given, read as a value (`null`, a boolean, a number) only
+        // where an expression uses it.
         defines.insert(k.clone(), v.value.clone());
     }
     let script = match &s.script_text {
@@ -392,6 +377,19 @@ impl KindParams for Params {
 /// connects, so pointed at a socket that cannot exist it stops right after
 /// judging. None: no pgbench here (`PGFLEET_PG_BIN`, `PATH`, or Debian's
 /// /usr/lib/postgresql/*/bin).
+/// The query mode `driver: pgbench` runs a script with: prepared
+/// statements as pgfleet's driver; the simple protocol for a script with
+/// compound commands (`\;`), which pgfleet's driver uses for those alone.
+/// (The mode changes what pgbench accepts: its limit on a statement's
+/// variables holds only for prepared statements.)
+pub fn pgbench_query_mode(script: &str) -> &'static str {
+    if script.contains("\\;") {
+        "simple"
+    } else {
+        "prepared"
+    }
+}
+
 pub fn pgbench_verdict(script: &str) -> Option<Result<(), String>> {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
@@ -424,6 +422,8 @@ pub fn pgbench_verdict(script: &str) -> Option<Result<(), String>> {
     let out = std::process::Command::new(&bin)
         .args([
             "-n",
+            "-M",
+            pgbench_query_mode(script),
             "-t",
             "1",
             "-p",
