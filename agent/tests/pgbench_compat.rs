@@ -46,17 +46,8 @@ async fn the_reference_values_are_what_the_real_pgbench_prints() {
         script.push_str(&format!("\\set x debug({e})\n"));
     }
     script.push_str("SELECT 1;\n");
-    let file = root.join("values.sql");
-    std::fs::write(&file, &script).unwrap();
-    let out = tokio::process::Command::new(pg().tool("pgbench"))
-        .args(["-n", "-t", "1", "-f"])
-        .arg(&file)
-        .arg(cl.conninfo())
-        .output()
-        .await
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    let (status, stderr) = pgbench_once(&cl, &root, &script, &[]).await;
+    assert_eq!(status, Some(0), "{stderr}");
     let printed: Vec<(usize, String)> = stderr
         .lines()
         .filter_map(|l| {
@@ -72,6 +63,59 @@ async fn the_reference_values_are_what_the_real_pgbench_prints() {
     }
     cl.teardown().await.unwrap();
     std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// From a server log written with `log_statement = all` and
+/// `log_line_prefix = '%c '`: each session's `aid` parameters of
+/// select-only's statement, in order; the sessions sorted.
+fn logged_aids(log: &str) -> Vec<Vec<String>> {
+    let mut last: std::collections::HashMap<&str, bool> = Default::default();
+    let mut aids: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+    for line in log.lines() {
+        let Some((session, rest)) = line.split_once(' ') else {
+            continue;
+        };
+        if rest.starts_with("LOG:  statement:") || rest.starts_with("LOG:  execute") {
+            last.insert(
+                session,
+                rest.contains("SELECT abalance FROM pgbench_accounts"),
+            );
+        } else if let Some(p) = rest.strip_prefix("DETAIL:  parameters: $1 = '")
+            && last.get(session) == Some(&true)
+        {
+            aids.entry(session)
+                .or_default()
+                .push(p.trim_end_matches('\'').to_string());
+        }
+    }
+    let mut out: Vec<Vec<String>> = aids.into_values().collect();
+    out.sort();
+    out
+}
+
+/// Runs `script` once through the real pgbench (`-n -t 1`, then `args`);
+/// its exit status and standard error.
+async fn pgbench_once(
+    cl: &Cluster,
+    root: &std::path::Path,
+    script: &str,
+    args: &[String],
+) -> (Option<i32>, String) {
+    let file = root.join("once.sql");
+    std::fs::write(&file, script).unwrap();
+    let out = tokio::process::Command::new(pg().tool("pgbench"))
+        .args(["-n", "-t", "1"])
+        .args(args)
+        .arg("-f")
+        .arg(&file)
+        .arg(cl.conninfo())
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// Every random function, permute and the hashes, per client.
@@ -124,19 +168,21 @@ async fn a_seeded_run_draws_what_pgbench_draws_client_by_client() {
         by_pgfleet, by_pgbench,
         "value by value, per client in order"
     );
-    // The built-in scripts' draws too: tpcb-like's history rows.
-    let history = |driver: &'static str| {
+    // The built-in scripts' draws too: tpcb-like's and simple-update's
+    // history rows, each run's alone.
+    let history = |script: &'static str, driver: &'static str| {
         let cl = &cl;
         async move {
+            let c = cl.connect().await.unwrap();
+            c.batch_execute("TRUNCATE pgbench_history").await.unwrap();
             let params = common::params(
                 &json!({
-                    "kind": "pgbench", "scale": 1, "script": "tpcb-like", "clients": 2,
+                    "kind": "pgbench", "scale": 1, "script": script, "clients": 2,
                     "transactions": 25, "warmup_s": 0, "seed": 7, "driver": driver,
                 })
                 .to_string(),
             );
             common::run(cl, &params).await.unwrap();
-            let c = cl.connect().await.unwrap();
             let mut rows: Vec<String> = c
                 .query(
                     "SELECT tid || ',' || bid || ',' || aid || ',' || delta FROM pgbench_history",
@@ -151,10 +197,41 @@ async fn a_seeded_run_draws_what_pgbench_draws_client_by_client() {
             rows
         }
     };
-    let a = history("pgbench").await;
-    let b = history("pgfleet").await;
-    assert_eq!(a.len(), 50);
-    assert_eq!(a, b, "tpcb-like's aid, bid, tid and delta");
+    for script in ["tpcb-like", "simple-update"] {
+        let a = history(script, "pgbench").await;
+        let b = history(script, "pgfleet").await;
+        assert_eq!(a.len(), 50, "{script}");
+        assert_eq!(a, b, "{script}'s aid, bid, tid and delta");
+    }
+    // select-only writes nothing: its draws are read from the server's
+    // statement log, each session's parameters in order.
+    let c = cl.connect().await.unwrap();
+    for set in [
+        "ALTER SYSTEM SET log_statement = 'all'",
+        "ALTER SYSTEM SET log_line_prefix = '%c '",
+        "SELECT pg_reload_conf()",
+    ] {
+        c.batch_execute(set).await.unwrap();
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let mut by = Vec::new();
+    for driver in ["pgbench", "pgfleet"] {
+        let log = cl.dir().join("postgres.log");
+        let from = std::fs::metadata(&log).unwrap().len() as usize;
+        let params = common::params(
+            &json!({
+                "kind": "pgbench", "scale": 1, "script": "select-only", "clients": 2,
+                "transactions": 25, "warmup_s": 0, "seed": 7, "driver": driver,
+            })
+            .to_string(),
+        );
+        common::run(&cl, &params).await.unwrap();
+        let text = std::fs::read_to_string(&log).unwrap();
+        by.push(logged_aids(&text[from..]));
+    }
+    assert_eq!(by[0].len(), 2, "{:?}", by[0]);
+    assert!(by[0].iter().all(|s| s.len() == 25), "{:?}", by[0]);
+    assert_eq!(by[1], by[0], "select-only's aids, client by client");
     cl.teardown().await.unwrap();
     std::fs::remove_dir_all(&root).unwrap();
 }
@@ -486,29 +563,16 @@ async fn the_invalid_script_list_fails_as_pgbench_fails_it() {
     let (defines, cases) = invalid_scripts::cases();
     assert_eq!(cases.len(), 73);
     let (cl, root) = cluster("pgbench-invalid").await;
-    let pgbench = pg().tool("pgbench");
+    let mut args = vec!["-M".to_string(), "prepared".to_string()];
+    args.extend(defines.iter().map(|(k, v)| format!("-D{k}={v}")));
     let mut failed = Vec::new();
     for case in &cases {
         let mut why = Vec::new();
         let lacks = |text: &str| case.expect.iter().any(|e| !text.contains(e.as_str()));
         // The real pgbench, with the TAP test's options.
-        let file = root.join("case.sql");
-        std::fs::write(&file, &case.script).unwrap();
-        let mut cmd = tokio::process::Command::new(&pgbench);
-        cmd.args(["-n", "-t", "1", "-M", "prepared"]);
-        for (k, v) in &defines {
-            cmd.arg(format!("-D{k}={v}"));
-        }
-        let out = cmd
-            .arg("-f")
-            .arg(&file)
-            .arg(cl.conninfo())
-            .output()
-            .await
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        if out.status.code() != Some(i32::from(case.status)) || lacks(&stderr) {
-            why.push(format!("pgbench: {:?} {stderr}", out.status.code()));
+        let (status, stderr) = pgbench_once(&cl, &root, &case.script, &args).await;
+        if status != Some(i32::from(case.status)) || lacks(&stderr) {
+            why.push(format!("pgbench: {status:?} {stderr}"));
         }
         // pgfleet, under both drivers.
         let entry = |driver: &str| {
