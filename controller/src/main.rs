@@ -274,7 +274,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             if kubernetes {
                 let opts = kube_options(&kube, None);
                 let objects = kubernetes::plan(&sc, "dry-run", &opts)
-                    .map_err(|e| scenario::ScenarioError::located(&path, e))?;
+                    .map_err(|e| scenario::ScenarioError::located(&path, "", e))?;
                 print!("{}", objects.to_yaml());
                 eprint!("{}", kubernetes::describe(&objects));
             } else {

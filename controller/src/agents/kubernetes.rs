@@ -295,6 +295,7 @@ fn refuse_emulation(i: usize, f: &FleetEntry) -> Result<(), Invalid> {
                 "profile `{}` is emulated by throttling block I/O, which an agent's pod cannot do: on Kubernetes the storage class sets the volume's limits; add `emulate: false` (and `storage_class:`)",
                 st.profile.value
             ),
+            value_line: 0,
         });
     }
     let inst = f.instance();
@@ -312,6 +313,7 @@ fn refuse_emulation(i: usize, f: &FleetEntry) -> Result<(), Invalid> {
             at,
             field: format!("fleet[{i}].instance.emulate"),
             message: "an instance's memory and CPUs are emulated with cgroups, which an agent's pod cannot set up: on Kubernetes the node is the instance (`instance.type` selects its node pool); add `emulate: false` or remove `memory`/`cpus`".into(),
+            value_line: 0,
         });
     }
     Ok(())

@@ -48,16 +48,41 @@ impl fmt::Display for ScenarioError {
 impl std::error::Error for ScenarioError {}
 
 impl ScenarioError {
-    /// A value check's error, in file `path`.
-    pub fn located(path: &Path, e: pgfleet_proto::workload::Invalid) -> ScenarioError {
+    /// A value check's error, in file `path` whose text is `text`. An
+    /// error on a line of a block scalar (`script_text: |`) points at that
+    /// line of the file.
+    pub fn located(path: &Path, text: &str, e: pgfleet_proto::workload::Invalid) -> ScenarioError {
+        let (mut line, mut column) = (e.at.line(), e.at.column());
+        if e.value_line > 1 && line > 1 && block_scalar_header(text, line as usize - 1) {
+            let at = line as usize + e.value_line - 1;
+            if let Some(l) = text.lines().nth(at - 1) {
+                line = at as u64;
+                column = (l.len() - l.trim_start().len() + 1) as u64;
+            }
+        }
         ScenarioError {
             file: path.to_path_buf(),
-            line: e.at.line(),
-            column: e.at.column(),
+            line,
+            column,
             field: e.field,
             message: e.message,
         }
     }
+}
+
+/// Whether line `n` (1-based) of `text` ends with a block scalar's header
+/// (`key: |`, `|-`, `>+2`, ... and an optional comment): the value starts
+/// on the next line.
+fn block_scalar_header(text: &str, n: usize) -> bool {
+    let Some(l) = text.lines().nth(n.wrapping_sub(1)) else {
+        return false;
+    };
+    let code = l.split(" #").next().unwrap_or(l).trim_end();
+    let tail = code.split_whitespace().last().unwrap_or("");
+    tail.starts_with(['|', '>'])
+        && tail[1..]
+            .chars()
+            .all(|c| matches!(c, '-' | '+') || c.is_ascii_digit())
 }
 
 /// A whole scenario file.
@@ -471,7 +496,8 @@ pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
     let parsed = deserialize::<Scenario>(path, text);
     workload::set_kinds_ahead(Vec::new());
     let mut scenario = parsed?;
-    scenario.units = validate::validate(&scenario).map_err(|e| ScenarioError::located(path, e))?;
+    scenario.units =
+        validate::validate(&scenario).map_err(|e| ScenarioError::located(path, text, e))?;
     Ok(scenario)
 }
 
@@ -900,6 +926,17 @@ workloads:
                 .contains("script_text:1: unexpected function name (rnd) in command \"set\""),
             "{e}"
         );
+        // In a block scalar, the error points at the script's own line.
+        let e = err(&PGBENCH.replace(
+            "script: random-update",
+            "script_text: |  # two commands\n      SELECT 1;\n      \\set aid rnd(1, 2)\n      SELECT :aid;",
+        ));
+        assert_eq!((e.line, e.column), (10, 7), "{e}");
+        assert!(e.message.starts_with("script_text:2: "), "{e}");
+        assert!(block_scalar_header("a: |-\nb: >+2 # c\nc: '|'\n- |\n", 1));
+        assert!(block_scalar_header("a: |-\nb: >+2 # c\nc: '|'\n- |\n", 2));
+        assert!(!block_scalar_header("a: |-\nb: >+2 # c\nc: '|'\n- |\n", 3));
+        assert!(block_scalar_header("a: |-\nb: >+2 # c\nc: '|'\n- |\n", 4));
         let e = err(&PGBENCH.replace("replicas: 2", "replicas: 0"));
         assert_eq!(
             (e.line, e.field.as_str()),

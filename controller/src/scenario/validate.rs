@@ -21,6 +21,7 @@ fn err<T>(
         at,
         field: field.into(),
         message: message.into(),
+        value_line: 0,
     })
 }
 

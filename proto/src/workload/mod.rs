@@ -48,6 +48,10 @@ pub struct Invalid {
     pub at: Location,
     pub field: String,
     pub message: String,
+    /// For a multi-line value (a script): the line of the value the error
+    /// is on, 1-based; 0 for the value as a whole. Where the value is a
+    /// YAML block scalar, the scenario's error points at that line.
+    pub value_line: usize,
 }
 
 pub type Checked<T> = Result<T, Invalid>;
@@ -75,7 +79,19 @@ impl Field {
             at,
             field: self.at(key),
             message: message.into(),
+            value_line: 0,
         })
+    }
+    /// An error on line `value_line` of a multi-line value (a script).
+    pub fn err_on_line<T>(
+        &self,
+        at: Location,
+        key: &str,
+        value_line: usize,
+        message: impl Into<String>,
+    ) -> Checked<T> {
+        self.err(at, key, message)
+            .map_err(|e| Invalid { value_line, ..e })
     }
     /// `v` (when given) must lie in `lo..=hi`.
     pub fn in_range<T: PartialOrd + fmt::Display + Copy>(

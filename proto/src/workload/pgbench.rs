@@ -285,9 +285,15 @@ pub fn check_drive(f: &Field, s: &Spec) -> Checked<DriveParams> {
         && driver == "pgbench"
         && let Some(Err(why)) = pgbench_verdict(&t.value)
     {
-        return f.err(
+        // pgbench names the line as `script_text:N:`.
+        let line = why
+            .strip_prefix("script_text:")
+            .and_then(|r| r.split(':').next()?.parse().ok())
+            .unwrap_or(0);
+        return f.err_on_line(
             t.referenced,
             "script_text",
+            line,
             format!("pgbench rejects the script: {why}"),
         );
     }
@@ -295,7 +301,7 @@ pub fn check_drive(f: &Field, s: &Spec) -> Checked<DriveParams> {
         && driver != "pgbench"
     {
         Script::parse("script_text", &t.value)
-            .or_else(|e| f.err(t.referenced, "script_text", e.to_string()))?;
+            .or_else(|e| f.err_on_line(t.referenced, "script_text", e.line, e.to_string()))?;
     }
     let mut defines = BTreeMap::new();
     for (k, v) in s.defines.iter().flatten() {
