@@ -42,10 +42,6 @@ impl fmt::Display for Value {
 }
 
 impl Value {
-    pub fn to_text(self) -> String {
-        self.to_string()
-    }
-
     /// What pgbench's `debug()` prints: `int 5`, `double 0.3`,
     /// `boolean true`, `null`.
     pub fn debug_text(self) -> String {
