@@ -63,9 +63,8 @@ fn agents_join_over_tls_with_the_join_token() {
 }
 
 /// Runs an extra agent against the running controller; returns its exit
-/// code, its stderr and how long it took.
-fn intruder(s: &Scratch, args: &[&str]) -> (Option<i32>, String, Duration) {
-    let t0 = Instant::now();
+/// code and its stderr.
+fn intruder(s: &Scratch, args: &[&str]) -> (Option<i32>, String) {
     let root = s.dir.join("intruder");
     let out = Command::new(agent_bin())
         .arg("run")
@@ -87,7 +86,7 @@ fn intruder(s: &Scratch, args: &[&str]) -> (Option<i32>, String, Duration) {
     assert!(!root.exists(), "the refused agent left {}", root.display());
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     eprintln!("refused agent {args:?}: {}", err.trim());
-    (out.status.code(), err, t0.elapsed())
+    (out.status.code(), err)
 }
 
 #[test]
@@ -136,7 +135,7 @@ fn wrong_tokens_plaintext_missing_ca_and_unknown_agents_are_refused_clearly() {
     let https = format!("https://127.0.0.1:{port}");
     let http = format!("http://127.0.0.1:{port}");
 
-    let (code, err, took) = intruder(
+    let (code, err) = intruder(
         &s,
         &[
             "--controller",
@@ -152,23 +151,26 @@ fn wrong_tokens_plaintext_missing_ca_and_unknown_agents_are_refused_clearly() {
         err.contains("refused this agent") && err.contains("join token"),
         "{err}"
     );
+    // A refusal ends the agent at once: it did not retry until giving up
+    // (which says "unreachable"); no wall-clock bound, as a loaded host
+    // may take seconds to start a process and finish a TLS handshake.
     assert!(
-        took < Duration::from_secs(3),
-        "a refusal is not retried: {took:?}"
+        !err.contains("unreachable"),
+        "a refusal is not retried: {err}"
     );
 
-    let (code, err, _) = intruder(&s, &["--controller", &https, "--token-file", &p("token")]);
+    let (code, err) = intruder(&s, &["--controller", &https, "--token-file", &p("token")]);
     assert_ne!(code, Some(0), "{err}");
     assert!(err.contains("--ca"), "{err}");
 
-    let (code, err, _) = intruder(&s, &["--controller", &http, "--token-file", &p("token")]);
+    let (code, err) = intruder(&s, &["--controller", &http, "--token-file", &p("token")]);
     assert_ne!(code, Some(0), "{err}");
     assert!(
         err.contains("unreachable") && err.contains("https:// with --ca"),
         "{err}"
     );
 
-    let (code, err, _) = intruder(
+    let (code, err) = intruder(
         &s,
         &[
             "--controller",
