@@ -1,16 +1,29 @@
-# The README's two commands: `make run` (quickstart) and `make test` (what .ci/run runs).
+# The README's two commands: `make run` (quickstart) and `make test` (the
+# fast tier); `make test-all` (every tier) is what .ci/run runs.
+# .config/nextest.toml says which test is in which tier; BENCHMARKS.md
+# ("Test suite") how long they take.
 CARGO ?= cargo
 
-.PHONY: run test build release lint bench clean
+.PHONY: run test test-all test-times build release lint bench clean
 
 ## Quickstart: build (release) and run scenarios/quickstart.yaml (~2 minutes).
 run: release
 	./target/release/pgfleet run scenarios/quickstart.yaml --out runs/quickstart
 
-## Tests: unit tests, real-PostgreSQL tests and end-to-end runs, under nextest.
+## The fast tier: unit and in-process tests, PostgreSQL fact tests (minutes).
 test:
 	$(CARGO) build --workspace --bins --locked
 	$(CARGO) nextest run --workspace --locked --no-fail-fast
+
+## Every tier: adds multi-process runs, serve, containers, manifests,
+## Prometheus, traces, PostgreSQL 18 and the long property test.
+test-all:
+	$(CARGO) build --workspace --bins --locked
+	PGFLEET_FUZZ_CASES=$${PGFLEET_FUZZ_CASES:-300000} $(CARGO) nextest run --workspace --locked --no-fail-fast --profile all
+
+## The slowest tests of the last `make test-all` (JUnit from nextest).
+test-times:
+	python3 .ci/test-times.py target/nextest/all/junit.xml 15
 
 build:
 	$(CARGO) build --workspace --bins
