@@ -542,12 +542,25 @@ fn deserialize<T: serde::de::DeserializeOwned>(
 /// serde_path_to_error writes `?` for the document root and `.value` for the
 /// inside of `Spanned`; users know neither.
 fn clean_path(p: &str) -> String {
-    let p = p.replace(".value", "");
     if p == "." || p == "?" {
-        String::new()
-    } else {
-        p
+        return String::new();
     }
+    // Only whole `value` segments go: a key such as `value_bytes` stays.
+    let mut out = String::new();
+    for seg in p.split('.') {
+        let seg = match seg.strip_prefix("value") {
+            Some(rest) if rest.is_empty() || rest.starts_with('[') => rest,
+            _ => seg,
+        };
+        if seg.is_empty() {
+            continue;
+        }
+        if !out.is_empty() && !seg.starts_with('[') {
+            out.push('.');
+        }
+        out.push_str(seg);
+    }
+    out
 }
 
 /// serde-saphyr's Display adds a source snippet after the first line; keep
@@ -621,25 +634,32 @@ workloads:
         assert_eq!(cells[0].settings["shared_buffers"], "128MB");
     }
 
+    /// Every scenario under scenarios/ (found by walking the directory, so a
+    /// new one cannot be forgotten) loads, validates and plans cells.
     #[test]
     fn shipped_scenarios_are_valid() {
-        for f in [
-            "quickstart.yaml",
-            "toast-slice.yaml",
-            "random-update.yaml",
-            "nvme-vs-gp3.yaml",
-            "at-scale/nvme-vs-ebs.yaml",
-            "vacuum.yaml",
-            "at-scale/vacuum.yaml",
-            "logical-drain.yaml",
-            "at-scale/logical-drain.yaml",
-            "storage-suite.yaml",
-            "at-scale/storage-suite.yaml",
-        ] {
-            let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../scenarios")
-                .join(f);
-            load(&path).unwrap_or_else(|e| panic!("{e}"));
+        fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+            for e in std::fs::read_dir(dir).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    walk(&p, out);
+                } else if p.extension().is_some_and(|x| x == "yaml" || x == "yml") {
+                    out.push(p);
+                }
+            }
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
+        let mut files = Vec::new();
+        walk(&root, &mut files);
+        files.sort();
+        assert!(files.len() >= 14, "{files:?}");
+        for path in &files {
+            let s = load(path).unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                !crate::scenario::plan::plan(&s).is_empty(),
+                "{}: plans no cell",
+                path.display()
+            );
         }
     }
 
@@ -663,6 +683,16 @@ workloads:
         let e = err(&format!("{GOOD}extra: 1\n"));
         assert_eq!(e.line, 16, "{e}");
         assert!(e.message.contains("extra"), "{e}");
+    }
+
+    #[test]
+    fn a_key_that_starts_with_value_keeps_its_name_in_the_path() {
+        let e = err(&with("value_bytes: 10485760", "value_bytes: 1MiB"));
+        assert_eq!(e.field, "workloads[0].value_bytes", "{e}");
+        assert_eq!(
+            clean_path("workloads.value[0].value.offsets.value[1]"),
+            "workloads[0].offsets[1]"
+        );
     }
 
     #[test]
