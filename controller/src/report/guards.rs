@@ -18,6 +18,17 @@ pub fn differences(classes: &Json) -> Vec<Json> {
     };
     let mut out = Vec::new();
     for (name, c) in it {
+        // Like with like: a class none of whose cells reported the
+        // cluster's own view (none ended with a result) is not compared.
+        let unmeasured: Vec<&str> = [(base_name, base), (name, c)]
+            .into_iter()
+            .filter(|(_, x)| x["measured"] == false)
+            .map(|(n, _)| n.as_str())
+            .collect();
+        if !unmeasured.is_empty() {
+            out.push(json!({"class": name, "baseline": base_name, "differs": [], "unmeasured": unmeasured}));
+            continue;
+        }
         let mut differs = Vec::new();
         let mut field = |what: &str, a: &Json, b: &Json| {
             if !a.is_null() && !b.is_null() && a != b {
@@ -96,6 +107,18 @@ pub fn warnings(diffs: &[Json], plan: &[String]) -> Vec<String> {
             )
         })
         .collect();
+    let mut unmeasured: Vec<&str> = diffs
+        .iter()
+        .flat_map(|d| d["unmeasured"].as_array().into_iter().flatten())
+        .filter_map(Json::as_str)
+        .collect();
+    unmeasured.sort();
+    unmeasured.dedup();
+    for class in unmeasured {
+        out.push(format!(
+            "warning: no cell of class `{class}` reported its environment (none ended with a result), so whether it differs from the other classes in more than its storage is unknown"
+        ));
+    }
     out.extend(plan.iter().cloned());
     out
 }
@@ -109,6 +132,25 @@ mod tests {
                "host": {"cores": 2, "memory_bytes": 24u64 << 30},
                "instance": {"emulated": emulated, "memory_bytes": mem, "cpus": 1, "type": ""},
                "storage": {"profile": "nvme"}})
+    }
+
+    #[test]
+    fn a_class_without_a_measured_environment_is_not_compared_and_says_so() {
+        // The registration's short version against a cell's full one: not
+        // a difference, an unknown.
+        let mut slow = class("15.18", "128MB", 96 << 20, true);
+        slow["measured"] = json!(false);
+        let mut fast = class("15.18 (Debian 15.18-0+deb12u1)", "128MB", 96 << 20, true);
+        fast["measured"] = json!(true);
+        let d = differences(&json!({"fast": fast, "slow": slow}));
+        assert_eq!(d[0]["differs"], json!([]));
+        let w = warnings(&d, &[]);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("no cell of class `slow` reported its environment"),
+            "{w:?}"
+        );
+        assert!(!w[0].contains("differ in more than"), "{w:?}");
     }
 
     #[test]
