@@ -13,7 +13,10 @@
 //! scrape's size, and whether any agent was falsely lost.
 //!
 //!   cargo build --release --workspace --bins --examples
-//!   target/release/examples/serve_load [AGENTS] [SECONDS]     (default 200 60)
+//!   target/release/examples/serve_load [AGENTS] [SECONDS] [LIVE_SCALE]   (default 200 60 1)
+//!
+//! LIVE_SCALE multiplies each live second's transactions (678 per agent):
+//! 24 makes ~16,000 per agent-second, the seeds' NVMe rate.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -89,10 +92,12 @@ fn sample_json(i: u64) -> String {
     serde_json::Value::Object(m).to_string()
 }
 
-/// A driver's live second as the pgbench workload sends it: 1,000
+/// A driver's live second as the pgbench workload sends it: 678 x `scale`
 /// transactions spread over a dozen log buckets (0.25 .. 8 ms), a failure.
-fn live_json(t: u64) -> String {
-    let buckets: Vec<[u64; 2]> = (0..12u64).map(|k| [32 + k * 2, 40 + 3 * k]).collect();
+fn live_json(t: u64, scale: u64) -> String {
+    let buckets: Vec<[u64; 2]> = (0..12u64)
+        .map(|k| [32 + k * 2, (40 + 3 * k) * scale])
+        .collect();
     let transactions: u64 = buckets.iter().map(|b| b[1]).sum();
     serde_json::json!({
         "second": t,
@@ -192,7 +197,7 @@ async fn agent(
                 sample_seq += 1;
                 let _ = tx.send(m(Msg::Sample(CellSample { cell_id: id.clone(), kind: "pg_stat".into(), data_json: sample_json(t), seq: sample_seq }))).await;
                 sample_seq += 1;
-                let _ = tx.send(m(Msg::Sample(CellSample { cell_id: id.clone(), kind: "live".into(), data_json: live_json(t), seq: sample_seq }))).await;
+                let _ = tx.send(m(Msg::Sample(CellSample { cell_id: id.clone(), kind: "live".into(), data_json: live_json(t, live_scale()), seq: sample_seq }))).await;
                 let _ = tx.send(m(Msg::Progress(CellProgress { cell_id: id, phase: "measure".into(), done: t, total: measure.as_secs(), message: format!("{t} s") }))).await;
                 sent.fetch_add(3, Ordering::Relaxed);
             }
@@ -246,6 +251,15 @@ fn get(addr: &str, path: &str, token: &str) -> (u16, String) {
 fn quantile(v: &mut [f64], q: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[((v.len() as f64 - 1.0) * q).round() as usize]
+}
+
+/// The third argument: live transactions per agent-second as a multiple of
+/// 678 (24: ~16,000, the seeds' NVMe rate).
+fn live_scale() -> u64 {
+    std::env::args()
+        .nth(3)
+        .and_then(|x| x.parse().ok())
+        .unwrap_or(1)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

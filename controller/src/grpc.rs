@@ -1,7 +1,7 @@
-//! The gRPC side of agent sessions. Each session becomes events for the
-//! hub, which routes them to the scheduler of the run that holds the agent:
-//! `Registered` (with a sender for messages to the agent), `Message`, and
-//! `Disconnected`. The service itself keeps no state.
+//! The gRPC agent-session service and its server. Each session becomes
+//! `events::Event`s for the hub, which routes them to the scheduler of the
+//! run that holds the agent: `Registered` (with the agent's own queue back,
+//! `ToAgent`), `Message`, and `Disconnected`. The service keeps no state.
 //!
 //! Security: a session must carry the join token (`authorization: Bearer
 //! <token>` metadata, compared in constant time) or it is refused with
@@ -9,53 +9,20 @@
 //! a certificate and key (agents then dial `https://` with `--ca`).
 
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use futures::Stream;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
 use pgfleet_proto::v1::agent_message::Msg;
 use pgfleet_proto::v1::agent_session_server::{AgentSession, AgentSessionServer};
-use pgfleet_proto::v1::{
-    AgentMessage, ControllerMessage, Register, Registered, controller_message,
-};
+use pgfleet_proto::v1::{AgentMessage, ControllerMessage, Registered, controller_message};
 
+use crate::events::{Event, OutStream, ToAgent};
 use crate::hub::Hub;
 use crate::{Error, Result};
-
-pub type ToAgent = mpsc::Sender<Result<ControllerMessage, Status>>;
-
-#[derive(Debug)]
-pub enum Event {
-    Registered {
-        info: Register,
-        conn: u64,
-        tx: ToAgent,
-    },
-    Message {
-        agent_id: String,
-        conn: u64,
-        msg: Msg,
-        /// When it arrived (the scheduler measures how long it waited).
-        received: std::time::Instant,
-    },
-    Disconnected {
-        agent_id: String,
-        conn: u64,
-    },
-    /// From an agent source: the agent is gone for good (its process
-    /// exited, its pod failed, was evicted or deleted, or never started).
-    /// It is lost at once, whatever its state; `why` says what happened.
-    Gone {
-        agent_id: String,
-        why: String,
-    },
-}
 
 pub struct SessionService {
     hub: Hub,
@@ -110,8 +77,6 @@ pub struct Security {
     pub token: Option<String>,
 }
 
-type OutStream = Pin<Box<dyn Stream<Item = Result<ControllerMessage, Status>> + Send>>;
-
 #[tonic::async_trait]
 impl AgentSession for SessionService {
     type SessionStream = OutStream;
@@ -145,16 +110,14 @@ impl AgentSession for SessionService {
             ));
         }
         let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel(256);
+        let (tx, out) = ToAgent::channel();
         let heartbeat = (self.lease / 5).max(Duration::from_millis(100));
-        let _ = tx
-            .send(Ok(ControllerMessage {
-                msg: Some(controller_message::Msg::Registered(Registered {
-                    heartbeat_interval_ms: heartbeat.as_millis() as u32,
-                    lease_ms: self.lease.as_millis() as u32,
-                })),
-            }))
-            .await;
+        tx.send(ControllerMessage {
+            msg: Some(controller_message::Msg::Registered(Registered {
+                heartbeat_interval_ms: heartbeat.as_millis() as u32,
+                lease_ms: self.lease.as_millis() as u32,
+            })),
+        });
         let agent_id = info.agent_id.clone();
         // The controller's side of the session, as long as it lasts: a
         // child of the agent's.
@@ -190,7 +153,7 @@ impl AgentSession for SessionService {
             }
             .instrument(span),
         );
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(out))
     }
 }
 

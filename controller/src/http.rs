@@ -460,7 +460,15 @@ async fn events(State(s): State<Shared>, Path(id): Path<String>) -> Response {
         .into_response()
 }
 
-fn report_file(s: &Served, id: &str, file: &str, content_type: &'static str) -> Response {
+/// Renders (when needed) and reads a report file off the runtime's
+/// threads: a large run's report never holds up the API or agents.
+async fn report_file(s: Shared, id: String, file: String, content_type: &'static str) -> Response {
+    tokio::task::spawn_blocking(move || report_file_now(&s, &id, &file, content_type))
+        .await
+        .unwrap_or_else(|e| store_error(crate::Error::Store(format!("rendering the report: {e}"))))
+}
+
+fn report_file_now(s: &Served, id: &str, file: &str, content_type: &'static str) -> Response {
     match s.service.store.run(id) {
         Ok(Some(_)) => {}
         Ok(None) => return not_found(id),
@@ -491,7 +499,7 @@ fn report_file(s: &Served, id: &str, file: &str, content_type: &'static str) -> 
     ),
     security(("bearer" = [])), tag = "reports")]
 async fn report_json(State(s): State<Shared>, Path(id): Path<String>) -> Response {
-    report_file(&s, &id, "report.json", "application/json")
+    report_file(s, id, "report.json".into(), "application/json").await
 }
 
 /// The run's report as Markdown; its plots are under `plots/`.
@@ -505,7 +513,7 @@ async fn report_json(State(s): State<Shared>, Path(id): Path<String>) -> Respons
     ),
     security(("bearer" = [])), tag = "reports")]
 async fn report_md(State(s): State<Shared>, Path(id): Path<String>) -> Response {
-    report_file(&s, &id, "report.md", "text/markdown; charset=utf-8")
+    report_file(s, id, "report.md".into(), "text/markdown; charset=utf-8").await
 }
 
 /// The names of the run's plots (SVG).
@@ -519,6 +527,13 @@ async fn report_md(State(s): State<Shared>, Path(id): Path<String>) -> Response 
     ),
     security(("bearer" = [])), tag = "reports")]
 async fn plots(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    tokio::task::spawn_blocking(move || plots_now(&s, &id))
+        .await
+        .unwrap_or_else(|e| store_error(crate::Error::Store(format!("rendering the report: {e}"))))
+}
+
+fn plots_now(s: &Served, id: &str) -> Response {
+    let id = id.to_string();
     match s.service.store.run(&id) {
         Ok(Some(_)) => {}
         Ok(None) => return not_found(&id),
@@ -561,7 +576,7 @@ async fn plot(State(s): State<Shared>, Path((id, name)): Path<(String, String)>)
             format!("no plot `{name}`: GET /v1/runs/{id}/plots lists them"),
         );
     }
-    report_file(&s, &id, &name, "image/svg+xml")
+    report_file(s, id, name, "image/svg+xml").await
 }
 
 /// The agents that joined: idle in the pool or held by a run.
@@ -638,7 +653,9 @@ async fn readyz(State(s): State<Shared>) -> Response {
     responses((status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain", body = String)),
     tag = "health")]
 async fn metrics(State(s): State<Shared>) -> Response {
-    metrics_response(&s.service)
+    tokio::task::spawn_blocking(move || metrics_response(&s.service))
+        .await
+        .unwrap_or_else(|e| store_error(crate::Error::Store(format!("rendering metrics: {e}"))))
 }
 
 pub fn metrics_response(service: &crate::service::Service) -> Response {
@@ -696,7 +713,7 @@ async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    if crate::api::constant_time_eq(given.as_bytes(), s.api_token.as_bytes()) {
+    if crate::grpc::constant_time_eq(given.as_bytes(), s.api_token.as_bytes()) {
         return next.run(req).await;
     }
     let mut r = error(

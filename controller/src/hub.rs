@@ -24,7 +24,7 @@ use pgfleet_proto::v1::agent_message::Msg;
 use pgfleet_proto::v1::controller_message::Msg as CMsg;
 use pgfleet_proto::v1::{ControllerMessage, Register, ResultAck, Shutdown};
 
-use crate::api::{Event, ToAgent};
+use crate::events::{Event, ToAgent};
 
 /// One agent that joined.
 struct Joined {
@@ -242,7 +242,7 @@ impl Hub {
                 let _ = s.send(ev).await;
             }
             Then::Send(tx, m) => {
-                let _ = tx.send(Ok(m)).await;
+                tx.send(m);
             }
             Then::Nothing => {}
         }
@@ -367,12 +367,10 @@ impl Hub {
             txs
         };
         for tx in txs {
-            let _ = tx
-                .send(Ok(cmsg(CMsg::Shutdown(Shutdown {
-                    reason: "run finished".into(),
-                    refused: false,
-                }))))
-                .await;
+            tx.send(cmsg(CMsg::Shutdown(Shutdown {
+                reason: "run finished".into(),
+                refused: false,
+            })));
         }
     }
 

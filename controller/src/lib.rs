@@ -9,10 +9,11 @@
 //!   start them; they register over the same gRPC session either way.
 
 pub mod agents;
-pub mod api;
 pub mod cli;
 pub mod client;
 pub mod compare;
+pub mod events;
+pub mod grpc;
 pub mod http;
 pub mod hub;
 pub mod metrics;
@@ -24,6 +25,7 @@ pub mod serve;
 pub mod service;
 pub mod stats;
 pub mod store;
+pub mod writer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

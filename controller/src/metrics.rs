@@ -13,7 +13,7 @@
 //! per-client label). A run's series leave `/metrics` a retention period
 //! after it ends.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -52,7 +52,7 @@ pub struct Metrics {
     waits: prometheus::GaugeVec,
     driver_transactions: IntCounterVec,
     driver_failures: IntCounterVec,
-    driver_latency: HistogramVec,
+    driver_latency: CountedHistogramVec,
     vacuum_blocks: IntGaugeVec,
     replication_lag: IntGaugeVec,
     toast_latency: prometheus::GaugeVec,
@@ -85,6 +85,138 @@ pub const LATENCY_BUCKETS: &[f64] = &[
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
     2.5, 5.0, 10.0,
 ];
+
+/// The most a live second may add to a counter or a bucket: an agent
+/// claiming more (10^9 transactions in one second of one cluster is far
+/// beyond any server) is clamped, so one message cannot poison a series.
+const MAX_LIVE_COUNT: u64 = 1_000_000_000;
+/// The most latency buckets one live second is read for (the driver sends
+/// at most a few dozen).
+const MAX_LIVE_BUCKETS: usize = 512;
+
+/// A histogram family that takes a count per observed value: a live
+/// second's bucket of 16,000 transactions is one update, not 16,000
+/// `observe` calls (the `prometheus` crate's histograms take one at a time).
+#[derive(Clone)]
+pub struct CountedHistogramVec {
+    desc: prometheus::core::Desc,
+    bounds: Vec<f64>,
+    series: std::sync::Arc<Mutex<HashMap<Vec<String>, CountedSeries>>>,
+}
+
+#[derive(Default)]
+struct CountedSeries {
+    /// Per upper bound (not cumulative), then +Inf.
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl CountedHistogramVec {
+    pub fn new(
+        name: &str,
+        help: &str,
+        bounds: &[f64],
+        labels: &[&str],
+    ) -> prometheus::Result<Self> {
+        let desc = prometheus::core::Desc::new(
+            name.to_string(),
+            help.to_string(),
+            labels.iter().map(|l| l.to_string()).collect(),
+            HashMap::new(),
+        )?;
+        Ok(CountedHistogramVec {
+            desc,
+            bounds: bounds.to_vec(),
+            series: Default::default(),
+        })
+    }
+
+    /// Adds `n` observations of `value` for each `(value, n)`.
+    pub fn observe_many(&self, labels: &[&str], observed: &[(f64, u64)]) {
+        let key: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
+        let mut all = self.series.lock().unwrap_or_else(|p| p.into_inner());
+        let s = all.entry(key).or_insert_with(|| CountedSeries {
+            counts: vec![0; self.bounds.len() + 1],
+            ..Default::default()
+        });
+        for &(v, n) in observed {
+            let i = self.bounds.partition_point(|b| *b < v);
+            s.counts[i] = s.counts[i].saturating_add(n);
+            s.sum += v * n as f64;
+            s.count = s.count.saturating_add(n);
+        }
+    }
+
+    pub fn remove(&self, labels: &[String]) {
+        let mut all = self.series.lock().unwrap_or_else(|p| p.into_inner());
+        all.remove(labels);
+    }
+}
+
+impl prometheus::core::Collector for CountedHistogramVec {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        vec![&self.desc]
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        use prometheus::proto;
+        let all = self.series.lock().unwrap_or_else(|p| p.into_inner());
+        let mut metrics: Vec<proto::Metric> = all
+            .iter()
+            .map(|(values, s)| {
+                let mut h = proto::Histogram::default();
+                h.set_sample_count(s.count);
+                h.set_sample_sum(s.sum);
+                let mut cumulative = 0;
+                h.set_bucket(
+                    self.bounds
+                        .iter()
+                        .zip(&s.counts)
+                        .map(|(b, n)| {
+                            cumulative += n;
+                            let mut bucket = proto::Bucket::default();
+                            bucket.set_upper_bound(*b);
+                            bucket.set_cumulative_count(cumulative);
+                            bucket
+                        })
+                        .collect(),
+                );
+                let mut m = proto::Metric::from_label(
+                    self.desc
+                        .variable_labels
+                        .iter()
+                        .zip(values)
+                        .map(|(k, v)| {
+                            let mut p = proto::LabelPair::default();
+                            p.set_name(k.clone());
+                            p.set_value(v.clone());
+                            p
+                        })
+                        .collect(),
+                );
+                m.set_histogram(h);
+                m
+            })
+            .collect();
+        // A stable order, as the crate's own vectors give.
+        metrics.sort_by(|a, b| {
+            let key = |m: &proto::Metric| -> Vec<String> {
+                m.get_label()
+                    .iter()
+                    .map(|l| l.value().to_string())
+                    .collect()
+            };
+            key(a).cmp(&key(b))
+        });
+        let mut f = proto::MetricFamily::default();
+        f.set_name(self.desc.fq_name.clone());
+        f.set_help(self.desc.help.clone());
+        f.set_field_type(proto::MetricType::HISTOGRAM);
+        f.set_metric(metrics);
+        vec![f]
+    }
+}
 
 fn must<T>(r: prometheus::Result<T>) -> T {
     // Names and labels are constants here: a failure is a bug.
@@ -181,9 +313,10 @@ impl Metrics {
                 Opts::new("pgfleet_transaction_failures_total", "Transactions that failed after their retries, by class (serialization, deadlock)."),
                 &with("class")
             )),
-            driver_latency: reg!(HistogramVec::new(
-                HistogramOpts::new("pgfleet_transaction_latency_seconds", "Latency of the driver's transactions (from scheduled start), merged across clusters.")
-                    .buckets(LATENCY_BUCKETS.to_vec()),
+            driver_latency: reg!(CountedHistogramVec::new(
+                "pgfleet_transaction_latency_seconds",
+                "Latency of the driver's transactions (from scheduled start), merged across clusters.",
+                LATENCY_BUCKETS,
                 run
             )),
             vacuum_blocks: reg!(IntGaugeVec::new(
@@ -321,9 +454,12 @@ impl Metrics {
         let owned: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
         self.remember(labels[1], &owned);
         let l = &labels[..];
-        self.driver_transactions
-            .with_label_values(l)
-            .inc_by(data["transactions"].as_u64().unwrap_or(0));
+        self.driver_transactions.with_label_values(l).inc_by(
+            data["transactions"]
+                .as_u64()
+                .unwrap_or(0)
+                .min(MAX_LIVE_COUNT),
+        );
         if let Some(f) = data["failures"].as_object() {
             let mut classes = self
                 .failure_classes
@@ -336,18 +472,22 @@ impl Metrics {
                 v.push(class);
                 self.driver_failures
                     .with_label_values(&v)
-                    .inc_by(n.as_u64().unwrap_or(0));
+                    .inc_by(n.as_u64().unwrap_or(0).min(MAX_LIVE_COUNT));
             }
         }
         let per_octave = data["buckets_per_octave"].as_f64().unwrap_or(4.0).max(1.0);
-        let h = self.driver_latency.with_label_values(l);
-        for b in data["buckets"].as_array().into_iter().flatten() {
-            let (i, n) = (b[0].as_f64().unwrap_or(0.0), b[1].as_u64().unwrap_or(0));
-            let seconds = ((i + 0.5) / per_octave).exp2() / 1e6;
-            for _ in 0..n {
-                h.observe(seconds);
-            }
-        }
+        let observed: Vec<(f64, u64)> = data["buckets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .take(MAX_LIVE_BUCKETS)
+            .map(|b| {
+                let (i, n) = (b[0].as_f64().unwrap_or(0.0), b[1].as_u64().unwrap_or(0));
+                (((i + 0.5) / per_octave).exp2() / 1e6, n.min(MAX_LIVE_COUNT))
+            })
+            .collect();
+        // One update per bucket, whatever its count.
+        self.driver_latency.observe_many(l, &observed);
     }
 
     /// A cell reports its phase: its series moves to the new phase.
@@ -464,7 +604,7 @@ impl Metrics {
                 v.extend([mode.as_str(), offset.as_str()]);
                 let _ = self.toast_latency.remove_label_values(&v);
             }
-            let _ = self.driver_latency.remove_label_values(&l);
+            self.driver_latency.remove(&labels);
             let classes = self
                 .failure_classes
                 .lock()

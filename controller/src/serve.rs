@@ -283,8 +283,8 @@ async fn connect_kube(opts: &KubeOptions, store: &crate::store::Store) -> Result
 type Inboxes = HashMap<String, Inbox>;
 /// A resumed run's inbox, and its sender for its agent source's events.
 type Inbox = (
-    mpsc::Sender<crate::api::Event>,
-    mpsc::Receiver<crate::api::Event>,
+    mpsc::Sender<crate::events::Event>,
+    mpsc::Receiver<crate::events::Event>,
 );
 
 fn resume_prepare(service: &Service) -> Result<Inboxes> {

@@ -19,7 +19,7 @@ use crate::hub::Hub;
 use crate::scenario::{PlannedCell, Scenario};
 use crate::scheduler::{self, RunEvent, Scheduler};
 use crate::store::{CellState, RunStatus, Store};
-use crate::{Error, Result, api};
+use crate::{Error, Result, grpc};
 
 #[derive(Debug, Clone)]
 pub struct ServiceConfig {
@@ -78,8 +78,8 @@ pub struct Service {
     pub hub: Hub,
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     /// The agents' endpoint, once `listen` started it.
-    server: Option<api::Server>,
-    security: api::Security,
+    server: Option<grpc::Server>,
+    security: grpc::Security,
     bind: SocketAddr,
     advertise_url: Option<String>,
     token: String,
@@ -90,7 +90,7 @@ pub struct Service {
 }
 
 /// The session's security from the options: TLS material and the token.
-fn security(cfg: &ServiceConfig) -> Result<api::Security> {
+fn security(cfg: &ServiceConfig) -> Result<grpc::Security> {
     let read = |p: &Path, what: &str| {
         std::fs::read(p)
             .map_err(|e| Error::Usage(format!("reading the {what} {}: {e}", p.display())))
@@ -108,7 +108,7 @@ fn security(cfg: &ServiceConfig) -> Result<api::Security> {
         Some(f) => read_token(f, "join token file")?,
         None => random_hex(32),
     };
-    Ok(api::Security {
+    Ok(grpc::Security {
         tls,
         token: Some(token),
     })
@@ -174,7 +174,7 @@ impl Service {
     pub async fn listen(&mut self) -> Result<()> {
         if self.server.is_none() {
             self.server = Some(
-                api::serve(
+                grpc::serve(
                     self.bind,
                     self.hub.clone(),
                     self.lease,
@@ -317,7 +317,7 @@ impl Service {
         &self,
         run_id: &str,
         needs: &BTreeMap<String, usize>,
-        tx: mpsc::Sender<api::Event>,
+        tx: mpsc::Sender<crate::events::Event>,
         cancel: &CancellationToken,
     ) -> Result<Vec<(String, String)>, (CellState, String)> {
         let deadline = Instant::now() + self.registration_timeout;

@@ -147,6 +147,9 @@ pub struct NewSample {
 #[derive(Clone)]
 pub struct Store {
     conn: Arc<Mutex<Connection>>,
+    /// Reads (reports, the HTTP API, /metrics) take their own connection:
+    /// in WAL mode they see what is committed and never wait for a write.
+    reader: Arc<Mutex<Connection>>,
 }
 
 const SCHEMA: &str = r#"
@@ -286,8 +289,12 @@ impl Store {
         conn.execute_batch(
             "CREATE UNIQUE INDEX IF NOT EXISTS runs_idempotency ON runs (idempotency_key) WHERE idempotency_key IS NOT NULL",
         )?;
+        let reader = Connection::open(path)
+            .map_err(|e| Error::Store(format!("opening {}: {e}", path.display())))?;
+        reader.execute_batch("PRAGMA busy_timeout=5000; PRAGMA query_only=ON;")?;
         let store = Store {
             conn: Arc::new(Mutex::new(conn)),
+            reader: Arc::new(Mutex::new(reader)),
         };
         store.reap_interrupted()?;
         Ok(store)
@@ -339,7 +346,7 @@ impl Store {
     /// Runs of `serve` that a controller was executing or had queued when
     /// it stopped, oldest first, with the pid that ran them.
     pub fn unfinished_served_runs(&self) -> Result<Vec<(String, String, Option<i64>)>> {
-        self.with(|c| {
+        self.read(|c| {
             c.prepare(
                 "SELECT id, status, controller_pid FROM runs WHERE owner = 'serve' AND status IN ('queued', 'running') ORDER BY started_at, id",
             )?
@@ -350,7 +357,7 @@ impl Store {
 
     /// The run a submission with this idempotency key created.
     pub fn run_by_idempotency_key(&self, key: &str) -> Result<Option<String>> {
-        self.with(|c| {
+        self.read(|c| {
             c.query_row(
                 "SELECT id FROM runs WHERE idempotency_key = ?1",
                 params![key],
@@ -362,7 +369,7 @@ impl Store {
 
     /// The scenario text a run was submitted with.
     pub fn scenario_yaml(&self, id: &str) -> Result<Option<String>> {
-        self.with(|c| {
+        self.read(|c| {
             c.query_row(
                 "SELECT scenario_yaml FROM runs WHERE id = ?1",
                 params![id],
@@ -374,6 +381,12 @@ impl Store {
 
     fn with<T>(&self, f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>) -> Result<T> {
         let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(f(&mut c)?)
+    }
+
+    /// A read on the read connection.
+    fn read<T>(&self, f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>) -> Result<T> {
+        let mut c = self.reader.lock().unwrap_or_else(|p| p.into_inner());
         Ok(f(&mut c)?)
     }
 
@@ -516,7 +529,7 @@ impl Store {
         &self,
         run: &str,
     ) -> Result<std::collections::HashMap<(String, String), u64>> {
-        self.with(|c| {
+        self.read(|c| {
             let mut st = c.prepare(
                 "SELECT cell_id, agent_id, max(seq) FROM samples WHERE run_id = ?1 AND seq IS NOT NULL AND agent_id IS NOT NULL GROUP BY 1, 2",
             )?;
@@ -547,7 +560,7 @@ impl Store {
     }
 
     pub fn run(&self, id: &str) -> Result<Option<RunRow>> {
-        self.with(|c| {
+        self.read(|c| {
             c.query_row(
                 "SELECT id, scenario_name, scenario_path, status, started_at, finished_at FROM runs WHERE id = ?1",
                 params![id],
@@ -558,7 +571,7 @@ impl Store {
     }
 
     pub fn runs(&self) -> Result<Vec<RunRow>> {
-        self.with(|c| {
+        self.read(|c| {
             let mut st = c.prepare(
                 "SELECT id, scenario_name, scenario_path, status, started_at, finished_at FROM runs ORDER BY started_at",
             )?;
@@ -568,7 +581,7 @@ impl Store {
     }
 
     pub fn cells(&self, run: &str) -> Result<Vec<CellRow>> {
-        self.with(|c| {
+        self.read(|c| {
             let mut st = c.prepare(
                 "SELECT cell_id, workload, instance_class, params, state, agent_id, error, environment, started_at, finished_at
                  FROM cells WHERE run_id = ?1 ORDER BY idx",
@@ -592,7 +605,7 @@ impl Store {
     }
 
     pub fn results(&self, run: &str) -> Result<Vec<ResultRow>> {
-        self.with(|c| {
+        self.read(|c| {
             let mut st = c.prepare(
                 "SELECT r.cell_id, r.params, r.metrics FROM results r JOIN cells c ON c.run_id = r.run_id AND c.cell_id = r.cell_id
                  WHERE r.run_id = ?1 ORDER BY c.idx, r.idx",
@@ -609,7 +622,7 @@ impl Store {
     }
 
     pub fn agents(&self, run: &str) -> Result<Vec<AgentRow>> {
-        self.with(|c| {
+        self.read(|c| {
             let mut st = c.prepare(
                 "SELECT agent_id, instance_class, info, lost_at FROM agents WHERE run_id = ?1 ORDER BY agent_id",
             )?;
@@ -627,7 +640,7 @@ impl Store {
 
     /// The kinds of sample a run holds, e.g. `pg_stat`, `second`, `vacuum`.
     pub fn sample_kinds(&self, run: &str) -> Result<Vec<String>> {
-        self.with(|c| {
+        self.read(|c| {
             let mut st =
                 c.prepare("SELECT DISTINCT kind FROM samples WHERE run_id = ?1 ORDER BY kind")?;
             let rows = st.query_map(params![run], |r| r.get::<_, String>(0))?;
@@ -636,7 +649,7 @@ impl Store {
     }
 
     pub fn samples(&self, run: &str, kind: &str) -> Result<Vec<(String, Json)>> {
-        self.with(|c| {
+        self.read(|c| {
             let mut st = c.prepare(
                 "SELECT cell_id, data FROM samples WHERE run_id = ?1 AND kind = ?2 ORDER BY id",
             )?;

@@ -34,7 +34,7 @@ use tokio::sync::mpsc;
 use common::{Scratch, pgfleet, show};
 use pgfleet_controller::agents::AgentSource;
 use pgfleet_controller::agents::kubernetes::{self, KubeAgents, KubeOptions};
-use pgfleet_controller::api::Event;
+use pgfleet_controller::events::Event;
 use pgfleet_controller::scenario;
 
 const NS: &str = "bench";

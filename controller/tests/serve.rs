@@ -61,7 +61,19 @@ struct Server {
 /// Starts `pgfleet serve` on the given ports (0: any) and waits until it
 /// says where it listens.
 fn start_serve(s: &Scratch, grpc: u16, http: u16, extra: &[&str]) -> Server {
+    start_serve_env(s, grpc, http, extra, &[])
+}
+
+/// `start_serve` with environment variables set for the server.
+fn start_serve_env(
+    s: &Scratch,
+    grpc: u16,
+    http: u16,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Server {
     let mut child = Command::new(pgfleet())
+        .envs(env.iter().copied())
         .arg("--store")
         .arg(s.store())
         .arg("serve")
@@ -662,4 +674,94 @@ fn a_restarted_serve_resumes_its_runs_without_redoing_results() {
     agent.stop();
     s.assert_clean(&[]);
     assert!(Path::new(&s.store()).exists());
+}
+
+/// Acknowledged means durable, for samples too: `serve` is SIGKILLed three
+/// times while a pgbench cell streams its live seconds, each time while a
+/// batch of them has been handed to the sample writer and not committed
+/// (fault injection widens that window to 1.5 s). The agent replays what
+/// was not acknowledged; every measured second is stored exactly once.
+/// (Before acknowledgements waited for the commit, each kill lost the
+/// batch in flight.)
+#[test]
+fn a_serve_killed_between_hand_off_and_commit_loses_no_live_second() {
+    let s = Scratch::new("serve-commit-kill");
+    let token = tokens(&s);
+    let (grpc, http_port) = (free_port(), free_port());
+    let fault = [("PGFLEET_FAULT_SAMPLE_COMMIT_DELAY_MS", "1500")];
+    let mut server = start_serve_env(&s, grpc, http_port, &[], &fault);
+    let api = server.api.clone();
+    let mut agent = start_agent(&s, "a-1", "local", grpc);
+    let sc = scenario(&s, "live.yaml", "commit-kill", &["local"], 30);
+    let waiting = remote(&s, &api, &["submit"])
+        .arg(&sc)
+        .args(["--wait", "--retry-for-s", "120"])
+        .arg("--out")
+        .arg(s.out())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_cell_running(&api, &token, "local");
+    let live_stored = || -> usize {
+        pgfleet_controller::store::Store::open(&s.store())
+            .ok()
+            .and_then(|st| {
+                let run = st.runs().ok()?.pop()?;
+                st.samples(&run.id, "live").ok()
+            })
+            .map_or(0, |v| v.len())
+    };
+    for round in 0..3 {
+        // Live seconds are flowing; the next batch sits in the writer's
+        // 1.5 s pause when the kill comes.
+        let before = live_stored();
+        wait_for("a live second stored", Duration::from_secs(30), || {
+            live_stored() > before
+        });
+        std::thread::sleep(Duration::from_millis(700));
+        server.proc.signal(nix::sys::signal::Signal::SIGKILL);
+        let _ = server.proc.child.wait();
+        eprintln!(
+            "round {round}: killed serve with {} live seconds stored",
+            live_stored()
+        );
+        server = start_serve_env(&s, grpc, http_port, &[], &fault);
+    }
+    let out = waiting.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        show(&out),
+        serve_log(&s)
+    );
+    let log = agent_log(&s, "a-1");
+    assert!(
+        log.contains("replaying samples the controller has not acknowledged"),
+        "{log}"
+    );
+    let store = pgfleet_controller::store::Store::open(&s.store()).unwrap();
+    let run = store.runs().unwrap().pop().unwrap();
+    let seconds = |kind: &str, field: &str| -> Vec<(u64, u64)> {
+        let mut v: Vec<(u64, u64)> = store
+            .samples(&run.id, kind)
+            .unwrap()
+            .iter()
+            .map(|(_, v)| (v["second"].as_u64().unwrap(), v[field].as_u64().unwrap()))
+            .collect();
+        v.sort();
+        v
+    };
+    let live = seconds("live", "transactions");
+    let numbers: Vec<u64> = live.iter().map(|x| x.0).collect();
+    assert_eq!(numbers, (1..=30).collect::<Vec<u64>>(), "{live:?}");
+    assert_eq!(
+        live,
+        seconds("second", "tps"),
+        "live vs the result's seconds"
+    );
+    server.proc.stop();
+    agent.stop();
+    s.assert_clean(&[]);
 }

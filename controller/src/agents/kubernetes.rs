@@ -32,7 +32,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::{AgentSource, Launched};
-use crate::api::Event;
+use crate::events::Event;
 use crate::scenario::{FleetEntry, Scenario};
 use pgfleet_proto::workload::Invalid;
 

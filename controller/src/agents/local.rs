@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::{AgentSource, Launched};
-use crate::api::Event;
+use crate::events::Event;
 use crate::scenario::Scenario;
 use crate::{Error, Result};
 

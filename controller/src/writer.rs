@@ -1,0 +1,245 @@
+//! A run's sample writer: stores the samples agents stream, a batch per
+//! transaction, off the scheduler's task, and sends each acknowledgement
+//! only once everything queued before it is committed.
+//!
+//! The scheduler queues, in the order agents' messages arrive, samples
+//! (`Write::Sample`) and the acknowledgements they earn (`Write::Ack`: a
+//! `SampleAck`, or a `ResultAck`, which makes the agent forget the cell's
+//! unacknowledged samples). The writer takes what is queued, commits the
+//! samples in one transaction, then sends the acknowledgements of that
+//! batch: an agent never forgets a sample the store does not hold, so a
+//! controller killed between hand-off and commit loses nothing (the agent
+//! replays it to the next controller).
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use pgfleet_proto::v1::ControllerMessage;
+use pgfleet_proto::v1::controller_message::Msg as CMsg;
+
+use crate::events::ToAgent;
+use crate::store::{NewSample, Store};
+
+/// What the writer does, in queue order.
+pub enum Write {
+    Sample(NewSample),
+    /// Sent to `agent_id` once every sample queued before it is committed.
+    Ack {
+        agent_id: String,
+        tx: ToAgent,
+        msg: ControllerMessage,
+    },
+}
+
+/// How many times a batch is tried before its acknowledgements are given
+/// up (the agents keep those samples until their cell's result is
+/// acknowledged), and the first pause between tries (doubling).
+const TRIES: u32 = 8;
+const FIRST_PAUSE: Duration = Duration::from_millis(100);
+
+/// Fault injection for tests (`PGFLEET_FAULT_SAMPLE_COMMIT_DELAY_MS`): a
+/// pause before each commit, which widens the window between a sample's
+/// hand-off and its commit that the fault test kills the controller in.
+fn commit_delay() -> Option<Duration> {
+    std::env::var("PGFLEET_FAULT_SAMPLE_COMMIT_DELAY_MS")
+        .ok()?
+        .parse()
+        .ok()
+        .map(Duration::from_millis)
+}
+
+/// Starts the writer of `run_id`'s samples; it ends when every sender is
+/// dropped, after storing what was queued.
+pub fn spawn(
+    run_id: String,
+    store: Store,
+    mut rx: mpsc::UnboundedReceiver<Write>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let delay = commit_delay();
+        let mut queued = Vec::new();
+        // (agent, cell) pairs with samples that could not be stored: no
+        // later (cumulative) SampleAck may cover them.
+        let mut withheld: HashSet<(String, String)> = HashSet::new();
+        while rx.recv_many(&mut queued, 512).await > 0 {
+            let mut samples = Vec::new();
+            let mut acks = Vec::new();
+            for w in queued.drain(..) {
+                match w {
+                    Write::Sample(s) => samples.push(s),
+                    Write::Ack { agent_id, tx, msg } => acks.push((agent_id, tx, msg)),
+                }
+            }
+            if let Some(d) = delay {
+                tokio::time::sleep(d).await;
+            }
+            if !samples.is_empty() && !commit(&run_id, &store, &samples).await {
+                withheld.extend(
+                    samples
+                        .iter()
+                        .map(|s| (s.agent_id.clone(), s.cell_id.clone())),
+                );
+            }
+            send_acks(acks, &withheld);
+        }
+    })
+}
+
+/// Commits one batch, retrying with backoff; false when it never could.
+async fn commit(run_id: &str, store: &Store, samples: &[NewSample]) -> bool {
+    let mut pause = FIRST_PAUSE;
+    for attempt in 1..=TRIES {
+        let (st, run, batch) = (store.clone(), run_id.to_string(), samples.to_vec());
+        let r = tokio::task::spawn_blocking(move || st.add_samples(&run, &batch)).await;
+        match r.map_err(|e| crate::Error::Store(e.to_string())) {
+            Ok(Ok(())) => return true,
+            Ok(Err(e)) | Err(e) if attempt < TRIES => {
+                tracing::warn!(run = %run_id, attempt, "storing {} samples failed, retrying in {pause:?}: {e}", samples.len());
+            }
+            Ok(Err(e)) | Err(e) => {
+                tracing::error!(
+                    run = %run_id,
+                    "storing {} samples failed {TRIES} times, giving them up (not acknowledged; the report lacks them): {e}",
+                    samples.len()
+                );
+                return false;
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause *= 2;
+    }
+    false
+}
+
+/// Sends a batch's acknowledgements: per agent and cell only the highest
+/// `SampleAck` (they are cumulative), none for a withheld pair, and every
+/// `ResultAck` in its place after them.
+fn send_acks(
+    acks: Vec<(String, ToAgent, ControllerMessage)>,
+    withheld: &HashSet<(String, String)>,
+) {
+    let mut highest: HashMap<(String, String), u64> = HashMap::new();
+    for (agent, _, m) in &acks {
+        if let Some(CMsg::SampleAck(a)) = &m.msg {
+            let e = highest
+                .entry((agent.clone(), a.cell_id.clone()))
+                .or_default();
+            *e = (*e).max(a.seq);
+        }
+    }
+    for (agent, tx, m) in acks {
+        if let Some(CMsg::SampleAck(a)) = &m.msg {
+            let key = (agent, a.cell_id.clone());
+            if withheld.contains(&key) || highest.get(&key) != Some(&a.seq) {
+                continue;
+            }
+            highest.remove(&key);
+        }
+        // A full or closed channel: the acknowledgement is lost, the agent
+        // replays those samples, which are kept once (their numbers).
+        tx.send(m);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pgfleet_proto::v1::{ResultAck, SampleAck};
+
+    fn sample(agent: &str, cell: &str, seq: u64) -> NewSample {
+        NewSample {
+            cell_id: cell.into(),
+            kind: "live".into(),
+            data: serde_json::json!({"second": seq}),
+            agent_id: agent.into(),
+            seq,
+        }
+    }
+
+    fn ack(agent: &str, tx: &ToAgent, msg: CMsg) -> Write {
+        Write::Ack {
+            agent_id: agent.into(),
+            tx: tx.clone(),
+            msg: ControllerMessage { msg: Some(msg) },
+        }
+    }
+
+    fn sample_ack(cell: &str, seq: u64) -> CMsg {
+        CMsg::SampleAck(SampleAck {
+            cell_id: cell.into(),
+            seq,
+        })
+    }
+
+    fn store(name: &str) -> (Store, std::path::PathBuf) {
+        let dir =
+            std::env::temp_dir().join(format!("pgfleet-writer-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("s.db");
+        let store = Store::open(&path).unwrap();
+        store
+            .create_run("r", "s", "s.yaml", "", crate::store::Owner::Run, None)
+            .unwrap();
+        (store, path)
+    }
+
+    #[tokio::test]
+    async fn acknowledgements_follow_the_commit_and_are_cumulative() {
+        let (store, path) = store("acks");
+        let (wtx, wrx) = mpsc::unbounded_channel();
+        let (atx, mut arx) = ToAgent::channel();
+        for seq in 1..=3 {
+            wtx.send(Write::Sample(sample("a", "c", seq))).unwrap();
+            wtx.send(ack("a", &atx, sample_ack("c", seq))).unwrap();
+        }
+        wtx.send(ack(
+            "a",
+            &atx,
+            CMsg::ResultAck(ResultAck {
+                cell_id: "c".into(),
+            }),
+        ))
+        .unwrap();
+        drop(wtx);
+        spawn("r".into(), store.clone(), wrx).await.unwrap();
+        // Everything acknowledged is stored.
+        assert_eq!(store.samples("r", "live").unwrap().len(), 3);
+        drop(atx);
+        let got: Vec<CMsg> = futures::StreamExt::collect::<Vec<_>>(&mut arx)
+            .await
+            .into_iter()
+            .map(|m| m.unwrap().msg.unwrap())
+            .collect();
+        // One cumulative SampleAck for the batch, then the ResultAck.
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(matches!(&got[0], CMsg::SampleAck(a) if a.seq == 3));
+        assert!(matches!(&got[1], CMsg::ResultAck(_)));
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    #[tokio::test]
+    async fn samples_that_cannot_be_stored_are_never_acknowledged() {
+        let (store, path) = store("unstored");
+        // Every insert fails: the table is gone.
+        rusqlite::Connection::open(&path)
+            .unwrap()
+            .execute_batch("DROP TABLE samples")
+            .unwrap();
+        let (wtx, wrx) = mpsc::unbounded_channel();
+        let (atx, mut arx) = ToAgent::channel();
+        wtx.send(Write::Sample(sample("a", "c", 1))).unwrap();
+        wtx.send(ack("a", &atx, sample_ack("c", 1))).unwrap();
+        drop(wtx);
+        tokio::time::pause();
+        spawn("r".into(), store, wrx).await.unwrap();
+        drop(atx);
+        let got = futures::StreamExt::collect::<Vec<_>>(&mut arx).await;
+        assert!(
+            got.is_empty(),
+            "an unstored sample was acknowledged: {got:?}"
+        );
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+}
