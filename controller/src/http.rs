@@ -27,8 +27,8 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::hub::AgentView;
+use crate::queue::{Rejected, Served};
 use crate::scheduler::RunEvent;
-use crate::serve::{Rejected, Served};
 use crate::store::RunStatus;
 use crate::{Error, Result};
 

@@ -17,6 +17,7 @@ pub mod grpc;
 pub mod http;
 pub mod hub;
 pub mod metrics;
+pub mod queue;
 pub mod report;
 pub mod run;
 pub mod scenario;

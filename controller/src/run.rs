@@ -34,15 +34,6 @@ pub struct RunSummary {
     pub report: serde_json::Value,
 }
 
-/// A new run id: UTC time plus random bits, sortable and unique enough.
-pub fn new_run_id() -> String {
-    format!(
-        "{}-{}",
-        chrono::Utc::now().format("%Y%m%d-%H%M%S"),
-        crate::service::random_hex(3)
-    )
-}
-
 pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunSummary> {
     let yaml = scenario::read(&opts.scenario)?;
     let sc = scenario::parse(&opts.scenario, &yaml)?;
@@ -71,7 +62,7 @@ pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunS
     for id in local::reap_finished_runs(&opts.local, &store).await {
         eprintln!("cleaned up what interrupted run {id} left in the data dir");
     }
-    let run_id = new_run_id();
+    let run_id = crate::service::new_run_id();
     store.create_run(
         &run_id,
         &sc.name.value,

@@ -25,9 +25,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agents::AgentSource;
 use crate::agents::kubernetes::{self, KubeAgents, KubeOptions};
+use crate::queue::{Kube, Served};
 use crate::scheduler::{self, RunEvent, Scheduler};
-use crate::service::{Agents, RunSpec, Service, ServiceConfig, fleet_needs};
-use crate::store::{Owner, RunStatus};
+use crate::service::{Agents, RunSpec, Service, ServiceConfig};
+use crate::store::RunStatus;
 use crate::{Error, Result, report, scenario};
 
 #[derive(Debug, Clone)]
@@ -46,158 +47,6 @@ pub struct ServeOptions {
     /// Launch each run's agents as pods (`--agents kubernetes`) rather
     /// than take them from the pool.
     pub kubernetes: Option<KubeOptions>,
-}
-
-/// The cluster runs' agents are launched on.
-struct Kube {
-    client: kube::Client,
-    opts: KubeOptions,
-}
-
-/// A run this process is executing or has queued.
-struct Live {
-    cancel: CancellationToken,
-    events: broadcast::Sender<RunEvent>,
-    classes: BTreeSet<String>,
-    started: bool,
-}
-
-/// What the HTTP API and the queue share.
-pub struct Served {
-    pub service: Service,
-    pub api_token: String,
-    pub reports: PathBuf,
-    pub max_scenario_bytes: usize,
-    metrics_retention: Duration,
-    kube: Option<Kube>,
-    live: Mutex<HashMap<String, Live>>,
-    wake: Notify,
-}
-
-/// A submission that was not accepted.
-pub enum Rejected {
-    /// The scenario is invalid: the same located error the CLI prints.
-    Invalid(scenario::ScenarioError),
-    Store(Error),
-}
-
-impl Served {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
-        self.live.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Validates and stores a run, queued. With an idempotency key already
-    /// used, returns that run instead (second value: whether it is new).
-    pub fn submit(
-        &self,
-        name: &str,
-        yaml: &str,
-        idempotency_key: Option<&str>,
-    ) -> Result<(String, bool), Rejected> {
-        if let Some(k) = idempotency_key
-            && let Some(id) = self
-                .service
-                .store
-                .run_by_idempotency_key(k)
-                .map_err(Rejected::Store)?
-        {
-            return Ok((id, false));
-        }
-        let sc = scenario::parse(Path::new(name), yaml).map_err(Rejected::Invalid)?;
-        let cells = scenario::plan(&sc);
-        let run_id = crate::run::new_run_id();
-        let store = &self.service.store;
-        store
-            .create_run(
-                &run_id,
-                &sc.name.value,
-                name,
-                yaml,
-                Owner::Serve,
-                idempotency_key,
-            )
-            .map_err(|e| {
-                match idempotency_key.and_then(|k| store.run_by_idempotency_key(k).ok().flatten()) {
-                    // Two submissions with one key raced: the other won.
-                    Some(_) => Rejected::Store(Error::Store(
-                        "a submission with this idempotency key is being stored; retry".into(),
-                    )),
-                    None => Rejected::Store(e),
-                }
-            })?;
-        for (i, c) in cells.iter().enumerate() {
-            store.insert_cell(&run_id, i, c).map_err(Rejected::Store)?;
-        }
-        self.enqueue(&run_id, &sc);
-        tracing::info!(run = %run_id, scenario = %sc.name.value, cells = cells.len(), "run queued");
-        Ok((run_id, true))
-    }
-
-    fn enqueue(&self, run_id: &str, sc: &scenario::Scenario) {
-        let (events, _) = broadcast::channel(1024);
-        self.lock().insert(
-            run_id.to_string(),
-            Live {
-                cancel: CancellationToken::new(),
-                events,
-                classes: fleet_needs(sc).into_keys().collect(),
-                started: false,
-            },
-        );
-        self.wake.notify_one();
-    }
-
-    /// Subscribes to a live run's events; None when it is not live.
-    pub fn subscribe(&self, run_id: &str) -> Option<broadcast::Receiver<RunEvent>> {
-        self.lock().get(run_id).map(|l| l.events.subscribe())
-    }
-
-    /// Cancels a live run. A queued one ends at once; a running one stops
-    /// its cells. False when the run is not live (finished or unknown).
-    pub fn cancel(&self, run_id: &str) -> bool {
-        let queued = {
-            let mut live = self.lock();
-            let Some(l) = live.get(run_id) else {
-                return false;
-            };
-            l.cancel.cancel();
-            // A queued run leaves the queue here, under the lock the queue
-            // starts runs under: it cannot start any more.
-            if l.started { None } else { live.remove(run_id) }
-        };
-        if let Some(l) = queued {
-            let store = &self.service.store;
-            let _ = store.interrupt(run_id, "run cancelled before it started");
-            let _ = store.finish_run(run_id, RunStatus::Cancelled);
-            let _ = l.events.send(RunEvent::Run {
-                status: RunStatus::Cancelled.as_str().into(),
-            });
-            self.wake.notify_one();
-        }
-        true
-    }
-
-    /// The report directory of a run, rendered from the store (again, if
-    /// the run has moved on since).
-    pub fn report_dir(&self, run_id: &str) -> Result<PathBuf> {
-        let dir = self.reports.join(run_id);
-        let finished = self
-            .service
-            .store
-            .run(run_id)?
-            .and_then(|r| RunStatus::parse(&r.status))
-            .is_some_and(RunStatus::is_terminal);
-        if !finished || !dir.join("report.json").exists() {
-            report::write(&self.service.store, run_id, &dir)?;
-        }
-        Ok(dir)
-    }
-
-    /// Whether the controller can take work: the store answers and agents
-    /// can connect.
-    pub fn ready(&self) -> bool {
-        self.service.agent_addr().is_some() && self.service.store.runs().is_ok()
-    }
 }
 
 /// Runs the server until `shutdown`; then stops taking work and cancels

@@ -140,6 +140,15 @@ pub fn random_hex(n: usize) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// A new run id: UTC time plus random bits, sortable and unique enough.
+pub fn new_run_id() -> String {
+    format!(
+        "{}-{}",
+        chrono::Utc::now().format("%Y%m%d-%H%M%S"),
+        random_hex(3)
+    )
+}
+
 /// How many agents of each class a fleet has.
 pub fn fleet_needs(sc: &Scenario) -> BTreeMap<String, usize> {
     let mut needs = BTreeMap::new();

@@ -143,6 +143,16 @@ pub struct NewSample {
     pub seq: u64,
 }
 
+/// A cell's end as stored: its state, error, environment and points.
+#[derive(Debug, Clone)]
+pub struct CellEnd {
+    pub cell_id: String,
+    pub state: CellState,
+    pub error: Option<String>,
+    pub environment: Option<Json>,
+    pub points: Vec<(Json, Json)>,
+}
+
 /// A handle to the store; cheap to clone. Calls are short and synchronous.
 #[derive(Clone)]
 pub struct Store {
@@ -489,24 +499,24 @@ impl Store {
         environment: Option<&Json>,
         points: &[(Json, Json)],
     ) -> Result<()> {
-        self.with(|c| {
-            let tx = c.transaction()?;
-            tx.execute(
-                "UPDATE cells SET state = ?3, error = ?4, environment = ?5, finished_at = ?6 WHERE run_id = ?1 AND cell_id = ?2",
-                params![run, cell, state.as_str(), error, environment.map(js), now()],
-            )?;
-            for (i, (p, m)) in points.iter().enumerate() {
-                tx.execute(
-                    "INSERT OR REPLACE INTO results (run_id, cell_id, idx, params, metrics) VALUES (?1, ?2, ?3, ?4, ?5)",
-                    params![run, cell, i as i64, js(p), js(m)],
-                )?;
-            }
-            tx.commit()
-        })
+        let end = CellEnd {
+            cell_id: cell.to_string(),
+            state,
+            error: error.map(str::to_string),
+            environment: environment.cloned(),
+            points: points.to_vec(),
+        };
+        self.commit(run, &[], std::slice::from_ref(&end))
     }
 
     /// Stores samples in one transaction: (cell, kind, data) of one run.
     pub fn add_samples(&self, run: &str, samples: &[NewSample]) -> Result<()> {
+        self.commit(run, samples, &[])
+    }
+
+    /// Stores samples and cells' ends of one run in one transaction (one
+    /// fsync for a burst of them).
+    pub fn commit(&self, run: &str, samples: &[NewSample], ends: &[CellEnd]) -> Result<()> {
         self.with(|c| {
             let tx = c.transaction()?;
             {
@@ -517,6 +527,18 @@ impl Store {
                 for n in samples {
                     let seq = (n.seq > 0).then_some(n.seq as i64);
                     st.execute(params![run, n.cell_id, n.kind, js(&n.data), at, n.agent_id, seq])?;
+                }
+            }
+            for e in ends {
+                tx.execute(
+                    "UPDATE cells SET state = ?3, error = ?4, environment = ?5, finished_at = ?6 WHERE run_id = ?1 AND cell_id = ?2",
+                    params![run, e.cell_id, e.state.as_str(), e.error, e.environment.as_ref().map(js), now()],
+                )?;
+                for (i, (p, m)) in e.points.iter().enumerate() {
+                    tx.execute(
+                        "INSERT OR REPLACE INTO results (run_id, cell_id, idx, params, metrics) VALUES (?1, ?2, ?3, ?4, ?5)",
+                        params![run, e.cell_id, i as i64, js(p), js(m)],
+                    )?;
                 }
             }
             tx.commit()

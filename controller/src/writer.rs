@@ -1,15 +1,16 @@
-//! A run's sample writer: stores the samples agents stream, a batch per
-//! transaction, off the scheduler's task, and sends each acknowledgement
-//! only once everything queued before it is committed.
+//! A run's store writer: stores the samples agents stream and the cells'
+//! ends, a batch per transaction, off the scheduler's task, and sends each
+//! acknowledgement only once everything queued before it is committed.
 //!
 //! The scheduler queues, in the order agents' messages arrive, samples
-//! (`Write::Sample`) and the acknowledgements they earn (`Write::Ack`: a
+//! (`Write::Sample`), cells' ends (`Write::End`, each confirmed back on the
+//! `stored` channel) and the acknowledgements they earn (`Write::Ack`: a
 //! `SampleAck`, or a `ResultAck`, which makes the agent forget the cell's
-//! unacknowledged samples). The writer takes what is queued, commits the
-//! samples in one transaction, then sends the acknowledgements of that
-//! batch: an agent never forgets a sample the store does not hold, so a
-//! controller killed between hand-off and commit loses nothing (the agent
-//! replays it to the next controller).
+//! unacknowledged samples). The writer takes what is queued, commits it in
+//! one transaction (one fsync for a burst of 200 results), then sends the
+//! acknowledgements of that batch: an agent never forgets a sample or a
+//! result the store does not hold, so a controller killed between hand-off
+//! and commit loses nothing (the agent replays it to the next controller).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -20,11 +21,13 @@ use pgfleet_proto::v1::ControllerMessage;
 use pgfleet_proto::v1::controller_message::Msg as CMsg;
 
 use crate::events::ToAgent;
-use crate::store::{NewSample, Store};
+use crate::store::{CellEnd, NewSample, Store};
 
 /// What the writer does, in queue order.
 pub enum Write {
     Sample(NewSample),
+    /// A cell's end; whether it was stored goes back on `stored`.
+    End(CellEnd),
     /// Sent to `agent_id` once every sample queued before it is committed.
     Ack {
         agent_id: String,
@@ -56,31 +59,43 @@ pub fn spawn(
     run_id: String,
     store: Store,
     mut rx: mpsc::UnboundedReceiver<Write>,
+    stored: mpsc::UnboundedSender<(String, bool)>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let delay = commit_delay();
         let mut queued = Vec::new();
         // (agent, cell) pairs with samples that could not be stored: no
-        // later (cumulative) SampleAck may cover them.
+        // later (cumulative) SampleAck may cover them; ("", cell) for a
+        // cell whose end could not be: no ResultAck.
         let mut withheld: HashSet<(String, String)> = HashSet::new();
         while rx.recv_many(&mut queued, 512).await > 0 {
-            let mut samples = Vec::new();
-            let mut acks = Vec::new();
+            let (mut samples, mut ends, mut acks) = (Vec::new(), Vec::new(), Vec::new());
             for w in queued.drain(..) {
                 match w {
                     Write::Sample(s) => samples.push(s),
+                    Write::End(e) => ends.push(e),
                     Write::Ack { agent_id, tx, msg } => acks.push((agent_id, tx, msg)),
                 }
             }
             if let Some(d) = delay {
                 tokio::time::sleep(d).await;
             }
-            if !samples.is_empty() && !commit(&run_id, &store, &samples).await {
+            let ok = (samples.is_empty() && ends.is_empty())
+                || commit(&run_id, &store, &samples, &ends).await;
+            if !ok {
                 withheld.extend(
                     samples
                         .iter()
                         .map(|s| (s.agent_id.clone(), s.cell_id.clone())),
                 );
+                withheld.extend(ends.iter().map(|e| (String::new(), e.cell_id.clone())));
+            }
+            for e in ends {
+                if ok {
+                    // Stored now, even if an earlier try of it failed.
+                    withheld.remove(&(String::new(), e.cell_id.clone()));
+                }
+                let _ = stored.send((e.cell_id, ok));
             }
             send_acks(acks, &withheld);
         }
@@ -88,21 +103,23 @@ pub fn spawn(
 }
 
 /// Commits one batch, retrying with backoff; false when it never could.
-async fn commit(run_id: &str, store: &Store, samples: &[NewSample]) -> bool {
+async fn commit(run_id: &str, store: &Store, samples: &[NewSample], ends: &[CellEnd]) -> bool {
     let mut pause = FIRST_PAUSE;
     for attempt in 1..=TRIES {
-        let (st, run, batch) = (store.clone(), run_id.to_string(), samples.to_vec());
-        let r = tokio::task::spawn_blocking(move || st.add_samples(&run, &batch)).await;
+        let (st, run) = (store.clone(), run_id.to_string());
+        let (batch, ends_now) = (samples.to_vec(), ends.to_vec());
+        let r = tokio::task::spawn_blocking(move || st.commit(&run, &batch, &ends_now)).await;
         match r.map_err(|e| crate::Error::Store(e.to_string())) {
             Ok(Ok(())) => return true,
             Ok(Err(e)) | Err(e) if attempt < TRIES => {
-                tracing::warn!(run = %run_id, attempt, "storing {} samples failed, retrying in {pause:?}: {e}", samples.len());
+                tracing::warn!(run = %run_id, attempt, "storing {} samples and {} cell ends failed, retrying in {pause:?}: {e}", samples.len(), ends.len());
             }
             Ok(Err(e)) | Err(e) => {
                 tracing::error!(
                     run = %run_id,
-                    "storing {} samples failed {TRIES} times, giving them up (not acknowledged; the report lacks them): {e}",
-                    samples.len()
+                    "storing {} samples and {} cell ends failed {TRIES} times, giving them up (not acknowledged: agents keep results to replay; the report lacks the samples): {e}",
+                    samples.len(),
+                    ends.len()
                 );
                 return false;
             }
@@ -130,12 +147,18 @@ fn send_acks(
         }
     }
     for (agent, tx, m) in acks {
-        if let Some(CMsg::SampleAck(a)) = &m.msg {
-            let key = (agent, a.cell_id.clone());
-            if withheld.contains(&key) || highest.get(&key) != Some(&a.seq) {
+        match &m.msg {
+            Some(CMsg::SampleAck(a)) => {
+                let key = (agent, a.cell_id.clone());
+                if withheld.contains(&key) || highest.get(&key) != Some(&a.seq) {
+                    continue;
+                }
+                highest.remove(&key);
+            }
+            Some(CMsg::ResultAck(a)) if withheld.contains(&(String::new(), a.cell_id.clone())) => {
                 continue;
             }
-            highest.remove(&key);
+            _ => {}
         }
         // A full or closed channel: the acknowledgement is lost, the agent
         // replays those samples, which are kept once (their numbers).
@@ -203,7 +226,8 @@ mod tests {
         ))
         .unwrap();
         drop(wtx);
-        spawn("r".into(), store.clone(), wrx).await.unwrap();
+        let (stx, _srx) = mpsc::unbounded_channel();
+        spawn("r".into(), store.clone(), wrx, stx).await.unwrap();
         // Everything acknowledged is stored.
         assert_eq!(store.samples("r", "live").unwrap().len(), 3);
         drop(atx);
@@ -220,7 +244,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn samples_that_cannot_be_stored_are_never_acknowledged() {
+    async fn samples_and_results_that_cannot_be_stored_are_never_acknowledged() {
         let (store, path) = store("unstored");
         // Every insert fails: the table is gone.
         rusqlite::Connection::open(&path)
@@ -231,9 +255,28 @@ mod tests {
         let (atx, mut arx) = ToAgent::channel();
         wtx.send(Write::Sample(sample("a", "c", 1))).unwrap();
         wtx.send(ack("a", &atx, sample_ack("c", 1))).unwrap();
+        wtx.send(Write::End(crate::store::CellEnd {
+            cell_id: "c".into(),
+            state: crate::store::CellState::Succeeded,
+            error: None,
+            environment: None,
+            points: vec![],
+        }))
+        .unwrap();
+        wtx.send(ack(
+            "a",
+            &atx,
+            CMsg::ResultAck(ResultAck {
+                cell_id: "c".into(),
+            }),
+        ))
+        .unwrap();
         drop(wtx);
         tokio::time::pause();
-        spawn("r".into(), store, wrx).await.unwrap();
+        let (stx, mut srx) = mpsc::unbounded_channel();
+        spawn("r".into(), store, wrx, stx).await.unwrap();
+        // The scheduler hears that the cell's end was not stored.
+        assert_eq!(srx.try_recv().unwrap(), ("c".to_string(), false));
         drop(atx);
         let got = futures::StreamExt::collect::<Vec<_>>(&mut arx).await;
         assert!(

@@ -25,7 +25,7 @@ use pgfleet_proto::v1::controller_message::Msg as CMsg;
 
 use crate::events::{Event, ToAgent};
 use crate::scenario::PlannedCell;
-use crate::store::{CellState, RunStatus, Store};
+use crate::store::{CellEnd, CellState, RunStatus, Store};
 use crate::writer::Write;
 
 pub use self::core::{Core, Effect, Input, Observed, StoreOp, Timing};
@@ -123,6 +123,11 @@ pub struct Scheduler {
     /// the acknowledgements sent once what came before them is committed.
     writes: mpsc::UnboundedSender<Write>,
     sample_writer: tokio::task::JoinHandle<()>,
+    /// The writer's word on each cell end it was given: stored or not.
+    stored: Option<mpsc::UnboundedReceiver<(String, bool)>>,
+    /// Cell ends handed to the writer: what follows once stored, and
+    /// whether agents replay the outcome when it is not.
+    pending: HashMap<String, (Vec<Effect>, bool)>,
     /// The run's trace span (set when `run` starts).
     run_span: tracing::Span,
 }
@@ -143,7 +148,8 @@ impl Scheduler {
         };
         let ui = Ui::new(opts.interactive);
         let (writes, rx) = mpsc::unbounded_channel();
-        let sample_writer = crate::writer::spawn(run_id.to_string(), store.clone(), rx);
+        let (stored_tx, stored) = mpsc::unbounded_channel();
+        let sample_writer = crate::writer::spawn(run_id.to_string(), store.clone(), rx, stored_tx);
         Scheduler {
             run_id: run_id.to_string(),
             store,
@@ -156,6 +162,8 @@ impl Scheduler {
             delays: hdrhistogram::Histogram::new(3).expect("3 significant digits is valid"),
             writes,
             sample_writer,
+            stored: Some(stored),
+            pending: HashMap::new(),
             run_span: tracing::Span::none(),
         }
     }
@@ -219,14 +227,17 @@ impl Scheduler {
             cells = self.core.cells.len(),
         );
         self.cell_gauges();
+        let mut stored = self.stored.take().expect("run once");
         // Assign what can be assigned, fail what never can.
         self.step(Input::Tick, None);
-        while !self.core.done() {
+        // Until every cell has ended and its end is stored.
+        while !self.core.done() || !self.pending.is_empty() {
             tokio::select! {
                 ev = events.recv() => match ev {
                     Some(ev) => self.handle(ev),
                     None => break,
                 },
+                Some((cell_id, ok)) = stored.recv() => self.stored(cell_id, ok),
                 _ = tick.tick() => {
                     self.step(Input::Tick, None);
                     if let Some(left) = self.eta() {
@@ -341,36 +352,17 @@ impl Scheduler {
                     replayable,
                     then,
                 } => {
-                    let stored = self.store.finish_cell(
-                        &self.run_id,
-                        &cell_id,
+                    // Stored by the writer with what came before it; `then`
+                    // waits for its word (`stored`).
+                    self.pending.insert(cell_id.clone(), (then, replayable));
+                    let _ = self.writes.send(Write::End(CellEnd {
+                        cell_id,
                         state,
-                        error.as_deref(),
-                        environment.as_ref(),
-                        &points,
-                    );
-                    match stored {
-                        Ok(()) => {
-                            for e in then.into_iter().rev() {
-                                queue.push_front(e);
-                            }
-                            None
-                        }
-                        Err(e) if replayable => {
-                            self.ui.line(format!(
-                                "error: storing the result of {cell_id} failed: {e}; the agents replay it"
-                            ));
-                            Some(Input::CellNotStored { cell_id })
-                        }
-                        Err(e) => {
-                            self.ui
-                                .line(format!("warning: storing cell {cell_id} failed: {e}"));
-                            for e in then.into_iter().rev() {
-                                queue.push_front(e);
-                            }
-                            None
-                        }
-                    }
+                        error,
+                        environment,
+                        points,
+                    }));
+                    None
                 }
                 Effect::Sample(s) => {
                     let _ = self.writes.send(Write::Sample(s));
@@ -394,6 +386,25 @@ impl Scheduler {
             if let Some(input) = back {
                 queue.extend(self.core.apply(input, Instant::now()));
             }
+        }
+    }
+
+    /// The writer stored a cell's end, or could not.
+    fn stored(&mut self, cell_id: String, ok: bool) {
+        let Some((then, replayable)) = self.pending.remove(&cell_id) else {
+            return;
+        };
+        if ok {
+            self.dispatch(then, None);
+        } else if replayable {
+            self.ui.line(format!(
+                "error: storing the result of {cell_id} failed; the agents replay it"
+            ));
+            self.step(Input::CellNotStored { cell_id }, None);
+        } else {
+            self.ui
+                .line(format!("warning: storing the end of cell {cell_id} failed"));
+            self.dispatch(then, None);
         }
     }
 
