@@ -87,3 +87,48 @@ pub enum Event {
         why: String,
     },
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+
+    fn hb() -> ControllerMessage {
+        ControllerMessage { msg: None }
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_ends_that_session_and_never_waits() {
+        let (tx, mut out) = ToAgent::channel();
+        for _ in 0..AGENT_QUEUE {
+            assert!(tx.send(hb()));
+        }
+        // The agent reads nothing: the next message is refused at once and
+        // the session's stream ends.
+        assert!(!tx.send(hb()));
+        assert!(tx.is_closed());
+        assert!(
+            out.next().await.is_none(),
+            "the stream goes on after an overflow"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_reading_agent_gets_everything_in_order() {
+        let (tx, mut out) = ToAgent::channel();
+        for i in 0..(3 * AGENT_QUEUE) {
+            let msg = ControllerMessage {
+                msg: Some(pgfleet_proto::v1::controller_message::Msg::ResultAck(
+                    pgfleet_proto::v1::ResultAck {
+                        cell_id: i.to_string(),
+                    },
+                )),
+            };
+            assert!(tx.send(msg));
+            let got = out.next().await.unwrap().unwrap();
+            assert!(
+                matches!(got.msg, Some(pgfleet_proto::v1::controller_message::Msg::ResultAck(a)) if a.cell_id == i.to_string())
+            );
+        }
+    }
+}
