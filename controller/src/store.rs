@@ -153,6 +153,32 @@ pub struct CellEnd {
     pub points: Vec<(Json, Json)>,
 }
 
+/// One write of a run, as the run's writer queues them (`Store::commit`
+/// writes a batch in order, in one transaction).
+#[derive(Debug, Clone)]
+pub enum Entry {
+    Sample(NewSample),
+    /// A cell's end.
+    End(CellEnd),
+    /// A cell starts on its agents (`role:agent, ...` for multi-role cells).
+    StartCell {
+        cell_id: String,
+        agents: String,
+    },
+    /// A running cell's assignment was lost: pending again.
+    RequeueCell {
+        cell_id: String,
+    },
+    RegisterAgent {
+        agent_id: String,
+        class: String,
+        info: Json,
+    },
+    AgentLost {
+        agent_id: String,
+    },
+}
+
 /// A handle to the store; cheap to clone. Calls are short and synchronous.
 #[derive(Clone)]
 pub struct Store {
@@ -471,22 +497,21 @@ impl Store {
 
     /// Back to pending: its assignment never reached the agent.
     pub fn requeue_cell(&self, run: &str, cell: &str) -> Result<()> {
-        self.with(|c| {
-            c.execute(
-                "UPDATE cells SET state = 'pending', agent_id = NULL, started_at = NULL WHERE run_id = ?1 AND cell_id = ?2",
-                params![run, cell],
-            )
-            .map(|_| ())
-        })
+        self.commit(
+            run,
+            &[Entry::RequeueCell {
+                cell_id: cell.into(),
+            }],
+        )
     }
     pub fn start_cell(&self, run: &str, cell: &str, agent: &str) -> Result<()> {
-        self.with(|c| {
-            c.execute(
-                "UPDATE cells SET state = 'running', agent_id = ?3, started_at = ?4 WHERE run_id = ?1 AND cell_id = ?2",
-                params![run, cell, agent, now()],
-            )
-            .map(|_| ())
-        })
+        self.commit(
+            run,
+            &[Entry::StartCell {
+                cell_id: cell.into(),
+                agents: agent.into(),
+            }],
+        )
     }
 
     /// Ends a cell: state, error, environment and its points, atomically.
@@ -506,39 +531,71 @@ impl Store {
             environment: environment.cloned(),
             points: points.to_vec(),
         };
-        self.commit(run, &[], std::slice::from_ref(&end))
+        self.commit(run, &[Entry::End(end)])
     }
 
     /// Stores samples in one transaction: (cell, kind, data) of one run.
     pub fn add_samples(&self, run: &str, samples: &[NewSample]) -> Result<()> {
-        self.commit(run, samples, &[])
+        let entries: Vec<Entry> = samples.iter().cloned().map(Entry::Sample).collect();
+        self.commit(run, &entries)
     }
 
-    /// Stores samples and cells' ends of one run in one transaction (one
-    /// fsync for a burst of them).
-    pub fn commit(&self, run: &str, samples: &[NewSample], ends: &[CellEnd]) -> Result<()> {
+    /// Writes `entries` of one run in order, in one transaction (one fsync
+    /// for a burst of them).
+    pub fn commit(&self, run: &str, entries: &[Entry]) -> Result<()> {
         self.with(|c| {
             let tx = c.transaction()?;
-            {
-                let mut st = tx.prepare_cached(
-                    "INSERT INTO samples (run_id, cell_id, kind, data, at, agent_id, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                )?;
-                let at = now();
-                for n in samples {
-                    let seq = (n.seq > 0).then_some(n.seq as i64);
-                    st.execute(params![run, n.cell_id, n.kind, js(&n.data), at, n.agent_id, seq])?;
-                }
-            }
-            for e in ends {
-                tx.execute(
-                    "UPDATE cells SET state = ?3, error = ?4, environment = ?5, finished_at = ?6 WHERE run_id = ?1 AND cell_id = ?2",
-                    params![run, e.cell_id, e.state.as_str(), e.error, e.environment.as_ref().map(js), now()],
-                )?;
-                for (i, (p, m)) in e.points.iter().enumerate() {
-                    tx.execute(
-                        "INSERT OR REPLACE INTO results (run_id, cell_id, idx, params, metrics) VALUES (?1, ?2, ?3, ?4, ?5)",
-                        params![run, e.cell_id, i as i64, js(p), js(m)],
-                    )?;
+            let at = now();
+            for e in entries {
+                match e {
+                    Entry::Sample(n) => {
+                        let seq = (n.seq > 0).then_some(n.seq as i64);
+                        tx.prepare_cached(
+                            "INSERT INTO samples (run_id, cell_id, kind, data, at, agent_id, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                        )?
+                        .execute(params![run, n.cell_id, n.kind, js(&n.data), at, n.agent_id, seq])?;
+                    }
+                    Entry::End(e) => {
+                        tx.execute(
+                            "UPDATE cells SET state = ?3, error = ?4, environment = ?5, finished_at = ?6 WHERE run_id = ?1 AND cell_id = ?2",
+                            params![run, e.cell_id, e.state.as_str(), e.error, e.environment.as_ref().map(js), at],
+                        )?;
+                        for (i, (p, m)) in e.points.iter().enumerate() {
+                            tx.execute(
+                                "INSERT OR REPLACE INTO results (run_id, cell_id, idx, params, metrics) VALUES (?1, ?2, ?3, ?4, ?5)",
+                                params![run, e.cell_id, i as i64, js(p), js(m)],
+                            )?;
+                        }
+                    }
+                    Entry::StartCell { cell_id, agents } => {
+                        tx.execute(
+                            "UPDATE cells SET state = 'running', agent_id = ?3, started_at = ?4 WHERE run_id = ?1 AND cell_id = ?2",
+                            params![run, cell_id, agents, at],
+                        )?;
+                    }
+                    Entry::RequeueCell { cell_id } => {
+                        tx.execute(
+                            "UPDATE cells SET state = 'pending', agent_id = NULL, started_at = NULL WHERE run_id = ?1 AND cell_id = ?2",
+                            params![run, cell_id],
+                        )?;
+                    }
+                    Entry::RegisterAgent {
+                        agent_id,
+                        class,
+                        info,
+                    } => {
+                        tx.execute(
+                            "INSERT INTO agents (run_id, agent_id, instance_class, info, registered_at) VALUES (?1, ?2, ?3, ?4, ?5)
+                             ON CONFLICT (run_id, agent_id) DO UPDATE SET info = excluded.info, lost_at = NULL",
+                            params![run, agent_id, class, js(info), at],
+                        )?;
+                    }
+                    Entry::AgentLost { agent_id } => {
+                        tx.execute(
+                            "UPDATE agents SET lost_at = ?3 WHERE run_id = ?1 AND agent_id = ?2",
+                            params![run, agent_id, at],
+                        )?;
+                    }
                 }
             }
             tx.commit()
@@ -561,24 +618,23 @@ impl Store {
     }
 
     pub fn register_agent(&self, run: &str, agent: &str, class: &str, info: &Json) -> Result<()> {
-        self.with(|c| {
-            c.execute(
-                "INSERT INTO agents (run_id, agent_id, instance_class, info, registered_at) VALUES (?1, ?2, ?3, ?4, ?5)
-                 ON CONFLICT (run_id, agent_id) DO UPDATE SET info = excluded.info, lost_at = NULL",
-                params![run, agent, class, js(info), now()],
-            )
-            .map(|_| ())
-        })
+        self.commit(
+            run,
+            &[Entry::RegisterAgent {
+                agent_id: agent.into(),
+                class: class.into(),
+                info: info.clone(),
+            }],
+        )
     }
 
     pub fn agent_lost(&self, run: &str, agent: &str) -> Result<()> {
-        self.with(|c| {
-            c.execute(
-                "UPDATE agents SET lost_at = ?3 WHERE run_id = ?1 AND agent_id = ?2",
-                params![run, agent, now()],
-            )
-            .map(|_| ())
-        })
+        self.commit(
+            run,
+            &[Entry::AgentLost {
+                agent_id: agent.into(),
+            }],
+        )
     }
 
     pub fn run(&self, id: &str) -> Result<Option<RunRow>> {

@@ -21,13 +21,12 @@ use pgfleet_proto::v1::ControllerMessage;
 use pgfleet_proto::v1::controller_message::Msg as CMsg;
 
 use crate::events::ToAgent;
-use crate::store::{CellEnd, NewSample, Store};
+use crate::store::{Entry, Store};
 
 /// What the writer does, in queue order.
 pub enum Write {
-    Sample(NewSample),
-    /// A cell's end; whether it was stored goes back on `stored`.
-    End(CellEnd),
+    /// A write (a cell's end: whether it was stored goes back on `stored`).
+    Store(Entry),
     /// Sent to `agent_id` once every sample queued before it is committed.
     Ack {
         agent_id: String,
@@ -69,33 +68,34 @@ pub fn spawn(
         // cell whose end could not be: no ResultAck.
         let mut withheld: HashSet<(String, String)> = HashSet::new();
         while rx.recv_many(&mut queued, 512).await > 0 {
-            let (mut samples, mut ends, mut acks) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut entries, mut acks) = (Vec::new(), Vec::new());
             for w in queued.drain(..) {
                 match w {
-                    Write::Sample(s) => samples.push(s),
-                    Write::End(e) => ends.push(e),
+                    Write::Store(e) => entries.push(e),
                     Write::Ack { agent_id, tx, msg } => acks.push((agent_id, tx, msg)),
                 }
             }
             if let Some(d) = delay {
                 tokio::time::sleep(d).await;
             }
-            let ok = (samples.is_empty() && ends.is_empty())
-                || commit(&run_id, &store, &samples, &ends).await;
-            if !ok {
-                withheld.extend(
-                    samples
-                        .iter()
-                        .map(|s| (s.agent_id.clone(), s.cell_id.clone())),
-                );
-                withheld.extend(ends.iter().map(|e| (String::new(), e.cell_id.clone())));
-            }
-            for e in ends {
-                if ok {
-                    // Stored now, even if an earlier try of it failed.
-                    withheld.remove(&(String::new(), e.cell_id.clone()));
+            let ok = entries.is_empty() || commit(&run_id, &store, &entries).await;
+            for e in entries {
+                match e {
+                    Entry::Sample(s) if !ok => {
+                        withheld.insert((s.agent_id, s.cell_id));
+                    }
+                    Entry::End(e) => {
+                        let key = (String::new(), e.cell_id.clone());
+                        if ok {
+                            // Stored now, even if an earlier try failed.
+                            withheld.remove(&key);
+                        } else {
+                            withheld.insert(key);
+                        }
+                        let _ = stored.send((e.cell_id, ok));
+                    }
+                    _ => {}
                 }
-                let _ = stored.send((e.cell_id, ok));
             }
             send_acks(acks, &withheld);
         }
@@ -103,23 +103,21 @@ pub fn spawn(
 }
 
 /// Commits one batch, retrying with backoff; false when it never could.
-async fn commit(run_id: &str, store: &Store, samples: &[NewSample], ends: &[CellEnd]) -> bool {
+async fn commit(run_id: &str, store: &Store, entries: &[Entry]) -> bool {
     let mut pause = FIRST_PAUSE;
     for attempt in 1..=TRIES {
-        let (st, run) = (store.clone(), run_id.to_string());
-        let (batch, ends_now) = (samples.to_vec(), ends.to_vec());
-        let r = tokio::task::spawn_blocking(move || st.commit(&run, &batch, &ends_now)).await;
+        let (st, run, batch) = (store.clone(), run_id.to_string(), entries.to_vec());
+        let r = tokio::task::spawn_blocking(move || st.commit(&run, &batch)).await;
         match r.map_err(|e| crate::Error::Store(e.to_string())) {
             Ok(Ok(())) => return true,
             Ok(Err(e)) | Err(e) if attempt < TRIES => {
-                tracing::warn!(run = %run_id, attempt, "storing {} samples and {} cell ends failed, retrying in {pause:?}: {e}", samples.len(), ends.len());
+                tracing::warn!(run = %run_id, attempt, "storing {} entries failed, retrying in {pause:?}: {e}", entries.len());
             }
             Ok(Err(e)) | Err(e) => {
                 tracing::error!(
                     run = %run_id,
-                    "storing {} samples and {} cell ends failed {TRIES} times, giving them up (not acknowledged: agents keep results to replay; the report lacks the samples): {e}",
-                    samples.len(),
-                    ends.len()
+                    "storing {} entries failed {TRIES} times, giving them up (not acknowledged: agents keep results to replay; the report lacks the samples): {e}",
+                    entries.len()
                 );
                 return false;
             }
@@ -171,8 +169,8 @@ mod tests {
     use super::*;
     use pgfleet_proto::v1::{ResultAck, SampleAck};
 
-    fn sample(agent: &str, cell: &str, seq: u64) -> NewSample {
-        NewSample {
+    fn sample(agent: &str, cell: &str, seq: u64) -> crate::store::NewSample {
+        crate::store::NewSample {
             cell_id: cell.into(),
             kind: "live".into(),
             data: serde_json::json!({"second": seq}),
@@ -214,7 +212,8 @@ mod tests {
         let (wtx, wrx) = mpsc::unbounded_channel();
         let (atx, mut arx) = ToAgent::channel();
         for seq in 1..=3 {
-            wtx.send(Write::Sample(sample("a", "c", seq))).unwrap();
+            wtx.send(Write::Store(Entry::Sample(sample("a", "c", seq))))
+                .unwrap();
             wtx.send(ack("a", &atx, sample_ack("c", seq))).unwrap();
         }
         wtx.send(ack(
@@ -253,15 +252,16 @@ mod tests {
             .unwrap();
         let (wtx, wrx) = mpsc::unbounded_channel();
         let (atx, mut arx) = ToAgent::channel();
-        wtx.send(Write::Sample(sample("a", "c", 1))).unwrap();
+        wtx.send(Write::Store(Entry::Sample(sample("a", "c", 1))))
+            .unwrap();
         wtx.send(ack("a", &atx, sample_ack("c", 1))).unwrap();
-        wtx.send(Write::End(crate::store::CellEnd {
+        wtx.send(Write::Store(Entry::End(crate::store::CellEnd {
             cell_id: "c".into(),
             state: crate::store::CellState::Succeeded,
             error: None,
             environment: None,
             points: vec![],
-        }))
+        })))
         .unwrap();
         wtx.send(ack(
             "a",

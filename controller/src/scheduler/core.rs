@@ -18,7 +18,7 @@ use pgfleet_proto::v1::{
 };
 
 use crate::scenario::PlannedCell;
-use crate::store::{CellState, NewSample};
+use crate::store::{CellState, Entry, NewSample};
 
 /// The core's clocks.
 #[derive(Debug, Clone)]
@@ -61,21 +61,17 @@ pub enum Input {
 pub enum Effect {
     /// To the agent's current connection. A send that fails is fed back as
     /// `Input::Disconnected`.
-    Send {
-        agent_id: String,
-        msg: CMsg,
-    },
+    Send { agent_id: String, msg: CMsg },
     /// To the connection that just registered, which is refused.
-    Refuse {
-        reason: String,
-    },
+    Refuse { reason: String },
     /// Assigns a cell: one `Assign` per role's agent (the task opens the
     /// cell's trace span and puts its traceparent in each).
     Start {
         cell: usize,
         assigns: Vec<(String, Assign)>,
     },
-    Store(StoreOp),
+    /// A write for the run's writer (in order with the samples).
+    Store(Entry),
     /// Stores a cell's end. `then` happens only once it is stored; when it
     /// cannot be and `replayable` (the outcomes came from agents' results),
     /// the task feeds back `Input::CellNotStored`.
@@ -91,31 +87,9 @@ pub enum Effect {
     /// A sample for the run's writer.
     Sample(NewSample),
     /// Sent through the writer once everything queued before it is stored.
-    AckAfterCommit {
-        agent_id: String,
-        msg: CMsg,
-    },
+    AckAfterCommit { agent_id: String, msg: CMsg },
     /// For observers: progress UI, metrics, the event stream, traces.
     Observe(Observed),
-}
-
-#[derive(Debug)]
-pub enum StoreOp {
-    StartCell {
-        cell_id: String,
-        agents: String,
-    },
-    RequeueCell {
-        cell_id: String,
-    },
-    RegisterAgent {
-        agent_id: String,
-        class: String,
-        info: Json,
-    },
-    AgentLost {
-        agent_id: String,
-    },
 }
 
 /// What observers are told. Indices are into `Core::cells`.
@@ -296,7 +270,7 @@ impl Core {
 
     /// Picks up a run a controller was executing when it stopped: `stored`
     /// gives each cell's state and, for running cells, its agents (as
-    /// `StoreOp::StartCell` wrote them), `seqs` the last sample number
+    /// `Entry::StartCell` wrote them), `seqs` the last sample number
     /// stored per (cell, agent). Running cells wait for their agents;
     /// one whose agents cannot be matched goes back to pending (returned,
     /// for the store).
@@ -516,8 +490,7 @@ impl Core {
                     cell.state = CellState::Pending;
                     cell.roles.clear();
                     let cell_id = cell.planned.cell_id.clone();
-                    self.out
-                        .push(Effect::Store(StoreOp::RequeueCell { cell_id }));
+                    self.out.push(Effect::Store(Entry::RequeueCell { cell_id }));
                     self.observe(Observed::CellRequeued { cell: idx });
                     self.observe(Observed::CellChanged {
                         cell: idx,
@@ -529,7 +502,7 @@ impl Core {
             Some((idx, role)) => self.relay_peers_to(idx, &role),
             None => {}
         }
-        self.out.push(Effect::Store(StoreOp::RegisterAgent {
+        self.out.push(Effect::Store(Entry::RegisterAgent {
             agent_id: id.clone(),
             class: class.clone(),
             info: registration_json(&info),
@@ -1003,7 +976,7 @@ impl Core {
         cell.roles = runs;
         cell.agents = who.clone();
         self.out.push(Effect::Start { cell: idx, assigns });
-        self.out.push(Effect::Store(StoreOp::StartCell {
+        self.out.push(Effect::Store(Entry::StartCell {
             cell_id: c.cell_id,
             agents: who,
         }));
@@ -1067,7 +1040,7 @@ impl Core {
         a.connected = false;
         a.why_lost = why.clone();
         let cell = a.cell.take();
-        self.out.push(Effect::Store(StoreOp::AgentLost {
+        self.out.push(Effect::Store(Entry::AgentLost {
             agent_id: id.to_string(),
         }));
         self.observe(Observed::AgentLost {
@@ -1103,7 +1076,7 @@ impl Core {
 }
 
 /// The agents of a stored running cell: `role:agent, role:agent` for
-/// multi-role cells (as `StoreOp::StartCell` writes them), else the agent.
+/// multi-role cells (as `Entry::StartCell` writes them), else the agent.
 fn parse_assignment(planned: &PlannedCell, who: &str) -> Vec<(String, String)> {
     if planned.multi_role() {
         who.split(", ")
@@ -1292,11 +1265,11 @@ mod tests {
         assert_eq!(starts(&e), vec![(0, vec!["a-1".to_string()])]);
         assert!(
             e.iter()
-                .any(|e| matches!(e, Effect::Store(StoreOp::StartCell { .. })))
+                .any(|e| matches!(e, Effect::Store(Entry::StartCell { .. })))
         );
         assert!(
             e.iter()
-                .any(|e| matches!(e, Effect::Store(StoreOp::RegisterAgent { .. })))
+                .any(|e| matches!(e, Effect::Store(Entry::RegisterAgent { .. })))
         );
         assert_eq!(c.cells[0].state, CellState::Running);
         assert_eq!(
@@ -1391,7 +1364,7 @@ mod tests {
         let e = c.apply(Input::Tick, t1 + LEASE + Duration::from_millis(1));
         assert!(
             e.iter()
-                .any(|e| matches!(e, Effect::Store(StoreOp::AgentLost { .. })))
+                .any(|e| matches!(e, Effect::Store(Entry::AgentLost { .. })))
         );
         let f = finishes(&e);
         assert_eq!(f[0].1, CellState::Failed);
@@ -1474,7 +1447,7 @@ mod tests {
         let e = register(&mut c, "a-1", 2, &[], t0);
         assert!(
             e.iter()
-                .any(|e| matches!(e, Effect::Store(StoreOp::RequeueCell { .. })))
+                .any(|e| matches!(e, Effect::Store(Entry::RequeueCell { .. })))
         );
         assert!(
             e.iter()

@@ -25,10 +25,10 @@ use pgfleet_proto::v1::controller_message::Msg as CMsg;
 
 use crate::events::{Event, ToAgent};
 use crate::scenario::PlannedCell;
-use crate::store::{CellEnd, CellState, RunStatus, Store};
+use crate::store::{CellEnd, CellState, Entry, RunStatus, Store};
 use crate::writer::Write;
 
-pub use self::core::{Core, Effect, Input, Observed, StoreOp, Timing};
+pub use self::core::{Core, Effect, Input, Observed, Timing};
 use self::ui::Ui;
 
 #[derive(Debug, Clone)]
@@ -339,8 +339,8 @@ impl Scheduler {
                     None
                 }
                 Effect::Start { cell, assigns } => self.start(cell, assigns),
-                Effect::Store(op) => {
-                    self.store_op(op);
+                Effect::Store(entry) => {
+                    let _ = self.writes.send(Write::Store(entry));
                     None
                 }
                 Effect::FinishCell {
@@ -355,17 +355,17 @@ impl Scheduler {
                     // Stored by the writer with what came before it; `then`
                     // waits for its word (`stored`).
                     self.pending.insert(cell_id.clone(), (then, replayable));
-                    let _ = self.writes.send(Write::End(CellEnd {
+                    let _ = self.writes.send(Write::Store(Entry::End(CellEnd {
                         cell_id,
                         state,
                         error,
                         environment,
                         points,
-                    }));
+                    })));
                     None
                 }
                 Effect::Sample(s) => {
-                    let _ = self.writes.send(Write::Sample(s));
+                    let _ = self.writes.send(Write::Store(Entry::Sample(s)));
                     None
                 }
                 Effect::AckAfterCommit { agent_id, msg } => {
@@ -464,34 +464,6 @@ impl Scheduler {
             }
         }
         back
-    }
-
-    fn store_op(&self, op: StoreOp) {
-        let (what, r) = match op {
-            StoreOp::StartCell { cell_id, agents } => (
-                "cell start",
-                self.store.start_cell(&self.run_id, &cell_id, &agents),
-            ),
-            StoreOp::RequeueCell { cell_id } => (
-                "cell requeue",
-                self.store.requeue_cell(&self.run_id, &cell_id),
-            ),
-            StoreOp::RegisterAgent {
-                agent_id,
-                class,
-                info,
-            } => (
-                "agent registration",
-                self.store
-                    .register_agent(&self.run_id, &agent_id, &class, &info),
-            ),
-            StoreOp::AgentLost { agent_id } => {
-                ("agent loss", self.store.agent_lost(&self.run_id, &agent_id))
-            }
-        };
-        if let Err(e) = r {
-            self.ui.line(format!("warning: storing {what} failed: {e}"));
-        }
     }
 
     /// What observers see: the progress display, metrics, the run's event
