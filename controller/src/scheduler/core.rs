@@ -18,7 +18,7 @@ use pgfleet_proto::v1::{
 };
 
 use crate::scenario::PlannedCell;
-use crate::store::{CellState, Entry, NewSample};
+use crate::store::{CellEnd, CellState, Entry, NewSample};
 
 /// The core's clocks.
 #[derive(Debug, Clone)]
@@ -76,11 +76,7 @@ pub enum Effect {
     /// cannot be and `replayable` (the outcomes came from agents' results),
     /// the task feeds back `Input::CellNotStored`.
     FinishCell {
-        cell_id: String,
-        state: CellState,
-        error: Option<String>,
-        environment: Option<Json>,
-        points: Vec<(Json, Json)>,
+        end: CellEnd,
         replayable: bool,
         then: Vec<Effect>,
     },
@@ -622,7 +618,7 @@ impl Core {
         // The acknowledgement waits for the cell's end to be stored when
         // this result ended it (not stored: not acknowledged, replayed).
         let finish = self.out.iter_mut().rev().find_map(|e| match e {
-            Effect::FinishCell { cell_id, then, .. } if *cell_id == r.cell_id => Some(then),
+            Effect::FinishCell { end, then, .. } if end.cell_id == r.cell_id => Some(then),
             _ => None,
         });
         match finish {
@@ -754,11 +750,13 @@ impl Core {
             }),
         ];
         self.out.push(Effect::FinishCell {
-            cell_id: cell.planned.cell_id.clone(),
-            state,
-            error,
-            environment,
-            points,
+            end: CellEnd {
+                cell_id: cell.planned.cell_id.clone(),
+                state,
+                error,
+                environment,
+                points,
+            },
             replayable,
             then,
         });
@@ -1231,12 +1229,11 @@ mod tests {
     fn finishes(e: &[Effect]) -> Vec<(String, CellState, String)> {
         e.iter()
             .filter_map(|e| match e {
-                Effect::FinishCell {
-                    cell_id,
-                    state,
-                    error,
-                    ..
-                } => Some((cell_id.clone(), *state, error.clone().unwrap_or_default())),
+                Effect::FinishCell { end, .. } => Some((
+                    end.cell_id.clone(),
+                    end.state,
+                    end.error.clone().unwrap_or_default(),
+                )),
                 _ => None,
             })
             .collect()

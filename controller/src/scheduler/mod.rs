@@ -25,7 +25,7 @@ use pgfleet_proto::v1::controller_message::Msg as CMsg;
 
 use crate::events::{Event, ToAgent};
 use crate::scenario::PlannedCell;
-use crate::store::{CellEnd, CellState, Entry, RunStatus, Store};
+use crate::store::{CellState, Entry, RunStatus, Store};
 use crate::writer::Write;
 
 pub use self::core::{Core, Effect, Input, Observed, Timing};
@@ -344,24 +344,14 @@ impl Scheduler {
                     None
                 }
                 Effect::FinishCell {
-                    cell_id,
-                    state,
-                    error,
-                    environment,
-                    points,
+                    end,
                     replayable,
                     then,
                 } => {
                     // Stored by the writer with what came before it; `then`
                     // waits for its word (`stored`).
-                    self.pending.insert(cell_id.clone(), (then, replayable));
-                    let _ = self.writes.send(Write::Store(Entry::End(CellEnd {
-                        cell_id,
-                        state,
-                        error,
-                        environment,
-                        points,
-                    })));
+                    self.pending.insert(end.cell_id.clone(), (then, replayable));
+                    let _ = self.writes.send(Write::Store(Entry::End(end)));
                     None
                 }
                 Effect::Sample(s) => {
