@@ -154,6 +154,7 @@ async fn run_inner(
         // Accounting needs a cgroup, so root; without, the kind's device
         // figures are None and its report says so.
         account_io: params.account_io() && nix::unistd::geteuid().is_root(),
+        allow_shell: params.allow_shell(),
         memory_bytes: if env.instance.emulated {
             env.instance.memory_bytes
         } else {
@@ -318,5 +319,12 @@ async fn collect_environment(
             "cgroups": cluster.cgroups(),
         },
         "host": {"hostname": host::hostname(), "cores": host::cores(), "memory_bytes": host::memory_bytes()},
+        // Who ran what: scenario SQL as the workload role (a superuser only
+        // with allow_shell), the agent's own steps as its superuser.
+        "roles": {
+            "scenario_sql": crate::cluster::WORKLOAD_ROLE,
+            "scenario_sql_superuser": spec.allow_shell,
+            "agent_steps": crate::cluster::SUPERUSER,
+        },
     }))
 }

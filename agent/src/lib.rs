@@ -5,6 +5,7 @@
 //! Architecture invariant: the agent never decides scheduling. It runs what it
 //! is assigned, one cell at a time, and reports; the controller decides.
 
+pub mod assign;
 pub mod cell;
 pub mod cluster;
 pub mod driver;

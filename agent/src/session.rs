@@ -205,7 +205,9 @@ async fn connect(
         .connect()
         .await
         .map_err(|e| Error::Session(format!("{e}: {}", source_chain(&e))))?;
-    let mut client = AgentSessionClient::new(channel);
+    let mut client = AgentSessionClient::new(channel)
+        .max_decoding_message_size(pgfleet_proto::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(pgfleet_proto::MAX_MESSAGE_BYTES);
     let (out_tx, out_rx) = mpsc::channel(1024);
     let (pg_version, pg_dir) = match &env.pg {
         Ok(pg) => (pg.version.clone(), pg.dir.display().to_string()),
@@ -306,8 +308,14 @@ async fn connected_loop(
             m = inbound.message() => match m {
                 Ok(Some(ControllerMessage { msg: Some(m) })) => match m {
                     CMsg::Assign(a) => {
-                        if let Some(busy) = cells.keys().next() {
-                            let mut r = failed(&a.cell_id, format!("agent busy with cell {busy}"));
+                        let refused = match (cells.keys().next(), crate::assign::check(&a)) {
+                            (Some(busy), _) => Some(format!("agent busy with cell {busy}")),
+                            (None, Err(why)) => Some(why),
+                            (None, Ok(_)) => None,
+                        };
+                        if let Some(why) = refused {
+                            tracing::warn!(cell = %a.cell_id.chars().take(80).collect::<String>(), "{why}");
+                            let mut r = failed(&a.cell_id, why);
                             r.role = a.role.clone();
                             unacked.insert(a.cell_id.clone(), r.clone());
                             metrics.cell_finished(CellStatus::Failed);
@@ -343,6 +351,10 @@ async fn connected_loop(
                     }
                     CMsg::PeerReady(p) => {
                         if let (Some(r), Some(ep)) = (cells.get(&p.cell_id), p.endpoint) {
+                            if let Err(why) = crate::assign::check_endpoint(&ep) {
+                                tracing::warn!(cell = %p.cell_id, "refused a peer's endpoint: {why}");
+                                continue;
+                            }
                             tracing::info!(cell = %p.cell_id, role = %p.role, host = %ep.host, port = ep.port, "peer ready");
                             r.peers.send_modify(|m| {
                                 m.insert(p.role, ep);

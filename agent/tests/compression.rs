@@ -47,7 +47,7 @@ async fn pages_compress_as_postgres_and_the_libraries_do() {
         .unwrap();
     let c = cl.connect().await.unwrap();
     c.batch_execute(
-        "CREATE EXTENSION pageinspect; \
+        "CREATE SCHEMA pgfleet_agent; CREATE EXTENSION pageinspect WITH SCHEMA pgfleet_agent; \
          CREATE TABLE data AS SELECT i AS id, md5(i::text) AS h, repeat(chr(65 + i % 26), i % 50) AS pad, i * 7 AS n \
            FROM generate_series(1, 20000) i; \
          CREATE INDEX ON data (h); \

@@ -193,7 +193,9 @@ pub async fn serve(
         .local_addr()
         .map_err(|e| Error::Server(e.to_string()))?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let svc = AgentSessionServer::new(SessionService::new(hub, lease, security.token));
+    let svc = AgentSessionServer::new(SessionService::new(hub, lease, security.token))
+        .max_decoding_message_size(pgfleet_proto::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(pgfleet_proto::MAX_MESSAGE_BYTES);
     let mut builder = tonic::transport::Server::builder();
     let tls = security.tls.is_some();
     if let Some((cert, key)) = security.tls {

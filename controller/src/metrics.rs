@@ -426,18 +426,16 @@ impl Metrics {
                 .inc_by(f("bgwriter", key) as u64);
         }
         // Wait events: this second's picture; events not seen now are 0.
-        let now: BTreeMap<String, f64> = data["waits"]
-            .as_object()
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| (k.clone(), v.as_f64().unwrap_or(0.0)))
-                    .collect()
-            })
-            .unwrap_or_default();
+        // The agent names the events: at most MAX_LABEL_VALUES of them per
+        // series, the rest added up under `other`.
         let mut seen = self.wait_events.lock().unwrap_or_else(|p| p.into_inner());
         let events = seen.entry(owned.clone()).or_default();
-        events.extend(now.keys().cloned());
         events.insert("CPU:running".into());
+        let mut now: BTreeMap<String, f64> = BTreeMap::new();
+        for (k, v) in data["waits"].as_object().into_iter().flatten() {
+            let label = bounded_label(events, k);
+            *now.entry(label).or_default() += v.as_f64().unwrap_or(0.0).clamp(0.0, 1e9);
+        }
         for e in events.iter() {
             let mut v = l.to_vec();
             v.push(e);
@@ -467,9 +465,9 @@ impl Metrics {
                 .unwrap_or_else(|p| p.into_inner());
             let seen = classes.entry(owned.clone()).or_default();
             for (class, n) in f {
-                seen.insert(class.clone());
+                let class = bounded_label(seen, class);
                 let mut v = l.to_vec();
-                v.push(class);
+                v.push(&class);
                 self.driver_failures
                     .with_label_values(&v)
                     .inc_by(n.as_u64().unwrap_or(0).min(MAX_LIVE_COUNT));
@@ -685,6 +683,23 @@ impl std::fmt::Debug for Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
+    }
+}
+
+/// Distinct values one label may take per series (wait events, failure
+/// classes: names an agent sends); past it, values go to `other`.
+pub const MAX_LABEL_VALUES: usize = 64;
+
+/// `value` as a label of a set already holding `seen`: itself (clipped to
+/// 64 characters) while the set has room or holds it, else `other`.
+fn bounded_label(seen: &mut BTreeSet<String>, value: &str) -> String {
+    let v: String = value.chars().take(64).collect();
+    if seen.contains(&v) || seen.len() < MAX_LABEL_VALUES {
+        seen.insert(v.clone());
+        v
+    } else {
+        seen.insert("other".into());
+        "other".into()
     }
 }
 

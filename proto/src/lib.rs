@@ -8,26 +8,21 @@
 //!   cell parameters, metrics and estimates, in one file per kind.
 //! - `telemetry`: logs and OpenTelemetry traces, set up once for both
 //!   binaries, and the W3C trace context a cell's span carries to its agent.
+//! - `settings`: which PostgreSQL settings a scenario may set (reserved ones
+//!   never, those that act on the agent's host only with `allow_shell`).
 //! - `script`: pgbench's script language (the agent's driver runs it; the
 //!   controller checks scenarios' scripts with it before anything starts).
+
+/// The largest session message either side sends or accepts (a cell's
+/// result with its points and environment is the largest; a scenario's
+/// parameters travel in `Assign`). Larger ones end the stream with an error.
+pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 
 pub mod v1 {
     tonic::include_proto!("pgfleet.v1");
 }
 
 pub mod script;
+pub mod settings;
 pub mod telemetry;
 pub mod workload;
-
-/// PostgreSQL settings the agent manages itself (listening address, its own
-/// port, no Unix socket, its own files). An `Assign` may not set them; the
-/// controller rejects them in scenarios, the agent refuses them again.
-pub const RESERVED_SETTINGS: &[&str] = &[
-    "port",
-    "listen_addresses",
-    "unix_socket_directories",
-    "data_directory",
-    "hba_file",
-    "ident_file",
-    "config_file",
-];

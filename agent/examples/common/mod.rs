@@ -38,6 +38,7 @@ pub async fn cluster(settings: &[(&str, &str)]) -> anyhow::Result<(Cluster, Path
             .collect::<BTreeMap<_, _>>(),
         caps: Default::default(),
         account_io: false,
+        allow_shell: false,
         listen: Vec::new(),
         peers: Vec::new(),
         memory_bytes: 0,

@@ -29,7 +29,16 @@ use crate::{Error, Result};
 pub mod throttle;
 use throttle::Caps;
 
-const SUPERUSER: &str = "pgfleet";
+/// The agent's own role: loading, probes, statistics, CHECKPOINT, cache
+/// eviction. No scenario text runs as it.
+pub const SUPERUSER: &str = "pgfleet";
+
+/// The role scenario SQL runs as (pgbench scripts and their defines,
+/// `setup_sql`): owns the `postgres` database and the workload's tables, reads
+/// statistics (`pg_monitor`), and has none of the roles that reach the host
+/// (`pg_execute_server_program`, `pg_read_server_files`,
+/// `pg_write_server_files`). A superuser only with `allow_shell`.
+pub const WORKLOAD_ROLE: &str = "pgfleet_workload";
 
 /// Who the server runs as: the agent's own user, or (when the agent is root)
 /// an unprivileged account such as `postgres`.
@@ -91,10 +100,13 @@ impl Server {
             .connect_timeout(Duration::from_secs(10));
         Server {
             config,
-            conninfo: format!(
-                "host={} port={} user={} password={} dbname={}",
-                ep.host, ep.port, ep.user, ep.password, ep.dbname
-            ),
+            conninfo: quote_conninfo(&[
+                ("host", &ep.host),
+                ("port", &ep.port.to_string()),
+                ("user", &ep.user),
+                ("password", &ep.password),
+                ("dbname", &ep.dbname),
+            ]),
             major,
         }
     }
@@ -126,6 +138,9 @@ pub struct ClusterSpec {
     pub peers: Vec<std::net::IpAddr>,
     /// Storage caps to emulate (block-I/O throttling); uncapped = as is.
     pub caps: Caps,
+    /// The workload has the `allow_shell` opt-in: host-access settings may
+    /// be set and the workload role is a superuser.
+    pub allow_shell: bool,
     /// Run the server in a block-I/O cgroup that counts its device bytes
     /// (`io_bytes`), capped or not. Needs root.
     pub account_io: bool,
@@ -141,6 +156,8 @@ pub struct Cluster {
     data: PathBuf,
     port: u16,
     password: String,
+    /// `WORKLOAD_ROLE`'s password.
+    workload_password: String,
     /// The postmaster; replaced by `restart`.
     child: std::sync::Mutex<Option<Child>>,
     /// Set while `restart` has the server down on purpose.
@@ -192,12 +209,9 @@ impl Cluster {
 
     /// initdb, configure, start, wait until it accepts connections.
     pub async fn provision(spec: &ClusterSpec) -> Result<Cluster> {
-        for name in spec.settings.keys() {
-            if pgfleet_proto::RESERVED_SETTINGS.contains(&name.as_str()) {
-                return Err(Error::Provision(format!(
-                    "setting `{name}` is managed by pgfleet and cannot be set"
-                )));
-            }
+        for (name, value) in &spec.settings {
+            pgfleet_proto::settings::check(name, value, spec.allow_shell)
+                .map_err(|why| Error::Provision(format!("setting refused: {why}")))?;
         }
         let dir = spec.clusters_dir.join(&spec.name);
         if dir.exists() {
@@ -210,6 +224,7 @@ impl Cluster {
             dir,
             port: 0,
             password: random_hex(16)?,
+            workload_password: random_hex(16)?,
             child: Default::default(),
             restarting: Default::default(),
             spec: spec.clone(),
@@ -257,7 +272,10 @@ impl Cluster {
             cluster.port = free_port()?;
             cluster.write_config(spec)?;
             match cluster.start().await {
-                Ok(()) => return Ok(cluster),
+                Ok(()) => {
+                    cluster.create_workload_role().await?;
+                    return Ok(cluster);
+                }
                 Err(Error::Provision(msg))
                     if msg.contains("could not bind") || msg.contains("Address already in use") =>
                 {
@@ -437,6 +455,59 @@ impl Cluster {
                 }
             }
         }
+    }
+
+    /// Creates `WORKLOAD_ROLE` and gives it the `postgres` database (and so,
+    /// from PostgreSQL 15, its `public` schema).
+    async fn create_workload_role(&self) -> Result<()> {
+        let client = self.connect().await?;
+        let attrs = if self.spec.allow_shell {
+            "SUPERUSER"
+        } else {
+            "NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS"
+        };
+        let mut sql = format!(
+            "CREATE ROLE {WORKLOAD_ROLE} LOGIN {attrs} PASSWORD '{}';
+             GRANT pg_monitor TO {WORKLOAD_ROLE};
+             ALTER DATABASE postgres OWNER TO {WORKLOAD_ROLE};
+             GRANT ALL ON SCHEMA public TO {WORKLOAD_ROLE};",
+            self.workload_password
+        );
+        // pgbench scripts checkpoint; PostgreSQL 15 has a role for it.
+        if self.pg.major >= 15 {
+            sql += &format!("GRANT pg_checkpoint TO {WORKLOAD_ROLE};");
+        }
+        client
+            .batch_execute(&sql)
+            .await
+            .map_err(|e| Error::Provision(format!("creating the workload role: {e}")))
+    }
+
+    /// Gives the workload role every relation of the `public` schema the
+    /// agent created (loaded tables, their indexes and sequences), so the
+    /// scenario's SQL, running as that role, may update, vacuum and
+    /// truncate them. Called after the agent's load, before scenario SQL.
+    pub async fn hand_over(&self) -> Result<()> {
+        let client = self.connect().await?;
+        let sql = format!(
+            "DO $$DECLARE r record; BEGIN
+               FOR r IN SELECT c.oid::regclass AS name FROM pg_class c
+                 JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')
+                   AND pg_get_userbyid(c.relowner) <> '{WORKLOAD_ROLE}'
+                   -- a sequence owned by a column moves with its table
+                   AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = c.oid
+                     AND d.classid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')
+                     AND c.relkind = 'S')
+               LOOP
+                 EXECUTE format('ALTER TABLE %s OWNER TO {WORKLOAD_ROLE}', r.name);
+               END LOOP;
+             END$$"
+        );
+        client
+            .batch_execute(&sql)
+            .await
+            .map_err(|e| Error::Provision(format!("handing the tables to the workload role: {e}")))
     }
 
     /// Admits each peer address to every database and to replication with
@@ -709,11 +780,29 @@ impl Cluster {
         Ok(bytes)
     }
 
-    /// This cluster as a `Server` (loopback).
+    /// This cluster as a `Server` (loopback) for the agent's own steps: as
+    /// the superuser.
     pub fn server(&self) -> Server {
         Server {
             config: self.pg_config(),
             conninfo: self.conninfo(),
+            major: self.pg.major,
+        }
+    }
+
+    /// This cluster as a `Server` for scenario SQL: as `WORKLOAD_ROLE`.
+    pub fn workload_server(&self) -> Server {
+        let mut config = self.pg_config();
+        config.user(WORKLOAD_ROLE).password(&self.workload_password);
+        Server {
+            config,
+            conninfo: quote_conninfo(&[
+                ("host", "127.0.0.1"),
+                ("port", &self.port.to_string()),
+                ("user", WORKLOAD_ROLE),
+                ("password", &self.workload_password),
+                ("dbname", "postgres"),
+            ]),
             major: self.pg.major,
         }
     }
@@ -876,6 +965,16 @@ fn path_hash(p: &Path) -> u64 {
         .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
             (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
         })
+}
+
+/// A libpq connection string, each value quoted as libpq reads it (a value
+/// from a peer cannot add a keyword).
+pub fn quote_conninfo(pairs: &[(&str, &str)]) -> String {
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{k}='{}'", v.replace('\\', "\\\\").replace('\'', "\\'")))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn free_port() -> Result<u16> {

@@ -33,8 +33,14 @@ const BATCH: usize = 256;
 pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Result<Output>> {
     async move {
         let client = ctx.cluster.connect().await?;
+        // pageinspect lives in a schema of the agent's (the workload role
+        // owns `public` and could replace what is there).
         client
-            .batch_execute("CREATE EXTENSION IF NOT EXISTS pageinspect")
+            .batch_execute(
+                "CREATE SCHEMA IF NOT EXISTS pgfleet_agent; \
+                 REVOKE ALL ON SCHEMA pgfleet_agent FROM PUBLIC; \
+                 CREATE EXTENSION IF NOT EXISTS pageinspect WITH SCHEMA pgfleet_agent",
+            )
             .await
             .map_err(|e| werr(format!("pageinspect is needed to read pages: {e}")))?;
         ctx.progress("load", 0, 1, format!("dataset {}", p.dataset));
@@ -49,11 +55,19 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                     .await?;
                 toast_probe::load_documents(&client, "orders", p.json_documents, (25, 100), 0.42).await?;
             }
-            _ => client
+            // Scenario text: as the workload role, never the superuser.
+            _ => ctx
+                .cluster
+                .workload_server()
+                .connect()
+                .await?
                 .batch_execute(&p.setup_sql)
                 .await
-                .map_err(|e| werr(format!("setup_sql failed: {}", e.as_db_error().map(|d| d.message().to_string()).unwrap_or_else(|| e.to_string()))))?,
+                .map_err(|e| werr(format!("setup_sql failed (it runs as {}, not a superuser): {}", crate::cluster::WORKLOAD_ROLE, e.as_db_error().map(|d| d.message().to_string()).unwrap_or_else(|| e.to_string()))))?,
         }
+        // What scenario SQL created cannot be reached by name from here on
+        // (a function of its own in `public` would run as the superuser).
+        client.batch_execute("SET search_path = pg_catalog, pg_temp").await?;
         ctx.check_cancel()?;
         client.batch_execute("VACUUM ANALYZE").await?;
         client.batch_execute("CHECKPOINT").await?;
@@ -75,7 +89,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                 for batch in blocks.chunks(BATCH) {
                     ctx.check_cancel()?;
                     let t = Instant::now();
-                    let pages = read_pages(&client, &rel.name, batch).await?;
+                    let pages = read_pages(&client, &rel.qualified, batch).await?;
                     read_ms += t.elapsed().as_secs_f64() * 1e3;
                     let algorithms = p.algorithms.clone();
                     let level = p.zstd_level;
@@ -121,7 +135,11 @@ fn werr(message: String) -> Error {
 
 #[derive(Clone)]
 pub struct Relation {
+    /// Its name in `public` (as reports and `relations:` name it).
     pub name: String,
+    /// Schema-qualified and quoted, as `get_raw_page` reads it (the
+    /// superuser's search_path holds only pg_catalog by then).
+    pub qualified: String,
     pub kind: String,
     pub pages: u64,
 }
@@ -130,7 +148,8 @@ pub struct Relation {
 pub async fn relations(client: &Client, only: &[String]) -> Result<Vec<Relation>> {
     let rows = client
         .query(
-            "SELECT c.oid::regclass::text, c.relkind::text, pg_relation_size(c.oid) / current_setting('block_size')::bigint \
+            "SELECT c.relname::text, c.relkind::text, pg_relation_size(c.oid) / current_setting('block_size')::bigint, \
+                    quote_ident(n.nspname) || '.' || quote_ident(c.relname) \
              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
              WHERE n.nspname = 'public' AND c.relkind IN ('r', 'i', 'm') ORDER BY c.relkind DESC, 1",
             &[],
@@ -140,6 +159,7 @@ pub async fn relations(client: &Client, only: &[String]) -> Result<Vec<Relation>
         .iter()
         .map(|r| Relation {
             name: r.get(0),
+            qualified: r.get(3),
             kind: r.get(1),
             pages: r.get::<_, i64>(2) as u64,
         })
@@ -168,7 +188,7 @@ pub async fn read_pages(client: &Client, rel: &str, blocks: &[u64]) -> Result<Ve
     let ids: Vec<i64> = blocks.iter().map(|b| *b as i64).collect();
     let rows = client
         .query(
-            "SELECT get_raw_page($1, 'main', b) FROM unnest($2::int8[]) WITH ORDINALITY AS s(b, i) ORDER BY i",
+            "SELECT pgfleet_agent.get_raw_page($1, 'main', b) FROM unnest($2::int8[]) WITH ORDINALITY AS s(b, i) ORDER BY i",
             &[&rel, &ids],
         )
         .await?;

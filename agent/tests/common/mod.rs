@@ -39,6 +39,7 @@ pub fn spec(root: &Path, name: &str, shared_buffers: &str, caps: Caps) -> Cluste
         cpus: 0,
         caps,
         account_io: false,
+        allow_shell: false,
     }
 }
 

@@ -180,6 +180,7 @@ pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
         }
     }
 
+    roles(&mut md, doc);
     let _ = writeln!(
         md,
         "\n## Cells\n\n| cell | agent | state | error |\n|---|---|---|---|"
@@ -507,4 +508,27 @@ pub fn num(v: &Json, digits: usize) -> String {
     v.as_f64()
         .map(|x| format!("{x:.digits$}"))
         .unwrap_or_else(|| "–".into())
+}
+
+/// Which PostgreSQL role ran what, per class (from the cells' environment).
+fn roles(md: &mut String, doc: &Json) {
+    let Some(classes) = doc["environment"]["instance_classes"].as_object() else {
+        return;
+    };
+    for (name, c) in classes {
+        let r = &c["roles"];
+        let Some(sql) = r["scenario_sql"].as_str() else {
+            continue;
+        };
+        let how = if r["scenario_sql_superuser"].as_bool().unwrap_or(false) {
+            "**a superuser** (the scenario set allow_shell)"
+        } else {
+            "no superuser, no server-file or server-program roles"
+        };
+        let _ = writeln!(
+            md,
+            "\nClass `{name}`: scenario SQL (scripts, defines, setup_sql) ran as `{sql}` ({how}); pgfleet's own steps (loading, statistics, CHECKPOINT, cache eviction) as `{}`.",
+            r["agent_steps"].as_str().unwrap_or("")
+        );
+    }
 }

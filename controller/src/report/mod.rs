@@ -96,6 +96,7 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
             class["storage"] = env["storage"].clone();
             class["host"] = env["host"].clone();
             class["instance"] = env["instance"].clone();
+            class["roles"] = env["roles"].clone();
             class["measured"] = json!(true);
         }
     }

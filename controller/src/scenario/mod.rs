@@ -177,6 +177,27 @@ pub struct Check {
 }
 
 impl Scenario {
+    /// The first workload entry with the `allow_shell` opt-in, as a located
+    /// error saying why a server that does not permit it refuses it.
+    pub fn shell_refusal(&self, path: &Path) -> Option<ScenarioError> {
+        let i = self
+            .units
+            .iter()
+            .position(|cells| cells.iter().any(|(_, p)| p.allow_shell()))?;
+        let at = match &self.workloads.value[i].spec {
+            workload::Spec::Pgbench(p) => p.allow_shell.as_ref().map(|a| a.referenced),
+            _ => None,
+        }
+        .unwrap_or(self.workloads.value[i].kind.referenced);
+        Some(ScenarioError {
+            file: path.to_path_buf(),
+            line: at.line(),
+            column: at.column(),
+            field: format!("workloads[{i}].allow_shell"),
+            message: "allow_shell lets the scenario run commands on the agents' hosts; this server does not accept such scenarios (start `pgfleet serve` with --allow-shell-scenarios to permit them)".into(),
+        })
+    }
+
     /// The checks, resolved (validated already).
     pub fn checks(&self) -> Vec<Check> {
         self.checks
@@ -632,6 +653,69 @@ workloads:
         assert_eq!(bytes, vec![1, 5_242_881, 9_437_185]);
         assert_eq!(cells[0].settings["max_connections"], "50");
         assert_eq!(cells[0].settings["shared_buffers"], "128MB");
+    }
+
+    /// Settings that run commands, load code or name host files are refused
+    /// where written, naming the setting, unless every workload on the
+    /// class has allow_shell; `serve` then refuses allow_shell itself.
+    #[test]
+    fn settings_that_act_on_the_host_need_allow_shell() {
+        for (k, v) in [
+            ("archive_command", "'id > /tmp/x; true'"),
+            ("shared_preload_libraries", "evil"),
+            ("ssl_passphrase_command", "id"),
+            ("external_pid_file", "/etc/x"),
+            ("Dynamic_Library_Path", "/tmp"),
+        ] {
+            let e = err(&with(
+                "max_connections: 50",
+                &format!("max_connections: 50, {k}: {v}"),
+            ));
+            assert_eq!(
+                (e.line, e.field.as_str()),
+                (6, format!("fleet[0].postgres.settings.{k}").as_str()),
+                "{e}"
+            );
+            assert!(
+                e.message.contains(k) && e.message.contains("allow_shell"),
+                "{e}"
+            );
+        }
+        let e = err(&with(
+            "max_connections: 50",
+            "max_connections: 50, logging_collector: on",
+        ));
+        assert!(e.message.contains("managed by pgfleet"), "{e}");
+        // A pgbench entry with allow_shell may; the shell refusal names it.
+        let sc = "name: t
+fleet:
+  - name: local
+    postgres: { settings: { archive_command: 'true' } }
+workloads:
+  - kind: pgbench
+    scale: 1
+    script_text: \"SELECT 1;\"
+    transactions: 1
+    allow_shell: true
+";
+        let ok = parse(Path::new("shell.yaml"), sc).unwrap();
+        let e = ok.shell_refusal(Path::new("shell.yaml")).unwrap();
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (10, "workloads[0].allow_shell"),
+            "{e}"
+        );
+        assert!(e.message.contains("--allow-shell-scenarios"), "{e}");
+        assert!(
+            parse(Path::new("good.yaml"), GOOD)
+                .unwrap()
+                .shell_refusal(Path::new("g"))
+                .is_none()
+        );
+        // ... but not when another workload on the class does not.
+        let mixed = format!("{sc}  - kind: pgbench-init\n    scale: 1\n");
+        let e = parse(Path::new("shell.yaml"), &mixed).unwrap_err();
+        assert_eq!(e.field, "fleet[0].postgres.settings.archive_command", "{e}");
     }
 
     /// Every scenario under scenarios/ (found by walking the directory, so a

@@ -193,29 +193,6 @@ pub fn validate(s: &Scenario) -> Result<Vec<Vec<(String, Params)>>, Invalid> {
         if let Some(k) = &f.kubernetes {
             validate_kubernetes(k, &at)?;
         }
-        if let Some(pg) = &f.postgres {
-            for (k, v) in &pg.settings {
-                let field = at(&format!("postgres.settings.{k}"));
-                if !k
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
-                    || k.is_empty()
-                {
-                    return err(
-                        v.referenced,
-                        field,
-                        format!("`{k}` is not a PostgreSQL setting name"),
-                    );
-                }
-                if pgfleet_proto::RESERVED_SETTINGS.contains(&k.as_str()) {
-                    return err(
-                        v.referenced,
-                        field,
-                        format!("`{k}` is managed by pgfleet and cannot be set"),
-                    );
-                }
-            }
-        }
     }
     validate_checks(s, &classes)?;
     if s.workloads.value.is_empty() {
@@ -225,12 +202,51 @@ pub fn validate(s: &Scenario) -> Result<Vec<Vec<(String, Params)>>, Invalid> {
             "no workloads: list at least one",
         );
     }
-    s.workloads
+    let entries = s
+        .workloads
         .value
         .iter()
         .enumerate()
         .map(|(i, w)| validate_workload(i, w, &counts))
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    validate_settings(s, &entries)?;
+    Ok(entries)
+}
+
+/// A class's PostgreSQL settings: names, values, and the ones pgfleet
+/// refuses (`pgfleet_proto::settings`: reserved ones always; those that act
+/// on the agent's host unless every workload on the class has allow_shell).
+fn validate_settings(s: &Scenario, entries: &[Vec<(String, Params)>]) -> Result<(), Invalid> {
+    for (i, f) in s.fleet.value.iter().enumerate() {
+        let Some(pg) = &f.postgres else { continue };
+        let class = &f.name.value;
+        let runs_here = |w: &WorkloadEntry| {
+            w.on.as_ref()
+                .is_none_or(|on| on.iter().any(|c| &c.value == class))
+                || w.roles
+                    .as_ref()
+                    .is_some_and(|r| r.values().any(|c| &c.value == class))
+        };
+        let allow_shell = s
+            .workloads
+            .value
+            .iter()
+            .zip(entries)
+            .filter(|(w, _)| runs_here(w))
+            .all(|(_, cells)| cells.iter().all(|(_, p)| p.allow_shell()));
+        for (k, v) in &pg.settings {
+            pgfleet_proto::settings::check(k, &v.value.to_string(), allow_shell).or_else(
+                |why| {
+                    err(
+                        v.referenced,
+                        format!("fleet[{i}].postgres.settings.{k}"),
+                        why,
+                    )
+                },
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// A DNS subdomain name, as Kubernetes object names are.

@@ -275,6 +275,27 @@ impl KindSpec for Spec {
 const ESTIMATE_SECONDS_PER_PAGE: f64 = 0.003;
 
 impl KindParams for Params {
+    fn check(&self) -> Result<(), String> {
+        use super::within;
+        if let Some(i) = &self.init {
+            i.check()?;
+        }
+        within("json_documents", self.json_documents, 1, 10_000_000)?;
+        within("zstd_level", self.zstd_level, 1, 22)?;
+        within("slot_header_bytes", self.slot_header_bytes, 0, 512)?;
+        within("setup_sql bytes", self.setup_sql.len(), 0, 1 << 20)?;
+        for x in &self.sample_fractions {
+            if !(*x > 0.0 && *x <= 1.0) {
+                return Err(format!(
+                    "sample_fractions: {x} is out of range: allowed above 0 and at most 1"
+                ));
+            }
+        }
+        for r in &self.relations {
+            within("relations[] name bytes", r.len(), 1, 200)?;
+        }
+        Ok(())
+    }
     fn estimate(&self) -> Estimate {
         let (load, bytes) = match &self.init {
             Some(i) => {

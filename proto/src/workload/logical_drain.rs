@@ -153,6 +153,14 @@ impl KindSpec for Spec {
 }
 
 impl KindParams for Params {
+    fn check(&self) -> Result<(), String> {
+        use super::within;
+        self.init.check()?;
+        within("backlog_bytes", self.backlog_bytes, 1 << 20, 1 << 50)?;
+        within("clients", self.clients, 1, 1000)?;
+        within("threads", self.threads, 1, self.clients)?;
+        within("timeout_s", self.timeout_s, 1.0, 7.0 * 86_400.0)
+    }
     fn estimate(&self) -> Estimate {
         let load = self.init.estimate();
         let data = self.init.data_bytes() as f64;

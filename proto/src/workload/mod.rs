@@ -263,6 +263,27 @@ pub trait KindParams {
     fn account_io(&self) -> bool {
         false
     }
+    /// The scenario opted in to acting on the agent's host (`allow_shell`):
+    /// `\shell` in scripts, settings that run commands or load code
+    /// (`crate::settings`), and a superuser workload role.
+    fn allow_shell(&self) -> bool {
+        false
+    }
+    /// The agent's own check of what it was sent: the sizes and counts that
+    /// drive its memory, disk and loops, within the bounds validation
+    /// allows. The controller validated them; the agent does not trust that.
+    fn check(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// `v` within `lo..=hi`, or an error naming `key` (the agent's checks).
+pub fn within<T: PartialOrd + fmt::Display>(key: &str, v: T, lo: T, hi: T) -> Result<(), String> {
+    if v >= lo && v <= hi {
+        Ok(())
+    } else {
+        Err(format!("{key} = {v} is out of range: allowed {lo}..={hi}"))
+    }
 }
 
 /// A size in bytes as a scenario writes it: `10737418240`, `"10GiB"`,
@@ -448,6 +469,18 @@ macro_rules! kinds {
             pub fn account_io(&self) -> bool {
                 match self {
                     $(Params::$variant(p) => p.account_io(),)*
+                }
+            }
+
+            pub fn allow_shell(&self) -> bool {
+                match self {
+                    $(Params::$variant(p) => p.allow_shell(),)*
+                }
+            }
+
+            pub fn check(&self) -> Result<(), String> {
+                match self {
+                    $(Params::$variant(p) => p.check(),)*
                 }
             }
         }

@@ -114,7 +114,27 @@ pub struct DriveParams {
     pub allow_shell: bool,
 }
 
+const MAX_SECONDS: f64 = 86_400.0;
+const MAX_WARMUP_S: f64 = 3_600.0;
+const MAX_CLIENTS: u32 = 10_000;
+const MAX_TRIES: u32 = 1000;
+
 impl DriveParams {
+    /// The agent's check (see `KindParams::check`).
+    pub fn check(&self) -> Result<(), String> {
+        use super::within;
+        within("clients", self.clients, 1, MAX_CLIENTS)?;
+        within("threads", self.threads, 1, self.clients)?;
+        if let Some(d) = self.duration_s {
+            within("duration_s", d, 0.001, MAX_SECONDS)?;
+        }
+        within("warmup_s", self.warmup_s, 0.0, MAX_WARMUP_S)?;
+        within("max_tries", self.max_tries, 1, MAX_TRIES)?;
+        match &self.script_text {
+            Some(t) => within("script_text bytes", t.len(), 1, 1 << 20),
+            None => self.text().map(|_| ()),
+        }
+    }
     /// The script's text: `script_text`, or the built-in's.
     pub fn text(&self) -> Result<&str, String> {
         match &self.script_text {
@@ -208,9 +228,9 @@ pub struct Second {
 /// Checks the driver keys (shared with kinds that drive a script).
 #[allow(clippy::too_many_arguments)]
 pub fn check_drive(f: &Field, s: &Spec) -> Checked<DriveParams> {
-    f.in_range(&s.duration_s, "duration_s", 0.001, 86_400.0, " seconds")?;
-    f.in_range(&s.warmup_s, "warmup_s", 0.0, 3_600.0, " seconds")?;
-    f.in_range(&s.clients, "clients", 1, 10_000, "")?;
+    f.in_range(&s.duration_s, "duration_s", 0.001, MAX_SECONDS, " seconds")?;
+    f.in_range(&s.warmup_s, "warmup_s", 0.0, MAX_WARMUP_S, " seconds")?;
+    f.in_range(&s.clients, "clients", 1, MAX_CLIENTS, "")?;
     let clients = or(&s.clients, 1);
     f.in_range(
         &s.threads,
@@ -222,7 +242,7 @@ pub fn check_drive(f: &Field, s: &Spec) -> Checked<DriveParams> {
     f.in_range(&s.transactions, "transactions", 1, u64::MAX, "")?;
     f.in_range(&s.rate, "rate", 0.001, 1e9, " transactions per second")?;
     f.in_range(&s.latency_limit_ms, "latency_limit_ms", 0.001, 3.6e6, " ms")?;
-    f.in_range(&s.max_tries, "max_tries", 1, 1000, "")?;
+    f.in_range(&s.max_tries, "max_tries", 1, MAX_TRIES, "")?;
     let driver = or(&s.driver, "pgfleet".to_string());
     if let Some(d) = &s.driver {
         f.one_of(d, "driver", DRIVERS, "driver")?;
@@ -363,6 +383,13 @@ impl KindSpec for Spec {
 }
 
 impl KindParams for Params {
+    fn allow_shell(&self) -> bool {
+        self.drive.allow_shell
+    }
+    fn check(&self) -> Result<(), String> {
+        self.init.check()?;
+        self.drive.check()
+    }
     fn estimate(&self) -> Estimate {
         let load = self.init.estimate();
         let measured = self.drive.duration_s.unwrap_or(0.0);

@@ -82,14 +82,14 @@ pub fn check(
             "is required: the pgbench scale (100,000 accounts each)",
         );
     }
-    f.in_range(scale, "scale", 1, 1_000_000, "")?;
+    f.in_range(scale, "scale", 1, MAX_SCALE, "")?;
     f.in_range(fillfactor, "fillfactor", 10, 100, "")?;
-    f.in_range(partitions, "partitions", 0, 10_000, "")?;
+    f.in_range(partitions, "partitions", 0, MAX_PARTITIONS, "")?;
     f.in_range(
         load_connections,
         "load_connections",
         0,
-        256,
+        MAX_LOAD_CONNECTIONS,
         " (0: one per core)",
     )?;
     Ok(InitParams {
@@ -125,7 +125,22 @@ impl KindSpec for Spec {
     }
 }
 
+const MAX_SCALE: u64 = 1_000_000;
+const MAX_PARTITIONS: u32 = 10_000;
+const MAX_LOAD_CONNECTIONS: u32 = 256;
+
 impl KindParams for InitParams {
+    fn check(&self) -> Result<(), String> {
+        super::within("scale", self.scale, 1, MAX_SCALE)?;
+        super::within("fillfactor", self.fillfactor, 10, 100)?;
+        super::within("partitions", self.partitions, 0, MAX_PARTITIONS)?;
+        super::within(
+            "load_connections",
+            self.load_connections,
+            0,
+            MAX_LOAD_CONNECTIONS,
+        )
+    }
     fn estimate(&self) -> Estimate {
         Estimate {
             seconds: ESTIMATE_CLUSTER_SECONDS + self.scale as f64 / LOAD_SCALE_PER_SECOND,

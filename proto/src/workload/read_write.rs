@@ -183,6 +183,14 @@ impl KindSpec for Spec {
 }
 
 impl KindParams for Params {
+    fn check(&self) -> Result<(), String> {
+        use super::within;
+        within("rows", self.rows, 1000, 10_000_000_000)?;
+        within("repeats", self.repeats, 1, 100)?;
+        within("random_clients", self.random_clients, 1, 1000)?;
+        within("random_threads", self.random_threads, 1, 256)?;
+        within("random_duration_s", self.random_duration_s, 0.1, 86_400.0)
+    }
     fn estimate(&self) -> Estimate {
         let bytes = self.table_bytes();
         let methods = self.io_methods.len().max(1) as f64;

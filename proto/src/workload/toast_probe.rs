@@ -407,6 +407,32 @@ impl Params {
 }
 
 impl KindParams for Params {
+    fn check(&self) -> Result<(), String> {
+        use super::within;
+        within("window_words", self.window_words, 1, 10_000_000)?;
+        within("json_documents", self.json_documents, 1, 10_000_000)?;
+        within(
+            "json_items_max",
+            self.json_items_max,
+            self.json_items_min,
+            100_000,
+        )?;
+        within("json_loads", self.json_loads, 1, 100)?;
+        within("read_values", self.read_values, 1, 100_000)?;
+        within("read_value_bytes", self.read_value_bytes, 4096, 1 << 30)?;
+        within("prefix_chars", self.prefix_chars, 1, 1_000_000)?;
+        within("mid_bytes", self.mid_bytes, 1, 1_000_000)?;
+        within("mid_offset", self.mid_offset, 1, self.read_value_bytes)?;
+        within("repeats", self.repeats, 1, 1000)?;
+        within("duration_s", self.duration_s, 0.001, 86_400.0)?;
+        for t in &self.threshold_chars {
+            within("threshold_chars[]", *t, 1, 1 << 30)?;
+        }
+        for v in &self.window_vocabularies {
+            within("window_vocabularies[]", *v, 1, 10_000_000)?;
+        }
+        Ok(())
+    }
     fn estimate(&self) -> Estimate {
         let modes = self.storage_modes.len() as u64;
         let mut setup_bytes = 0u64;

@@ -294,6 +294,23 @@ impl KindSpec for Spec {
 }
 
 impl KindParams for Params {
+    fn check(&self) -> Result<(), String> {
+        use super::within;
+        within("value_bytes", self.value_bytes, 1024, MAX_VALUE_BYTES)?;
+        within(
+            "slice_bytes",
+            u64::from(self.slice_bytes),
+            1,
+            self.value_bytes,
+        )?;
+        within("repeats", self.repeats, 1, 1000)?;
+        within("duration_s", self.duration_s, 0.001, 86_400.0)?;
+        within("offsets", self.offsets.len(), 1, 1000)?;
+        for o in &self.offsets {
+            within("offsets[].byte", o.byte, 1, self.value_bytes)?;
+        }
+        Ok(())
+    }
     fn estimate(&self) -> Estimate {
         let modes = self.storage_modes.len() as u64;
         // A cold read costs a restart (a checkpoint, then start-up): ~2 s.

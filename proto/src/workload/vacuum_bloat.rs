@@ -201,6 +201,17 @@ impl KindSpec for Spec {
 }
 
 impl KindParams for Params {
+    fn check(&self) -> Result<(), String> {
+        self.init.check()?;
+        // What one UPDATE pass can leave dead (validation's bound).
+        super::within(
+            "bloat_bytes",
+            self.bloat_bytes,
+            1 << 20,
+            self.init.accounts_heap_bytes(),
+        )?;
+        super::within("parallel", self.parallel.unwrap_or(0), 0, 1024)
+    }
     fn estimate(&self) -> Estimate {
         let load = self.init.estimate();
         // The UPDATE pass writes new versions, index entries and WAL; VACUUM
