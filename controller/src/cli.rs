@@ -110,12 +110,16 @@ pub enum Command {
 /// Where the server is and how to authenticate.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Remote {
-    /// The URL of `pgfleet serve`'s HTTP API.
+    /// The URL of `pgfleet serve`'s HTTP API: http:// or https://.
     #[arg(long, env = "PGFLEET_SERVER")]
     pub server: String,
-    /// File holding the API token (the server's --api-token-file).
+    /// File holding the API token (one of the server's --api-token-file).
     #[arg(long, env = "PGFLEET_TOKEN_FILE")]
     pub token_file: PathBuf,
+    /// With an https:// server: trust this PEM CA (a private one, e.g. the
+    /// one that signed serve's --http-tls-cert) instead of the system's.
+    #[arg(long, env = "PGFLEET_SERVER_CA")]
+    pub ca: Option<PathBuf>,
     /// Keep retrying an unreachable server this long, in seconds.
     #[arg(long, default_value_t = 60.0)]
     pub retry_for_s: f64,
@@ -130,6 +134,9 @@ pub struct OptionalRemote {
     /// File holding the API token.
     #[arg(long, env = "PGFLEET_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
+    /// With an https:// server: trust this PEM CA.
+    #[arg(long, env = "PGFLEET_SERVER_CA")]
+    pub ca: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -198,7 +205,10 @@ pub struct ServeArgs {
     /// Where the HTTP API listens.
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub http: SocketAddr,
-    /// File holding the bearer token API clients must send (16+ characters).
+    /// File of the bearer tokens API clients send: one per line, 16+
+    /// characters; `read-only TOKEN` for a token that may only read (runs,
+    /// events, reports). Re-read when it changes: rotate by adding the new
+    /// token, moving clients, then removing the old one.
     #[arg(long, env = "PGFLEET_API_TOKEN_FILE")]
     pub api_token_file: PathBuf,
     /// Reports of finished runs go to <reports>/<run-id>/. Default: a
@@ -208,6 +218,24 @@ pub struct ServeArgs {
     /// The largest scenario accepted, in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     pub max_scenario_bytes: usize,
+    /// Serve the HTTP API over TLS with this PEM certificate (chain);
+    /// clients dial https:// (`pgfleet submit --ca` trusts a private CA).
+    /// Needs --http-tls-key.
+    #[arg(long, requires = "http_tls_key")]
+    pub http_tls_cert: Option<PathBuf>,
+    /// The PEM private key of --http-tls-cert.
+    #[arg(long, requires = "http_tls_cert")]
+    pub http_tls_key: Option<PathBuf>,
+    /// How many submitted runs may wait in the queue; past it a submission
+    /// gets 429 with Retry-After.
+    #[arg(long, default_value_t = 100)]
+    pub max_queued_runs: usize,
+    /// Accept scenarios whose workloads set `allow_shell: true` (`\shell`
+    /// in scripts, settings such as archive_command, a superuser workload
+    /// role): they run commands on the agents' hosts. Off: such a
+    /// submission is refused with 403.
+    #[arg(long)]
+    pub allow_shell_scenarios: bool,
     /// How long a finished run's series stay on /metrics, in seconds.
     #[arg(long, default_value_t = 600.0)]
     pub metrics_retention_s: f64,

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -51,7 +52,7 @@ impl ClientError {
 pub struct Client {
     base: String,
     token: String,
-    http: HyperClient<HttpConnector, Full<Bytes>>,
+    http: HyperClient<HttpsConnector<HttpConnector>, Full<Bytes>>,
     /// How long to keep retrying an unreachable server.
     pub retry_for: Duration,
 }
@@ -75,20 +76,51 @@ impl Answer {
 }
 
 impl Client {
-    pub fn new(server: &str, token: String) -> Result<Client, ClientError> {
+    /// A client of the API at `server` (http:// or https://); `ca`: a PEM
+    /// CA to trust for https instead of the system's roots.
+    pub fn new(server: &str, token: String, ca: Option<&Path>) -> Result<Client, ClientError> {
         let base = server.trim_end_matches('/').to_string();
-        if !base.starts_with("http://") {
-            return Err(ClientError::Refused {
-                status: 0,
-                message: format!(
-                    "--server {server}: give an http:// URL of `pgfleet serve`'s API (put a TLS-terminating proxy or ingress in front for https)"
-                ),
-            });
+        let usage = |m: String| ClientError::Refused {
+            status: 0,
+            message: m,
+        };
+        if !base.starts_with("http://") && !base.starts_with("https://") {
+            return Err(usage(format!(
+                "--server {server}: give the http:// or https:// URL of `pgfleet serve`'s API"
+            )));
         }
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let builder = hyper_rustls::HttpsConnectorBuilder::new();
+        let builder = match ca {
+            Some(ca) => {
+                use rustls_pki_types::CertificateDer;
+                use rustls_pki_types::pem::PemObject;
+                let bad = |e: String| usage(format!("--ca {}: {e}", ca.display()));
+                let mut roots = rustls::RootCertStore::empty();
+                for c in CertificateDer::pem_file_iter(ca).map_err(|e| bad(e.to_string()))? {
+                    roots
+                        .add(c.map_err(|e| bad(e.to_string()))?)
+                        .map_err(|e| bad(e.to_string()))?;
+                }
+                if roots.is_empty() {
+                    return Err(bad("no PEM certificate in it".into()));
+                }
+                let cfg = rustls::ClientConfig::builder_with_provider(provider)
+                    .with_safe_default_protocol_versions()
+                    .map_err(|e| usage(e.to_string()))?
+                    .with_root_certificates(roots)
+                    .with_no_client_auth();
+                builder.with_tls_config(cfg)
+            }
+            None => builder
+                .with_provider_and_native_roots(provider)
+                .map_err(|e| usage(format!("the system's CA certificates: {e} (give --ca)")))?,
+        };
+        let connector = builder.https_or_http().enable_http1().build();
         Ok(Client {
             base,
             token,
-            http: HyperClient::builder(TokioExecutor::new()).build_http(),
+            http: HyperClient::builder(TokioExecutor::new()).build(connector),
             retry_for: Duration::from_secs(60),
         })
     }
@@ -112,13 +144,24 @@ impl Client {
             .map_err(|e| e.to_string())?;
         match tokio::time::timeout(Duration::from_secs(30), self.http.request(req)).await {
             Ok(Ok(r)) => Ok(r),
-            Ok(Err(e)) => Err(e.to_string()),
+            Ok(Err(e)) => {
+                // The connector's reason (refused, TLS, certificate) is
+                // in the error's sources.
+                let mut text = e.to_string();
+                let mut src = std::error::Error::source(&e);
+                while let Some(s) = src {
+                    text = format!("{text}: {s}");
+                    src = s.source();
+                }
+                Err(text)
+            }
             Err(_) => Err("no answer within 30s".into()),
         }
     }
 
     /// Sends a request, retrying while the server is unreachable or
-    /// unavailable (503), with backoff, for up to `retry_for`.
+    /// unavailable (503), with backoff, or its queue is full (429, after
+    /// its Retry-After), for up to `retry_for`.
     pub async fn request(
         &self,
         method: Method,
@@ -147,7 +190,18 @@ impl Client {
         let start = Instant::now();
         let mut backoff = Duration::from_millis(200);
         loop {
+            let mut wait = backoff;
             let why = match self.once(method, path, headers, body).await {
+                // A full queue (429) says when to come back.
+                Ok(r) if r.status() == StatusCode::TOO_MANY_REQUESTS => {
+                    let after = r
+                        .headers()
+                        .get("retry-after")
+                        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                        .unwrap_or(5);
+                    wait = Duration::from_secs(after.clamp(1, 60));
+                    "answered 429: the server's run queue is full".to_string()
+                }
                 Ok(r)
                     if r.status() != StatusCode::SERVICE_UNAVAILABLE
                         && r.status() != StatusCode::BAD_GATEWAY =>
@@ -155,16 +209,23 @@ impl Client {
                     return Ok(r);
                 }
                 Ok(r) => format!("answered {}", r.status()),
+                // Retrying does not make a certificate trusted.
+                Err(e) if e.contains("certificate") => {
+                    return Err(ClientError::Unavailable(format!(
+                        "{}: the server's TLS certificate is not trusted ({e}): pass --ca with the CA that signed it (serve's --http-tls-cert)",
+                        self.base
+                    )));
+                }
                 Err(e) => e,
             };
-            if start.elapsed() + backoff > self.retry_for {
+            if start.elapsed() + wait > self.retry_for {
                 return Err(ClientError::Unavailable(format!(
                     "the pgfleet server {} is unavailable ({why}) after retrying for {:?}: is `pgfleet serve` running there?",
                     self.base, self.retry_for
                 )));
             }
-            tracing::debug!("{method} {path}: {why}; retrying in {backoff:?}");
-            tokio::time::sleep(backoff).await;
+            tracing::debug!("{method} {path}: {why}; retrying in {wait:?}");
+            tokio::time::sleep(wait).await;
             backoff = (backoff * 2).min(Duration::from_secs(5));
         }
     }

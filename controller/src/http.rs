@@ -190,8 +190,10 @@ fn not_found(id: &str) -> Response {
         (status = 202, description = "Queued (or, by idempotency key, found)", body = Submitted),
         (status = 400, description = "Not UTF-8, or a bad header", body = ApiError),
         (status = 401, description = "Missing or wrong token", body = ApiError),
+        (status = 403, description = "Valid, but refused by this server (allow_shell without --allow-shell-scenarios; a read-only token), located", body = ApiError),
         (status = 413, description = "Scenario too large", body = ApiError),
         (status = 422, description = "Invalid scenario, located", body = ApiError),
+        (status = 429, description = "Too many runs queued; retry after Retry-After seconds", body = ApiError),
         (status = 503, description = "Store unavailable", body = ApiError),
     ),
     security(("bearer" = [])), tag = "runs")]
@@ -252,21 +254,38 @@ async fn submit(
             }
             r
         }
-        Err(Rejected::Invalid(e)) => json(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            &ApiError {
-                error: e.to_string(),
-                location: Some(Location {
-                    file: e.file.display().to_string(),
-                    line: e.line,
-                    column: e.column,
-                    field: e.field.clone(),
-                    message: e.message.clone(),
-                }),
-            },
-        ),
+        Err(Rejected::Invalid(e)) => located(StatusCode::UNPROCESSABLE_ENTITY, &e),
+        Err(Rejected::Forbidden(e)) => located(StatusCode::FORBIDDEN, &e),
+        Err(Rejected::Busy(n)) => {
+            let mut r = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "{n} runs are queued already (serve --max-queued-runs): retry when one has started"
+                ),
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("30"));
+            r
+        }
         Err(Rejected::Store(e)) => store_error(e),
     }
+}
+
+/// A scenario error with its location as fields.
+fn located(status: StatusCode, e: &crate::scenario::ScenarioError) -> Response {
+    json(
+        status,
+        &ApiError {
+            error: e.to_string(),
+            location: Some(Location {
+                file: e.file.display().to_string(),
+                line: e.line,
+                column: e.column,
+                field: e.field.clone(),
+                message: e.message.clone(),
+            }),
+        },
+    )
 }
 
 fn summary(r: crate::store::RunRow) -> RunSummary {
@@ -713,8 +732,23 @@ async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    if crate::grpc::constant_time_eq(given.as_bytes(), s.api_token.as_bytes()) {
-        return next.run(req).await;
+    match s.api_tokens.check(given) {
+        Some(crate::tokens::Access::Full) => return next.run(req).await,
+        Some(crate::tokens::Access::ReadOnly)
+            if matches!(
+                *req.method(),
+                axum::http::Method::GET | axum::http::Method::HEAD
+            ) =>
+        {
+            return next.run(req).await;
+        }
+        Some(crate::tokens::Access::ReadOnly) => {
+            return error(
+                StatusCode::FORBIDDEN,
+                "this token is read-only: submitting and cancelling need a full token (a line without `read-only` in serve's --api-token-file)",
+            );
+        }
+        None => {}
     }
     let mut r = error(
         StatusCode::UNAUTHORIZED,
@@ -759,6 +793,8 @@ pub fn router(s: Shared) -> Router {
 /// A running HTTP server.
 pub struct HttpServer {
     pub addr: SocketAddr,
+    /// Served over TLS (https://).
+    pub tls: bool,
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -806,14 +842,53 @@ pub async fn listen_metrics(bind: SocketAddr, src: MetricsSource) -> Result<Http
             }),
         )
         .with_state(src);
-    listen_app(bind, app).await
+    listen_app(bind, app, None).await
 }
 
-pub async fn listen(bind: SocketAddr, s: Shared) -> Result<HttpServer> {
-    listen_app(bind, router(s)).await
+/// Serves the API on `bind`, over TLS when `tls` is given.
+pub async fn listen(
+    bind: SocketAddr,
+    s: Shared,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> Result<HttpServer> {
+    listen_app(bind, router(s), tls).await
 }
 
-async fn listen_app(bind: SocketAddr, app: Router) -> Result<HttpServer> {
+/// A TLS server configuration from PEM files (`serve --http-tls-cert
+/// --http-tls-key`); errors name the file.
+pub fn tls_config(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Result<Arc<rustls::ServerConfig>> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let bad =
+        |f: &std::path::Path, e: String| Error::Usage(format!("--http-tls: {}: {e}", f.display()));
+    let certs = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| bad(cert, e.to_string()))?
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| bad(cert, e.to_string()))?;
+    if certs.is_empty() {
+        return Err(bad(cert, "no PEM certificate in it".into()));
+    }
+    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| bad(key, e.to_string()))?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| Error::Usage(format!("--http-tls: {e}")))?
+    .with_no_client_auth()
+    .with_single_cert(certs, key_der)
+    .map_err(|e| bad(key, format!("does not go with the certificate: {e}")))?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+async fn listen_app(
+    bind: SocketAddr,
+    app: Router,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> Result<HttpServer> {
     let listener = tokio::net::TcpListener::bind(bind)
         .await
         .map_err(|e| Error::Server(format!("binding the HTTP API to {bind}: {e}")))?;
@@ -821,15 +896,66 @@ async fn listen_app(bind: SocketAddr, app: Router) -> Result<HttpServer> {
         .local_addr()
         .map_err(|e| Error::Server(e.to_string()))?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        let r = axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = stopped.await;
-            })
-            .await;
-        if let Err(e) = r {
-            tracing::error!("HTTP API ended: {e}");
-        }
-    });
-    Ok(HttpServer { addr, stop, task })
+    let tls_used = tls.is_some();
+    let task = match tls {
+        None => tokio::spawn(async move {
+            let r = axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await;
+            if let Err(e) = r {
+                tracing::error!("HTTP API ended: {e}");
+            }
+        }),
+        Some(tls) => tokio::spawn(serve_tls(listener, app, tls, stopped)),
+    };
+    Ok(HttpServer {
+        addr,
+        stop,
+        task,
+        tls: tls_used,
+    })
+}
+
+/// The accept loop over TLS: each connection's handshake (bounded in time)
+/// and HTTP/1.1 on its own task; stops accepting when `stopped` fires.
+async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    tls: Arc<rustls::ServerConfig>,
+    mut stopped: tokio::sync::oneshot::Receiver<()>,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    loop {
+        let tcp = tokio::select! {
+            _ = &mut stopped => return,
+            r = listener.accept() => match r {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Out of file descriptors and the like: pause, go on.
+                    tracing::warn!("HTTP API accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let (acceptor, app) = (acceptor.clone(), app.clone());
+        tokio::spawn(async move {
+            let stream =
+                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        tracing::debug!("HTTP API TLS handshake: {e}");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+            let svc = hyper_util::service::TowerToHyperService::new(app);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                .with_upgrades()
+                .await;
+        });
+    }
 }

@@ -26,6 +26,7 @@ pub mod serve;
 pub mod service;
 pub mod stats;
 pub mod store;
+pub mod tokens;
 pub mod writer;
 
 #[derive(Debug, thiserror::Error)]

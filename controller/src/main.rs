@@ -111,7 +111,7 @@ fn service_config(
 
 fn client(r: &Remote) -> Result<Client, Failure> {
     let token = read_token(&r.token_file, "API token file")?;
-    let mut c = Client::new(&r.server, token)?;
+    let mut c = Client::new(&r.server, token, r.ca.as_deref())?;
     c.retry_for = Duration::from_secs_f64(r.retry_for_s.max(0.0));
     Ok(c)
 }
@@ -335,6 +335,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                         server,
                         token_file,
                         retry_for_s: 60.0,
+                        ca: remote.ca,
                     })?;
                     c.download_report(&run_id, &out).await?;
                 }
@@ -402,6 +403,9 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                 api_token_file: args.api_token_file,
                 reports,
                 max_scenario_bytes: args.max_scenario_bytes,
+                max_queued_runs: args.max_queued_runs,
+                http_tls: args.http_tls_cert.clone().zip(args.http_tls_key.clone()),
+                allow_shell_scenarios: args.allow_shell_scenarios,
                 metrics_retention: Duration::from_secs_f64(args.metrics_retention_s.max(0.0)),
                 kubernetes: match args.agents {
                     AgentsFrom::Pool => None,

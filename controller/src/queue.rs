@@ -34,9 +34,14 @@ pub(crate) struct Live {
 /// What the HTTP API and the queue share.
 pub struct Served {
     pub service: Service,
-    pub api_token: String,
+    pub api_tokens: crate::tokens::ApiTokens,
     pub reports: PathBuf,
     pub max_scenario_bytes: usize,
+    /// Accept scenarios with `allow_shell` (`--allow-shell-scenarios`).
+    pub allow_shell_scenarios: bool,
+    /// Runs that may wait in the queue; a submission past it is refused
+    /// (429) until one starts or ends.
+    pub max_queued_runs: usize,
     pub(crate) metrics_retention: Duration,
     pub(crate) kube: Option<Kube>,
     pub(crate) live: Mutex<HashMap<String, Live>>,
@@ -47,6 +52,10 @@ pub struct Served {
 pub enum Rejected {
     /// The scenario is invalid: the same located error the CLI prints.
     Invalid(scenario::ScenarioError),
+    /// Valid, but this server does not run what it asks (e.g. allow_shell).
+    Forbidden(scenario::ScenarioError),
+    /// The queue is full: this many runs wait.
+    Busy(usize),
     Store(Error),
 }
 
@@ -73,6 +82,15 @@ impl Served {
             return Ok((id, false));
         }
         let sc = scenario::parse(Path::new(name), yaml).map_err(Rejected::Invalid)?;
+        if !self.allow_shell_scenarios
+            && let Some(e) = sc.shell_refusal(Path::new(name))
+        {
+            return Err(Rejected::Forbidden(e));
+        }
+        let queued = self.lock().values().filter(|l| !l.started).count();
+        if queued >= self.max_queued_runs {
+            return Err(Rejected::Busy(queued));
+        }
         let cells = scenario::plan(&sc);
         let run_id = crate::service::new_run_id();
         let store = &self.service.store;

@@ -42,6 +42,12 @@ pub struct ServeOptions {
     pub reports: PathBuf,
     /// The largest scenario accepted, in bytes.
     pub max_scenario_bytes: usize,
+    /// Serve the HTTP API over TLS: (certificate chain, key), PEM files.
+    pub http_tls: Option<(PathBuf, PathBuf)>,
+    /// Runs that may wait in the queue (then 429).
+    pub max_queued_runs: usize,
+    /// Accept scenarios with `allow_shell`.
+    pub allow_shell_scenarios: bool,
     /// How long a finished run's series stay on `/metrics`.
     pub metrics_retention: Duration,
     /// Launch each run's agents as pods (`--agents kubernetes`) rather
@@ -53,7 +59,7 @@ pub struct ServeOptions {
 /// nothing: running runs stay `running` in the store, their agents keep
 /// their cells, and the next `serve` on this store resumes them.
 pub async fn serve(opts: ServeOptions, shutdown: CancellationToken) -> Result<()> {
-    let api_token = crate::service::read_token(&opts.api_token_file, "API token file")?;
+    let api_tokens = crate::tokens::ApiTokens::load(&opts.api_token_file)?;
     let mut service = Service::build(&opts.service)?;
     // Before agents can connect: their registrations must find the runs
     // they belong to.
@@ -65,17 +71,24 @@ pub async fn serve(opts: ServeOptions, shutdown: CancellationToken) -> Result<()
     service.listen().await?;
     let served = Arc::new(Served {
         service,
-        api_token,
+        api_tokens,
         reports: opts.reports.clone(),
         max_scenario_bytes: opts.max_scenario_bytes,
+        max_queued_runs: opts.max_queued_runs.max(1),
+        allow_shell_scenarios: opts.allow_shell_scenarios,
         metrics_retention: opts.metrics_retention,
         kube,
         live: Mutex::new(HashMap::new()),
         wake: Notify::new(),
     });
-    let http = crate::http::listen(opts.http_bind, served.clone()).await?;
+    let tls = match &opts.http_tls {
+        Some((cert, key)) => Some(crate::http::tls_config(cert, key)?),
+        None => None,
+    };
+    let http = crate::http::listen(opts.http_bind, served.clone(), tls).await?;
     eprintln!(
-        "pgfleet serve: API on http://{}, agents dial {} (gRPC on {}), store {}",
+        "pgfleet serve: API on {}://{}, agents dial {} (gRPC on {}), store {}",
+        if http.tls { "https" } else { "http" },
         http.addr,
         served.service.agent_url(),
         served

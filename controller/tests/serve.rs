@@ -100,7 +100,7 @@ fn start_serve_env(
             .unwrap();
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             let _ = writeln!(f, "{line}");
-            if line.contains("API on http://") {
+            if line.contains("API on http") {
                 let _ = tx.send(line);
             }
         }
@@ -763,5 +763,155 @@ fn a_serve_killed_between_hand_off_and_commit_loses_no_live_second() {
     );
     server.proc.stop();
     agent.stop();
+    s.assert_clean(&[]);
+}
+
+/// The API's own guards: a scenario with allow_shell is refused (403,
+/// located) unless serve permits it; a full queue answers 429 with
+/// Retry-After; a read-only token reads but cannot submit or cancel; and
+/// over TLS (`--http-tls-cert`), `pgfleet submit --ca` reaches it while a
+/// plaintext request and a client without the CA do not.
+#[test]
+fn the_api_refuses_shell_scenarios_full_queues_read_only_writes_and_speaks_tls() {
+    let s = Scratch::new("serve-guards");
+    let token = tokens(&s);
+    let reader = "read-only-token-0123456789abcdef";
+    std::fs::write(
+        s.dir.join("api.token"),
+        format!("{token}\nread-only {reader}\n"),
+    )
+    .unwrap();
+    // No agents join: runs wait for theirs, so later ones stay queued.
+    let mut server = start_serve(
+        &s,
+        0,
+        0,
+        &["--max-queued-runs", "1", "--registration-timeout-s", "120"],
+    );
+    let api = server.api.clone();
+    let shell = "name: shell\nfleet:\n  - name: local\nworkloads:\n  - kind: pgbench\n    scale: 1\n    script_text: \"SELECT 1;\"\n    transactions: 1\n    allow_shell: true\n";
+    let (code, _, body) = http(
+        &api,
+        "POST",
+        "/v1/runs?name=shell.yaml",
+        Some(&token),
+        &[],
+        shell,
+    );
+    assert_eq!(code, 403, "{body}");
+    let b = json(&body);
+    assert_eq!(b["location"]["field"], "workloads[0].allow_shell", "{body}");
+    assert_eq!(b["location"]["line"], 9, "{body}");
+    assert!(
+        b["error"]
+            .as_str()
+            .unwrap()
+            .contains("--allow-shell-scenarios"),
+        "{body}"
+    );
+
+    let sc = std::fs::read_to_string(scenario(&s, "q.yaml", "queued", &["local"], 1)).unwrap();
+    let submit = |t: &str| http(&api, "POST", "/v1/runs", Some(t), &[], &sc);
+    let (code, _, body) = submit(reader);
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("read-only"), "{body}");
+    // The first starts (waiting for agents), the second waits in the
+    // queue, the third finds it full.
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let (code, _, body) = submit(&token);
+        assert_eq!(code, 202, "{body}");
+        ids.push(json(&body)["id"].as_str().unwrap().to_string());
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+    let (code, head, body) = submit(&token);
+    assert_eq!(code, 429, "{body}");
+    assert!(head.contains("retry-after: 30"), "{head}");
+    // The read-only token reads runs, and may not cancel them.
+    let (code, _, body) = http(&api, "GET", "/v1/runs", Some(reader), &[], "");
+    assert_eq!(
+        (code, json(&body).as_array().map(Vec::len)),
+        (200, Some(2)),
+        "{body}"
+    );
+    let (code, _, _) = http(
+        &api,
+        "DELETE",
+        &format!("/v1/runs/{}", ids[0]),
+        Some(reader),
+        &[],
+        "",
+    );
+    assert_eq!(code, 403);
+    for id in &ids {
+        let (code, _, body) = http(
+            &api,
+            "DELETE",
+            &format!("/v1/runs/{id}"),
+            Some(&token),
+            &[],
+            "",
+        );
+        assert_eq!(code, 202, "{body}");
+    }
+    server.proc.stop();
+
+    // Over TLS, with the same store; `pgfleet submit` reads one token.
+    std::fs::write(s.dir.join("api.token"), format!("{token}\n")).unwrap();
+    common::certificates(&s.dir, &["127.0.0.1", "localhost"]);
+    let (cert, key, ca) = (
+        s.dir.join("server.pem"),
+        s.dir.join("server.key"),
+        s.dir.join("ca.pem"),
+    );
+    let mut server = start_serve(
+        &s,
+        0,
+        0,
+        &[
+            "--http-tls-cert",
+            cert.to_str().unwrap(),
+            "--http-tls-key",
+            key.to_str().unwrap(),
+            "--allow-shell-scenarios",
+        ],
+    );
+    let api = server.api.clone();
+    assert!(api.starts_with("https://"), "{api}");
+    let shell_file = s.write("shell.yaml", shell);
+    let out = remote(&s, &api, &["submit"])
+        .arg(&shell_file)
+        .arg("--ca")
+        .arg(&ca)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).trim().len() > 8,
+        "{}",
+        show(&out)
+    );
+    // Without the CA the client does not trust the server, and says so.
+    let out = remote(&s, &api, &["status", "--retry-for-s", "1"])
+        .arg(String::from_utf8_lossy(&out.stdout).trim())
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0), "{}", show(&out));
+    assert!(
+        show(&out).to_lowercase().contains("certificate"),
+        "{}",
+        show(&out)
+    );
+    // A plaintext request gets no HTTP answer.
+    let (code, _, _) = http(
+        &api.replace("https://", "http://"),
+        "GET",
+        "/healthz",
+        None,
+        &[],
+        "",
+    );
+    assert_eq!(code, 0);
+    server.proc.stop();
     s.assert_clean(&[]);
 }
