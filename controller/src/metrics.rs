@@ -90,6 +90,9 @@ pub const LATENCY_BUCKETS: &[f64] = &[
 /// claiming more (10^9 transactions in one second of one cluster is far
 /// beyond any server) is clamped, so one message cannot poison a series.
 const MAX_LIVE_COUNT: u64 = 1_000_000_000;
+/// The largest per-second delta of a `pg_stat` sample taken (bytes included:
+/// 1 TB of WAL a second is beyond any device).
+const MAX_SAMPLE_DELTA: f64 = 1e12;
 /// The most latency buckets one live second is read for (the driver sends
 /// at most a few dozen).
 const MAX_LIVE_BUCKETS: usize = 512;
@@ -392,7 +395,14 @@ impl Metrics {
     pub fn pg_stat(&self, labels: [&str; 5], data: &Json) {
         let owned: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
         self.remember(labels[1], &owned);
-        let f = |group: &str, key: &str| data[group][key].as_f64().unwrap_or(0.0).max(0.0);
+        // Per-second deltas an agent reports: bounded, so one message cannot
+        // wrap a counter.
+        let f = |group: &str, key: &str| {
+            data[group][key]
+                .as_f64()
+                .unwrap_or(0.0)
+                .clamp(0.0, MAX_SAMPLE_DELTA)
+        };
         let l = &labels[..];
         self.transactions
             .with_label_values(l)

@@ -915,3 +915,174 @@ fn the_api_refuses_shell_scenarios_full_queues_read_only_writes_and_speaks_tls()
     server.proc.stop();
     s.assert_clean(&[]);
 }
+
+/// A hostile or broken agent cannot stall the controller nor blow up its
+/// metrics: while a real agent runs a pgbench cell, a fake agent (a gRPC
+/// client speaking the session protocol) of another class floods its own
+/// cell with live seconds claiming 10^12 transactions and pg_stat samples
+/// naming 100,000 distinct wait events. The real agent is never declared
+/// lost (lease 3 s), both cells end, and /metrics stays bounded.
+#[test]
+fn a_flooding_agent_neither_stalls_the_controller_nor_bloats_its_metrics() {
+    use pgfleet_proto::v1::agent_message::Msg;
+    use pgfleet_proto::v1::agent_session_client::AgentSessionClient;
+    use pgfleet_proto::v1::controller_message::Msg as CMsg;
+    use pgfleet_proto::v1::{
+        AgentMessage, CellResult, CellSample, CellStatus, Heartbeat, Register,
+    };
+
+    let s = Scratch::new("serve-flood");
+    let token = tokens(&s);
+    let mut server = start_serve(&s, 0, 0, &["--registration-timeout-s", "30"]);
+    let api = server.api.clone();
+    let mut agent = start_agent(&s, "a-1", "local", server.grpc);
+    let sc =
+        std::fs::read_to_string(scenario(&s, "f.yaml", "flood", &["local", "flood"], 6)).unwrap();
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let grpc = server.grpc;
+    let flooder = rt.spawn(async move {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{grpc}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = AgentSessionClient::new(channel)
+            .max_encoding_message_size(pgfleet_proto::MAX_MESSAGE_BYTES);
+        let (tx, rx) = tokio::sync::mpsc::channel::<AgentMessage>(64);
+        let m = |msg| AgentMessage { msg: Some(msg) };
+        tx.send(m(Msg::Register(Register {
+            agent_id: "flood-1".into(),
+            instance_class: "flood".into(),
+            postgres_version: "15.18".into(),
+            cores: 2,
+            ..Default::default()
+        })))
+        .await
+        .unwrap();
+        let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+        req.metadata_mut().insert(
+            "authorization",
+            "Bearer join-token-0123456789abcdef".parse().unwrap(),
+        );
+        let mut inbound = client.session(req).await.unwrap().into_inner();
+        let waits: serde_json::Map<String, serde_json::Value> = (0..100_000)
+            .map(|i| (format!("Flood:event{i}"), serde_json::json!(1)))
+            .collect();
+        let pg_stat = serde_json::json!({"t": 1, "waits": waits,
+            "database": {"xact_commit": 1e300, "blks_read": -5}})
+        .to_string();
+        let live = serde_json::json!({"second": 1, "transactions": 1_000_000_000_000u64,
+            "failures": {"serialization": 1_000_000_000_000u64}, "latency_sum_us": 1,
+            "latency_max_us": 1, "buckets_per_octave": 4,
+            "buckets": (0..100_000).map(|i| [i, 1_000_000_000_000u64]).collect::<Vec<_>>()})
+        .to_string();
+        let mut heartbeat = tokio::time::interval(Duration::from_millis(500));
+        let (mut seq, mut sent) = (0u64, 0u32);
+        let mut cell = None;
+        loop {
+            tokio::select! {
+                msg = inbound.message() => match msg {
+                    Ok(Some(c)) => match c.msg {
+                        Some(CMsg::Assign(a)) => cell = Some(a.cell_id),
+                        Some(CMsg::ResultAck(_)) | Some(CMsg::Shutdown(_)) => return sent,
+                        _ => {}
+                    },
+                    _ => return sent,
+                },
+                _ = heartbeat.tick() => {
+                    seq += 1;
+                    let _ = tx.send(m(Msg::Heartbeat(Heartbeat { seq }))).await;
+                    let Some(id) = cell.clone() else { continue };
+                    if sent == 8 {
+                        let _ = tx.send(m(Msg::Result(CellResult {
+                            cell_id: id,
+                            status: CellStatus::Succeeded as i32,
+                            ..Default::default()
+                        }))).await;
+                        sent += 1;
+                        continue;
+                    }
+                    if sent > 8 { continue; }
+                    for (kind, data) in [("pg_stat", &pg_stat), ("live", &live)] {
+                        let _ = tx.send(m(Msg::Sample(CellSample {
+                            cell_id: id.clone(), kind: kind.into(), data_json: data.clone(),
+                            seq: (sent * 2 + if kind == "live" { 2 } else { 1 }) as u64,
+                        }))).await;
+                    }
+                    sent += 1;
+                }
+            }
+        }
+    });
+
+    let (code, _, body) = http(&api, "POST", "/v1/runs", Some(&token), &[], &sc);
+    assert_eq!(code, 202, "{body}");
+    let id = json(&body)["id"].as_str().unwrap().to_string();
+    let mut run = serde_json::Value::Null;
+    wait_for("the run's end", Duration::from_secs(180), || {
+        let (_, _, b) = http(
+            &api,
+            "GET",
+            &format!("/v1/runs/{id}"),
+            Some(&token),
+            &[],
+            "",
+        );
+        run = json(&b);
+        matches!(
+            run["status"].as_str(),
+            Some("succeeded" | "failed" | "cancelled")
+        )
+    });
+    let floods = rt.block_on(flooder).unwrap();
+    assert!(floods >= 8, "the fake agent flooded {floods} times");
+    // The real agent's cell ran to its end: it was never taken for lost.
+    let cells = run["cells"].as_array().unwrap();
+    let local = cells
+        .iter()
+        .find(|c| c["instance_class"] == "local")
+        .unwrap();
+    assert_eq!(local["state"], "succeeded", "{run}\n{}", serve_log(&s));
+    assert!(
+        !agent_log(&s, "a-1").contains("session lost"),
+        "{}",
+        agent_log(&s, "a-1")
+    );
+
+    let (code, _, metrics) = http(&api, "GET", "/metrics", None, &[], "");
+    assert_eq!(code, 200);
+    let series = |name: &str, class: &str| -> Vec<&str> {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(name) && l.contains(&format!("instance_class=\"{class}\"")))
+            .collect()
+    };
+    let waits = series("pgfleet_postgres_wait_event_backends{", "flood");
+    println!(
+        "/metrics: {} lines, {} bytes; the flooding class's wait-event series: {}",
+        metrics.lines().count(),
+        metrics.len(),
+        waits.len()
+    );
+    assert!(
+        waits.len() <= pgfleet_controller::metrics::MAX_LABEL_VALUES + 2,
+        "{} wait-event series",
+        waits.len()
+    );
+    assert!(waits.iter().any(|l| l.contains("wait_event=\"other\"")));
+    let value = |l: &str| -> f64 { l.rsplit(' ').next().unwrap().parse().unwrap() };
+    let tx: f64 = series("pgfleet_transactions_total{", "flood")
+        .iter()
+        .map(|l| value(l))
+        .sum();
+    assert!(tx <= 8.0 * 1e9 * 2.0, "transactions counted {tx}");
+    assert!(
+        metrics.len() < 4 << 20,
+        "/metrics is {} bytes",
+        metrics.len()
+    );
+    server.proc.stop();
+    agent.stop();
+    s.assert_clean(&[]);
+}
