@@ -194,3 +194,108 @@ fn wrong_tokens_plaintext_missing_ca_and_unknown_agents_are_refused_clearly() {
     assert!(stderr.contains("refused agent intruder"), "{stderr}");
     s.assert_clean(&common::ports(&s.report()));
 }
+
+/// The issue's break-ins through `pgfleet run`, as a user would try them: a
+/// script that runs a program and one that reads a server file fail their
+/// cells with PostgreSQL's permission error (exit 3, the marker never
+/// written, the report naming the role that ran the SQL); each setting that
+/// runs a command or loads code is refused before anything starts (exit 2,
+/// the file's line and the setting named).
+#[test]
+fn scenario_text_cannot_reach_the_agent_host() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Scratch::new("break-in");
+    let markers = s.dir.join("markers");
+    std::fs::create_dir_all(&markers).unwrap();
+    std::fs::set_permissions(&markers, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let marker = markers.join("pwned");
+    let sc = s.write(
+        "sc.yaml",
+        &format!(
+            "name: break-in
+fleet:
+  - name: local
+    count: 1
+workloads:
+  - kind: pgbench
+    scale: 1
+    transactions: 1
+    warmup_s: 0
+    script_text: \"COPY (SELECT 1) TO PROGRAM 'touch {m}';\"
+  - kind: pgbench
+    scale: 1
+    transactions: 1
+    warmup_s: 0
+    script_text: \"SELECT pg_read_file('/etc/passwd');\"
+",
+            m = marker.display()
+        ),
+    );
+    let out = s.run_cmd(&sc, &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", show(&out));
+    assert!(!marker.exists(), "a scenario script ran a program");
+    let r = s.report();
+    let errors: Vec<&str> = r["cells"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["error"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(errors.len(), 2, "{r}");
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("pg_execute_server_program")),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("permission denied for function pg_read_file")),
+        "{errors:?}"
+    );
+    let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
+    assert!(
+        md.contains(
+            "scenario SQL (scripts, defines, setup_sql) ran as `pgfleet_workload` (no superuser"
+        ),
+        "{md}"
+    );
+    s.assert_clean(&common::ports(&r));
+
+    for (setting, value) in [
+        ("archive_command", "'touch /tmp/pwned; true'"),
+        ("restore_command", "'true'"),
+        ("archive_library", "x"),
+        ("ssl_passphrase_command", "'true'"),
+        ("shared_preload_libraries", "x"),
+        ("local_preload_libraries", "x"),
+        ("session_preload_libraries", "x"),
+        ("dynamic_library_path", "/tmp"),
+    ] {
+        let sc = s.write(
+            "settings.yaml",
+            &format!(
+                "name: settings
+fleet:
+  - name: local
+    postgres:
+      settings:
+        {setting}: {value}
+workloads:
+  - kind: pgbench-init
+    scale: 1
+"
+            ),
+        );
+        let out = s.run_cmd(&sc, &[]).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{setting}: {}", show(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("settings.yaml:6:")
+                && err.contains(setting)
+                && err.contains("allow_shell"),
+            "{setting}: {err}"
+        );
+    }
+}
