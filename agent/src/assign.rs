@@ -8,15 +8,7 @@
 use pgfleet_proto::v1::{Assign, Endpoint};
 use pgfleet_proto::workload::Params;
 
-/// An id that is safe as one path component and in logs: 1-128 of ASCII
-/// letters, digits, `.`, `_`, `-`, `:`, not starting with `.` or `-`.
-pub fn is_safe_id(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 128
-        && !s.starts_with(['.', '-'])
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':'))
-}
+pub use pgfleet_proto::is_safe_id;
 
 fn role_ok(s: &str) -> bool {
     s.len() <= 40

@@ -1,8 +1,9 @@
 //! `serve`'s HTTP API (axum), version 1, described by the OpenAPI document
 //! it serves at `/openapi.json` (utoipa, from the handlers' annotations).
 //!
-//! Everything but `/healthz` and `/readyz` needs `Authorization: Bearer
-//! <token>` (the API token, compared in constant time). Errors are JSON
+//! Everything but `/healthz`, `/readyz`, `/metrics` and `/sd/agents` needs
+//! `Authorization: Bearer <token>` (one of `--api-token-file`'s, compared in
+//! constant time, `tokens.rs`); a read-only token may only GET. Errors are JSON
 //! `{"error": ...}`; an invalid scenario is a 422 whose error is the CLI's
 //! message, located (`file:line:column: field ...`), with the location also
 //! as fields.
@@ -376,6 +377,7 @@ async fn get_run(State(s): State<Shared>, Path(id): Path<String>) -> Response {
     responses(
         (status = 202, description = "Cancelling", body = RunSummary),
         (status = 401, body = ApiError),
+        (status = 403, description = "A read-only token", body = ApiError),
         (status = 404, body = ApiError),
         (status = 409, description = "The run has finished", body = ApiError),
         (status = 503, body = ApiError),

@@ -18,6 +18,18 @@
 /// parameters travel in `Assign`). Larger ones end the stream with an error.
 pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 
+/// An id that is safe as one path component and in logs (cell, run and
+/// agent ids): 1-128 of ASCII letters, digits, `.`, `_`, `-`, `:`, not
+/// starting with `.` or `-`. The controller plans only such ids; the agent
+/// refuses any other.
+pub fn is_safe_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && !s.starts_with(['.', '-'])
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':'))
+}
+
 pub mod v1 {
     tonic::include_proto!("pgfleet.v1");
 }
