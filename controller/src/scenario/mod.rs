@@ -1227,6 +1227,39 @@ workloads:
         assert_eq!(plan::warnings(&s, &plan(&s), host).len(), 1);
     }
 
+    /// read-write's OS-cache scan of a table larger than the class's memory
+    /// is a cold read: warned with both sizes (seeds/004's 2.6 GB table in a
+    /// 1 GiB instance, as a user ran it).
+    #[test]
+    fn an_os_cache_read_that_cannot_be_cached_is_warned_about() {
+        let sc = |rows: &str| {
+            format!(
+                "name: w
+fleet:
+  - name: local
+    instance: {{ memory: 1GiB }}
+workloads:
+  - kind: read-write
+    rows: {rows}
+    tests: [seq-cold, seq-os-cache]
+"
+            )
+        };
+        let host = 24u64 << 30;
+        let s = parse(Path::new("w.yaml"), &sc("5000000")).unwrap();
+        let w = plan::warnings(&s, &plan(&s), host);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("class `local`")
+                && w[0].contains("read-write reads ~")
+                && w[0].contains("the instance's memory (1.0 GiB)")
+                && w[0].contains("cold read"),
+            "{w:?}"
+        );
+        let s = parse(Path::new("w.yaml"), &sc("500000")).unwrap();
+        assert!(plan::warnings(&s, &plan(&s), host).is_empty());
+    }
+
     #[test]
     fn unreadable_file_names_it() {
         let e = load(Path::new("/nonexistent/x.yaml")).unwrap_err();

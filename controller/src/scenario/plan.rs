@@ -188,24 +188,46 @@ pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> 
 /// The seeds' proportion of data to memory (482 GiB on 64 GiB).
 pub const SEEDS_DATA_PER_MEMORY: f64 = 7.5;
 
-/// Storage comparisons that cannot show the storage: a class with capped
-/// storage whose cells' working set fits in the memory its clusters have
-/// (the instance's when emulated, else `host_memory`), so reads are served
-/// from the page cache and only writes meet the cap.
+/// Measurements that cannot show what they claim to:
+/// - a storage comparison whose class has capped storage and whose cells'
+///   working set fits in the memory its clusters have (the instance's when
+///   emulated, else `host_memory`): reads are served from the page cache
+///   and only writes meet the cap;
+/// - a read from the OS cache (`cached_read_bytes`) of more data than that
+///   memory holds: it reads the device, i.e. it is a cold read.
 pub fn warnings(s: &Scenario, cells: &[PlannedCell], host_memory: u64) -> Vec<String> {
     use pgfleet_proto::workload::approx_bytes;
     let mut out = Vec::new();
     for f in &s.fleet.value {
-        let caps = f.caps();
-        if caps == Default::default() || !f.emulate() {
-            continue;
-        }
         let instance = f.instance();
         let (memory, whose) = if instance.emulate && instance.memory_bytes > 0 {
             (instance.memory_bytes, "the instance's")
         } else {
             (host_memory, "this host's")
         };
+        let cached = cells
+            .iter()
+            .filter(|c| c.instance_class == f.name.value)
+            .filter_map(|c| c.params.cached_read_bytes().map(|b| (b, c.params.kind())))
+            .max();
+        // The page cache gets what the memory holds besides the server's
+        // shared buffers and processes: at most about 3/4 of it.
+        if let Some((data, kind)) = cached
+            && memory > 0
+            && data > memory / 4 * 3
+        {
+            out.push(format!(
+                "warning: class `{}`: {kind} reads ~{} \"from the OS cache\", more than {whose} memory ({}) can cache: that read goes to the device and measures a cold read. Give the class `instance: {{memory: {}}}` or more, or fewer rows.",
+                f.name.value,
+                approx_bytes(data),
+                approx_bytes(memory),
+                approx_bytes(data / 3 * 4 + (256 << 20)),
+            ));
+        }
+        let caps = f.caps();
+        if caps == Default::default() || !f.emulate() {
+            continue;
+        }
         let largest = cells
             .iter()
             .filter(|c| c.instance_class == f.name.value)

@@ -257,6 +257,12 @@ pub trait KindParams {
     fn working_set_bytes(&self) -> Option<u64> {
         None
     }
+    /// The data a measurement expects to read from the OS page cache (e.g.
+    /// read-write's `seq-os-cache` scan): when it exceeds the memory the
+    /// cluster has, the "cached" figure is a cold read. None: none.
+    fn cached_read_bytes(&self) -> Option<u64> {
+        None
+    }
     /// The cell's cluster runs in a block-I/O cgroup that counts the bytes
     /// its processes read and write on the device (the workload reads them
     /// with `Cluster::io_bytes`), where the agent can create one (root).
@@ -463,6 +469,12 @@ macro_rules! kinds {
             pub fn working_set_bytes(&self) -> Option<u64> {
                 match self {
                     $(Params::$variant(p) => p.working_set_bytes(),)*
+                }
+            }
+
+            pub fn cached_read_bytes(&self) -> Option<u64> {
+                match self {
+                    $(Params::$variant(p) => p.cached_read_bytes(),)*
                 }
             }
 

@@ -236,6 +236,13 @@ impl KindParams for Params {
             .then(|| self.table_bytes())
     }
 
+    fn cached_read_bytes(&self) -> Option<u64> {
+        self.tests
+            .iter()
+            .any(|t| t == "seq-os-cache")
+            .then(|| self.table_bytes())
+    }
+
     fn account_io(&self) -> bool {
         true
     }
