@@ -123,9 +123,90 @@ pub fn warnings(diffs: &[Json], plan: &[String]) -> Vec<String> {
     out
 }
 
+/// Emulated instances that share one host and together ask for more CPUs
+/// or memory than it has: each then gets less than it emulates, and the
+/// comparison measures the crowding too (four 1-CPU instances on two
+/// cores). Counted over the agents of classes whose cells reported the same
+/// host; the instances may not all have run at once, so the warning says
+/// "can".
+pub fn oversubscribed(classes: &Json) -> Vec<String> {
+    use pgfleet_proto::workload::approx_bytes;
+    let Some(map) = classes.as_object() else {
+        return Vec::new();
+    };
+    let mut hosts: std::collections::BTreeMap<&str, (u64, u64, u64, u64, Vec<String>)> =
+        Default::default();
+    for (name, c) in map {
+        let Some(host) = c["host"]["hostname"].as_str() else {
+            continue;
+        };
+        if c["measured"] != true || c["instance"]["emulated"] != true {
+            continue;
+        }
+        let agents = c["agents"].as_array().map_or(1, |a| a.len().max(1)) as u64;
+        let (cpus, memory) = (
+            c["instance"]["cpus"].as_u64().unwrap_or(0),
+            c["instance"]["memory_bytes"].as_u64().unwrap_or(0),
+        );
+        let e = hosts.entry(host).or_default();
+        e.0 += agents * cpus;
+        e.1 += agents * memory;
+        e.2 = c["host"]["cores"].as_u64().unwrap_or(0);
+        e.3 = c["host"]["memory_bytes"].as_u64().unwrap_or(0);
+        e.4.push(format!("{agents} x `{name}`"));
+    }
+    let mut out = Vec::new();
+    for (host, (cpus, memory, cores, host_memory, which)) in hosts {
+        if cores > 0 && cpus > cores {
+            out.push(format!(
+                "warning: the emulated instances on host {host} ({}) ask for {cpus} CPUs together and the host has {cores}: those that run at once get less than they emulate. Give fewer agents (count) or CPUs, or a larger host",
+                which.join(", ")
+            ));
+        }
+        if host_memory > 0 && memory > host_memory {
+            out.push(format!(
+                "warning: the emulated instances on host {host} ({}) ask for {} of memory together and the host has {}: those that run at once get less than they emulate",
+                which.join(", "),
+                approx_bytes(memory),
+                approx_bytes(host_memory)
+            ));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn instances_that_ask_more_than_their_host_has_are_warned_about() {
+        let c = |agents: &[&str], cpus: u64, host: &str| {
+            json!({"measured": true, "agents": agents,
+                   "host": {"hostname": host, "cores": 2, "memory_bytes": 24u64 << 30},
+                   "instance": {"emulated": true, "cpus": cpus, "memory_bytes": 1u64 << 30}})
+        };
+        // The storage suite as a user ran it: 2 + 2 agents of 1 CPU on 2 cores.
+        let w =
+            oversubscribed(&json!({"nvme": c(&["a", "b"], 1, "h"), "gp3": c(&["c", "d"], 1, "h")}));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("ask for 4 CPUs") && w[0].contains("has 2"),
+            "{w:?}"
+        );
+        assert!(w[0].contains("2 x `gp3`, 2 x `nvme`"), "{w:?}");
+        // One agent per class fits; so do the same on two hosts.
+        assert!(
+            oversubscribed(&json!({"nvme": c(&["a"], 1, "h"), "gp3": c(&["c"], 1, "h")}))
+                .is_empty()
+        );
+        assert!(
+            oversubscribed(
+                &json!({"nvme": c(&["a", "b"], 1, "h1"), "gp3": c(&["c", "d"], 1, "h2")})
+            )
+            .is_empty()
+        );
+    }
 
     fn class(version: &str, sb: &str, mem: u64, emulated: bool) -> Json {
         json!({"postgres": {"version": version, "settings": {"shared_buffers": sb, "fsync": "on"}},

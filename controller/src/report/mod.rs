@@ -142,7 +142,8 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
         None => (Vec::new(), None, Vec::new()),
     };
     let differences = guards::differences(&env_classes);
-    let warnings = guards::warnings(&differences, &plan_warnings);
+    let mut warnings = guards::warnings(&differences, &plan_warnings);
+    warnings.extend(guards::oversubscribed(&env_classes));
     let mut timeseries = serde_json::Map::new();
     for (cell, data) in store.samples(run_id, "second")? {
         let e = timeseries.entry(cell).or_insert_with(|| json!([]));
