@@ -68,11 +68,17 @@ fn werr(message: String) -> Error {
     }
 }
 
+/// The loading connections: as asked, or by default what measured fastest
+/// for the layout (BENCHMARKS.md, "Loader"): one per core over the
+/// partitions (each loaded with COPY FREEZE), and one for a flat table —
+/// its only way to COPY FREEZE, without which the vacuum after must touch
+/// every page, a cost that grows with the table (two connections were 0.6-
+/// 0.8x `pgbench -i` at scale 300).
 fn connections(p: &InitParams) -> u32 {
-    if p.load_connections == 0 {
-        crate::host::cores()
-    } else {
-        p.load_connections
+    match (p.load_connections, p.partitions) {
+        (0, 0) => 1,
+        (0, parts) => crate::host::cores().min(parts).max(1),
+        (n, _) => n,
     }
 }
 

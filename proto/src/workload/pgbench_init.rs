@@ -48,7 +48,8 @@ pub struct InitParams {
     pub fillfactor: u32,
     /// Range partitions of pgbench_accounts (0: not partitioned).
     pub partitions: u32,
-    /// Loading connections (0: one per core).
+    /// Loading connections (0: one for a flat table, one per core over
+    /// partitions).
     pub load_connections: u32,
 }
 
@@ -90,7 +91,7 @@ pub fn check(
         "load_connections",
         0,
         MAX_LOAD_CONNECTIONS,
-        " (0: one per core)",
+        " (0: one for a flat table, one per core over partitions)",
     )?;
     Ok(InitParams {
         scale: or(scale, 1),
