@@ -110,6 +110,15 @@ async fn scenario_scripts_cannot_reach_the_host() {
         .unwrap()
         .get(0);
     assert!(!granted);
+    // The real pgbench gets the password in its environment, not on a
+    // command line other local users can read.
+    let server = cl.workload_server();
+    let line = server.conninfo_without_password();
+    assert!(
+        line.contains(&format!("user='{WORKLOAD_ROLE}'")) && !line.contains("password"),
+        "{line}"
+    );
+    assert!(server.password().is_some_and(|p| p.len() >= 32));
     cl.teardown().await.unwrap();
     std::fs::remove_dir_all(&root).unwrap();
 }

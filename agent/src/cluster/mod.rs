@@ -111,6 +111,30 @@ impl Server {
         }
     }
 
+    /// The password, for a tool that reads it from its environment
+    /// (`PGPASSWORD`, private to the process) rather than from a command
+    /// line every local user can read.
+    pub fn password(&self) -> Option<String> {
+        self.config
+            .get_password()
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+    }
+
+    /// `conninfo` without the password (for command lines and messages).
+    pub fn conninfo_without_password(&self) -> String {
+        let host = match self.config.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+            _ => "127.0.0.1".to_string(),
+        };
+        let port = self.config.get_ports().first().copied().unwrap_or(5432);
+        quote_conninfo(&[
+            ("host", &host),
+            ("port", &port.to_string()),
+            ("user", self.config.get_user().unwrap_or("")),
+            ("dbname", self.config.get_dbname().unwrap_or("postgres")),
+        ])
+    }
+
     pub async fn connect(&self) -> Result<tokio_postgres::Client> {
         let (client, conn) = self.config.connect(tokio_postgres::NoTls).await?;
         tokio::spawn(async move {

@@ -23,6 +23,7 @@ pub async fn run(
     script_text: &str,
     pg: &PgBin,
     conninfo: &str,
+    password: Option<&str>,
     workdir: &Path,
     cancel: &tokio_util::sync::CancellationToken,
 ) -> Result<DriverResult, DriverError> {
@@ -73,6 +74,11 @@ pub async fn run(
     if pg.major >= 15 {
         cmd.arg(format!("--max-tries={}", cfg.max_tries.max(1)))
             .arg("--failures-detailed");
+    }
+    // The password through the environment: /proc/PID/environ is private to
+    // the process, its command line is not.
+    if let Some(p) = password {
+        cmd.env("PGPASSWORD", p);
     }
     cmd.arg(conninfo);
     let out = tokio::select! {

@@ -53,7 +53,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                     role: PUBLISHER.into(),
                     message: format!(
                         "cannot connect to {}: {e}",
-                        publisher.conninfo.split(" password=").next().unwrap_or("")
+                        publisher.conninfo_without_password()
                     ),
                 })?;
                 let measured = measure(ctx, p, &publisher, &here, &there).await;

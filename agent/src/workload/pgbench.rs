@@ -218,7 +218,8 @@ pub async fn drive_until(
                     &cfg,
                     &text,
                     &ctx.cluster.pg,
-                    &server.conninfo,
+                    &server.conninfo_without_password(),
+                    server.password().as_deref(),
                     ctx.cluster.dir(),
                     &ctx.cancel,
                 )
