@@ -27,6 +27,8 @@ pub struct AgentEnv {
     pub pg: std::result::Result<PgBin, String>,
     pub run_as: std::result::Result<Option<RunAs>, String>,
     pub data_root: PathBuf,
+    /// Where datasets are published and restored from.
+    pub datasets: pgfleet_proto::dataset::LocalStore,
     pub storage_profile: String,
     /// The profile's caps (uncapped for `nvme`).
     pub caps: Caps,
@@ -178,9 +180,28 @@ async fn run_inner(
             .filter_map(|p| p.address.parse().ok())
             .collect(),
     };
-    let _ = events.try_send(progress(&assign.cell_id, "provision", "initdb and start"));
-    let cluster = tokio::select! {
-        c = Cluster::provision(&spec).instrument(phase("provision")) => c?,
+    // The cell's data: restored from the dataset store when published
+    // there, else loaded here (and published, with `dataset: reuse`).
+    let mode = pgfleet_proto::dataset::Mode::parse(&assign.dataset).ok_or_else(|| {
+        Error::Provision(format!(
+            "dataset `{}` is not one of {}",
+            assign.dataset,
+            pgfleet_proto::dataset::Mode::NAMES.join(", ")
+        ))
+    })?;
+    let declared = params.dataset();
+    let reuse = declared
+        .as_ref()
+        .filter(|_| mode == pgfleet_proto::dataset::Mode::Reuse);
+    let mut prov = declared.as_ref().map(|d| crate::dataset::Provenance {
+        label: d.label.clone(),
+        how: "loaded",
+        cache: "as loaded",
+        ..Default::default()
+    });
+    let (cluster, source) = tokio::select! {
+        r = provision_with_dataset(env, assign, &spec, reuse, prov.as_mut(), events, cancel)
+            .instrument(phase("provision")) => r?,
         _ = cancel.cancelled() => return Err(Error::Cancelled("cancelled while provisioning".into())),
     };
     // From here the cluster is torn down on every path: explicitly below, or
@@ -213,9 +234,23 @@ async fn run_inner(
             role: assign.role.clone(),
             release: control.release.clone(),
             peers: control.peers.clone(),
+            loaded: None,
+        };
+        let measured = async {
+            if declared.is_some() {
+                ctx.loaded = Some(
+                    load_dataset(env, &ctx, &params, source, prov.as_mut())
+                        .instrument(phase("dataset"))
+                        .await?,
+                );
+                environment["dataset"] = serde_json::to_value(&prov).unwrap_or_default();
+            }
+            workload::run(&mut ctx, &params)
+                .instrument(phase("workload"))
+                .await
         };
         tokio::select! {
-            r = workload::run(&mut ctx, &params).instrument(phase("workload")) => r,
+            r = measured => r,
             _ = cancel.cancelled() => Err(Error::Cancelled("cancelled while running".into())),
             _ = cluster.exited() => Err(Error::ServerExited),
         }
@@ -234,6 +269,183 @@ async fn run_inner(
     let out = outcome?;
     teardown?;
     Ok(out)
+}
+
+/// Where a cell's data comes from, once its cluster is up.
+enum Source {
+    /// No dataset (the kind has none), or `dataset: fresh`: load it.
+    Load,
+    /// Load it, then publish it (the build lock is held).
+    Build(pgfleet_proto::dataset::Lock, String),
+    /// Restored from the store: the manifest's load figures.
+    Restored(serde_json::Value),
+}
+
+/// Provisions the cell's cluster: restored from the dataset store when its
+/// dataset is published there (waiting while another cell builds it), else
+/// by initdb. A published dataset whose files do not match its manifest is
+/// discarded and this cell builds it again (said in `prov.discarded`).
+async fn provision_with_dataset(
+    env: &AgentEnv,
+    assign: &Assign,
+    spec: &ClusterSpec,
+    reuse: Option<&pgfleet_proto::dataset::Dataset>,
+    prov: Option<&mut crate::dataset::Provenance>,
+    events: &mpsc::Sender<AgentMessage>,
+    cancel: &CancellationToken,
+) -> Result<(Cluster, Source)> {
+    use crate::dataset::{self, Ticket};
+    let cell = &assign.cell_id;
+    let (Some(ds), Some(prov)) = (reuse, prov) else {
+        let _ = events.try_send(progress(cell, "provision", "initdb and start"));
+        return Ok((Cluster::provision(spec).await?, Source::Load));
+    };
+    let fp = pgfleet_proto::dataset::fingerprint(&dataset::format(&spec.pg), ds);
+    prov.fingerprint = fp.clone();
+    prov.store = env.datasets.dir.display().to_string();
+    prov.cache = "evicted";
+    loop {
+        let waited = std::time::Instant::now();
+        let ticket = dataset::acquire(&env.datasets, &fp, cancel, |s| {
+            let _ = events.try_send(progress(
+                cell,
+                "dataset",
+                &format!("waiting {s:.0} s for dataset {fp}, which another cell is building"),
+            ));
+        })
+        .await?;
+        prov.wait_seconds += waited.elapsed().as_secs_f64();
+        match ticket {
+            Ticket::Build(lock) => {
+                let _ = events.try_send(progress(cell, "provision", "initdb and start"));
+                prov.how = "built";
+                return Ok((Cluster::provision(spec).await?, Source::Build(lock, fp)));
+            }
+            Ticket::Restore(m, lock) => {
+                let _ = events.try_send(progress(
+                    cell,
+                    "dataset",
+                    &format!("restoring dataset {fp} ({})", approx_bytes(m.bytes)),
+                ));
+                let mut copied = None;
+                let restored = Cluster::provision_restored(spec, &m.superuser_password, |data| {
+                    let (m, copied) = (&m, &mut copied);
+                    async move {
+                        let c = dataset::restore(
+                            &env.datasets,
+                            m,
+                            &data,
+                            spec.run_as.as_ref(),
+                            |done, total| {
+                                let _ = events.try_send(AgentMessage {
+                                    msg: Some(Msg::Progress(CellProgress {
+                                        cell_id: cell.clone(),
+                                        phase: "restore".into(),
+                                        done,
+                                        total,
+                                        message: format!("restoring dataset {}", m.fingerprint),
+                                    })),
+                                });
+                            },
+                            cancel,
+                        )
+                        .await?;
+                        *copied = Some(c);
+                        Ok(())
+                    }
+                })
+                .await;
+                drop(lock);
+                match restored {
+                    Ok(cluster) => {
+                        let c = copied.unwrap_or(crate::dataset::Copied {
+                            bytes: 0,
+                            seconds: 0.0,
+                            reflink: false,
+                        });
+                        prov.how = "restored";
+                        prov.bytes = m.bytes;
+                        prov.restore_seconds = c.seconds;
+                        prov.restore_mb_per_s = m.bytes as f64 / 1e6 / c.seconds.max(1e-9);
+                        prov.method = if c.reflink { "reflink" } else { "copy" };
+                        prov.load_seconds = m.build_seconds;
+                        prov.built_by = format!("{} on {}", m.built_by, m.host);
+                        prov.built_at = m.created_at;
+                        return Ok((cluster, Source::Restored(m.load)));
+                    }
+                    Err(Error::DatasetCorrupt { detail, .. }) => {
+                        tracing::warn!(dataset = %fp, %detail, "discarding a corrupt dataset; building it again");
+                        dataset::discard(&env.datasets, &m, cancel).await?;
+                        prov.discarded = Some(detail);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
+}
+
+/// Loads the cell's data (or takes a restored dataset's figures) and, for
+/// a build, publishes it.
+async fn load_dataset(
+    env: &AgentEnv,
+    ctx: &CellContext<'_>,
+    params: &Params,
+    source: Source,
+    prov: Option<&mut crate::dataset::Provenance>,
+) -> Result<workload::Loaded> {
+    let load = |ctx| {
+        workload::load(ctx, params).ok_or_else(|| Error::Workload {
+            workload: params.kind().into(),
+            message: "this kind declares a dataset but has no loader".into(),
+        })
+    };
+    match source {
+        Source::Restored(figures) => serde_json::from_value(figures).map_err(|e| {
+            Error::Provision(format!("the dataset's manifest has no load figures: {e}"))
+        }),
+        Source::Load => load(ctx)?.await,
+        Source::Build(lock, fp) => {
+            let loaded = load(ctx)?.await?;
+            let Some(prov) = prov else {
+                return Ok(loaded);
+            };
+            prov.load_seconds = loaded.load_seconds;
+            let Some(ds) = params.dataset() else {
+                return Ok(loaded);
+            };
+            ctx.progress("dataset", 0, 0, format!("publishing dataset {fp}"));
+            let published = crate::dataset::publish(
+                &env.datasets,
+                lock,
+                ctx.cluster,
+                crate::dataset::Build {
+                    fingerprint: &fp,
+                    dataset: &ds,
+                    format: crate::dataset::format(&ctx.cluster.pg),
+                    cell_id: &ctx.cell_id,
+                    load_seconds: loaded.load_seconds,
+                    load: serde_json::to_value(&loaded).unwrap_or_default(),
+                },
+                |done, total| {
+                    ctx.progress("publish", done, total, format!("publishing dataset {fp}"))
+                },
+                &ctx.cancel,
+            )
+            .await?;
+            match published {
+                Ok(seconds) => {
+                    prov.publish_seconds = seconds;
+                    prov.bytes = crate::dataset::published_bytes(&env.datasets, &fp);
+                }
+                Err(why) => {
+                    tracing::warn!(dataset = %fp, %why, "dataset not published");
+                    prov.not_published = Some(why);
+                }
+            }
+            Ok(loaded)
+        }
+    }
 }
 
 /// A phase of a cell, as a span under the current one (the cell's).

@@ -8,6 +8,7 @@
 pub mod assign;
 pub mod cell;
 pub mod cluster;
+pub mod dataset;
 pub mod driver;
 pub mod host;
 pub mod metrics;
@@ -44,6 +45,10 @@ pub enum Error {
     ServerFailed { cause: Box<Error>, server: String },
     #[error("cancelled: {0}")]
     Cancelled(String),
+    /// A published dataset's files do not match its manifest: it is
+    /// discarded and built again.
+    #[error("dataset {fingerprint} does not match its manifest: {detail}")]
+    DatasetCorrupt { fingerprint: String, detail: String },
     #[error("session with the controller: {0}")]
     Session(String),
     /// The controller will not take this agent (token, identity, TLS

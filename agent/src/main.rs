@@ -98,6 +98,14 @@ struct RunArgs {
     /// Default: $TMPDIR/pgfleet/agents/<agent-id>
     #[arg(long, env = "PGFLEET_DATA_ROOT")]
     data_root: Option<PathBuf>,
+    /// The local dataset store: data a cell loaded (pgbench's tables at a
+    /// scale, ...) is published here after a clean shutdown and restored by
+    /// later cells that need the same bytes (`dataset: reuse`, the default),
+    /// instead of loading it again. Agents on one host may share it (a lock
+    /// per dataset: one builds, the others wait and restore). Default:
+    /// <data-root>/datasets, or $TMPDIR/pgfleet/datasets without --data-root.
+    #[arg(long, env = "PGFLEET_DATASET_DIR")]
+    dataset_dir: Option<PathBuf>,
     /// Directory with initdb and postgres. Default: `pg_config --bindir`,
     /// then the newest /usr/lib/postgresql/*/bin.
     #[arg(long, env = "PGFLEET_PG_BIN")]
@@ -186,6 +194,22 @@ async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     if stale > 0 {
         tracing::warn!(stale, "removed stale clusters left by an earlier agent");
     }
+    let datasets =
+        pgfleet_proto::dataset::LocalStore::new(match (&args.dataset_dir, &args.data_root) {
+            (Some(d), _) => d.clone(),
+            (None, Some(root)) => root.join("datasets"),
+            (None, None) => std::env::temp_dir().join("pgfleet/datasets"),
+        });
+    datasets
+        .create()
+        .with_context(|| format!("creating the dataset store {}", datasets.dir.display()))?;
+    let abandoned = pgfleet_agent::dataset::remove_abandoned(&datasets);
+    if abandoned > 0 {
+        tracing::warn!(
+            abandoned,
+            "removed unfinished dataset builds left by an earlier agent"
+        );
+    }
     let caps = Caps {
         read_iops: args.read_iops,
         write_iops: args.write_iops,
@@ -196,6 +220,7 @@ async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         pg: PgBin::find(args.pg_bin.as_deref()).map_err(|e| e.to_string()),
         run_as: RunAs::resolve(&args.pg_user).map_err(|e| e.to_string()),
         data_root: data_root.clone(),
+        datasets,
         storage_profile: args.storage_profile.clone(),
         caps,
         emulated: caps.is_capped() && !args.no_emulate,

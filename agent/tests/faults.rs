@@ -93,6 +93,7 @@ async fn a_cell_larger_than_the_free_disk_is_refused_before_loading() {
         .map_err(|e| e.to_string()),
         run_as: RunAs::resolve("postgres").map_err(|e| e.to_string()),
         data_root: root.clone(),
+        datasets: pgfleet_proto::dataset::LocalStore::new(root.join("datasets")),
         storage_profile: "nvme".into(),
         caps: Default::default(),
         emulated: false,
@@ -109,6 +110,7 @@ async fn a_cell_larger_than_the_free_disk_is_refused_before_loading() {
         role: String::new(),
         peers: Vec::new(),
         traceparent: String::new(),
+        dataset: String::new(),
     };
     let (tx, _rx) = tokio::sync::mpsc::channel(4096);
     let control = cell::Control {

@@ -358,4 +358,11 @@ pub struct RunArgs {
     /// traversable by the PostgreSQL user. Removed after the run.
     #[arg(long, env = "PGFLEET_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// The local agents' dataset store: a cell's loaded data (e.g.
+    /// pgbench's tables at a scale) is published here and restored by
+    /// later cells and runs that need the same bytes (`dataset: reuse`, the
+    /// default), instead of loading it again. Kept across runs; list and
+    /// remove with `pgfleet datasets`. Default: <data-dir>/datasets.
+    #[arg(long, env = "PGFLEET_DATASET_DIR")]
+    pub dataset_dir: Option<PathBuf>,
 }

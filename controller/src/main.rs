@@ -359,6 +359,9 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                 std::path::Path::new("runs")
                     .join(chrono::Utc::now().format("%Y%m%d-%H%M%S").to_string())
             });
+            let data_dir = args
+                .data_dir
+                .unwrap_or_else(|| std::env::temp_dir().join("pgfleet"));
             let opts = RunOptions {
                 scenario: args.scenario,
                 out,
@@ -367,9 +370,10 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                     agent_bin: args.agent_bin.unwrap_or_else(default_agent_bin),
                     pg_bin: args.pg_bin,
                     pg_user: args.pg_user,
-                    data_dir: args
-                        .data_dir
-                        .unwrap_or_else(|| std::env::temp_dir().join("pgfleet")),
+                    dataset_dir: args
+                        .dataset_dir
+                        .unwrap_or_else(|| data_dir.join("datasets")),
+                    data_dir,
                     netns: args.agent_netns,
                     // With --metrics-addr, the agents serve theirs too.
                     agent_metrics: args.metrics_addr.is_some(),

@@ -10,6 +10,8 @@
 //!   binaries, and the W3C trace context a cell's span carries to its agent.
 //! - `settings`: which PostgreSQL settings a scenario may set (reserved ones
 //!   never, those that act on the agent's host only with `allow_shell`).
+//! - `dataset`: datasets built once and restored per cell (fingerprint,
+//!   manifest, the local store's layout).
 //! - `script`: pgbench's script language (the agent's driver runs it; the
 //!   controller checks scenarios' scripts with it before anything starts).
 
@@ -34,6 +36,7 @@ pub mod v1 {
     tonic::include_proto!("pgfleet.v1");
 }
 
+pub mod dataset;
 pub mod script;
 pub mod settings;
 pub mod telemetry;

@@ -211,6 +211,11 @@ impl Cluster {
     pub fn port(&self) -> u16 {
         self.port
     }
+    /// The superuser's password (a published dataset's manifest keeps it:
+    /// a restore connects with it once, then sets its own).
+    pub fn superuser_password(&self) -> &str {
+        &self.password
+    }
     /// The cgroups the server runs in (instance and storage emulation).
     pub fn cgroups(&self) -> Vec<&Path> {
         self.cgroups.iter().map(|c| c.path.as_path()).collect()
@@ -233,6 +238,35 @@ impl Cluster {
 
     /// initdb, configure, start, wait until it accepts connections.
     pub async fn provision(spec: &ClusterSpec) -> Result<Cluster> {
+        let mut cluster = Cluster::prepare(spec)?;
+        cluster.initdb(spec).await?;
+        cluster.boot(None).await?;
+        Ok(cluster)
+    }
+
+    /// A cluster whose data directory a dataset restore fills (`restore`
+    /// gets the empty directory, which it creates): then configured and
+    /// started as `provision` would. `password` is the superuser's in the
+    /// restored data; the cluster's own replaces it before anything else
+    /// connects, and the workload role gets a new one too.
+    pub async fn provision_restored<F, Fut>(
+        spec: &ClusterSpec,
+        password: &str,
+        restore: F,
+    ) -> Result<Cluster>
+    where
+        F: FnOnce(PathBuf) -> Fut,
+        Fut: std::future::Future<Output = Result<()>>,
+    {
+        let mut cluster = Cluster::prepare(spec)?;
+        restore(cluster.data.clone()).await?;
+        cluster.boot(Some(password.to_string())).await?;
+        Ok(cluster)
+    }
+
+    /// The cluster's directory, empty, owned by its OS user; no server yet.
+    /// From here on, Drop removes the directory on any error.
+    fn prepare(spec: &ClusterSpec) -> Result<Cluster> {
         for (name, value) in &spec.settings {
             pgfleet_proto::settings::check(name, value, spec.allow_shell)
                 .map_err(|why| Error::Provision(format!("setting refused: {why}")))?;
@@ -243,7 +277,7 @@ impl Cluster {
         }
         std::fs::create_dir_all(&dir)
             .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-        let mut cluster = Cluster {
+        let cluster = Cluster {
             data: dir.join("data"),
             dir,
             port: 0,
@@ -256,7 +290,6 @@ impl Cluster {
             memory_bytes: spec.memory_bytes,
             pg: spec.pg.clone(),
         };
-        // From here on, Drop removes the directory on any error.
         std::fs::set_permissions(&cluster.dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| Error::io("chmod cluster dir", e))?;
         if let Some(u) = &spec.run_as {
@@ -271,7 +304,13 @@ impl Cluster {
             )?;
             check_reachable(&cluster.dir, u)?;
         }
-        cluster.initdb(spec).await?;
+        Ok(cluster)
+    }
+
+    /// Cgroups, configuration, start on a free port, roles. `restored`:
+    /// the superuser password in a restored data directory.
+    async fn boot(&mut self, restored: Option<String>) -> Result<()> {
+        let spec = self.spec.clone();
         let limits = throttle::Limits {
             caps: spec.caps,
             memory_bytes: spec.memory_bytes,
@@ -279,26 +318,42 @@ impl Cluster {
             account_io: spec.account_io,
         };
         if limits.any() {
-            let name = format!("{}-{:016x}", spec.name, path_hash(&cluster.dir));
-            cluster.cgroups = throttle::create(&name, &cluster.dir, &limits, spec.run_as.as_ref())?;
+            let name = format!("{}-{:016x}", spec.name, path_hash(&self.dir));
+            self.cgroups = throttle::create(&name, &self.dir, &limits, spec.run_as.as_ref())?;
             // Recorded so a later `reap_stale` can remove them.
-            let paths: Vec<String> = cluster
+            let paths: Vec<String> = self
                 .cgroups
                 .iter()
                 .map(|c| c.path.to_string_lossy().to_string())
                 .collect();
-            std::fs::write(cluster.dir.join("cgroup"), paths.join("\n"))
+            std::fs::write(self.dir.join("cgroup"), paths.join("\n"))
                 .map_err(|e| Error::io("recording the cgroups", e))?;
         }
+        // Until the restored data's superuser has the cluster's own password,
+        // connect with the old one.
+        let own = match restored {
+            Some(old) => Some(std::mem::replace(&mut self.password, old)),
+            None => None,
+        };
         // A free port can be taken between probing and binding: retry.
         let mut last = String::new();
         for _ in 0..5 {
-            cluster.port = free_port()?;
-            cluster.write_config(spec)?;
-            match cluster.start().await {
+            self.port = free_port()?;
+            self.write_config(&spec)?;
+            match self.start().await {
                 Ok(()) => {
-                    cluster.create_workload_role().await?;
-                    return Ok(cluster);
+                    if let Some(own) = own {
+                        let client = self.connect().await?;
+                        client
+                            .batch_execute(&format!("ALTER ROLE {SUPERUSER} PASSWORD '{own}'"))
+                            .await
+                            .map_err(|e| {
+                                Error::Provision(format!("taking over the restored cluster: {e}"))
+                            })?;
+                        self.password = own;
+                    }
+                    self.create_workload_role().await?;
+                    return Ok(());
                 }
                 Err(Error::Provision(msg))
                     if msg.contains("could not bind") || msg.contains("Address already in use") =>
@@ -490,8 +545,15 @@ impl Cluster {
         } else {
             "NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS"
         };
+        // A restored cluster has the role already (with the builder's
+        // password): it gets this cluster's password and attributes.
         let mut sql = format!(
-            "CREATE ROLE {WORKLOAD_ROLE} LOGIN {attrs} PASSWORD '{}';
+            "DO $$BEGIN
+               IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{WORKLOAD_ROLE}') THEN
+                 CREATE ROLE {WORKLOAD_ROLE};
+               END IF;
+             END$$;
+             ALTER ROLE {WORKLOAD_ROLE} LOGIN {attrs} PASSWORD '{}';
              GRANT pg_monitor TO {WORKLOAD_ROLE};
              ALTER DATABASE postgres OWNER TO {WORKLOAD_ROLE};
              GRANT ALL ON SCHEMA public TO {WORKLOAD_ROLE};",
@@ -536,14 +598,25 @@ impl Cluster {
 
     /// Admits each peer address to every database and to replication with
     /// scram-sha-256 (initdb's pg_hba.conf admits loopback only).
+    /// The section is rewritten each time: a restored data directory
+    /// carries no other cell's peers.
     fn admit_peers(&self, peers: &[std::net::IpAddr]) -> Result<()> {
+        const SECTION: &str = "\n# pgfleet: this cell's peers\n";
+        let hba = self.data.join("pg_hba.conf");
+        let text =
+            std::fs::read_to_string(&hba).map_err(|e| Error::io("reading pg_hba.conf", e))?;
+        let had = text.contains(SECTION);
+        let mut text = match text.split_once(SECTION) {
+            Some((before, _)) => before.to_string(),
+            None => text,
+        };
         if peers.is_empty() {
+            if had {
+                std::fs::write(&hba, text).map_err(|e| Error::io("writing pg_hba.conf", e))?;
+            }
             return Ok(());
         }
-        let hba = self.data.join("pg_hba.conf");
-        let mut text =
-            std::fs::read_to_string(&hba).map_err(|e| Error::io("reading pg_hba.conf", e))?;
-        text += "\n# pgfleet: this cell's peers\n";
+        text += SECTION;
         for p in peers {
             let mask = if p.is_ipv4() { 32 } else { 128 };
             for db in ["all", "replication"] {
@@ -744,9 +817,23 @@ impl Cluster {
     /// buffers start empty. The cell's watch on the server (`exited`) does
     /// not fire meanwhile.
     pub async fn restart(&self) -> Result<()> {
+        match self.pause().await {
+            Ok(()) => self.resume().await,
+            Err(e) => {
+                self.restarting
+                    .store(false, std::sync::atomic::Ordering::SeqCst);
+                Err(e)
+            }
+        }
+    }
+
+    /// Stops the server cleanly (a fast shutdown: a checkpoint, then exit)
+    /// until `resume`; the cell's watch on the server (`exited`) does not
+    /// fire meanwhile. The data directory is then consistent on disk.
+    pub async fn pause(&self) -> Result<()> {
         use std::sync::atomic::Ordering::SeqCst;
         self.restarting.store(true, SeqCst);
-        let stopped = async {
+        async {
             let child = self.child().take();
             if let Some(mut child) = child {
                 for (sig, wait) in [(Signal::SIGINT, 120), (Signal::SIGQUIT, 10)] {
@@ -766,12 +853,14 @@ impl Cluster {
             }
             Ok(())
         }
-        .await;
-        let started = match stopped {
-            Ok(()) => self.start().await,
-            Err(e) => Err(e),
-        };
-        self.restarting.store(false, SeqCst);
+        .await
+    }
+
+    /// Starts the server `pause` stopped, the same way, in the same cgroups.
+    pub async fn resume(&self) -> Result<()> {
+        let started = self.start().await;
+        self.restarting
+            .store(false, std::sync::atomic::Ordering::SeqCst);
         started
     }
 

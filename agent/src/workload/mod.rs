@@ -42,6 +42,26 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Params) -> BoxFuture<'a
     }
 }
 
+/// A dataset's load figures (today every kind with a dataset loads
+/// pgbench's schema): reported by the cell that loaded it, and by the cells
+/// that restore it (from its manifest).
+pub type Loaded = kinds::pgbench_init::Metrics;
+
+/// Loads a cell's dataset, for kinds that declare one
+/// (`KindParams::dataset`): one line per kind.
+pub fn load<'a>(
+    ctx: &'a CellContext<'_>,
+    params: &'a Params,
+) -> Option<BoxFuture<'a, Result<Loaded>>> {
+    use futures::FutureExt;
+    let init = match params {
+        Params::Pgbench(p) => &p.init,
+        Params::VacuumBloat(p) => &p.init,
+        _ => return None,
+    };
+    Some(async move { Ok(pgbench_init::load(ctx, init).await?.metrics()) }.boxed())
+}
+
 /// One measured point on the wire: the kind's typed point as JSON text.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Point {
@@ -96,6 +116,9 @@ pub struct CellContext<'c> {
     pub release: CancellationToken,
     /// The other roles' endpoints, as the controller relays them.
     pub peers: watch::Receiver<BTreeMap<String, Endpoint>>,
+    /// The cell's dataset, loaded or restored before the workload runs
+    /// (kinds that declare one).
+    pub loaded: Option<Loaded>,
 }
 
 impl<'c> CellContext<'c> {
@@ -114,7 +137,16 @@ impl<'c> CellContext<'c> {
             role: String::new(),
             release: CancellationToken::new(),
             peers: watch::channel(BTreeMap::new()).1,
+            loaded: None,
         }
+    }
+
+    /// The dataset's load figures (set before the workload runs).
+    pub fn loaded(&self) -> Result<Loaded> {
+        self.loaded.clone().ok_or_else(|| Error::Workload {
+            workload: "dataset".into(),
+            message: "the cell's dataset was not loaded before its workload ran".into(),
+        })
     }
 
     /// Waits until `role`'s cluster is up and returns where it is; fails

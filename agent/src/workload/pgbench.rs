@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::pgbench_init;
 use super::{CellContext, Output};
 use crate::cluster::Server;
 use crate::driver::script::{Script, Value, Var};
@@ -35,7 +34,7 @@ fn werr(message: String) -> Error {
 pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Result<Output>> {
     async move {
         let client = ctx.cluster.connect().await?;
-        let loaded = pgbench_init::load(ctx, &p.init).await?;
+        let loaded = ctx.loaded()?;
         client.batch_execute("CHECKPOINT").await?;
         if p.cache == "cold" {
             drop(client);
@@ -85,7 +84,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                 skipped: result.skipped,
                 late: result.late,
                 internals,
-                load: loaded.metrics(),
+                load: loaded,
             },
         }]))
     }

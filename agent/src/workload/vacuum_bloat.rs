@@ -44,7 +44,7 @@ pub struct TableState {
 pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Result<Output>> {
     async move {
         let client = ctx.cluster.connect().await?;
-        let loaded = pgbench_init::load(ctx, &p.init).await?;
+        let loaded = ctx.loaded()?;
         client
             .batch_execute("ALTER TABLE pgbench_accounts SET (autovacuum_enabled = false); CHECKPOINT")
             .await?;
@@ -163,7 +163,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                 index_vacuum_count,
                 evicted_bytes,
                 internals,
-                load: loaded.metrics(),
+                load: loaded,
             },
         }]))
     }

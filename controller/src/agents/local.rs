@@ -31,6 +31,8 @@ pub struct LocalOptions {
     pub pg_user: Option<String>,
     /// Agents' data roots go under `<data_dir>/<run_id>/<agent_id>`.
     pub data_dir: PathBuf,
+    /// The agents' dataset store (shared by them: a lock per dataset).
+    pub dataset_dir: PathBuf,
     /// Network namespaces (made by the user) to start agents in, one after
     /// the other; each agent advertises its namespace's address, so the
     /// clusters of multi-role cells talk over real interfaces. Empty: every
@@ -158,6 +160,8 @@ impl LocalAgents {
                     .args(["--storage-profile", &f.profile()])
                     .arg("--data-root")
                     .arg(&data_root)
+                    .arg("--dataset-dir")
+                    .arg(&me.opts.dataset_dir)
                     .stdin(Stdio::null())
                     .stdout(log.try_clone().map_err(|e| Error::Agents(e.to_string()))?)
                     .stderr(log)

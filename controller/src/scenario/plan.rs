@@ -23,6 +23,8 @@ pub struct PlannedCell {
     /// The kind's parameters (defaults applied, offsets resolved).
     pub params: Params,
     pub settings: BTreeMap<String, String>,
+    /// `reuse` or `fresh` (the entry's `dataset`).
+    pub dataset: pgfleet_proto::dataset::Mode,
 }
 
 impl PlannedCell {
@@ -72,6 +74,11 @@ pub fn plan(s: &Scenario) -> Vec<PlannedCell> {
                             .collect(),
                         params: params.clone(),
                         settings: class.settings(),
+                        dataset: w
+                            .dataset
+                            .as_ref()
+                            .and_then(|d| pgfleet_proto::dataset::Mode::parse(&d.value))
+                            .unwrap_or_default(),
                     });
                 }
             }

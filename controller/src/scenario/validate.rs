@@ -624,6 +624,30 @@ fn validate_workload(
         return Ok(units);
     };
     check_roles(&f, w, params, counts)?;
+    if let Some(d) = &w.dataset {
+        use pgfleet_proto::dataset::Mode;
+        if d.value.is_empty() || Mode::parse(&d.value).is_none() {
+            return err(
+                d.referenced,
+                f.at("dataset"),
+                format!(
+                    "`{}` is not a dataset mode: allowed {} (reuse: restore the data from the agent's dataset store when a cell published it; fresh: load it every time)",
+                    d.value,
+                    Mode::NAMES.join(", ")
+                ),
+            );
+        }
+        if params.dataset().is_none() {
+            return err(
+                d.referenced,
+                f.at("dataset"),
+                format!(
+                    "{} has no dataset to reuse (its load is its measurement, or it loads another role's cluster): remove `dataset`",
+                    w.kind.value
+                ),
+            );
+        }
+    }
     Ok(units)
 }
 

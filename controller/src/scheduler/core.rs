@@ -951,6 +951,7 @@ impl Core {
                     settings: settings.into_iter().collect(),
                     role: run.role.clone(),
                     peers,
+                    dataset: c.dataset.as_str().to_string(),
                 },
             ));
             if let Some(a) = self.agents.get_mut(&run.agent) {

@@ -281,6 +281,13 @@ pub trait KindParams {
     fn check(&self) -> Result<(), String> {
         Ok(())
     }
+    /// The data the measurement starts from, when the agent may build it
+    /// once and restore it for later cells (`dataset: reuse`): its loader
+    /// and the keys that shape its bytes. None: the kind loads its own every
+    /// time (its load is its measurement, or it loads a peer's cluster).
+    fn dataset(&self) -> Option<crate::dataset::Dataset> {
+        None
+    }
 }
 
 /// `v` within `lo..=hi`, or an error naming `key` (the agent's checks).
@@ -495,6 +502,12 @@ macro_rules! kinds {
                     $(Params::$variant(p) => p.check(),)*
                 }
             }
+
+            pub fn dataset(&self) -> Option<crate::dataset::Dataset> {
+                match self {
+                    $(Params::$variant(p) => p.dataset(),)*
+                }
+            }
         }
     };
 }
@@ -543,6 +556,9 @@ pub struct Entry {
     /// For multi-role kinds: role -> instance class, for roles that run on
     /// another class than the cell's (default: the cell's class).
     pub roles: Option<BTreeMap<String, Spanned<String>>>,
+    /// `reuse` (default) or `fresh`: whether cells restore their data from
+    /// the agent's dataset store or load it every time.
+    pub dataset: Option<Spanned<String>>,
     pub spec: Spec,
 }
 
@@ -607,6 +623,7 @@ impl<'de> Visitor<'de> for EntryVisitor {
             on: common.on,
             replicas: common.replicas,
             roles: common.roles,
+            dataset: common.dataset,
             spec,
         })
     }
@@ -619,6 +636,7 @@ struct Common {
     on: Option<Vec<Spanned<String>>>,
     replicas: Option<Spanned<u32>>,
     roles: Option<BTreeMap<String, Spanned<String>>>,
+    dataset: Option<Spanned<String>>,
 }
 
 impl Common {
@@ -650,6 +668,7 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for Filter<'_, A> {
                 "on" => self.common.on = Some(self.inner.next_value()?),
                 "replicas" => self.common.replicas = Some(self.inner.next_value()?),
                 "roles" => self.common.roles = Some(self.inner.next_value()?),
+                "dataset" => self.common.dataset = Some(self.inner.next_value()?),
                 _ => return seed.deserialize(key.into_deserializer()).map(Some),
             }
         }

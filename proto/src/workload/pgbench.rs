@@ -404,6 +404,9 @@ impl KindParams for Params {
     fn working_set_bytes(&self) -> Option<u64> {
         Some(self.init.data_bytes())
     }
+    fn dataset(&self) -> Option<crate::dataset::Dataset> {
+        Some(self.init.as_dataset())
+    }
 }
 
 /// The real pgbench's verdict on a script: it parses its scripts before it

@@ -101,7 +101,44 @@ pub fn check(
     })
 }
 
+/// The loader's output version: bump it whenever `load` writes other bytes
+/// for the same keys (published datasets of the old version are not reused).
+pub const LOADER_VERSION: u32 = 1;
+
 impl InitParams {
+    /// The loaded schema as a dataset: the keys that shape its bytes. The
+    /// number of loading connections does not, except through COPY FREEZE
+    /// (frozen rows and an all-visible map from the load itself): partitions
+    /// are always loaded so, a flat table only by one connection.
+    pub fn as_dataset(&self) -> crate::dataset::Dataset {
+        let freeze = self.partitions > 0 || self.load_connections <= 1;
+        let mut label = format!("pgbench-s{}", self.scale);
+        if self.fillfactor != 100 {
+            label += &format!("-ff{}", self.fillfactor);
+        }
+        if self.partitions > 0 {
+            label += &format!("-p{}", self.partitions);
+        }
+        if !freeze {
+            label += "-nofreeze";
+        }
+        crate::dataset::Dataset {
+            loader: "pgbench".into(),
+            loader_version: LOADER_VERSION,
+            label,
+            keys: [
+                ("scale", serde_json::json!(self.scale)),
+                ("fillfactor", serde_json::json!(self.fillfactor)),
+                ("partitions", serde_json::json!(self.partitions)),
+                ("copy_freeze", serde_json::json!(freeze)),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+            bytes: self.data_bytes(),
+        }
+    }
+
     /// pgbench_accounts' heap at this scale and fillfactor.
     pub fn accounts_heap_bytes(&self) -> u64 {
         self.scale * ACCOUNTS_HEAP_BYTES_PER_SCALE * 100 / self.fillfactor.max(10) as u64

@@ -201,6 +201,9 @@ impl KindSpec for Spec {
 }
 
 impl KindParams for Params {
+    fn dataset(&self) -> Option<crate::dataset::Dataset> {
+        Some(self.init.as_dataset())
+    }
     fn check(&self) -> Result<(), String> {
         self.init.check()?;
         // What one UPDATE pass can leave dead (validation's bound).

@@ -1,0 +1,652 @@
+//! The agent's side of datasets (`pgfleet_proto::dataset`): waiting for
+//! the right to build or restore one, restoring a published PGDATA into a
+//! cell's cluster (reflink where the filesystem can, else a parallel copy
+//! that checks every file's SHA-256), and publishing a cell's freshly
+//! loaded PGDATA after a clean shutdown.
+//!
+//! Both ways leave the cell alike: the server freshly started (shared
+//! buffers empty) and the dataset's files out of the OS page cache (a
+//! restore writes them through the agent, outside the instance's memory
+//! cgroup, so leaving them cached would hand the restored cell a warmer
+//! start than a built one). The report says so (`cache: evicted`).
+
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::{Cluster, RunAs};
+use crate::pgbin::PgBin;
+use crate::{Error, Result};
+use pgfleet_proto::dataset::{Dataset, FileEntry, Format, LocalStore, Lock, Manifest, hex};
+
+/// Files a restore never takes from a build (the stopped server's).
+const SKIPPED: &[&str] = &["postmaster.pid", "postmaster.opts"];
+
+/// What happened to a cell's data, for its report (`environment.dataset`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Provenance {
+    pub fingerprint: String,
+    pub label: String,
+    /// `built` (loaded here and published), `restored` (from the store),
+    /// `loaded` (`dataset: fresh`: loaded here, not published).
+    pub how: &'static str,
+    pub store: String,
+    pub bytes: u64,
+    /// Seconds waiting for another cell building the same dataset.
+    pub wait_seconds: f64,
+    pub load_seconds: f64,
+    pub publish_seconds: f64,
+    pub restore_seconds: f64,
+    pub restore_mb_per_s: f64,
+    /// `copy` (checked file by file against the manifest's SHA-256) or
+    /// `reflink` (shared extents; sizes checked).
+    pub method: &'static str,
+    /// Why a built dataset was not published (the cell went on).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_published: Option<String>,
+    /// A published dataset found not to match its manifest, discarded and
+    /// built again by this cell.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub discarded: Option<String>,
+    /// Where a restored dataset came from.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub built_by: String,
+    pub built_at: u64,
+    /// `evicted`: shared buffers empty and the data's files dropped from the
+    /// page cache before the measurement; `as loaded`: `fresh` cells.
+    pub cache: &'static str,
+}
+
+/// The build's on-disk format, from the binaries (`pg_config --configure`;
+/// PostgreSQL's defaults when it is absent) and pgfleet's initdb (no data
+/// checksums).
+pub fn format(pg: &PgBin) -> Format {
+    let configure = std::process::Command::new(pg.tool("pg_config"))
+        .arg("--configure")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_default();
+    Format::of(pg.major, &configure, false)
+}
+
+/// The right to use a dataset: restore it (published; shared lock), or
+/// build it (not published; exclusive lock).
+pub enum Ticket {
+    Restore(Box<Manifest>, Lock),
+    Build(Lock),
+}
+
+/// Waits until this cell may restore `fingerprint` or must build it. A cell
+/// building it holds the exclusive lock: the others wait here, then restore
+/// what it published.
+pub async fn acquire(
+    store: &LocalStore,
+    fingerprint: &str,
+    cancel: &CancellationToken,
+    mut waiting: impl FnMut(f64),
+) -> Result<Ticket> {
+    let io = |e| Error::io(format!("dataset store {}", store.dir.display()), e);
+    store.create().map_err(io)?;
+    let started = Instant::now();
+    loop {
+        if store.find(fingerprint).map_err(io)?.is_some() {
+            if let Some(lock) = store.try_lock(fingerprint, false).map_err(io)? {
+                // Published and not being replaced: re-read under the lock.
+                if let Some(m) = store.find(fingerprint).map_err(io)? {
+                    return Ok(Ticket::Restore(Box::new(m), lock));
+                }
+            }
+        } else if let Some(lock) = store.try_lock(fingerprint, true).map_err(io)? {
+            match store.find(fingerprint).map_err(io)? {
+                // Published between the look and the lock: restore it.
+                Some(_) => drop(lock),
+                None => return Ok(Ticket::Build(lock)),
+            }
+            continue;
+        }
+        waiting(started.elapsed().as_secs_f64());
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            _ = cancel.cancelled() => return Err(Error::Cancelled(format!(
+                "cancelled while waiting for dataset {fingerprint}, which another cell is building"
+            ))),
+        }
+    }
+}
+
+/// Takes the exclusive lock (waiting for restores in progress) and removes
+/// a published dataset found corrupt, unless it was replaced meanwhile.
+pub async fn discard(
+    store: &LocalStore,
+    corrupt: &Manifest,
+    cancel: &CancellationToken,
+) -> Result<()> {
+    let fp = &corrupt.fingerprint;
+    let io = |e| Error::io(format!("dataset store {}", store.dir.display()), e);
+    loop {
+        if let Some(_lock) = store.try_lock(fp, true).map_err(io)? {
+            if store
+                .find(fp)
+                .map_err(io)?
+                .is_some_and(|m| m.created_at == corrupt.created_at)
+            {
+                store.discard(fp).map_err(io)?;
+            }
+            return Ok(());
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            _ = cancel.cancelled() => return Err(Error::Cancelled("cancelled while discarding a corrupt dataset".into())),
+        }
+    }
+}
+
+/// A copy's figures.
+#[derive(Debug, Clone, Copy)]
+pub struct Copied {
+    pub bytes: u64,
+    pub seconds: f64,
+    pub reflink: bool,
+}
+
+/// Restores a published dataset into `data` (created), owned by `owner`,
+/// each file checked against the manifest; the files end up on the device
+/// and out of the page cache. A mismatch is `Error::DatasetCorrupt`.
+pub async fn restore(
+    store: &LocalStore,
+    m: &Manifest,
+    data: &Path,
+    owner: Option<&RunAs>,
+    progress: impl FnMut(u64, u64),
+    cancel: &CancellationToken,
+) -> Result<Copied> {
+    let job = Job {
+        src: store.path(&m.fingerprint).join("data"),
+        dst: data.to_path_buf(),
+        dirs: m.dirs.clone(),
+        files: m.files.clone(),
+        verify: true,
+        owner: owner.map(|u| (u.uid, u.gid)),
+    };
+    let total = m.bytes;
+    let (copied, _) = run_job(job, total, progress, cancel)
+        .await
+        .map_err(|e| match e {
+            JobError::Mismatch(detail) => Error::DatasetCorrupt {
+                fingerprint: m.fingerprint.clone(),
+                detail,
+            },
+            JobError::Cancelled => Error::Cancelled("cancelled while restoring a dataset".into()),
+            JobError::Io(what, e) => {
+                Error::io(format!("restoring dataset {} ({what})", m.fingerprint), e)
+            }
+        })?;
+    Ok(copied)
+}
+
+/// What a build publishes besides the files.
+pub struct Build<'a> {
+    pub fingerprint: &'a str,
+    pub dataset: &'a Dataset,
+    pub format: Format,
+    pub cell_id: &'a str,
+    pub load_seconds: f64,
+    pub load: serde_json::Value,
+}
+
+/// Publishes the cluster's freshly loaded data: CHECKPOINT, a clean
+/// shutdown, a copy into the store (SHA-256 of each file, manifest last,
+/// one rename), the cluster's files evicted from the page cache, the
+/// server started again. Ok(Err(reason)) when it could not be published
+/// (not enough free space in the store, a failed copy): the cell goes on
+/// with its data either way. The lock is released at the end.
+pub async fn publish(
+    store: &LocalStore,
+    lock: Lock,
+    cluster: &Cluster,
+    b: Build<'_>,
+    progress: impl FnMut(u64, u64),
+    cancel: &CancellationToken,
+) -> Result<std::result::Result<f64, String>> {
+    let started = Instant::now();
+    let client = cluster.connect().await?;
+    client.batch_execute("CHECKPOINT").await?;
+    drop(client);
+    cluster.pause().await?;
+    let copied = copy_out(store, cluster, &b, progress, cancel).await;
+    drop(lock);
+    cluster.resume().await?;
+    Ok(copied.map(|()| started.elapsed().as_secs_f64()))
+}
+
+async fn copy_out(
+    store: &LocalStore,
+    cluster: &Cluster,
+    b: &Build<'_>,
+    progress: impl FnMut(u64, u64),
+    cancel: &CancellationToken,
+) -> std::result::Result<(), String> {
+    let data = cluster.data_dir().to_path_buf();
+    let listed = tokio::task::spawn_blocking({
+        let data = data.clone();
+        move || list_tree(&data)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| format!("listing {}: {e}", data.display()))?;
+    let (dirs, files) = listed;
+    let bytes: u64 = files.iter().map(|f| f.bytes).sum();
+    let free = crate::host::free_bytes(&store.dir).map_err(|e| e.to_string())?;
+    // Leave room for the cells that restore it, and a margin.
+    if free < bytes + bytes / 10 + (256 << 20) {
+        evict_tree(&data, &files);
+        return Err(format!(
+            "the store {} has {} free and the dataset takes {}: free space there or point --dataset-dir elsewhere",
+            store.dir.display(),
+            pgfleet_proto::workload::approx_bytes(free),
+            pgfleet_proto::workload::approx_bytes(bytes)
+        ));
+    }
+    let building = store
+        .building_dir(b.fingerprint)
+        .map_err(|e| format!("creating a build directory in {}: {e}", store.dir.display()))?;
+    let result = async {
+        let job = Job {
+            src: data.clone(),
+            dst: building.join("data"),
+            dirs: dirs.clone(),
+            files,
+            verify: false,
+            owner: None,
+        };
+        let (copied, entries) = run_job(job, bytes, progress, cancel)
+            .await
+            .map_err(|e| e.to_string())?;
+        let manifest = Manifest {
+            store_format: pgfleet_proto::dataset::STORE_FORMAT,
+            fingerprint: b.fingerprint.to_string(),
+            dataset: b.dataset.clone(),
+            format: b.format.clone(),
+            postgres_version: cluster.pg.version.clone(),
+            created_at: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            built_by: b.cell_id.to_string(),
+            host: crate::host::hostname(),
+            build_seconds: b.load_seconds,
+            publish_seconds: copied.seconds,
+            load: b.load.clone(),
+            superuser_password: cluster.superuser_password().to_string(),
+            dirs,
+            files: entries,
+            bytes: copied.bytes,
+        };
+        write_private(
+            &building.join("manifest.json"),
+            serde_json::to_string_pretty(&manifest)
+                .map_err(|e| e.to_string())?
+                .as_bytes(),
+        )
+        .map_err(|e| format!("writing the manifest: {e}"))?;
+        store
+            .publish(&building, b.fingerprint)
+            .map_err(|e| format!("publishing into {}: {e}", store.dir.display()))
+    }
+    .await;
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&building);
+    }
+    result
+}
+
+/// Writes a file only its owner may read, and syncs it.
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+/// Every directory and regular file under `root` (relative paths), the
+/// stopped server's own files left out. Anything else (a symlink: a
+/// tablespace or a moved pg_wal) is refused: pgfleet's clusters have none.
+fn list_tree(root: &Path) -> std::io::Result<(Vec<String>, Vec<FileEntry>)> {
+    let mut dirs = Vec::new();
+    let mut files = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        for e in std::fs::read_dir(root.join(&rel))? {
+            let e = e?;
+            let path = rel.join(e.file_name());
+            let name = path.to_string_lossy().to_string();
+            let t = e.file_type()?;
+            if t.is_dir() {
+                dirs.push(name);
+                stack.push(path);
+            } else if t.is_file() {
+                if !SKIPPED.contains(&name.as_str()) {
+                    files.push(FileEntry {
+                        path: name,
+                        bytes: e.metadata()?.len(),
+                        sha256: String::new(),
+                    });
+                }
+            } else {
+                return Err(std::io::Error::other(format!(
+                    "{} is neither a file nor a directory: datasets hold plain PGDATA only",
+                    root.join(&path).display()
+                )));
+            }
+        }
+    }
+    dirs.sort();
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok((dirs, files))
+}
+
+/// Drops the files' pages from the page cache (after a sync).
+fn evict_tree(root: &Path, files: &[FileEntry]) {
+    for f in files {
+        if let Ok(file) = std::fs::File::open(root.join(&f.path)) {
+            let _ = file.sync_all();
+            advise_dontneed(&file);
+        }
+    }
+}
+
+fn advise_dontneed(f: &std::fs::File) {
+    // SAFETY: a valid open descriptor; advice only.
+    unsafe {
+        libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
+}
+
+struct Job {
+    src: PathBuf,
+    dst: PathBuf,
+    dirs: Vec<String>,
+    files: Vec<FileEntry>,
+    /// Check each file against its entry (restore); else compute the
+    /// entries (publish).
+    verify: bool,
+    owner: Option<(u32, u32)>,
+}
+
+enum JobError {
+    Mismatch(String),
+    Cancelled,
+    Io(String, std::io::Error),
+}
+
+impl std::fmt::Display for JobError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JobError::Mismatch(d) => write!(f, "{d}"),
+            JobError::Cancelled => write!(f, "cancelled"),
+            JobError::Io(what, e) => write!(f, "{what}: {e}"),
+        }
+    }
+}
+
+/// Runs a copy on blocking threads, reporting bytes done every half second
+/// and stopping when the cell is cancelled.
+async fn run_job(
+    job: Job,
+    total: u64,
+    mut progress: impl FnMut(u64, u64),
+    cancel: &CancellationToken,
+) -> std::result::Result<(Copied, Vec<FileEntry>), JobError> {
+    /// Stops the copy threads when the cell's future is dropped.
+    struct StopOnDrop(Arc<AtomicBool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let _guard = StopOnDrop(stop.clone());
+    let started = Instant::now();
+    let task = tokio::task::spawn_blocking({
+        let (done, stop) = (done.clone(), stop.clone());
+        move || copy_job(&job, &done, &stop)
+    });
+    tokio::pin!(task);
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let out = loop {
+        tokio::select! {
+            r = &mut task => break r,
+            _ = tick.tick() => progress(done.load(Ordering::Relaxed), total),
+            _ = cancel.cancelled(), if !stop.load(Ordering::Relaxed) => stop.store(true, Ordering::Relaxed),
+        }
+    };
+    let (entries, reflink) =
+        out.map_err(|e| JobError::Io("copy task".into(), std::io::Error::other(e)))??;
+    Ok((
+        Copied {
+            bytes: done.load(Ordering::Relaxed),
+            seconds: started.elapsed().as_secs_f64(),
+            reflink,
+        },
+        entries,
+    ))
+}
+
+/// The copy itself: directories first (0700), then files in parallel,
+/// largest first, each hashed as it is read, synced and evicted on both
+/// sides. Returns the entries with their SHA-256 and whether reflinks were
+/// used.
+fn copy_job(
+    job: &Job,
+    done: &AtomicU64,
+    stop: &AtomicBool,
+) -> std::result::Result<(Vec<FileEntry>, bool), JobError> {
+    let io = |what: &Path| {
+        let what = what.display().to_string();
+        move |e| JobError::Io(what, e)
+    };
+    let chown = |p: &Path| -> std::result::Result<(), JobError> {
+        if let Some((uid, gid)) = job.owner {
+            nix::unistd::chown(p, Some(uid.into()), Some(gid.into()))
+                .map_err(|e| JobError::Io(p.display().to_string(), e.into()))?;
+        }
+        Ok(())
+    };
+    for d in std::iter::once("").chain(job.dirs.iter().map(String::as_str)) {
+        let p = job.dst.join(d);
+        std::fs::create_dir_all(&p).map_err(io(&p))?;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700)).map_err(io(&p))?;
+        chown(&p)?;
+    }
+    let mut order: Vec<usize> = (0..job.files.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(job.files[i].bytes));
+    let next = AtomicU64::new(0);
+    let reflink_ok = AtomicBool::new(true);
+    let mut entries = job.files.clone();
+    let threads = crate::host::cores().clamp(2, 8) as usize;
+    let results: Vec<std::result::Result<Vec<(usize, FileEntry)>, JobError>> =
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut mine = Vec::new();
+                        loop {
+                            if stop.load(Ordering::Relaxed) {
+                                return Err(JobError::Cancelled);
+                            }
+                            let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed) as usize)
+                            else {
+                                return Ok(mine);
+                            };
+                            let f = &job.files[i];
+                            let entry = copy_file(job, f, &reflink_ok, done, stop)?;
+                            chown(&job.dst.join(&f.path))?;
+                            mine.push((i, entry));
+                        }
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(JobError::Io(
+                            "copy".into(),
+                            std::io::Error::other("a copy thread panicked"),
+                        ))
+                    })
+                })
+                .collect()
+        });
+    for r in results {
+        for (i, e) in r? {
+            entries[i] = e;
+        }
+    }
+    Ok((entries, reflink_ok.load(Ordering::Relaxed)))
+}
+
+/// `FICLONE`: the destination shares the source's extents (btrfs, XFS).
+const FICLONE: libc::c_ulong = 0x4004_9409;
+
+fn copy_file(
+    job: &Job,
+    f: &FileEntry,
+    reflink_ok: &AtomicBool,
+    done: &AtomicU64,
+    stop: &AtomicBool,
+) -> std::result::Result<FileEntry, JobError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let (src_path, dst_path) = (job.src.join(&f.path), job.dst.join(&f.path));
+    let mut src = match std::fs::File::open(&src_path) {
+        Ok(s) => s,
+        Err(e) if job.verify && e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(JobError::Mismatch(format!("{} is missing", f.path)));
+        }
+        Err(e) => return Err(JobError::Io(src_path.display().to_string(), e)),
+    };
+    let mut dst = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(&dst_path)
+        .map_err(|e| JobError::Io(dst_path.display().to_string(), e))?;
+    let dst_err = |e| JobError::Io(dst_path.display().to_string(), e);
+    // A reflink restore shares the fixture's blocks: nothing is read, so
+    // only the size is checked. Publishing always copies (the build's
+    // cluster is removed after the cell).
+    if job.verify && reflink_ok.load(Ordering::Relaxed) {
+        // SAFETY: two valid open descriptors.
+        let rc = unsafe { libc::ioctl(dst.as_raw_fd(), FICLONE as _, src.as_raw_fd()) };
+        if rc == 0 {
+            let len = dst.metadata().map_err(dst_err)?.len();
+            if len != f.bytes {
+                return Err(JobError::Mismatch(format!(
+                    "{} has {len} bytes, the manifest says {}",
+                    f.path, f.bytes
+                )));
+            }
+            done.fetch_add(len, Ordering::Relaxed);
+            return Ok(f.clone());
+        }
+        reflink_ok.store(false, Ordering::Relaxed);
+    }
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut n_total = 0u64;
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return Err(JobError::Cancelled);
+        }
+        let n = src
+            .read(&mut buf)
+            .map_err(|e| JobError::Io(src_path.display().to_string(), e))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        dst.write_all(&buf[..n]).map_err(dst_err)?;
+        n_total += n as u64;
+        done.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    dst.sync_data().map_err(dst_err)?;
+    advise_dontneed(&dst);
+    // The source's pages go too: the build's data (synced by its clean
+    // shutdown, but initdb's files were written without a sync) or the
+    // fixture's.
+    let _ = src.sync_all();
+    advise_dontneed(&src);
+    let sha = hex(&hasher.finalize());
+    if job.verify {
+        if n_total != f.bytes {
+            return Err(JobError::Mismatch(format!(
+                "{} has {n_total} bytes, the manifest says {}",
+                f.path, f.bytes
+            )));
+        }
+        if sha != f.sha256 {
+            return Err(JobError::Mismatch(format!(
+                "{}: SHA-256 {} differs from the manifest's {}",
+                f.path,
+                &sha[..12],
+                &f.sha256[..f.sha256.len().min(12)]
+            )));
+        }
+    }
+    Ok(FileEntry {
+        path: f.path.clone(),
+        bytes: n_total,
+        sha256: sha,
+    })
+}
+
+/// The bytes of a published dataset (0 when it is not).
+pub fn published_bytes(store: &LocalStore, fingerprint: &str) -> u64 {
+    store
+        .find(fingerprint)
+        .ok()
+        .flatten()
+        .map(|m| m.bytes)
+        .unwrap_or(0)
+}
+
+/// Removes builds that no builder holds any more (an agent killed while
+/// publishing): their fingerprint's lock is free. Called at start-up.
+pub fn remove_abandoned(store: &LocalStore) -> usize {
+    let Ok(entries) = std::fs::read_dir(&store.dir) else {
+        return 0;
+    };
+    let mut n = 0;
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(rest) = name.strip_prefix(".building-") else {
+            continue;
+        };
+        let Some((fp, _pid)) = rest.rsplit_once('-') else {
+            continue;
+        };
+        if let Ok(Some(_lock)) = store.try_lock(fp, true)
+            && std::fs::remove_dir_all(e.path()).is_ok()
+        {
+            n += 1;
+        }
+    }
+    n
+}

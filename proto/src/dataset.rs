@@ -1,0 +1,397 @@
+//! Datasets: the data a cell's measurement starts from (pgbench's tables at
+//! a scale, …), built once, published to a store and restored by later cells
+//! that need the same bytes.
+//!
+//! What both sides agree on lives here: what a kind declares (`Dataset`:
+//! a label for people and the keys that shape the bytes), the on-disk
+//! facts of the PostgreSQL build that change them (`Format`), the
+//! fingerprint of the two, the manifest a published dataset carries, and the
+//! layout of a local store, which the agent writes and `pgfleet datasets`
+//! reads:
+//!
+//! ```text
+//! <store>/<fingerprint>/manifest.json   written last: its presence publishes
+//! <store>/<fingerprint>/data/…          PGDATA after a clean shutdown
+//! <store>/<fingerprint>.lock            flock: exclusive while building or
+//!                                       removing, shared while restoring
+//! <store>/.building-<fingerprint>-…     a build in progress (never read;
+//!                                       removed by the next builder)
+//! ```
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The local store's layout and manifest version.
+pub const STORE_FORMAT: u32 = 1;
+
+/// Whether a workload's cells reuse a published dataset (`reuse`, the
+/// default) or load their own every time (`fresh`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Reuse,
+    Fresh,
+}
+
+impl Mode {
+    pub const NAMES: &[&str] = &["reuse", "fresh"];
+
+    pub fn parse(s: &str) -> Option<Mode> {
+        match s {
+            "reuse" | "" => Some(Mode::Reuse),
+            "fresh" => Some(Mode::Fresh),
+            _ => None,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Reuse => "reuse",
+            Mode::Fresh => "fresh",
+        }
+    }
+}
+
+/// What a kind declares about its data (`KindParams::dataset`): the loader
+/// and its output version (bumped whenever the loader writes other bytes),
+/// a label people read, and the keys that shape the bytes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Dataset {
+    pub loader: String,
+    pub loader_version: u32,
+    pub label: String,
+    pub keys: BTreeMap<String, serde_json::Value>,
+    /// Bytes of the loaded data (the kind's estimate), for estimates.
+    pub bytes: u64,
+}
+
+/// The PostgreSQL build's facts that change the on-disk format: the major
+/// version, block sizes, segment size, and how pgfleet runs initdb (data
+/// checksums, encoding, locale).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Format {
+    pub postgres_major: u32,
+    pub block_size_kb: u32,
+    pub wal_block_size_kb: u32,
+    pub segment_size_gb: u32,
+    pub checksums: bool,
+    pub encoding: String,
+    pub locale: String,
+}
+
+impl Format {
+    /// The format of a build: `configure` is `pg_config --configure`'s
+    /// output (empty when unknown: PostgreSQL's defaults, which is what
+    /// every packaged build uses).
+    pub fn of(postgres_major: u32, configure: &str, checksums: bool) -> Format {
+        let flag = |name: &str, default: u32| {
+            configure
+                .split_whitespace()
+                .map(|w| w.trim_matches('\''))
+                .find_map(|w| w.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+                .unwrap_or(default)
+        };
+        Format {
+            postgres_major,
+            block_size_kb: flag("--with-blocksize", 8),
+            wal_block_size_kb: flag("--with-wal-blocksize", 8),
+            segment_size_gb: flag("--with-segsize", 1),
+            checksums,
+            encoding: "UTF8".into(),
+            locale: "C".into(),
+        }
+    }
+}
+
+/// The fingerprint: the label (for people) and 16 hex digits of the SHA-256
+/// of the format and the dataset's loader and keys. Two cells with one
+/// fingerprint need the same bytes.
+pub fn fingerprint(format: &Format, dataset: &Dataset) -> String {
+    let canonical = serde_json::json!({
+        "store_format": STORE_FORMAT,
+        "format": format,
+        "loader": dataset.loader,
+        "loader_version": dataset.loader_version,
+        "keys": dataset.keys,
+    });
+    let digest = Sha256::digest(canonical.to_string().as_bytes());
+    format!("{}-{}", dataset.label, &hex(&digest)[..16])
+}
+
+/// Lower-case hex of bytes.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A published dataset's manifest (`<fingerprint>/manifest.json`, mode 0600
+/// in a store only its owner can read: it holds the cluster's superuser
+/// password, which a restore needs to take the cluster over).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub store_format: u32,
+    pub fingerprint: String,
+    pub dataset: Dataset,
+    pub format: Format,
+    /// e.g. "15.18"
+    pub postgres_version: String,
+    /// Unix seconds.
+    pub created_at: u64,
+    /// The cell and host that built it.
+    pub built_by: String,
+    pub host: String,
+    /// Seconds to build (load, vacuum, checkpoint) and to publish (copy).
+    pub build_seconds: f64,
+    pub publish_seconds: f64,
+    /// The loader's own figures (the kind's load metrics), reported by the
+    /// cells that restore it.
+    pub load: serde_json::Value,
+    pub superuser_password: String,
+    /// Every directory and file of PGDATA, relative to `data/`.
+    pub dirs: Vec<String>,
+    pub files: Vec<FileEntry>,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileEntry {
+    pub path: String,
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+impl Manifest {
+    /// The manifest of a published dataset, or None when `dir` holds none
+    /// (not published, or published by another store format).
+    pub fn read(dir: &Path) -> io::Result<Option<Manifest>> {
+        let text = match std::fs::read_to_string(dir.join("manifest.json")) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let m: Manifest = serde_json::from_str(&text).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: {e}", dir.join("manifest.json").display()),
+            )
+        })?;
+        Ok((m.store_format == STORE_FORMAT).then_some(m))
+    }
+}
+
+/// A local dataset store: a directory on the agent's host.
+#[derive(Debug, Clone)]
+pub struct LocalStore {
+    pub dir: PathBuf,
+}
+
+/// A held lock on one fingerprint (released when dropped).
+pub struct Lock {
+    _file: File,
+}
+
+impl LocalStore {
+    pub fn new(dir: impl Into<PathBuf>) -> LocalStore {
+        LocalStore { dir: dir.into() }
+    }
+
+    /// Creates the store (mode 0700: manifests hold passwords).
+    pub fn create(&self) -> io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(&self.dir)?;
+        std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
+    }
+
+    /// Where a published dataset lives.
+    pub fn path(&self, fingerprint: &str) -> PathBuf {
+        self.dir.join(fingerprint)
+    }
+
+    /// Its manifest, if published.
+    pub fn find(&self, fingerprint: &str) -> io::Result<Option<Manifest>> {
+        Manifest::read(&self.path(fingerprint))
+    }
+
+    /// Takes the fingerprint's lock, exclusive (build, remove) or shared
+    /// (restore), without waiting: None when someone else holds it.
+    pub fn try_lock(&self, fingerprint: &str, exclusive: bool) -> io::Result<Option<Lock>> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.dir.join(format!("{fingerprint}.lock")))?;
+        let op = if exclusive {
+            libc::LOCK_EX
+        } else {
+            libc::LOCK_SH
+        } | libc::LOCK_NB;
+        // SAFETY: a valid open descriptor; flock has no memory effects.
+        if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+            return Ok(Some(Lock { _file: file }));
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            Ok(None)
+        } else {
+            Err(e)
+        }
+    }
+
+    /// A fresh directory for a build of `fingerprint` (call with the
+    /// exclusive lock held): earlier builds' leftovers (a builder killed
+    /// half-way) are removed first.
+    pub fn building_dir(&self, fingerprint: &str) -> io::Result<PathBuf> {
+        self.remove_unfinished(fingerprint)?;
+        use std::os::unix::fs::DirBuilderExt;
+        let dir = self
+            .dir
+            .join(format!(".building-{fingerprint}-{}", std::process::id()));
+        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+        Ok(dir)
+    }
+
+    fn remove_unfinished(&self, fingerprint: &str) -> io::Result<()> {
+        let prefix = format!(".building-{fingerprint}-");
+        for e in std::fs::read_dir(&self.dir)?.flatten() {
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
+                remove_all(&e.path())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes a finished build: `building` holds `data/` and
+    /// `manifest.json`; one rename makes it visible (call with the
+    /// exclusive lock held).
+    pub fn publish(&self, building: &Path, fingerprint: &str) -> io::Result<()> {
+        let to = self.path(fingerprint);
+        remove_all(&to)?;
+        std::fs::rename(building, &to)?;
+        // The rename is durable once the store directory is.
+        File::open(&self.dir)?.sync_all()
+    }
+
+    /// Removes a published dataset (call with the exclusive lock held),
+    /// first its manifest, so a half-removed one is never restored.
+    pub fn discard(&self, fingerprint: &str) -> io::Result<()> {
+        let dir = self.path(fingerprint);
+        match std::fs::remove_file(dir.join("manifest.json")) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        remove_all(&dir)
+    }
+
+    /// Every published dataset, oldest first, with the bytes it holds.
+    pub fn list(&self) -> io::Result<Vec<Manifest>> {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut found = Vec::new();
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if name.starts_with('.') || !e.path().is_dir() {
+                continue;
+            }
+            if let Some(m) = Manifest::read(&e.path())? {
+                found.push(m);
+            }
+        }
+        found.sort_by_key(|m| (m.created_at, m.fingerprint.clone()));
+        Ok(found)
+    }
+
+    /// Removes a dataset unless a cell holds its lock (building or
+    /// restoring it). Err(WouldBlock) then; NotFound when there is none.
+    pub fn remove(&self, fingerprint: &str) -> io::Result<u64> {
+        if !crate::is_safe_id(fingerprint) || !self.path(fingerprint).is_dir() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no dataset {fingerprint} in {}", self.dir.display()),
+            ));
+        }
+        let Some(_lock) = self.try_lock(fingerprint, true)? else {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!(
+                    "dataset {fingerprint} is being built or restored by a cell: try again when it is done"
+                ),
+            ));
+        };
+        let bytes = self.find(fingerprint)?.map(|m| m.bytes).unwrap_or(0);
+        self.discard(fingerprint)?;
+        let _ = std::fs::remove_file(self.dir.join(format!("{fingerprint}.lock")));
+        Ok(bytes)
+    }
+}
+
+fn remove_all(dir: &Path) -> io::Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pgbench(scale: u64) -> Dataset {
+        Dataset {
+            loader: "pgbench".into(),
+            loader_version: 1,
+            label: format!("pgbench-s{scale}"),
+            keys: BTreeMap::from([("scale".to_string(), serde_json::json!(scale))]),
+            bytes: 0,
+        }
+    }
+
+    #[test]
+    fn fingerprint_follows_keys_and_format() {
+        let f15 = Format::of(15, "'--prefix=/usr' '--with-lz4'", false);
+        assert_eq!(f15.block_size_kb, 8);
+        let a = fingerprint(&f15, &pgbench(10));
+        assert!(a.starts_with("pgbench-s10-"), "{a}");
+        assert_eq!(a, fingerprint(&f15, &pgbench(10)));
+        assert_ne!(a, fingerprint(&f15, &pgbench(11)));
+        assert_ne!(a, fingerprint(&Format::of(18, "", false), &pgbench(10)));
+        let big = Format::of(15, "'--with-blocksize=32'", false);
+        assert_eq!(big.block_size_kb, 32);
+        assert_ne!(a, fingerprint(&big, &pgbench(10)));
+        assert_ne!(a, fingerprint(&Format::of(15, "", true), &pgbench(10)));
+        let mut v2 = pgbench(10);
+        v2.loader_version = 2;
+        assert_ne!(a, fingerprint(&f15, &v2));
+        // The estimate's size is no part of the bytes' identity.
+        let mut sized = pgbench(10);
+        sized.bytes = 123;
+        assert_eq!(a, fingerprint(&f15, &sized));
+        assert!(crate::is_safe_id(&a));
+    }
+
+    #[test]
+    fn locks_exclude_and_share() {
+        let dir = std::env::temp_dir().join(format!("pgfleet-ds-lock-{}", std::process::id()));
+        let store = LocalStore::new(&dir);
+        store.create().unwrap();
+        let ex = store.try_lock("x", true).unwrap();
+        assert!(ex.is_some());
+        assert!(store.try_lock("x", false).unwrap().is_none());
+        assert!(store.try_lock("x", true).unwrap().is_none());
+        drop(ex);
+        let sh1 = store.try_lock("x", false).unwrap();
+        let sh2 = store.try_lock("x", false).unwrap();
+        assert!(sh1.is_some() && sh2.is_some());
+        assert!(store.try_lock("x", true).unwrap().is_none());
+        drop((sh1, sh2));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
