@@ -27,6 +27,11 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+/// Bytes per second of a restore (a copy) or a publish, for estimates:
+/// measured ~320-390 MB/s on this project's 2-core test machine at scale 20
+/// (BENCHMARKS.md, "Datasets"); kept modest.
+pub const ESTIMATE_COPY_BYTES_PER_SECOND: f64 = 200e6;
+
 /// The local store's layout and manifest version.
 pub const STORE_FORMAT: u32 = 1;
 
@@ -67,8 +72,10 @@ pub struct Dataset {
     pub loader_version: u32,
     pub label: String,
     pub keys: BTreeMap<String, serde_json::Value>,
-    /// Bytes of the loaded data (the kind's estimate), for estimates.
+    /// Bytes of the loaded data and seconds to load it (the kind's
+    /// estimates; no part of the fingerprint).
     pub bytes: u64,
+    pub load_seconds: f64,
 }
 
 /// The PostgreSQL build's facts that change the on-disk format: the major
@@ -351,6 +358,7 @@ mod tests {
             label: format!("pgbench-s{scale}"),
             keys: BTreeMap::from([("scale".to_string(), serde_json::json!(scale))]),
             bytes: 0,
+            load_seconds: 0.0,
         }
     }
 

@@ -196,6 +196,8 @@ pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
         );
     }
 
+    datasets(&mut md, doc);
+
     for (kind, section) in SECTIONS {
         let results: Vec<&Json> = doc["results"]
             .as_array()
@@ -508,6 +510,59 @@ pub fn num(v: &Json, digits: usize) -> String {
     v.as_f64()
         .map(|x| format!("{x:.digits$}"))
         .unwrap_or_else(|| "–".into())
+}
+
+/// Where each cell's data came from (`environment.dataset`, the agent's
+/// `dataset::Provenance`): built and published, restored, or loaded fresh.
+fn datasets(md: &mut String, doc: &Json) {
+    let cells: Vec<&Json> = doc["cells"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["environment"]["dataset"].is_object())
+        .collect();
+    if cells.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\n## Datasets\n\nA cell's data is built once (loaded, published to the agent's dataset store after a clean shutdown) and restored by later cells that need the same bytes (`dataset: reuse`, the default), or loaded by the cell itself (`dataset: fresh`). \
+         Built and restored cells start alike: the server freshly started and the data's files evicted from the page cache (`evicted`); `fresh` cells measure right after their own load (`as loaded`). \
+         A restored cell's load figures are its builder's.\n\n\
+         | cell | dataset | how | wait s | load s | publish s | restore s | restore MB/s | cache | note |\n|---|---|---|---|---|---|---|---|---|---|"
+    );
+    let s = |v: &Json| v.as_str().unwrap_or("").to_string();
+    let secs = |v: &Json| match v.as_f64() {
+        Some(x) if x > 0.0 => format!("{x:.1}"),
+        _ => "–".into(),
+    };
+    for c in cells {
+        let d = &c["environment"]["dataset"];
+        let mut note = Vec::new();
+        if let Some(b) = d["built_by"].as_str().filter(|b| !b.is_empty()) {
+            note.push(format!("built by {b}"));
+        }
+        if let Some(why) = d["discarded"].as_str() {
+            note.push(format!("**a published copy did not match its manifest and was discarded** ({why}); this cell built it again"));
+        }
+        if let Some(why) = d["not_published"].as_str() {
+            note.push(format!("not published: {why}"));
+        }
+        let _ = writeln!(
+            md,
+            "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} |",
+            s(&c["cell_id"]),
+            d["fingerprint"].as_str().filter(|f| !f.is_empty()).or(d["label"].as_str()).unwrap_or(""),
+            s(&d["how"]),
+            secs(&d["wait_seconds"]),
+            secs(&d["load_seconds"]),
+            secs(&d["publish_seconds"]),
+            secs(&d["restore_seconds"]),
+            secs(&d["restore_mb_per_s"]),
+            s(&d["cache"]),
+            note.join("; ").replace('|', "\\|").replace('\n', " ")
+        );
+    }
 }
 
 /// Which PostgreSQL role ran what, per class (from the cells' environment).

@@ -25,6 +25,9 @@ pub struct PlannedCell {
     pub settings: BTreeMap<String, String>,
     /// `reuse` or `fresh` (the entry's `dataset`).
     pub dataset: pgfleet_proto::dataset::Mode,
+    /// The cell's estimate in this plan: with `reuse`, the first cell of a
+    /// dataset builds and publishes it, later ones restore it.
+    pub estimate: Estimate,
 }
 
 impl PlannedCell {
@@ -38,7 +41,33 @@ impl PlannedCell {
         self.params.kind()
     }
     pub fn estimate(&self) -> Estimate {
+        self.estimate
+    }
+    /// The estimate when the cell loads its own data (`dataset: fresh`).
+    pub fn fresh_estimate(&self) -> Estimate {
         self.params.estimate()
+    }
+}
+
+/// Each cell's estimate with datasets reused: the first cell of a dataset
+/// (in plan order) loads it and publishes it (a copy), the others restore it
+/// (a copy) instead of loading. One store for the fleet is assumed (local
+/// agents share one; on Kubernetes each agent's own store builds its first).
+fn reuse_estimates(cells: &mut [PlannedCell]) {
+    use pgfleet_proto::dataset::{ESTIMATE_COPY_BYTES_PER_SECOND as RATE, Mode};
+    let mut seen = std::collections::BTreeSet::new();
+    for c in cells {
+        let mut e = c.params.estimate();
+        if let Some(d) = c.params.dataset().filter(|_| c.dataset == Mode::Reuse) {
+            let copy = d.bytes as f64 / RATE;
+            let key = serde_json::json!([d.loader, d.keys]).to_string();
+            e.seconds = if seen.insert(key) {
+                e.seconds + copy
+            } else {
+                (e.seconds - d.load_seconds).max(0.0) + copy
+            };
+        }
+        c.estimate = e;
     }
 }
 
@@ -79,11 +108,13 @@ pub fn plan(s: &Scenario) -> Vec<PlannedCell> {
                             .as_ref()
                             .and_then(|d| pgfleet_proto::dataset::Mode::parse(&d.value))
                             .unwrap_or_default(),
+                        estimate: params.estimate(),
                     });
                 }
             }
         }
     }
+    reuse_estimates(&mut cells);
     cells
 }
 
@@ -102,6 +133,19 @@ pub struct PlanEstimate {
 }
 
 pub fn estimate(s: &Scenario, cells: &[PlannedCell]) -> PlanEstimate {
+    estimate_with(s, cells, PlannedCell::estimate)
+}
+
+/// `estimate` with every cell loading its own data (no dataset reused).
+pub fn estimate_fresh(s: &Scenario, cells: &[PlannedCell]) -> PlanEstimate {
+    estimate_with(s, cells, PlannedCell::fresh_estimate)
+}
+
+fn estimate_with(
+    s: &Scenario,
+    cells: &[PlannedCell],
+    of: fn(&PlannedCell) -> Estimate,
+) -> PlanEstimate {
     let mut wall: f64 = 0.0;
     for f in &s.fleet.value {
         // (seconds, agents of this class the cell holds at once)
@@ -114,7 +158,7 @@ pub fn estimate(s: &Scenario, cells: &[PlannedCell]) -> PlanEstimate {
                     .iter()
                     .filter(|(_, class)| *class == f.name.value)
                     .count();
-                (c.estimate().seconds, here.max(1))
+                (of(c).seconds, here.max(1))
             })
             .collect();
         mine.sort_by(|a, b| b.0.total_cmp(&a.0));
@@ -132,12 +176,12 @@ pub fn estimate(s: &Scenario, cells: &[PlannedCell]) -> PlanEstimate {
         wall = wall.max(agents.into_iter().fold(0.0, f64::max));
     }
     PlanEstimate {
-        cell_seconds: cells.iter().map(|c| c.estimate().seconds).sum(),
-        measured_seconds: cells.iter().map(|c| c.estimate().measured_seconds).sum(),
+        cell_seconds: cells.iter().map(|c| of(c).seconds).sum(),
+        measured_seconds: cells.iter().map(|c| of(c).measured_seconds).sum(),
         wall_seconds: wall,
         disk_bytes_per_agent: cells
             .iter()
-            .map(|c| c.estimate().disk_bytes)
+            .map(|c| of(c).disk_bytes)
             .max()
             .unwrap_or(0),
     }
@@ -189,6 +233,22 @@ pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> 
         approx_seconds(t.wall_seconds),
         approx_bytes(t.disk_bytes_per_agent)
     );
+    let fresh = estimate_fresh(s, cells);
+    if fresh != t {
+        let datasets: std::collections::BTreeSet<String> = cells
+            .iter()
+            .filter(|c| c.dataset == pgfleet_proto::dataset::Mode::Reuse)
+            .filter_map(|c| c.params.dataset())
+            .map(|d| d.label)
+            .collect();
+        out += &format!(
+            "  with {} dataset(s) built once and restored (dataset: reuse; {}): as above; every cell loading its own: {} of cells, about {} on this fleet\n",
+            datasets.len(),
+            datasets.into_iter().collect::<Vec<_>>().join(", "),
+            approx_seconds(fresh.cell_seconds),
+            approx_seconds(fresh.wall_seconds)
+        );
+    }
     out
 }
 

@@ -63,14 +63,29 @@ impl Scratch {
         serde_json::from_str(&text).unwrap()
     }
     /// Asserts nothing pgfleet created for this test is left: no process
-    /// mentions the data dir, the data dir holds nothing, no cluster port listens.
+    /// mentions the data dir, the data dir holds nothing but the dataset
+    /// store (kept across runs by design), no cluster port listens.
     pub fn assert_clean(&self, ports: &[u16]) {
         let procs = processes_mentioning(&self.data());
         assert!(procs.is_empty(), "processes left behind: {procs:?}");
         let left: Vec<_> = std::fs::read_dir(self.data())
-            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| !p.ends_with("datasets"))
+                    .collect()
+            })
             .unwrap_or_default();
         assert!(left.is_empty(), "data left behind: {left:?}");
+        let building: Vec<_> = std::fs::read_dir(self.data().join("datasets"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.to_string_lossy().contains(".building-"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(building.is_empty(), "unfinished dataset builds left: {building:?}");
         for p in ports {
             assert!(
                 std::net::TcpStream::connect(("127.0.0.1", *p)).is_err(),

@@ -136,6 +136,7 @@ impl InitParams {
             .map(|(k, v)| (k.to_string(), v))
             .collect(),
             bytes: self.data_bytes(),
+            load_seconds: self.scale as f64 / LOAD_SCALE_PER_SECOND,
         }
     }
 
