@@ -190,9 +190,28 @@ async fn run_inner(
         ))
     })?;
     let declared = params.dataset();
+    let build_only = mode == pgfleet_proto::dataset::Mode::Build;
     let reuse = declared
         .as_ref()
-        .filter(|_| mode == pgfleet_proto::dataset::Mode::Reuse);
+        .filter(|_| mode != pgfleet_proto::dataset::Mode::Fresh);
+    if build_only {
+        // `pgfleet datasets build`: nothing to do when it is published.
+        let Some(ds) = &declared else {
+            return Err(Error::Workload {
+                workload: params.kind().into(),
+                message: "this kind has no dataset to build".into(),
+            });
+        };
+        let fp = pgfleet_proto::dataset::fingerprint(&crate::dataset::format(&spec.pg), ds);
+        if let Ok(Some(m)) = env.datasets.find(&fp) {
+            environment["dataset"] = serde_json::json!({
+                "fingerprint": fp, "label": ds.label, "how": "already published",
+                "store": env.datasets.dir, "bytes": m.bytes,
+                "built_by": format!("{} on {}", m.built_by, m.host), "built_at": m.created_at,
+            });
+            return Ok(Output::default());
+        }
+    }
     let mut prov = declared.as_ref().map(|d| crate::dataset::Provenance {
         label: d.label.clone(),
         how: "loaded",
@@ -244,6 +263,9 @@ async fn run_inner(
                         .await?,
                 );
                 environment["dataset"] = serde_json::to_value(&prov).unwrap_or_default();
+            }
+            if build_only {
+                return Ok(Output::default());
             }
             workload::run(&mut ctx, &params)
                 .instrument(phase("workload"))

@@ -52,6 +52,20 @@ pub enum Command {
         #[command(flatten)]
         remote: OptionalRemote,
     },
+    /// The local dataset store: data a cell loaded (e.g. pgbench's tables at
+    /// a scale) is published there after a clean shutdown, and later cells
+    /// and runs that need the same bytes restore it instead of loading
+    /// (`dataset: reuse`, a workload's default; `dataset: fresh` loads
+    /// every time). A dataset's fingerprint names its label and a hash of
+    /// the PostgreSQL format and the keys that shape the data.
+    ///
+    /// Examples: pgfleet datasets list --scenario scenarios/storage-suite.yaml;
+    /// pgfleet datasets build scenarios/storage-suite.yaml (nightly, ahead of
+    /// the runs); pgfleet datasets rm pgbench-s300-0123456789abcdef
+    Datasets {
+        #[command(subcommand)]
+        action: DatasetsAction,
+    },
     /// List stored runs with their status: queued, running, succeeded,
     /// failed, cancelled, or interrupted (its controller exited without
     /// finishing it; its unfinished cells are marked cancelled).
@@ -312,6 +326,55 @@ pub struct SessionArgs {
     /// Default for run: a random token per run, handed to the local agents.
     #[arg(long, env = "PGFLEET_JOIN_TOKEN_FILE")]
     pub join_token_file: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DatasetsAction {
+    /// List the published datasets: fingerprint, size, age, PostgreSQL
+    /// version, load time, the cell and host that built it, and (with
+    /// --scenario) which scenarios' cells use it.
+    List {
+        #[command(flatten)]
+        dir: DatasetDir,
+        /// Say which of these scenario files would use each dataset.
+        #[arg(long = "scenario")]
+        scenarios: Vec<PathBuf>,
+    },
+    /// Build the datasets a scenario's cells reuse, ahead of its runs: one
+    /// cell per dataset, on the scenario's fleet of local agents, loads it
+    /// and publishes it (nothing when it is published already); nothing is
+    /// measured. Takes `pgfleet run`'s options.
+    Build(Box<RunArgs>),
+    /// Remove datasets (refused while a cell builds or restores one).
+    Rm {
+        #[command(flatten)]
+        dir: DatasetDir,
+        /// Fingerprints, as `pgfleet datasets list` shows them.
+        #[arg(required = true)]
+        fingerprints: Vec<String>,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DatasetDir {
+    /// The store: `pgfleet run`'s --dataset-dir (default
+    /// <data-dir>/datasets, i.e. $TMPDIR/pgfleet/datasets).
+    #[arg(long, env = "PGFLEET_DATASET_DIR")]
+    pub dataset_dir: Option<PathBuf>,
+    /// `pgfleet run`'s --data-dir, whose datasets/ is the default store.
+    #[arg(long, env = "PGFLEET_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+}
+
+impl DatasetDir {
+    pub fn resolve(&self) -> PathBuf {
+        self.dataset_dir.clone().unwrap_or_else(|| {
+            self.data_dir
+                .clone()
+                .unwrap_or_else(|| std::env::temp_dir().join("pgfleet"))
+                .join("datasets")
+        })
+    }
 }
 
 #[derive(clap::Args, Debug)]

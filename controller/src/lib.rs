@@ -12,6 +12,7 @@ pub mod agents;
 pub mod cli;
 pub mod client;
 pub mod compare;
+pub mod datasets;
 pub mod events;
 pub mod grpc;
 pub mod http;
@@ -43,6 +44,8 @@ pub enum Error {
     Report(String),
     #[error("{0}")]
     Usage(String),
+    #[error("datasets: {0}")]
+    Datasets(String),
 }
 
 impl From<rusqlite::Error> for Error {
@@ -57,7 +60,7 @@ impl Error {
         match self {
             Error::Scenario(_) | Error::Usage(_) => exit::INVALID,
             Error::Store(_) | Error::Agents(_) | Error::Server(_) => exit::INFRA,
-            Error::Report(_) => exit::INFRA,
+            Error::Report(_) | Error::Datasets(_) => exit::INFRA,
         }
     }
 }

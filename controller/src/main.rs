@@ -9,7 +9,8 @@ use tokio_util::sync::CancellationToken;
 use pgfleet_controller::agents::kubernetes;
 use pgfleet_controller::agents::local::{LocalOptions, default_agent_bin};
 use pgfleet_controller::cli::{
-    AgentsFrom, Cli, Command, CompareArgs, CompareFormat, KubeArgs, Remote, SessionArgs,
+    AgentsFrom, Cli, Command, CompareArgs, CompareFormat, DatasetsAction, KubeArgs, Remote,
+    RunArgs, SessionArgs,
 };
 use pgfleet_controller::client::{Client, ClientError};
 use pgfleet_controller::run::{RunOptions, execute};
@@ -354,34 +355,12 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             Ok(exit::OK)
         }
         Command::Run(args) => {
-            let cancel = cancel_on_signals("cancelling the run");
-            let out = args.out.clone().unwrap_or_else(|| {
-                std::path::Path::new("runs")
-                    .join(chrono::Utc::now().format("%Y%m%d-%H%M%S").to_string())
-            });
-            let data_dir = args
-                .data_dir
-                .unwrap_or_else(|| std::env::temp_dir().join("pgfleet"));
-            let opts = RunOptions {
-                scenario: args.scenario,
-                out,
-                service: service_config(cli.store, args.bind, args.session, false),
-                local: LocalOptions {
-                    agent_bin: args.agent_bin.unwrap_or_else(default_agent_bin),
-                    pg_bin: args.pg_bin,
-                    pg_user: args.pg_user,
-                    dataset_dir: args
-                        .dataset_dir
-                        .unwrap_or_else(|| data_dir.join("datasets")),
-                    data_dir,
-                    netns: args.agent_netns,
-                    // With --metrics-addr, the agents serve theirs too.
-                    agent_metrics: args.metrics_addr.is_some(),
-                },
-                metrics_addr: args.metrics_addr,
-            };
             let junit = args.junit.clone();
-            let summary = execute(opts, cancel).await?;
+            let summary = execute(
+                run_options(*args, cli.store, false),
+                cancel_on_signals("cancelling the run"),
+            )
+            .await?;
             let report = summary.report_dir.join("report.md");
             println!(
                 "run {} {}: report {}",
@@ -392,6 +371,52 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             verdicts(&summary.report, junit.as_deref())?;
             Ok(exit::of_report(&summary.report))
         }
+        Command::Datasets { action } => match action {
+            DatasetsAction::List { dir, scenarios } => {
+                print!(
+                    "{}",
+                    pgfleet_controller::datasets::list(&dir.resolve(), &scenarios)?
+                );
+                Ok(exit::OK)
+            }
+            DatasetsAction::Rm { dir, fingerprints } => {
+                print!(
+                    "{}",
+                    pgfleet_controller::datasets::remove(&dir.resolve(), &fingerprints)?
+                );
+                Ok(exit::OK)
+            }
+            DatasetsAction::Build(args) => {
+                let summary = execute(
+                    run_options(*args, cli.store, true),
+                    cancel_on_signals("cancelling the build"),
+                )
+                .await?;
+                for c in summary.report["cells"].as_array().into_iter().flatten() {
+                    let d = &c["environment"]["dataset"];
+                    println!(
+                        "{} {}: {} {}",
+                        c["cell_id"].as_str().unwrap_or(""),
+                        c["state"].as_str().unwrap_or(""),
+                        d["fingerprint"].as_str().unwrap_or(""),
+                        d["how"]
+                            .as_str()
+                            .unwrap_or(c["error"].as_str().unwrap_or("")),
+                    );
+                }
+                println!(
+                    "datasets build {} {}: report {}",
+                    summary.run_id,
+                    summary.status.as_str(),
+                    summary.report_dir.join("report.md").display()
+                );
+                Ok(match summary.status {
+                    pgfleet_controller::store::RunStatus::Succeeded => exit::OK,
+                    pgfleet_controller::store::RunStatus::Cancelled => exit::CANCELLED,
+                    _ => exit::FAILED,
+                })
+            }
+        },
         Command::Serve(args) => {
             let shutdown = cancel_on_signals("stopping the server");
             let reports = args.reports.clone().unwrap_or_else(|| {
@@ -510,5 +535,34 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             );
             Ok(exit::OK)
         }
+    }
+}
+
+/// `pgfleet run`'s options (and `pgfleet datasets build`'s, `datasets_only`).
+fn run_options(args: RunArgs, store: std::path::PathBuf, datasets_only: bool) -> RunOptions {
+    let out = args.out.clone().unwrap_or_else(|| {
+        std::path::Path::new("runs").join(chrono::Utc::now().format("%Y%m%d-%H%M%S").to_string())
+    });
+    let data_dir = args
+        .data_dir
+        .unwrap_or_else(|| std::env::temp_dir().join("pgfleet"));
+    RunOptions {
+        scenario: args.scenario,
+        out,
+        service: service_config(store, args.bind, args.session, false),
+        local: LocalOptions {
+            agent_bin: args.agent_bin.unwrap_or_else(default_agent_bin),
+            pg_bin: args.pg_bin,
+            pg_user: args.pg_user,
+            dataset_dir: args
+                .dataset_dir
+                .unwrap_or_else(|| data_dir.join("datasets")),
+            data_dir,
+            netns: args.agent_netns,
+            // With --metrics-addr, the agents serve theirs too.
+            agent_metrics: args.metrics_addr.is_some(),
+        },
+        metrics_addr: args.metrics_addr,
+        datasets_only,
     }
 }

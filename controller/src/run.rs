@@ -23,6 +23,9 @@ pub struct RunOptions {
     pub local: LocalOptions,
     /// Serve Prometheus metrics at http://<addr>/metrics during the run.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// `pgfleet datasets build`: only the cells that build the scenario's
+    /// datasets (`datasets::builds`), nothing measured.
+    pub datasets_only: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -37,7 +40,16 @@ pub struct RunSummary {
 pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunSummary> {
     let yaml = scenario::read(&opts.scenario)?;
     let sc = scenario::parse(&opts.scenario, &yaml)?;
-    let cells = scenario::plan(&sc);
+    let mut cells = scenario::plan(&sc);
+    if opts.datasets_only {
+        cells = crate::datasets::builds(cells);
+        if cells.is_empty() {
+            return Err(crate::Error::Usage(format!(
+                "{}: no workload reuses a dataset (only pgbench and vacuum-bloat have one, and `dataset: fresh` opts out)",
+                opts.scenario.display()
+            )));
+        }
+    }
     let mut service = Service::build(&opts.service)?;
     service.listen().await?;
     let scrapes = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));

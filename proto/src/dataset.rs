@@ -36,22 +36,26 @@ pub const ESTIMATE_COPY_BYTES_PER_SECOND: f64 = 200e6;
 pub const STORE_FORMAT: u32 = 1;
 
 /// Whether a workload's cells reuse a published dataset (`reuse`, the
-/// default) or load their own every time (`fresh`).
+/// default) or load their own every time (`fresh`); `build` is `pgfleet
+/// datasets build`'s: publish the dataset if it is not, measure nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     #[default]
     Reuse,
     Fresh,
+    Build,
 }
 
 impl Mode {
+    /// The modes a scenario may give (`build` is the command's).
     pub const NAMES: &[&str] = &["reuse", "fresh"];
 
     pub fn parse(s: &str) -> Option<Mode> {
         match s {
             "reuse" | "" => Some(Mode::Reuse),
             "fresh" => Some(Mode::Fresh),
+            "build" => Some(Mode::Build),
             _ => None,
         }
     }
@@ -59,6 +63,7 @@ impl Mode {
         match self {
             Mode::Reuse => "reuse",
             Mode::Fresh => "fresh",
+            Mode::Build => "build",
         }
     }
 }
@@ -174,20 +179,25 @@ pub struct FileEntry {
 
 impl Manifest {
     /// The manifest of a published dataset, or None when `dir` holds none
-    /// (not published, or published by another store format).
+    /// (not published, or published by another store format or a pgfleet
+    /// whose manifest this one cannot read: the next build replaces it).
     pub fn read(dir: &Path) -> io::Result<Option<Manifest>> {
         let text = match std::fs::read_to_string(dir.join("manifest.json")) {
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
-        let m: Manifest = serde_json::from_str(&text).map_err(|e| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{}: {e}", dir.join("manifest.json").display()),
-            )
-        })?;
-        Ok((m.store_format == STORE_FORMAT).then_some(m))
+        match serde_json::from_str::<Manifest>(&text) {
+            Ok(m) if m.store_format == STORE_FORMAT => Ok(Some(m)),
+            Ok(_) => Ok(None),
+            Err(e) => {
+                tracing::warn!(
+                    manifest = %dir.join("manifest.json").display(),
+                    "unreadable dataset manifest (another pgfleet version's?), treated as not published: {e}"
+                );
+                Ok(None)
+            }
+        }
     }
 }
 

@@ -552,7 +552,11 @@ fn datasets(md: &mut String, doc: &Json) {
             md,
             "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} |",
             s(&c["cell_id"]),
-            d["fingerprint"].as_str().filter(|f| !f.is_empty()).or(d["label"].as_str()).unwrap_or(""),
+            d["fingerprint"]
+                .as_str()
+                .filter(|f| !f.is_empty())
+                .or(d["label"].as_str())
+                .unwrap_or(""),
             s(&d["how"]),
             secs(&d["wait_seconds"]),
             secs(&d["load_seconds"]),

@@ -179,11 +179,7 @@ fn estimate_with(
         cell_seconds: cells.iter().map(|c| of(c).seconds).sum(),
         measured_seconds: cells.iter().map(|c| of(c).measured_seconds).sum(),
         wall_seconds: wall,
-        disk_bytes_per_agent: cells
-            .iter()
-            .map(|c| of(c).disk_bytes)
-            .max()
-            .unwrap_or(0),
+        disk_bytes_per_agent: cells.iter().map(|c| of(c).disk_bytes).max().unwrap_or(0),
     }
 }
 

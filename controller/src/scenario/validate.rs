@@ -626,7 +626,7 @@ fn validate_workload(
     check_roles(&f, w, params, counts)?;
     if let Some(d) = &w.dataset {
         use pgfleet_proto::dataset::Mode;
-        if d.value.is_empty() || Mode::parse(&d.value).is_none() {
+        if !Mode::NAMES.contains(&d.value.as_str()) {
             return err(
                 d.referenced,
                 f.at("dataset"),

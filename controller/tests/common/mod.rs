@@ -85,7 +85,10 @@ impl Scratch {
                     .collect()
             })
             .unwrap_or_default();
-        assert!(building.is_empty(), "unfinished dataset builds left: {building:?}");
+        assert!(
+            building.is_empty(),
+            "unfinished dataset builds left: {building:?}"
+        );
         for p in ports {
             assert!(
                 std::net::TcpStream::connect(("127.0.0.1", *p)).is_err(),

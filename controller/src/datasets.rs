@@ -1,0 +1,136 @@
+//! `pgfleet datasets`: the local dataset store seen from the command line
+//! (list, remove; `build` is a run in `build` mode, `run::execute`), and
+//! the plan of a build: one cell per dataset a scenario's cells reuse.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use pgfleet_proto::dataset::{LocalStore, Manifest, Mode};
+use pgfleet_proto::workload::{approx_bytes, approx_seconds};
+
+use crate::scenario::{self, PlannedCell};
+use crate::{Error, Result};
+
+/// The cells of `pgfleet datasets build`: for each dataset the plan's cells
+/// would reuse, its first cell, in `build` mode (publish it if it is not;
+/// measure nothing).
+pub fn builds(cells: Vec<PlannedCell>) -> Vec<PlannedCell> {
+    let mut seen = std::collections::BTreeSet::new();
+    cells
+        .into_iter()
+        .filter(|c| c.dataset == Mode::Reuse)
+        .filter(|c| {
+            c.params
+                .dataset()
+                .is_some_and(|d| seen.insert(serde_json::json!([d.loader, d.keys]).to_string()))
+        })
+        .map(|mut c| {
+            c.dataset = Mode::Build;
+            c.cell_id = format!("{}-dataset", c.cell_id);
+            c
+        })
+        .collect()
+}
+
+/// The scenarios (of `scenarios`) whose cells would use `m`: same loader
+/// and keys (the PostgreSQL format is the agent's to match).
+fn users(m: &Manifest, scenarios: &[(PathBuf, Vec<PlannedCell>)]) -> Vec<String> {
+    scenarios
+        .iter()
+        .filter(|(_, cells)| {
+            cells.iter().any(|c| {
+                c.dataset != Mode::Fresh
+                    && c.params
+                        .dataset()
+                        .is_some_and(|d| d.loader == m.dataset.loader && d.keys == m.dataset.keys)
+            })
+        })
+        .map(|(p, _)| p.display().to_string())
+        .collect()
+}
+
+/// `pgfleet datasets list`: one line per published dataset, oldest first.
+pub fn list(dir: &Path, scenario_files: &[PathBuf]) -> Result<String> {
+    let store = LocalStore::new(dir);
+    let found = store
+        .list()
+        .map_err(|e| Error::Datasets(format!("reading the store {}: {e}", dir.display())))?;
+    let mut scenarios = Vec::new();
+    for f in scenario_files {
+        let sc = scenario::load(f)?;
+        scenarios.push((f.clone(), scenario::plan(&sc)));
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut out = String::new();
+    if found.is_empty() {
+        let _ = writeln!(out, "no datasets in {}", dir.display());
+        return Ok(out);
+    }
+    let w = found
+        .iter()
+        .map(|m| m.fingerprint.len())
+        .max()
+        .unwrap_or(11);
+    let _ = writeln!(
+        out,
+        "{:<w$}  {:>9}  {:>9}  {:<10}  {:>8}  built by",
+        "fingerprint", "size", "age", "postgres", "load"
+    );
+    let mut total = 0;
+    for m in &found {
+        total += m.bytes;
+        let _ = write!(
+            out,
+            "{:<w$}  {:>9}  {:>9}  {:<10}  {:>8}  {} on {}",
+            m.fingerprint,
+            approx_bytes(m.bytes),
+            approx_seconds(now.saturating_sub(m.created_at) as f64),
+            m.postgres_version,
+            approx_seconds(m.build_seconds),
+            m.built_by,
+            m.host
+        );
+        if !scenario_files.is_empty() {
+            let u = users(m, &scenarios);
+            let _ = write!(
+                out,
+                "; used by: {}",
+                if u.is_empty() {
+                    "none of the scenarios given".to_string()
+                } else {
+                    u.join(", ")
+                }
+            );
+        }
+        out.push('\n');
+    }
+    let _ = writeln!(
+        out,
+        "{} dataset(s), {} in {}",
+        found.len(),
+        approx_bytes(total),
+        dir.display()
+    );
+    Ok(out)
+}
+
+/// `pgfleet datasets rm`: removes each dataset (refused while a cell
+/// builds or restores it).
+pub fn remove(dir: &Path, fingerprints: &[String]) -> Result<String> {
+    let store = LocalStore::new(dir);
+    let mut out = String::new();
+    for fp in fingerprints {
+        let bytes = store.remove(fp).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::Usage(format!(
+                "{e}: `pgfleet datasets list --dataset-dir {}` shows the fingerprints there",
+                dir.display()
+            )),
+            _ => Error::Datasets(format!("removing {fp}: {e}")),
+        })?;
+        let _ = writeln!(out, "removed {fp} ({})", approx_bytes(bytes));
+    }
+    Ok(out)
+}
