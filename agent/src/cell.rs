@@ -181,7 +181,7 @@ async fn run_inner(
             .collect(),
     };
     // The cell's data: restored from the dataset store when published
-    // there, else loaded here (and published, with `dataset: reuse`).
+    // there, else loaded here (and published, with `data: reuse`).
     let mode = pgfleet_proto::dataset::Mode::parse(&assign.dataset).ok_or_else(|| {
         Error::Provision(format!(
             "dataset `{}` is not one of {}",
@@ -295,7 +295,7 @@ async fn run_inner(
 
 /// Where a cell's data comes from, once its cluster is up.
 enum Source {
-    /// No dataset (the kind has none), or `dataset: fresh`: load it.
+    /// No dataset (the kind has none), or `data: fresh`: load it.
     Load,
     /// Load it, then publish it (the build lock is held).
     Build(pgfleet_proto::dataset::Lock, String),

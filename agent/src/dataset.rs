@@ -36,7 +36,7 @@ pub struct Provenance {
     pub fingerprint: String,
     pub label: String,
     /// `built` (loaded here and published), `restored` (from the store),
-    /// `loaded` (`dataset: fresh`: loaded here, not published).
+    /// `loaded` (`data: fresh`: loaded here, not published).
     pub how: &'static str,
     pub store: String,
     pub bytes: u64,

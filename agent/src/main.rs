@@ -100,7 +100,7 @@ struct RunArgs {
     data_root: Option<PathBuf>,
     /// The local dataset store: data a cell loaded (pgbench's tables at a
     /// scale, ...) is published here after a clean shutdown and restored by
-    /// later cells that need the same bytes (`dataset: reuse`, the default),
+    /// later cells that need the same bytes (`data: reuse`, the default),
     /// instead of loading it again. Agents on one host may share it (a lock
     /// per dataset: one builds, the others wait and restore). Default:
     /// <data-root>/datasets, or $TMPDIR/pgfleet/datasets without --data-root.

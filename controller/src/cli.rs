@@ -55,7 +55,7 @@ pub enum Command {
     /// The local dataset store: data a cell loaded (e.g. pgbench's tables at
     /// a scale) is published there after a clean shutdown, and later cells
     /// and runs that need the same bytes restore it instead of loading
-    /// (`dataset: reuse`, a workload's default; `dataset: fresh` loads
+    /// (`data: reuse`, a workload's default; `data: fresh` loads
     /// every time). A dataset's fingerprint names its label and a hash of
     /// the PostgreSQL format and the keys that shape the data.
     ///
@@ -423,7 +423,7 @@ pub struct RunArgs {
     pub data_dir: Option<PathBuf>,
     /// The local agents' dataset store: a cell's loaded data (e.g.
     /// pgbench's tables at a scale) is published here and restored by
-    /// later cells and runs that need the same bytes (`dataset: reuse`, the
+    /// later cells and runs that need the same bytes (`data: reuse`, the
     /// default), instead of loading it again. Kept across runs; list and
     /// remove with `pgfleet datasets`. Default: <data-dir>/datasets.
     #[arg(long, env = "PGFLEET_DATASET_DIR")]

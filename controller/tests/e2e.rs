@@ -1026,3 +1026,134 @@ fn nix_is_root() -> bool {
         .lines()
         .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
 }
+
+/// Datasets across cells and runs: the first cell of a dataset builds and
+/// publishes it, the others restore it; a second run of the scenario
+/// restores every cell; `pgfleet datasets` lists, builds and removes; the
+/// report says where each cell's data came from.
+#[test]
+fn datasets_are_built_once_and_restored_across_cells_and_runs() {
+    let s = Scratch::new("datasets");
+    let sc = s.write(
+        "ds.yaml",
+        "name: ds
+fleet:
+  - name: local
+    count: 1
+    postgres: { settings: { shared_buffers: 32MB } }
+workloads:
+  - kind: pgbench
+    scale: 3
+    transactions: 20
+    replicas: 2
+  - kind: pgbench
+    scale: 3
+    transactions: 20
+    data: fresh
+",
+    );
+    let validate = std::process::Command::new(common::pgfleet())
+        .arg("validate")
+        .arg(&sc)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&validate.stdout);
+    assert!(
+        text.contains("with 1 dataset(s) built once and restored (data: reuse; pgbench-s3)"),
+        "{text}"
+    );
+
+    let how = |r: &serde_json::Value| -> Vec<(String, String)> {
+        r["cells"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["cell_id"].as_str().unwrap().to_string(),
+                    c["environment"]["dataset"]["how"]
+                        .as_str()
+                        .unwrap()
+                        .to_string(),
+                )
+            })
+            .collect()
+    };
+    let out = s.run_cmd(&sc, &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let first = how(&s.report());
+    assert_eq!(
+        first,
+        [
+            ("w0-local-tpcb-like-r1".into(), "built".into()),
+            ("w0-local-tpcb-like-r2".into(), "restored".into()),
+            ("w1-local-tpcb-like".into(), "loaded".into()),
+        ]
+    );
+    let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
+    assert!(md.contains("## Datasets"), "{md}");
+    assert!(
+        md.contains("| w0-local-tpcb-like-r2 | `pgbench-s3-"),
+        "{md}"
+    );
+
+    // The next run restores what the first published.
+    std::fs::remove_dir_all(s.out()).unwrap();
+    let out = s.run_cmd(&sc, &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let second = how(&s.report());
+    assert_eq!(second[0].1, "restored");
+    assert_eq!(second[1].1, "restored");
+    assert_eq!(second[2].1, "loaded");
+    s.assert_clean(&[]);
+
+    let datasets = |args: &[&str]| {
+        std::process::Command::new(common::pgfleet())
+            .arg("datasets")
+            .args(args)
+            .arg("--data-dir")
+            .arg(s.data())
+            .output()
+            .unwrap()
+    };
+    let list = datasets(&["list", "--scenario", sc.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&list.stdout).to_string();
+    assert!(text.contains("1 dataset(s)"), "{text}");
+    assert!(text.contains("used by: "), "{text}");
+    let fp = text
+        .split_whitespace()
+        .find(|w| w.starts_with("pgbench-s3-"))
+        .unwrap()
+        .to_string();
+    let rm = datasets(&["rm", &fp]);
+    assert_eq!(rm.status.code(), Some(0), "{}", show(&rm));
+    let unknown = datasets(&["rm", &fp]);
+    assert_eq!(unknown.status.code(), Some(2), "{}", show(&unknown));
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("datasets list"));
+
+    // Built ahead of time: one cell for the one dataset, nothing measured.
+    std::fs::remove_dir_all(s.out()).unwrap();
+    let build = std::process::Command::new(common::pgfleet())
+        .arg("--store")
+        .arg(s.store())
+        .args(["datasets", "build"])
+        .arg(&sc)
+        .arg("--out")
+        .arg(s.out())
+        .arg("--data-dir")
+        .arg(s.data())
+        .arg("--agent-bin")
+        .arg(common::agent_bin())
+        .output()
+        .unwrap();
+    assert_eq!(build.status.code(), Some(0), "{}", show(&build));
+    let text = String::from_utf8_lossy(&build.stdout);
+    assert!(
+        text.contains("w0-local-tpcb-like-r1-dataset succeeded: pgbench-s3-"),
+        "{text}"
+    );
+    assert!(text.contains(" built"), "{text}");
+    assert!(s.report()["results"].as_array().unwrap().is_empty());
+    let list = datasets(&["list"]);
+    assert!(String::from_utf8_lossy(&list.stdout).contains("1 dataset(s)"));
+}

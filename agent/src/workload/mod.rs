@@ -28,18 +28,31 @@ pub mod toast_probe;
 pub mod toast_slice;
 pub mod vacuum_bloat;
 
-/// Runs a cell's workload: the table of kinds, one line each.
+/// Runs a cell's workload: its dataset first, unless the cell restored or
+/// loaded it already (`ctx.loaded`), then the table of kinds, one line each.
 pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Params) -> BoxFuture<'a, Result<Output>> {
-    match params {
-        Params::ToastSlice(p) => toast_slice::run(ctx, p),
-        Params::PgbenchInit(p) => pgbench_init::run(ctx, p),
-        Params::Pgbench(p) => pgbench::run(ctx, p),
-        Params::VacuumBloat(p) => vacuum_bloat::run(ctx, p),
-        Params::LogicalDrain(p) => logical_drain::run(ctx, p),
-        Params::ToastProbe(p) => toast_probe::run(ctx, p),
-        Params::CompressionAnalysis(p) => compression_analysis::run(ctx, p),
-        Params::ReadWrite(p) => read_write::run(ctx, p),
+    use futures::FutureExt;
+    async move {
+        if ctx.loaded.is_none() {
+            let loaded = match load(ctx, params) {
+                Some(l) => Some(l.await?),
+                None => None,
+            };
+            ctx.loaded = loaded;
+        }
+        match params {
+            Params::ToastSlice(p) => toast_slice::run(ctx, p),
+            Params::PgbenchInit(p) => pgbench_init::run(ctx, p),
+            Params::Pgbench(p) => pgbench::run(ctx, p),
+            Params::VacuumBloat(p) => vacuum_bloat::run(ctx, p),
+            Params::LogicalDrain(p) => logical_drain::run(ctx, p),
+            Params::ToastProbe(p) => toast_probe::run(ctx, p),
+            Params::CompressionAnalysis(p) => compression_analysis::run(ctx, p),
+            Params::ReadWrite(p) => read_write::run(ctx, p),
+        }
+        .await
     }
+    .boxed()
 }
 
 /// A dataset's load figures (today every kind with a dataset loads

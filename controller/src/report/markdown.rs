@@ -526,7 +526,7 @@ fn datasets(md: &mut String, doc: &Json) {
     }
     let _ = writeln!(
         md,
-        "\n## Datasets\n\nA cell's data is built once (loaded, published to the agent's dataset store after a clean shutdown) and restored by later cells that need the same bytes (`dataset: reuse`, the default), or loaded by the cell itself (`dataset: fresh`). \
+        "\n## Datasets\n\nA cell's data is built once (loaded, published to the agent's dataset store after a clean shutdown) and restored by later cells that need the same bytes (`data: reuse`, the default), or loaded by the cell itself (`data: fresh`). \
          Built and restored cells start alike: the server freshly started and the data's files evicted from the page cache (`evicted`); `fresh` cells measure right after their own load (`as loaded`). \
          A restored cell's load figures are its builder's.\n\n\
          | cell | dataset | how | wait s | load s | publish s | restore s | restore MB/s | cache | note |\n|---|---|---|---|---|---|---|---|---|---|"

@@ -23,7 +23,7 @@ pub struct PlannedCell {
     /// The kind's parameters (defaults applied, offsets resolved).
     pub params: Params,
     pub settings: BTreeMap<String, String>,
-    /// `reuse` or `fresh` (the entry's `dataset`).
+    /// `reuse` or `fresh` (the entry's `data`).
     pub dataset: pgfleet_proto::dataset::Mode,
     /// The cell's estimate in this plan: with `reuse`, the first cell of a
     /// dataset builds and publishes it, later ones restore it.
@@ -43,7 +43,7 @@ impl PlannedCell {
     pub fn estimate(&self) -> Estimate {
         self.estimate
     }
-    /// The estimate when the cell loads its own data (`dataset: fresh`).
+    /// The estimate when the cell loads its own data (`data: fresh`).
     pub fn fresh_estimate(&self) -> Estimate {
         self.params.estimate()
     }
@@ -104,7 +104,7 @@ pub fn plan(s: &Scenario) -> Vec<PlannedCell> {
                         params: params.clone(),
                         settings: class.settings(),
                         dataset: w
-                            .dataset
+                            .data
                             .as_ref()
                             .and_then(|d| pgfleet_proto::dataset::Mode::parse(&d.value))
                             .unwrap_or_default(),
@@ -238,7 +238,7 @@ pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> 
             .map(|d| d.label)
             .collect();
         out += &format!(
-            "  with {} dataset(s) built once and restored (dataset: reuse; {}): as above; every cell loading its own: {} of cells, about {} on this fleet\n",
+            "  with {} dataset(s) built once and restored (data: reuse; {}): as above; every cell loading its own: {} of cells, about {} on this fleet\n",
             datasets.len(),
             datasets.into_iter().collect::<Vec<_>>().join(", "),
             approx_seconds(fresh.cell_seconds),

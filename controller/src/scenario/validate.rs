@@ -624,14 +624,14 @@ fn validate_workload(
         return Ok(units);
     };
     check_roles(&f, w, params, counts)?;
-    if let Some(d) = &w.dataset {
+    if let Some(d) = &w.data {
         use pgfleet_proto::dataset::Mode;
         if !Mode::NAMES.contains(&d.value.as_str()) {
             return err(
                 d.referenced,
-                f.at("dataset"),
+                f.at("data"),
                 format!(
-                    "`{}` is not a dataset mode: allowed {} (reuse: restore the data from the agent's dataset store when a cell published it; fresh: load it every time)",
+                    "`{}` is not a data mode: allowed {} (reuse: restore the data from the agent's dataset store when a cell published it; fresh: load it every time)",
                     d.value,
                     Mode::NAMES.join(", ")
                 ),
@@ -640,9 +640,9 @@ fn validate_workload(
         if params.dataset().is_none() {
             return err(
                 d.referenced,
-                f.at("dataset"),
+                f.at("data"),
                 format!(
-                    "{} has no dataset to reuse (its load is its measurement, or it loads another role's cluster): remove `dataset`",
+                    "{} has no dataset to reuse (its load is its measurement, or it loads another role's cluster): remove `data`",
                     w.kind.value
                 ),
             );

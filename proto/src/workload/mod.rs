@@ -282,7 +282,7 @@ pub trait KindParams {
         Ok(())
     }
     /// The data the measurement starts from, when the agent may build it
-    /// once and restore it for later cells (`dataset: reuse`): its loader
+    /// once and restore it for later cells (`data: reuse`): its loader
     /// and the keys that shape its bytes. None: the kind loads its own every
     /// time (its load is its measurement, or it loads a peer's cluster).
     fn dataset(&self) -> Option<crate::dataset::Dataset> {
@@ -556,9 +556,9 @@ pub struct Entry {
     /// For multi-role kinds: role -> instance class, for roles that run on
     /// another class than the cell's (default: the cell's class).
     pub roles: Option<BTreeMap<String, Spanned<String>>>,
-    /// `reuse` (default) or `fresh`: whether cells restore their data from
-    /// the agent's dataset store or load it every time.
-    pub dataset: Option<Spanned<String>>,
+    /// `data: reuse` (default) or `fresh`: whether cells restore their
+    /// dataset from the agent's dataset store or load it every time.
+    pub data: Option<Spanned<String>>,
     pub spec: Spec,
 }
 
@@ -623,7 +623,7 @@ impl<'de> Visitor<'de> for EntryVisitor {
             on: common.on,
             replicas: common.replicas,
             roles: common.roles,
-            dataset: common.dataset,
+            data: common.data,
             spec,
         })
     }
@@ -636,7 +636,7 @@ struct Common {
     on: Option<Vec<Spanned<String>>>,
     replicas: Option<Spanned<u32>>,
     roles: Option<BTreeMap<String, Spanned<String>>>,
-    dataset: Option<Spanned<String>>,
+    data: Option<Spanned<String>>,
 }
 
 impl Common {
@@ -668,7 +668,7 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for Filter<'_, A> {
                 "on" => self.common.on = Some(self.inner.next_value()?),
                 "replicas" => self.common.replicas = Some(self.inner.next_value()?),
                 "roles" => self.common.roles = Some(self.inner.next_value()?),
-                "dataset" => self.common.dataset = Some(self.inner.next_value()?),
+                "data" => self.common.data = Some(self.inner.next_value()?),
                 _ => return seed.deserialize(key.into_deserializer()).map(Some),
             }
         }
