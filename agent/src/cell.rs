@@ -258,7 +258,7 @@ async fn run_inner(
         let measured = async {
             if declared.is_some() {
                 ctx.loaded = Some(
-                    load_dataset(env, &ctx, &params, source, prov.as_mut())
+                    load_dataset(env, &ctx, &params, source, prov.as_mut(), !build_only)
                         .instrument(phase("dataset"))
                         .await?,
                 );
@@ -414,7 +414,8 @@ async fn load_dataset(
     ctx: &CellContext<'_>,
     params: &Params,
     source: Source,
-    prov: Option<&mut crate::dataset::Provenance>,
+    mut prov: Option<&mut crate::dataset::Provenance>,
+    warm: bool,
 ) -> Result<workload::Loaded> {
     let load = |ctx| {
         workload::load(ctx, params).ok_or_else(|| Error::Workload {
@@ -422,20 +423,17 @@ async fn load_dataset(
             message: "this kind declares a dataset but has no loader".into(),
         })
     };
-    match source {
+    let loaded = match source {
         Source::Restored(figures) => serde_json::from_value(figures).map_err(|e| {
             Error::Provision(format!("the dataset's manifest has no load figures: {e}"))
-        }),
-        Source::Load => load(ctx)?.await,
+        })?,
+        Source::Load => return load(ctx)?.await,
         Source::Build(lock, fp) => {
             let loaded = load(ctx)?.await?;
-            let Some(prov) = prov else {
+            let (Some(prov), Some(ds)) = (prov.as_deref_mut(), params.dataset()) else {
                 return Ok(loaded);
             };
             prov.load_seconds = loaded.load_seconds;
-            let Some(ds) = params.dataset() else {
-                return Ok(loaded);
-            };
             ctx.progress("dataset", 0, 0, format!("publishing dataset {fp}"));
             let published = crate::dataset::publish(
                 &env.datasets,
@@ -465,9 +463,29 @@ async fn load_dataset(
                     prov.not_published = Some(why);
                 }
             }
-            Ok(loaded)
+            loaded
+        }
+    };
+    // Built (its files evicted by the publish) or restored (written by the
+    // agent, evicted): read back through the server, as a load leaves them.
+    if let Some(prov) = prov.filter(|_| warm) {
+        ctx.progress(
+            "dataset",
+            0,
+            0,
+            "reading the dataset back into the page cache",
+        );
+        let started = std::time::Instant::now();
+        match crate::dataset::rewarm(ctx.cluster).await? {
+            Some(bytes) => {
+                prov.cache = "rewarmed";
+                prov.rewarm_bytes = bytes;
+                prov.rewarm_seconds = started.elapsed().as_secs_f64();
+            }
+            None => prov.cache = "evicted (no pg_prewarm)",
         }
     }
+    Ok(loaded)
 }
 
 /// A phase of a cell, as a span under the current one (the cell's).

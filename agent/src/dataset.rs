@@ -5,10 +5,11 @@
 //! loaded PGDATA after a clean shutdown.
 //!
 //! Both ways leave the cell alike: the server freshly started (shared
-//! buffers empty) and the dataset's files out of the OS page cache (a
+//! buffers empty) and the dataset's files dropped from the OS page cache (a
 //! restore writes them through the agent, outside the instance's memory
 //! cgroup, so leaving them cached would hand the restored cell a warmer
-//! start than a built one). The report says so (`cache: evicted`).
+//! start than a built one), then read back through the server (`rewarm`),
+//! as a load leaves them. The report says so (`cache: rewarmed`).
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -60,9 +61,12 @@ pub struct Provenance {
     #[serde(skip_serializing_if = "String::is_empty")]
     pub built_by: String,
     pub built_at: u64,
-    /// `evicted`: shared buffers empty and the data's files dropped from the
-    /// page cache before the measurement; `as loaded`: `fresh` cells.
+    /// `rewarmed`: the server freshly started and the data read back into
+    /// the page cache through it (`rewarm`); `evicted`: left out of it
+    /// (no pg_prewarm); `as loaded`: `data: fresh` cells.
     pub cache: &'static str,
+    pub rewarm_bytes: u64,
+    pub rewarm_seconds: f64,
 }
 
 /// The build's on-disk format, from the binaries (`pg_config --configure`;
@@ -615,6 +619,45 @@ fn copy_file(
         bytes: n_total,
         sha256: sha,
     })
+}
+
+/// Reads every relation of the `public` schema back into the page cache
+/// through the server (`pg_prewarm(..., 'read')`, tables before indexes, as
+/// a load writes them), so a built or restored cell starts as a cell that
+/// loaded its own data does: its backends read, so the pages are charged
+/// to the instance's memory cgroup and what the instance cannot hold is
+/// dropped as it would be. Runs before any scenario SQL. Returns the bytes
+/// read, or None where pg_prewarm is not installed (the cell then starts
+/// with its data evicted, and says so).
+pub async fn rewarm(cluster: &Cluster) -> Result<Option<u64>> {
+    let client = cluster.connect().await?;
+    let created = client
+        .batch_execute(
+            "CREATE SCHEMA IF NOT EXISTS pgfleet_agent; \
+             REVOKE ALL ON SCHEMA pgfleet_agent FROM PUBLIC; \
+             CREATE EXTENSION IF NOT EXISTS pg_prewarm WITH SCHEMA pgfleet_agent",
+        )
+        .await;
+    if created.is_err() {
+        return Ok(None);
+    }
+    let blocks: i64 = client
+        .query_one(
+            "SELECT coalesce(sum(pgfleet_agent.pg_prewarm(c.oid::regclass, 'read')), 0)::int8
+             FROM (SELECT c.oid, c.relkind FROM pg_catalog.pg_class c
+                   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                   WHERE n.nspname IN ('public', 'pg_toast') AND c.relkind IN ('r', 'm', 't', 'i')
+                     AND c.relpersistence = 'p'
+                     AND (n.nspname = 'public' OR c.oid IN (
+                       SELECT reltoastrelid FROM pg_catalog.pg_class t
+                       JOIN pg_catalog.pg_namespace tn ON tn.oid = t.relnamespace
+                       WHERE tn.nspname = 'public'))
+                   ORDER BY c.relkind = 'i', c.oid) c",
+            &[],
+        )
+        .await?
+        .get(0);
+    Ok(Some(blocks as u64 * 8192))
 }
 
 /// The bytes of a published dataset (0 when it is not).

@@ -200,9 +200,7 @@ async fn run(mut args: RunArgs) -> anyhow::Result<()> {
             (None, Some(root)) => root.join("datasets"),
             (None, None) => std::env::temp_dir().join("pgfleet/datasets"),
         });
-    datasets
-        .create()
-        .with_context(|| format!("creating the dataset store {}", datasets.dir.display()))?;
+    // Created by the first cell that builds a dataset.
     let abandoned = pgfleet_agent::dataset::remove_abandoned(&datasets);
     if abandoned > 0 {
         tracing::warn!(
@@ -303,10 +301,13 @@ async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         metrics,
         metrics_address,
     };
+    let store_dir = env.datasets.dir.clone();
     let result = session::run(cfg, env, shutdown).await;
     // Whatever happened, leave nothing behind.
     let _ = cluster::reap_stale(&data_root.join("clusters"));
     let _ = std::fs::remove_dir(data_root.join("clusters"));
+    // The dataset store stays when it holds datasets (that is its point).
+    let _ = std::fs::remove_dir(&store_dir);
     let _ = std::fs::remove_dir(&data_root);
     result.map_err(Into::into)
 }

@@ -96,7 +96,11 @@ async fn a_dataset_is_built_once_and_a_restored_cell_measures_alike() {
     let built = run_cell(&env, "a", VACUUM, "reuse").await;
     let (prov_a, m_a) = succeeded(&built);
     assert_eq!(prov_a["how"], "built", "{prov_a}");
-    assert_eq!(prov_a["cache"], "evicted");
+    assert_eq!(prov_a["cache"], "rewarmed");
+    assert!(
+        prov_a["rewarm_bytes"].as_u64().unwrap() > 20 << 20,
+        "{prov_a}"
+    );
     let fp = prov_a["fingerprint"].as_str().unwrap().to_string();
     assert!(fp.starts_with("pgbench-s2-"), "{fp}");
     let manifest = LocalStore::new(&store)
@@ -115,6 +119,11 @@ async fn a_dataset_is_built_once_and_a_restored_cell_measures_alike() {
     assert_eq!(prov_b["how"], "restored", "{prov_b}");
     assert_eq!(prov_b["fingerprint"], fp.as_str());
     assert_eq!(prov_b["method"], "copy");
+    assert_eq!(prov_b["cache"], "rewarmed");
+    assert_eq!(
+        prov_a["rewarm_bytes"], prov_b["rewarm_bytes"],
+        "the same relations read back"
+    );
     assert!(prov_b["restore_seconds"].as_f64().unwrap() > 0.0);
     assert_eq!(
         prov_b["built_by"].as_str().unwrap().split(' ').next(),

@@ -8,8 +8,80 @@ use std::path::{Path, PathBuf};
 use pgfleet_proto::dataset::{LocalStore, Manifest, Mode};
 use pgfleet_proto::workload::{approx_bytes, approx_seconds};
 
+use serde::Serialize;
+
 use crate::scenario::{self, PlannedCell};
 use crate::{Error, Result};
+
+/// A dataset as the stored runs saw it (`GET /v1/datasets`): which agent
+/// built it and when, and how often cells restored it. The agents' stores
+/// are the truth (a dataset removed there is built again by the next cell
+/// that needs it); this is the controller's record of them.
+#[derive(Debug, Clone, Default, Serialize, utoipa::ToSchema)]
+pub struct DatasetView {
+    pub fingerprint: String,
+    pub label: String,
+    pub bytes: u64,
+    /// Each build: run, cell, agent, finished at.
+    pub builds: Vec<DatasetUse>,
+    /// Cells that restored it, and the last one.
+    pub restored: u64,
+    pub last_restored: Option<DatasetUse>,
+    /// Published copies found corrupt and built again.
+    pub discarded: u64,
+    /// The runs whose cells used it.
+    pub runs: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, utoipa::ToSchema)]
+pub struct DatasetUse {
+    pub run_id: String,
+    pub cell_id: String,
+    pub agent_id: Option<String>,
+    pub finished_at: Option<String>,
+}
+
+/// The datasets the stored cells built or restored, by fingerprint (cells
+/// that loaded their own with `data: fresh` have none).
+pub fn seen(store: &crate::store::Store) -> Result<Vec<DatasetView>> {
+    let mut by_fp: std::collections::BTreeMap<String, DatasetView> = Default::default();
+    for row in store.dataset_uses()? {
+        let d = &row.provenance;
+        let run_id = row.run_id;
+        let Some(fp) = d["fingerprint"].as_str().filter(|f| !f.is_empty()) else {
+            continue;
+        };
+        let v = by_fp.entry(fp.to_string()).or_insert_with(|| DatasetView {
+            fingerprint: fp.to_string(),
+            label: d["label"].as_str().unwrap_or("").to_string(),
+            ..Default::default()
+        });
+        if let Some(b) = d["bytes"].as_u64().filter(|b| *b > 0) {
+            v.bytes = b;
+        }
+        let u = DatasetUse {
+            run_id: run_id.clone(),
+            cell_id: row.cell_id,
+            agent_id: row.agent_id,
+            finished_at: row.finished_at,
+        };
+        match d["how"].as_str() {
+            Some("built") => v.builds.push(u),
+            Some("restored") => {
+                v.restored += 1;
+                v.last_restored = Some(u);
+            }
+            _ => {}
+        }
+        if d["discarded"].is_string() {
+            v.discarded += 1;
+        }
+        if !v.runs.contains(&run_id) {
+            v.runs.push(run_id);
+        }
+    }
+    Ok(by_fp.into_values().collect())
+}
 
 /// The cells of `pgfleet datasets build`: for each dataset the plan's cells
 /// would reuse, its first cell, in `build` mode (publish it if it is not;

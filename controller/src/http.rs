@@ -611,6 +611,23 @@ async fn agents(State(s): State<Shared>) -> Response {
     json(StatusCode::OK, &s.service.hub.agents())
 }
 
+/// The datasets the stored runs' cells built and restored, by
+/// fingerprint: who built each and when, how often it was restored, and by
+/// which runs (the agents' stores hold the data; see `pgfleet datasets`).
+#[utoipa::path(get, path = "/v1/datasets",
+    responses(
+        (status = 200, body = Vec<crate::datasets::DatasetView>),
+        (status = 401, body = ApiError),
+        (status = 500, body = ApiError),
+    ),
+    security(("bearer" = [])), tag = "datasets")]
+async fn datasets(State(s): State<Shared>) -> Response {
+    match crate::datasets::seen(&s.service.store) {
+        Ok(v) => json(StatusCode::OK, &v),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
 /// Prometheus HTTP service discovery: the connected agents that serve
 /// their own /metrics, each with its id, class and storage profile as
 /// target labels. No token, like /metrics.
@@ -721,8 +738,8 @@ impl Modify for BearerAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "pgfleet", description = "Submit PostgreSQL storage experiments to a pgfleet controller, follow them, and fetch their reports."),
-    paths(submit, list_runs, get_run, cancel_run, events, report_json, report_md, plots, plot, agents, healthz, readyz, metrics, sd_agents, openapi_json),
-    components(schemas(ApiError, StreamEvent, Location, Links, Submitted, RunSummary, Progress, CellView, RunDetail, AgentView, SdTargets)),
+    paths(submit, list_runs, get_run, cancel_run, events, report_json, report_md, plots, plot, agents, datasets, healthz, readyz, metrics, sd_agents, openapi_json),
+    components(schemas(ApiError, StreamEvent, Location, Links, Submitted, RunSummary, Progress, CellView, RunDetail, AgentView, SdTargets, crate::datasets::DatasetView, crate::datasets::DatasetUse)),
     modifiers(&BearerAuth),
 )]
 pub struct ApiDoc;
@@ -775,6 +792,7 @@ pub fn router(s: Shared) -> Router {
         .route("/v1/runs/{id}/plots", get(plots))
         .route("/v1/runs/{id}/plots/{name}", get(plot))
         .route("/v1/agents", get(agents))
+        .route("/v1/datasets", get(datasets))
         .route("/openapi.json", get(openapi_json))
         .route_layer(middleware::from_fn_with_state(s.clone(), auth));
     Router::new()

@@ -117,6 +117,16 @@ pub struct CellRow {
     pub finished_at: Option<String>,
 }
 
+/// A cell's dataset provenance (its environment's `dataset`).
+#[derive(Debug, Clone)]
+pub struct DatasetUseRow {
+    pub run_id: String,
+    pub cell_id: String,
+    pub agent_id: Option<String>,
+    pub finished_at: Option<String>,
+    pub provenance: Json,
+}
+
 #[derive(Debug, Clone)]
 pub struct ResultRow {
     pub cell_id: String,
@@ -676,6 +686,28 @@ impl Store {
                     environment: parse(r.get(7)?),
                     started_at: r.get(8)?,
                     finished_at: r.get(9)?,
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
+    /// Every stored cell whose environment says where its data came from
+    /// (`environment.dataset`), oldest first.
+    pub fn dataset_uses(&self) -> Result<Vec<DatasetUseRow>> {
+        self.read(|c| {
+            let mut st = c.prepare(
+                "SELECT run_id, cell_id, agent_id, finished_at, json_extract(environment, '$.dataset')
+                 FROM cells WHERE json_extract(environment, '$.dataset') IS NOT NULL
+                 ORDER BY finished_at, run_id, idx",
+            )?;
+            let rows = st.query_map([], |r| {
+                Ok(DatasetUseRow {
+                    run_id: r.get(0)?,
+                    cell_id: r.get(1)?,
+                    agent_id: r.get(2)?,
+                    finished_at: r.get(3)?,
+                    provenance: parse(r.get(4)?).unwrap_or(Json::Null),
                 })
             })?;
             rows.collect()

@@ -515,6 +515,28 @@ fn ci_submits_to_serve_and_static_agents_run_the_cells() {
         "{classes:?}"
     );
     assert!(cells.iter().all(|c| c["state"] == "succeeded"), "{cells:?}");
+    // Each agent has its own store (its data root's): each built the one
+    // dataset; the controller's record says so.
+    let (code, _, body) = http(&api, "GET", "/v1/datasets", Some(&token), &[], "");
+    assert_eq!(code, 200, "{body}");
+    let ds = json(&body);
+    assert_eq!(ds.as_array().map(Vec::len), Some(1), "{body}");
+    assert!(
+        ds[0]["fingerprint"]
+            .as_str()
+            .unwrap()
+            .starts_with("pgbench-s2-"),
+        "{body}"
+    );
+    let mut builders: Vec<&str> = ds[0]["builds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["agent_id"].as_str().unwrap())
+        .collect();
+    builders.sort();
+    assert_eq!(builders, ["fast-1", "slow-1"], "{body}");
+    assert_eq!(ds[0]["runs"][0], run_id.as_str(), "{body}");
     let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
     let svgs: Vec<_> = std::fs::read_dir(s.out())
         .unwrap()

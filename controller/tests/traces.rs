@@ -208,7 +208,7 @@ workloads:
         phases.sort();
         assert_eq!(
             phases,
-            ["collect", "provision", "teardown", "workload"],
+            ["collect", "dataset", "provision", "teardown", "workload"],
             "agent cell phases"
         );
         let workload = spans
@@ -217,11 +217,18 @@ workloads:
             .unwrap();
         let mut inner = children(&workload.1.span_id);
         inner.sort();
+        assert_eq!(inner, ["measure", "warm-up"], "the workload's phases");
+        // The load is the dataset step's (before the workload).
+        let dataset = spans
+            .iter()
+            .find(|(_, s)| s.name == "dataset" && s.parent_span_id == acell.span_id)
+            .unwrap();
         assert_eq!(
-            inner,
-            ["load", "measure", "warm-up"],
-            "the workload's phases"
+            children(&dataset.1.span_id),
+            ["load"],
+            "the dataset's phases"
         );
+        assert!(dataset.1.end_time_unix_nano <= workload.1.start_time_unix_nano);
         // Phases in order: provision ends before the workload starts.
         let p = spans
             .iter()

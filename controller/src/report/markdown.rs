@@ -527,7 +527,7 @@ fn datasets(md: &mut String, doc: &Json) {
     let _ = writeln!(
         md,
         "\n## Datasets\n\nA cell's data is built once (loaded, published to the agent's dataset store after a clean shutdown) and restored by later cells that need the same bytes (`data: reuse`, the default), or loaded by the cell itself (`data: fresh`). \
-         Built and restored cells start alike: the server freshly started and the data's files evicted from the page cache (`evicted`); `fresh` cells measure right after their own load (`as loaded`). \
+         Built and restored cells start alike: the server freshly started, the data's files dropped from the page cache, then read back through the server as a load leaves them (`rewarmed`); `fresh` cells measure right after their own load (`as loaded`). \
          A restored cell's load figures are its builder's.\n\n\
          | cell | dataset | how | wait s | load s | publish s | restore s | restore MB/s | cache | note |\n|---|---|---|---|---|---|---|---|---|---|"
     );
@@ -536,8 +536,16 @@ fn datasets(md: &mut String, doc: &Json) {
         Some(x) if x > 0.0 => format!("{x:.1}"),
         _ => "–".into(),
     };
+    let mut stores: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+        Default::default();
     for c in cells {
         let d = &c["environment"]["dataset"];
+        if let Some(st) = d["store"].as_str().filter(|st| !st.is_empty()) {
+            stores
+                .entry(st.to_string())
+                .or_default()
+                .insert(s(&c["agent"]));
+        }
         let mut note = Vec::new();
         if let Some(b) = d["built_by"].as_str().filter(|b| !b.is_empty()) {
             note.push(format!("built by {b}"));
@@ -565,6 +573,20 @@ fn datasets(md: &mut String, doc: &Json) {
             secs(&d["restore_mb_per_s"]),
             s(&d["cache"]),
             note.join("; ").replace('|', "\\|").replace('\n', " ")
+        );
+    }
+    if !stores.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nDataset stores: {}.",
+            stores
+                .into_iter()
+                .map(|(st, agents)| format!(
+                    "`{st}` ({})",
+                    agents.into_iter().collect::<Vec<_>>().join(", ")
+                ))
+                .collect::<Vec<_>>()
+                .join("; ")
         );
     }
 }

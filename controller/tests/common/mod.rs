@@ -68,27 +68,8 @@ impl Scratch {
     pub fn assert_clean(&self, ports: &[u16]) {
         let procs = processes_mentioning(&self.data());
         assert!(procs.is_empty(), "processes left behind: {procs:?}");
-        let left: Vec<_> = std::fs::read_dir(self.data())
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.path())
-                    .filter(|p| !p.ends_with("datasets"))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let left = leftovers(&self.data());
         assert!(left.is_empty(), "data left behind: {left:?}");
-        let building: Vec<_> = std::fs::read_dir(self.data().join("datasets"))
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.path())
-                    .filter(|p| p.to_string_lossy().contains(".building-"))
-                    .collect()
-            })
-            .unwrap_or_default();
-        assert!(
-            building.is_empty(),
-            "unfinished dataset builds left: {building:?}"
-        );
         for p in ports {
             assert!(
                 std::net::TcpStream::connect(("127.0.0.1", *p)).is_err(),
@@ -96,6 +77,35 @@ impl Scratch {
             );
         }
     }
+}
+
+/// What is left under `dir` besides dataset stores (a `datasets`
+/// directory, kept across runs by design, and the directories that hold
+/// nothing else), with no unfinished build inside them.
+fn leftovers(dir: &Path) -> Vec<PathBuf> {
+    let mut left = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.file_name().is_some_and(|n| n == "datasets") {
+            left.extend(
+                std::fs::read_dir(&p)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|b| b.to_string_lossy().contains(".building-")),
+            );
+        } else if p.is_dir() {
+            let inner = leftovers(&p);
+            if inner.is_empty() && std::fs::read_dir(&p).into_iter().flatten().count() == 0 {
+                left.push(p);
+            }
+            left.extend(inner);
+        } else {
+            left.push(p);
+        }
+    }
+    left
 }
 
 impl Drop for Scratch {
