@@ -42,6 +42,8 @@ YAML
   rs=(); cps=()
   for i in $(seq "$restores"); do
     rm -rf "$work/out$i"
+    # Each side starts from the device: nothing of the dataset cached.
+    sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
     $bin/pgfleet --store "$work/db" run "$work/s.yaml" --out "$work/out$i" --data-dir "$work/data" >/dev/null 2>&1
     r="$work/out$i/report.json"
     [ "$(field "$r" how)" = restored ] || { echo "scale $scale: run $i did not restore" >&2; exit 1; }
