@@ -123,6 +123,43 @@ pub fn warnings(diffs: &[Json], plan: &[String]) -> Vec<String> {
     out
 }
 
+/// Datasets that did not behave as planned, per cell: a published copy
+/// that did not match its manifest (discarded, built again: the store or
+/// its disk is suspect), a build that could not be published (later cells
+/// load again), a restored cell whose data could not be read back into the
+/// page cache (it starts colder than a built one would).
+pub fn datasets(cells: &[crate::store::CellRow]) -> Vec<String> {
+    let mut out = Vec::new();
+    for c in cells {
+        let Some(d) = c.environment.as_ref().map(|e| &e["dataset"]) else {
+            continue;
+        };
+        let fp = d["fingerprint"].as_str().unwrap_or("");
+        if let Some(why) = d["discarded"].as_str() {
+            out.push(format!(
+                "warning: cell {}: the published dataset {fp} did not match its manifest ({why}); it was discarded and built again: check the store's disk",
+                c.cell_id
+            ));
+        }
+        if let Some(why) = d["not_published"].as_str() {
+            out.push(format!(
+                "warning: cell {}: dataset {fp} was built but not published ({why}); later cells load it again",
+                c.cell_id
+            ));
+        }
+        if d["cache"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("evicted"))
+        {
+            out.push(format!(
+                "warning: cell {}: its dataset could not be read back into the page cache (no pg_prewarm in this PostgreSQL): it measured from a colder cache than a cell that loads its own data",
+                c.cell_id
+            ));
+        }
+    }
+    out
+}
+
 /// Emulated instances that share one host and together ask for more CPUs
 /// or memory than it has: each then gets less than it emulates, and the
 /// comparison measures the crowding too (four 1-CPU instances on two
@@ -178,6 +215,51 @@ pub fn oversubscribed(classes: &Json) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn datasets_that_misbehaved_are_warned_about() {
+        let cell = |id: &str, d: Json| crate::store::CellRow {
+            cell_id: id.into(),
+            workload: "pgbench".into(),
+            instance_class: "local".into(),
+            params: Json::Null,
+            state: "succeeded".into(),
+            agent_id: None,
+            error: None,
+            environment: Some(json!({ "dataset": d })),
+            started_at: None,
+            finished_at: None,
+        };
+        let fine = cell(
+            "a",
+            json!({"fingerprint": "pgbench-s1-x", "how": "restored", "cache": "rewarmed"}),
+        );
+        assert!(datasets(&[fine]).is_empty());
+        let w = datasets(&[
+            cell(
+                "b",
+                json!({"fingerprint": "pgbench-s1-x", "how": "built", "cache": "rewarmed",
+                             "discarded": "base/5/16384: SHA-256 0a differs"}),
+            ),
+            cell(
+                "c",
+                json!({"fingerprint": "pgbench-s1-x", "how": "built", "cache": "rewarmed",
+                             "not_published": "the store has 1 GiB free"}),
+            ),
+            cell(
+                "d",
+                json!({"fingerprint": "pgbench-s1-x", "how": "restored",
+                             "cache": "evicted (no pg_prewarm)"}),
+            ),
+        ]);
+        assert_eq!(w.len(), 3, "{w:?}");
+        assert!(w[0].contains("cell b") && w[0].contains("SHA-256"), "{w:?}");
+        assert!(
+            w[1].contains("cell c") && w[1].contains("load it again"),
+            "{w:?}"
+        );
+        assert!(w[2].contains("cell d") && w[2].contains("colder"), "{w:?}");
+    }
 
     #[test]
     fn instances_that_ask_more_than_their_host_has_are_warned_about() {
