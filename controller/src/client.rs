@@ -93,17 +93,10 @@ impl Client {
         let builder = hyper_rustls::HttpsConnectorBuilder::new();
         let builder = match ca {
             Some(ca) => {
-                use rustls_pki_types::CertificateDer;
-                use rustls_pki_types::pem::PemObject;
                 let bad = |e: String| usage(format!("--ca {}: {e}", ca.display()));
                 let mut roots = rustls::RootCertStore::empty();
-                for c in CertificateDer::pem_file_iter(ca).map_err(|e| bad(e.to_string()))? {
-                    roots
-                        .add(c.map_err(|e| bad(e.to_string()))?)
-                        .map_err(|e| bad(e.to_string()))?;
-                }
-                if roots.is_empty() {
-                    return Err(bad("no PEM certificate in it".into()));
+                for c in crate::http::pem_certificates(ca).map_err(bad)? {
+                    roots.add(c).map_err(|e| bad(e.to_string()))?;
                 }
                 let cfg = rustls::ClientConfig::builder_with_provider(provider)
                     .with_safe_default_protocol_versions()
