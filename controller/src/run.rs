@@ -45,7 +45,7 @@ pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunS
         cells = crate::datasets::builds(cells);
         if cells.is_empty() {
             return Err(crate::Error::Usage(format!(
-                "{}: no workload reuses a dataset (only pgbench and vacuum-bloat have one, and `data: fresh` opts out)",
+                "{}: no workload reuses a dataset (pgbench, vacuum-bloat and read-write have one; `data: fresh` opts out)",
                 opts.scenario.display()
             )));
         }

@@ -55,9 +55,9 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Params) -> BoxFuture<'a
     .boxed()
 }
 
-/// A dataset's load figures (today every kind with a dataset loads
-/// pgbench's schema): reported by the cell that loaded it, and by the cells
-/// that restore it (from its manifest).
+/// A dataset's load figures (rows, seconds, rows/s, seconds per step; the
+/// form pgbench-init reports): reported by the cell that loaded it, and by
+/// the cells that restore it (from its manifest).
 pub type Loaded = kinds::pgbench_init::Metrics;
 
 /// Loads a cell's dataset, for kinds that declare one
@@ -67,12 +67,15 @@ pub fn load<'a>(
     params: &'a Params,
 ) -> Option<BoxFuture<'a, Result<Loaded>>> {
     use futures::FutureExt;
-    let init = match params {
-        Params::Pgbench(p) => &p.init,
-        Params::VacuumBloat(p) => &p.init,
-        _ => return None,
+    let pgbench = |init: &'a kinds::pgbench_init::InitParams| {
+        async move { Ok(pgbench_init::load(ctx, init).await?.metrics()) }.boxed()
     };
-    Some(async move { Ok(pgbench_init::load(ctx, init).await?.metrics()) }.boxed())
+    match params {
+        Params::Pgbench(p) => Some(pgbench(&p.init)),
+        Params::VacuumBloat(p) => Some(pgbench(&p.init)),
+        Params::ReadWrite(p) => Some(read_write::load(ctx, p).boxed()),
+        _ => None,
+    }
 }
 
 /// One measured point on the wire: the kind's typed point as JSON text.

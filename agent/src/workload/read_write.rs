@@ -48,7 +48,8 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                 version_text(version)
             )));
         }
-        load(ctx, &client, p).await?;
+        // The table: loaded or restored before the workload runs.
+        ctx.loaded()?;
         drop(client);
         let methods: Vec<String> = if p.io_methods.is_empty() {
             vec!["default".into()]
@@ -113,8 +114,10 @@ fn point(p: &Params, test: &str, method: &str, metrics: Metrics) -> Point {
     }
 }
 
-/// The article's test_table, loaded in slices, vacuumed, checkpointed.
-async fn load(ctx: &CellContext<'_>, client: &Client, p: &Params) -> Result<()> {
+/// The article's test_table, loaded in slices, vacuumed, checkpointed:
+/// the kind's dataset (`workload::load`).
+pub async fn load(ctx: &CellContext<'_>, p: &Params) -> Result<crate::workload::Loaded> {
+    let client = ctx.cluster.connect().await?;
     client
         .batch_execute(
             "DROP TABLE IF EXISTS test_table; \
@@ -136,9 +139,20 @@ async fn load(ctx: &CellContext<'_>, client: &Client, p: &Params) -> Result<()> 
         let rate = done as f64 / started.elapsed().as_secs_f64().max(1e-9);
         ctx.progress("load", done, p.rows, format!("{rate:.0} rows/s"));
     }
+    let insert_s = started.elapsed().as_secs_f64();
     client.batch_execute("VACUUM (ANALYZE) test_table").await?;
     client.batch_execute("CHECKPOINT").await?;
-    Ok(())
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(crate::workload::Loaded {
+        rows_loaded: p.rows,
+        load_seconds: seconds,
+        rows_per_second: p.rows as f64 / seconds.max(1e-9),
+        load_step_seconds: [
+            ("insert".to_string(), insert_s),
+            ("vacuum_checkpoint".to_string(), seconds - insert_s),
+        ]
+        .into(),
+    })
 }
 
 /// Sets io_method for the next start (`default`: the server's own).

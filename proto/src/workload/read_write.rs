@@ -33,6 +33,9 @@ pub const TESTS: &[&str] = &["seq-cold", "seq-os-cache", "random-read", "write"]
 pub const IO_METHODS: &[&str] = &["sync", "worker", "io_uring"];
 /// Rows of the article's test_table per 8 KiB page.
 pub const ROWS_PER_PAGE: u64 = 15;
+/// The loader's output version: bump it whenever the agent's load writes
+/// other bytes for the same `rows`.
+pub const LOADER_VERSION: u32 = 1;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -183,6 +186,17 @@ impl KindSpec for Spec {
 }
 
 impl KindParams for Params {
+    /// The article's test_table: its bytes depend on `rows` alone.
+    fn dataset(&self) -> Option<crate::dataset::Dataset> {
+        Some(crate::dataset::Dataset {
+            loader: "read-write".into(),
+            loader_version: LOADER_VERSION,
+            label: format!("read-write-r{}", self.rows),
+            keys: [("rows".to_string(), serde_json::json!(self.rows))].into(),
+            bytes: self.table_bytes(),
+            load_seconds: 2.0 * self.table_bytes() as f64 / ESTIMATE_BYTES_PER_SECOND,
+        })
+    }
     fn check(&self) -> Result<(), String> {
         use super::within;
         within("rows", self.rows, 1000, 10_000_000_000)?;
