@@ -191,21 +191,21 @@ async fn run_inner(
     })?;
     let declared = params.dataset();
     let build_only = mode == pgfleet_proto::dataset::Mode::Build;
-    let reuse = declared
-        .as_ref()
-        .filter(|_| mode != pgfleet_proto::dataset::Mode::Fresh);
+    let wanted = declared
+        .clone()
+        .filter(|_| mode != pgfleet_proto::dataset::Mode::Fresh)
+        .map(|d| crate::dataset::Wanted::of(&spec.pg, d));
     if build_only {
         // `pgfleet datasets build`: nothing to do when it is published.
-        let Some(ds) = &declared else {
+        let Some(w) = &wanted else {
             return Err(Error::Workload {
                 workload: params.kind().into(),
                 message: "this kind has no dataset to build".into(),
             });
         };
-        let fp = pgfleet_proto::dataset::fingerprint(&crate::dataset::format(&spec.pg), ds);
-        if let Ok(Some(m)) = env.datasets.find(&fp) {
+        if let Ok(Some(m)) = env.datasets.find(&w.fingerprint) {
             environment["dataset"] = serde_json::json!({
-                "fingerprint": fp, "label": ds.label, "how": "already published",
+                "fingerprint": w.fingerprint, "label": w.dataset.label, "how": "already published",
                 "store": env.datasets.dir, "bytes": m.bytes,
                 "built_by": format!("{} on {}", m.built_by, m.host), "built_at": m.created_at,
             });
@@ -219,7 +219,7 @@ async fn run_inner(
         ..Default::default()
     });
     let (cluster, source) = tokio::select! {
-        r = provision_with_dataset(env, assign, &spec, reuse, prov.as_mut(), events, cancel)
+        r = provision_with_dataset(env, assign, &spec, wanted.as_ref(), prov.as_mut(), events, cancel)
             .instrument(phase("provision")) => r?,
         _ = cancel.cancelled() => return Err(Error::Cancelled("cancelled while provisioning".into())),
     };
@@ -258,9 +258,17 @@ async fn run_inner(
         let measured = async {
             if declared.is_some() {
                 ctx.loaded = Some(
-                    load_dataset(env, &ctx, &params, source, prov.as_mut(), !build_only)
-                        .instrument(phase("dataset"))
-                        .await?,
+                    load_dataset(
+                        env,
+                        &ctx,
+                        &params,
+                        source,
+                        wanted.as_ref(),
+                        prov.as_mut(),
+                        !build_only,
+                    )
+                    .instrument(phase("dataset"))
+                    .await?,
                 );
                 environment["dataset"] = serde_json::to_value(&prov).unwrap_or_default();
             }
@@ -298,7 +306,7 @@ enum Source {
     /// No dataset (the kind has none), or `data: fresh`: load it.
     Load,
     /// Load it, then publish it (the build lock is held).
-    Build(pgfleet_proto::dataset::Lock, String),
+    Build(pgfleet_proto::dataset::Lock),
     /// Restored from the store: the manifest's load figures.
     Restored(serde_json::Value),
 }
@@ -311,24 +319,24 @@ async fn provision_with_dataset(
     env: &AgentEnv,
     assign: &Assign,
     spec: &ClusterSpec,
-    reuse: Option<&pgfleet_proto::dataset::Dataset>,
+    wanted: Option<&crate::dataset::Wanted>,
     prov: Option<&mut crate::dataset::Provenance>,
     events: &mpsc::Sender<AgentMessage>,
     cancel: &CancellationToken,
 ) -> Result<(Cluster, Source)> {
     use crate::dataset::{self, Ticket};
     let cell = &assign.cell_id;
-    let (Some(ds), Some(prov)) = (reuse, prov) else {
+    let (Some(w), Some(prov)) = (wanted, prov) else {
         let _ = events.try_send(progress(cell, "provision", "initdb and start"));
         return Ok((Cluster::provision(spec).await?, Source::Load));
     };
-    let fp = pgfleet_proto::dataset::fingerprint(&dataset::format(&spec.pg), ds);
+    let fp = &w.fingerprint;
     prov.fingerprint = fp.clone();
     prov.store = env.datasets.dir.display().to_string();
     prov.cache = "evicted";
     loop {
         let waited = std::time::Instant::now();
-        let ticket = dataset::acquire(&env.datasets, &fp, cancel, |s| {
+        let ticket = dataset::acquire(&env.datasets, fp, cancel, |s| {
             let _ = events.try_send(progress(
                 cell,
                 "dataset",
@@ -341,7 +349,7 @@ async fn provision_with_dataset(
             Ticket::Build(lock) => {
                 let _ = events.try_send(progress(cell, "provision", "initdb and start"));
                 prov.how = "built";
-                return Ok((Cluster::provision(spec).await?, Source::Build(lock, fp)));
+                return Ok((Cluster::provision(spec).await?, Source::Build(lock)));
             }
             Ticket::Restore(m, lock) => {
                 let _ = events.try_send(progress(
@@ -414,6 +422,7 @@ async fn load_dataset(
     ctx: &CellContext<'_>,
     params: &Params,
     source: Source,
+    wanted: Option<&crate::dataset::Wanted>,
     mut prov: Option<&mut crate::dataset::Provenance>,
     warm: bool,
 ) -> Result<workload::Loaded> {
@@ -428,11 +437,12 @@ async fn load_dataset(
             Error::Provision(format!("the dataset's manifest has no load figures: {e}"))
         })?,
         Source::Load => return load(ctx)?.await,
-        Source::Build(lock, fp) => {
+        Source::Build(lock) => {
             let loaded = load(ctx)?.await?;
-            let (Some(prov), Some(ds)) = (prov.as_deref_mut(), params.dataset()) else {
+            let (Some(prov), Some(w)) = (prov.as_deref_mut(), wanted) else {
                 return Ok(loaded);
             };
+            let fp = &w.fingerprint;
             prov.load_seconds = loaded.load_seconds;
             ctx.progress("dataset", 0, 0, format!("publishing dataset {fp}"));
             let published = crate::dataset::publish(
@@ -440,9 +450,7 @@ async fn load_dataset(
                 lock,
                 ctx.cluster,
                 crate::dataset::Build {
-                    fingerprint: &fp,
-                    dataset: &ds,
-                    format: crate::dataset::format(&ctx.cluster.pg),
+                    wanted: w,
                     cell_id: &ctx.cell_id,
                     load_seconds: loaded.load_seconds,
                     load: serde_json::to_value(&loaded).unwrap_or_default(),
@@ -454,9 +462,9 @@ async fn load_dataset(
             )
             .await?;
             match published {
-                Ok(seconds) => {
-                    prov.publish_seconds = seconds;
-                    prov.bytes = crate::dataset::published_bytes(&env.datasets, &fp);
+                Ok(copied) => {
+                    prov.publish_seconds = copied.seconds;
+                    prov.bytes = copied.bytes;
                 }
                 Err(why) => {
                     tracing::warn!(dataset = %fp, %why, "dataset not published");

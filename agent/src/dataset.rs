@@ -83,6 +83,27 @@ pub fn format(pg: &PgBin) -> Format {
     Format::of(pg.major, &configure, false)
 }
 
+/// A cell's dataset, identified once per cell (`format` runs pg_config):
+/// what the kind declared, the build's format, and their fingerprint.
+#[derive(Debug, Clone)]
+pub struct Wanted {
+    pub dataset: Dataset,
+    pub format: Format,
+    pub fingerprint: String,
+}
+
+impl Wanted {
+    pub fn of(pg: &PgBin, dataset: Dataset) -> Wanted {
+        let format = format(pg);
+        let fingerprint = pgfleet_proto::dataset::fingerprint(&format, &dataset);
+        Wanted {
+            dataset,
+            format,
+            fingerprint,
+        }
+    }
+}
+
 /// The right to use a dataset: restore it (published; shared lock), or
 /// build it (not published; exclusive lock).
 pub enum Ticket {
@@ -200,9 +221,7 @@ pub async fn restore(
 
 /// What a build publishes besides the files.
 pub struct Build<'a> {
-    pub fingerprint: &'a str,
-    pub dataset: &'a Dataset,
-    pub format: Format,
+    pub wanted: &'a Wanted,
     pub cell_id: &'a str,
     pub load_seconds: f64,
     pub load: serde_json::Value,
@@ -211,9 +230,10 @@ pub struct Build<'a> {
 /// Publishes the cluster's freshly loaded data: CHECKPOINT, a clean
 /// shutdown, a copy into the store (SHA-256 of each file, manifest last,
 /// one rename), the cluster's files evicted from the page cache, the
-/// server started again. Ok(Err(reason)) when it could not be published
-/// (not enough free space in the store, a failed copy): the cell goes on
-/// with its data either way. The lock is released at the end.
+/// server started again: Ok(Ok(seconds and bytes published)), or
+/// Ok(Err(reason)) when it could not be published (not enough free space
+/// in the store, a failed copy): the cell goes on with its data either
+/// way. The lock is released at the end.
 pub async fn publish(
     store: &LocalStore,
     lock: Lock,
@@ -221,7 +241,7 @@ pub async fn publish(
     b: Build<'_>,
     progress: impl FnMut(u64, u64),
     cancel: &CancellationToken,
-) -> Result<std::result::Result<f64, String>> {
+) -> Result<std::result::Result<Copied, String>> {
     let started = Instant::now();
     let client = cluster.connect().await?;
     client.batch_execute("CHECKPOINT").await?;
@@ -230,7 +250,10 @@ pub async fn publish(
     let copied = copy_out(store, cluster, &b, progress, cancel).await;
     drop(lock);
     cluster.resume().await?;
-    Ok(copied.map(|()| started.elapsed().as_secs_f64()))
+    Ok(copied.map(|c| Copied {
+        seconds: started.elapsed().as_secs_f64(),
+        ..c
+    }))
 }
 
 async fn copy_out(
@@ -239,7 +262,8 @@ async fn copy_out(
     b: &Build<'_>,
     progress: impl FnMut(u64, u64),
     cancel: &CancellationToken,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<Copied, String> {
+    let fingerprint = &b.wanted.fingerprint;
     let data = cluster.data_dir().to_path_buf();
     let listed = tokio::task::spawn_blocking({
         let data = data.clone();
@@ -262,7 +286,7 @@ async fn copy_out(
         ));
     }
     let building = store
-        .building_dir(b.fingerprint)
+        .building_dir(fingerprint)
         .map_err(|e| format!("creating a build directory in {}: {e}", store.dir.display()))?;
     let result = async {
         let job = Job {
@@ -278,9 +302,9 @@ async fn copy_out(
             .map_err(|e| e.to_string())?;
         let manifest = Manifest {
             store_format: pgfleet_proto::dataset::STORE_FORMAT,
-            fingerprint: b.fingerprint.to_string(),
-            dataset: b.dataset.clone(),
-            format: b.format.clone(),
+            fingerprint: fingerprint.clone(),
+            dataset: b.wanted.dataset.clone(),
+            format: b.wanted.format.clone(),
             postgres_version: cluster.pg.version.clone(),
             created_at: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -304,8 +328,9 @@ async fn copy_out(
         )
         .map_err(|e| format!("writing the manifest: {e}"))?;
         store
-            .publish(&building, b.fingerprint)
-            .map_err(|e| format!("publishing into {}: {e}", store.dir.display()))
+            .publish(&building, fingerprint)
+            .map_err(|e| format!("publishing into {}: {e}", store.dir.display()))?;
+        Ok(copied)
     }
     .await;
     if result.is_err() {
@@ -658,16 +683,6 @@ pub async fn rewarm(cluster: &Cluster) -> Result<Option<u64>> {
         .await?
         .get(0);
     Ok(Some(blocks as u64 * 8192))
-}
-
-/// The bytes of a published dataset (0 when it is not).
-pub fn published_bytes(store: &LocalStore, fingerprint: &str) -> u64 {
-    store
-        .find(fingerprint)
-        .ok()
-        .flatten()
-        .map(|m| m.bytes)
-        .unwrap_or(0)
 }
 
 /// Removes builds that no builder holds any more (an agent killed while
