@@ -9,9 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use pgfleet_agent::cell::{self, AgentEnv};
-use pgfleet_agent::cluster::{Cluster, RunAs};
+use pgfleet_agent::cluster::Cluster;
 use pgfleet_agent::dataset;
-use pgfleet_agent::pgbin::PgBin;
 use pgfleet_proto::dataset::LocalStore;
 use pgfleet_proto::v1::{Assign, CellResult, CellStatus};
 use serde_json::Value as Json;
@@ -20,22 +19,24 @@ use tokio_util::sync::CancellationToken;
 use common::{params, scratch};
 
 fn env(root: &Path, store: &Path) -> AgentEnv {
-    AgentEnv {
-        pg: PgBin::find(
-            std::env::var_os("PGFLEET_PG_BIN")
-                .map(PathBuf::from)
-                .as_deref(),
-        )
-        .map_err(|e| e.to_string()),
-        run_as: RunAs::resolve("postgres").map_err(|e| e.to_string()),
-        data_root: root.to_path_buf(),
-        datasets: LocalStore::new(store),
-        storage_profile: "nvme".into(),
-        caps: Default::default(),
-        emulated: false,
-        address: None,
-        instance: Default::default(),
-    }
+    common::agent_env(root, store)
+}
+
+/// Restores the store's dataset `m` into a new cluster of `spec`.
+async fn restore_into(
+    spec: &pgfleet_agent::cluster::ClusterSpec,
+    ls: &LocalStore,
+    m: &pgfleet_proto::dataset::Manifest,
+) -> pgfleet_agent::Result<Cluster> {
+    let cancel = CancellationToken::new();
+    Cluster::provision_restored(spec, &m.superuser_password, |data| {
+        let cancel = &cancel;
+        async move {
+            dataset::restore(ls, m, &data, spec.run_as.as_ref(), |_, _| {}, cancel).await?;
+            Ok(())
+        }
+    })
+    .await
 }
 
 async fn run_cell(env: &AgentEnv, cell: &str, entry: &str, mode: &str) -> CellResult {
@@ -167,16 +168,7 @@ async fn a_restored_cluster_is_taken_over_with_new_passwords() {
     let ls = LocalStore::new(&store);
     let m = ls.list().unwrap().remove(0);
     let spec = common::spec(&root, "restored", "32MB", Default::default());
-    let cancel = CancellationToken::new();
-    let cluster = Cluster::provision_restored(&spec, &m.superuser_password, |data| {
-        let (ls, m, spec, cancel) = (&ls, &m, &spec, &cancel);
-        async move {
-            dataset::restore(ls, m, &data, spec.run_as.as_ref(), |_, _| {}, cancel).await?;
-            Ok(())
-        }
-    })
-    .await
-    .unwrap();
+    let cluster = restore_into(&spec, &ls, &m).await.unwrap();
     let c = cluster.connect().await.unwrap();
     let n: i64 = c
         .query_one("SELECT count(*) FROM pgbench_accounts", &[])
@@ -274,15 +266,7 @@ async fn a_full_disk_during_a_restore_is_a_clear_error_and_leaves_nothing() {
         .unwrap();
     assert!(mounted.success());
     let spec = common::spec(&small, "restored", "32MB", Default::default());
-    let cancel = CancellationToken::new();
-    let r = Cluster::provision_restored(&spec, &m.superuser_password, |data| {
-        let (ls, m, spec, cancel) = (&ls, &m, &spec, &cancel);
-        async move {
-            dataset::restore(ls, m, &data, spec.run_as.as_ref(), |_, _| {}, cancel).await?;
-            Ok(())
-        }
-    })
-    .await;
+    let r = restore_into(&spec, &ls, &m).await;
     let left: Vec<_> = std::fs::read_dir(small.join("clusters"))
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();

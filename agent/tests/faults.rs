@@ -4,11 +4,8 @@
 
 mod common;
 
-use std::path::PathBuf;
-
-use pgfleet_agent::cell::{self, AgentEnv};
-use pgfleet_agent::cluster::{Cluster, RunAs};
-use pgfleet_agent::pgbin::PgBin;
+use pgfleet_agent::cell;
+use pgfleet_agent::cluster::Cluster;
 use pgfleet_proto::v1::{Assign, CellStatus};
 use tokio_util::sync::CancellationToken;
 
@@ -84,22 +81,7 @@ async fn a_cell_larger_than_the_free_disk_is_refused_before_loading() {
         .status()
         .unwrap();
     assert!(status.success());
-    let env = AgentEnv {
-        pg: PgBin::find(
-            std::env::var_os("PGFLEET_PG_BIN")
-                .map(PathBuf::from)
-                .as_deref(),
-        )
-        .map_err(|e| e.to_string()),
-        run_as: RunAs::resolve("postgres").map_err(|e| e.to_string()),
-        data_root: root.clone(),
-        datasets: pgfleet_proto::dataset::LocalStore::new(root.join("datasets")),
-        storage_profile: "nvme".into(),
-        caps: Default::default(),
-        emulated: false,
-        address: None,
-        instance: Default::default(),
-    };
+    let env = common::agent_env(&root, &root.join("datasets"));
     let p = params("{kind: pgbench-init, scale: 40}");
     let assign = Assign {
         cell_id: "big".into(),

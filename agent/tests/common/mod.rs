@@ -43,6 +43,27 @@ pub fn spec(root: &Path, name: &str, shared_buffers: &str, caps: Caps) -> Cluste
     }
 }
 
+/// An agent's environment with its data root and dataset store, no
+/// emulation: what `cell::run` needs.
+pub fn agent_env(root: &Path, store: &Path) -> pgfleet_agent::cell::AgentEnv {
+    pgfleet_agent::cell::AgentEnv {
+        pg: PgBin::find(
+            std::env::var_os("PGFLEET_PG_BIN")
+                .map(PathBuf::from)
+                .as_deref(),
+        )
+        .map_err(|e| e.to_string()),
+        run_as: RunAs::resolve("postgres").map_err(|e| e.to_string()),
+        data_root: root.to_path_buf(),
+        datasets: pgfleet_proto::dataset::LocalStore::new(store),
+        storage_profile: "nvme".into(),
+        caps: Default::default(),
+        emulated: false,
+        address: None,
+        instance: Default::default(),
+    }
+}
+
 /// A kind's parameters from a scenario entry in YAML / JSON, e.g.
 /// `{kind: pgbench, scale: 1}`: the scenario's checks and defaults.
 pub fn params(entry: &str) -> Params {
