@@ -40,6 +40,8 @@ pub struct AgentEnv {
     pub address: Option<std::net::IpAddr>,
     /// The instance this agent stands for.
     pub instance: Instance,
+    /// The fio program kind fio runs (`--fio`).
+    pub fio: PathBuf,
 }
 
 /// The instance class's machine: a label, and the memory and CPUs its
@@ -254,6 +256,7 @@ async fn run_inner(
             release: control.release.clone(),
             peers: control.peers.clone(),
             loaded: None,
+            fio: env.fio.clone(),
         };
         let measured = async {
             if declared.is_some() {

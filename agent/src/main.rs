@@ -119,6 +119,9 @@ struct RunArgs {
     /// none, peers must be on this host (loopback).
     #[arg(long, env = "PGFLEET_ADVERTISE_ADDRESS")]
     advertise_address: Option<std::net::IpAddr>,
+    /// The fio program kind `fio` runs (fio >= 3.5; Debian's package).
+    #[arg(long, env = "PGFLEET_FIO", default_value = "fio")]
+    fio: PathBuf,
     /// File holding the controller's join token (sent with every session).
     #[arg(long, env = "PGFLEET_TOKEN_FILE")]
     token_file: Option<PathBuf>,
@@ -229,6 +232,7 @@ async fn run(mut args: RunArgs) -> anyhow::Result<()> {
             cpus: args.cpus,
             emulated: (args.memory_bytes > 0 || args.cpus > 0) && !args.no_emulate_instance,
         },
+        fio: args.fio.clone(),
     });
     if let Err(e) = &env.pg {
         tracing::error!("{e}");

@@ -1,4 +1,4 @@
-# pgfleet-agent: PostgreSQL 15 server with contrib, lz4 and pgbench, and the
+# pgfleet-agent: PostgreSQL 15 server with contrib, lz4, pgbench and fio, and the
 # agent, running as the unprivileged `postgres` user (the agent starts
 # PostgreSQL as itself). tini is PID 1: it forwards SIGTERM to the agent,
 # which then tears its clusters down, and reaps orphans.

@@ -6,7 +6,7 @@
 #   deploy/images/build.sh [--bin-dir target/release] [--tag dev]
 #
 # Images: pgfleet-base:bookworm (Debian 12 minbase with PostgreSQL 15 server,
-# its contrib modules and client (pgbench), lz4, tini), pgfleet-controller:<tag>,
+# its contrib modules and client (pgbench), lz4, fio, tini), pgfleet-controller:<tag>,
 # pgfleet-agent:<tag>. The base is built once and reused; pass --rebuild-base
 # to make it again. Needs root (debootstrap) and a Docker daemon.
 set -euo pipefail
@@ -28,15 +28,17 @@ for b in pgfleet pgfleet-agent; do
 done
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 
-if [ "$rebuild_base" = 1 ] || ! docker image inspect pgfleet-base:bookworm >/dev/null 2>&1; then
+# A base built before it carried fio (kind fio) is rebuilt.
+if [ "$rebuild_base" = 1 ] || ! docker image inspect pgfleet-base:bookworm >/dev/null 2>&1 \
+    || ! docker run --rm --entrypoint /usr/bin/test pgfleet-base:bookworm -x /usr/bin/fio; then
   command -v debootstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null; }
   rootfs="$(mktemp -d /var/tmp/pgfleet-rootfs.XXXXXX)"
   trap 'rm -rf "$rootfs"' EXIT
   echo "== debootstrap bookworm into $rootfs (a few minutes)"
   # postgresql-15 holds the server and contrib (pgstattuple...); the client
-  # package brings pgbench.
+  # package brings pgbench; fio runs kind fio.
   if ! debootstrap --variant=minbase \
-      --include=postgresql-15,postgresql-client-15,liblz4-1,tini,ca-certificates,iproute2 \
+      --include=postgresql-15,postgresql-client-15,liblz4-1,tini,ca-certificates,iproute2,fio \
       bookworm "$rootfs" "$mirror" >"$rootfs.log" 2>&1; then
     tail -20 "$rootfs.log" >&2
     echo "debootstrap failed (full log: $rootfs.log); set DEBIAN_MIRROR to another mirror if this one is unreachable" >&2

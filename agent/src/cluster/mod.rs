@@ -447,63 +447,17 @@ impl Cluster {
             .append(true)
             .open(&log_path)
             .map_err(|e| Error::io("opening postgres.log", e))?;
-        let mut cmd = Command::new(spec.pg.tool("postgres"));
+        let mut cmd = self.contained(&spec.pg.tool("postgres"), libc::SIGQUIT)?;
         cmd.arg("-D")
             .arg(&self.data)
             .current_dir(&self.dir)
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| Error::io("log fd", e))?)
-            .stderr(log)
-            .process_group(0);
-        apply_identity(&mut cmd, spec.run_as.as_ref());
-        let parent = std::process::id();
-        let join: Vec<std::ffi::CString> = self
-            .cgroups
-            .iter()
-            .filter(|c| c.self_join)
-            .map(|c| {
-                std::ffi::CString::new(c.path.join("cgroup.procs").as_os_str().as_encoded_bytes())
-            })
-            .collect::<std::result::Result<_, _>>()
-            .map_err(|e| Error::Provision(format!("cgroup path: {e}")))?;
-        // SAFETY: only async-signal-safe calls (prctl, getppid, open, write,
-        // close, _exit). The death signal is set after the uid switch, which
-        // clears it.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::prctl(
-                    libc::PR_SET_PDEATHSIG,
-                    libc::SIGQUIT as libc::c_ulong,
-                    0,
-                    0,
-                    0,
-                ) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if libc::getppid() as u32 != parent {
-                    libc::_exit(1);
-                }
-                for procs in &join {
-                    // "0" moves the writing process into the cgroup.
-                    let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-                    if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    libc::close(fd);
-                }
-                Ok(())
-            });
-        }
+            .stderr(log);
         let child = cmd
             .spawn()
             .map_err(|e| Error::Provision(format!("starting postgres: {e}")))?;
-        for cg in self.cgroups.iter().filter(|c| !c.self_join) {
-            let Some(pid) = child.id() else { break };
-            std::fs::write(cg.path.join("cgroup.procs"), pid.to_string()).map_err(|e| {
-                Error::Provision(format!("moving postgres into {}: {e}", cg.path.display()))
-            })?;
-        }
+        self.join_cgroups(&child, "postgres")?;
         *self.child() = Some(child);
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -534,6 +488,70 @@ impl Cluster {
                 }
             }
         }
+    }
+
+    /// A command that runs like the server: as its user, in its own
+    /// process group, without the caller's PG* environment, killed with
+    /// `death_signal` if the agent dies, and (cgroup v1) in the cluster's
+    /// cgroups from before exec, so the instance's and the storage's limits
+    /// apply to it from its first I/O. After `spawn`, `join_cgroups` moves
+    /// it into the cgroups it could not join itself (v2).
+    pub fn contained(&self, program: &Path, death_signal: i32) -> Result<Command> {
+        let mut cmd = Command::new(program);
+        cmd.process_group(0);
+        apply_identity(&mut cmd, self.spec.run_as.as_ref());
+        let parent = std::process::id();
+        let join: Vec<std::ffi::CString> = self
+            .cgroups
+            .iter()
+            .filter(|c| c.self_join)
+            .map(|c| {
+                std::ffi::CString::new(c.path.join("cgroup.procs").as_os_str().as_encoded_bytes())
+            })
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| Error::Provision(format!("cgroup path: {e}")))?;
+        // SAFETY: only async-signal-safe calls (prctl, getppid, open, write,
+        // close, _exit). The death signal is set after the uid switch, which
+        // clears it.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    death_signal as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() as u32 != parent {
+                    libc::_exit(1);
+                }
+                for procs in &join {
+                    // "0" moves the writing process into the cgroup.
+                    let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                    if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    libc::close(fd);
+                }
+                Ok(())
+            });
+        }
+        Ok(cmd)
+    }
+
+    /// Moves a child started by `contained` into the cgroups it could not
+    /// join before exec (cgroup v2).
+    pub fn join_cgroups(&self, child: &Child, what: &str) -> Result<()> {
+        for cg in self.cgroups.iter().filter(|c| !c.self_join) {
+            let Some(pid) = child.id() else { break };
+            std::fs::write(cg.path.join("cgroup.procs"), pid.to_string()).map_err(|e| {
+                Error::Provision(format!("moving {what} into {}: {e}", cg.path.display()))
+            })?;
+        }
+        Ok(())
     }
 
     /// Creates `WORKLOAD_ROLE` and gives it the `postgres` database (and so,

@@ -20,6 +20,7 @@ use pgfleet_proto::v1::{AgentMessage, CellProgress, CellSample, Endpoint, agent_
 use pgfleet_proto::workload::{self as kinds, Params};
 
 pub mod compression_analysis;
+pub mod fio;
 pub mod logical_drain;
 pub mod pgbench;
 pub mod pgbench_init;
@@ -49,6 +50,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Params) -> BoxFuture<'a
             Params::ToastProbe(p) => toast_probe::run(ctx, p),
             Params::CompressionAnalysis(p) => compression_analysis::run(ctx, p),
             Params::ReadWrite(p) => read_write::run(ctx, p),
+            Params::Fio(p) => fio::run(ctx, p),
         }
         .await
     }
@@ -135,6 +137,8 @@ pub struct CellContext<'c> {
     /// The cell's dataset, loaded or restored before the workload runs
     /// (kinds that declare one).
     pub loaded: Option<Loaded>,
+    /// The fio program (`--fio`), for kind fio.
+    pub fio: std::path::PathBuf,
 }
 
 impl<'c> CellContext<'c> {
@@ -154,6 +158,7 @@ impl<'c> CellContext<'c> {
             release: CancellationToken::new(),
             peers: watch::channel(BTreeMap::new()).1,
             loaded: None,
+            fio: "fio".into(),
         }
     }
 

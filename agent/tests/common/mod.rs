@@ -61,6 +61,7 @@ pub fn agent_env(root: &Path, store: &Path) -> pgfleet_agent::cell::AgentEnv {
         emulated: false,
         address: None,
         instance: Default::default(),
+        fio: "fio".into(),
     }
 }
 

@@ -13,6 +13,7 @@ pub type Section = fn(&mut String, &mut Vec<(String, String)>, &Json, &[&Json]);
 
 /// The report's sections, one per workload kind, in this order.
 const SECTIONS: &[(&str, Section)] = &[
+    ("fio", super::fio::section),
     ("toast-slice", super::toast_slice::section),
     ("pgbench-init", super::pgbench_init::section),
     ("pgbench", super::pgbench::section),

@@ -44,6 +44,7 @@ pub mod checks;
 mod compression_analysis;
 pub mod entries;
 pub mod figure;
+mod fio;
 pub mod guards;
 mod logical_drain;
 pub mod markdown;

@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 pub use serde_saphyr::{Location, Spanned};
 
 pub mod compression_analysis;
+pub mod fio;
 pub mod logical_drain;
 pub mod pgbench;
 pub mod pgbench_init;
@@ -522,6 +523,7 @@ kinds! {
     "toast-probe" => ToastProbe(toast_probe),
     "compression-analysis" => CompressionAnalysis(compression_analysis),
     "read-write" => ReadWrite(read_write),
+    "fio" => Fio(fio),
 }
 
 /// What the controller knows of a kind without its parameters.
