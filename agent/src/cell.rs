@@ -42,6 +42,10 @@ pub struct AgentEnv {
     pub instance: Instance,
     /// The fio program kind fio runs (`--fio`).
     pub fio: PathBuf,
+    /// What the emulated storage delivered to a short fio probe in the
+    /// first cell's cgroups (`storage.delivered` in every cell's
+    /// environment); probed once per agent.
+    pub delivered: tokio::sync::OnceCell<Json>,
 }
 
 /// The instance class's machine: a label, and the memory and CPUs its
@@ -231,6 +235,16 @@ async fn run_inner(
         *environment = collect_environment(env, &cluster, &spec)
             .instrument(phase("collect"))
             .await?;
+        if env.emulated && env.caps.is_capped() {
+            let delivered = env
+                .delivered
+                .get_or_try_init(|| {
+                    workload::fio::probe(&cluster, &env.fio, env.caps, cancel)
+                        .instrument(phase("storage probe"))
+                })
+                .await?;
+            environment["storage"]["delivered"] = delivered.clone();
+        }
         if !assign.peers.is_empty() {
             let host = env
                 .address

@@ -233,6 +233,7 @@ async fn run(mut args: RunArgs) -> anyhow::Result<()> {
             emulated: (args.memory_bytes > 0 || args.cpus > 0) && !args.no_emulate_instance,
         },
         fio: args.fio.clone(),
+        delivered: Default::default(),
     });
     if let Err(e) = &env.pg {
         tracing::error!("{e}");

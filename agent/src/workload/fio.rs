@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{CellContext, Output};
 use crate::cluster::Cluster;
+use crate::cluster::throttle::Caps;
 use crate::{Error, Result};
 use pgfleet_proto::workload::fio::{
     MIN_FIO_VERSION, Metrics, Params, Point, PointParams, Run, parse_version,
@@ -135,6 +136,59 @@ pub async fn measure(
     }
     progress(runs.len() as u64, runs.len() as u64, "done".into());
     Ok(points)
+}
+
+/// Seconds each probe job measures.
+pub const PROBE_SECONDS: f64 = 2.0;
+
+/// What an emulated storage profile delivers in `cluster`'s cgroups: a
+/// short fio job per capped figure (random 8 KiB reads or writes at queue
+/// depth 16 for IOPS caps, 1 MiB sequential at depth 8 for MiB/s caps),
+/// `{<cap>: {asked, delivered}, seconds, fio}`; `{error}` when fio could not
+/// run (the report says the profile was not checked). Only a cancelled
+/// cell is an error.
+pub async fn probe(
+    cluster: &Cluster,
+    program: &Path,
+    caps: Caps,
+    cancel: &CancellationToken,
+) -> Result<Json> {
+    let wanted: Vec<(&str, &str, u64)> = [
+        ("read_iops", "rand-read", caps.read_iops),
+        ("write_iops", "rand-write", caps.write_iops),
+        ("read_mbps", "seq-read", caps.read_mbps),
+        ("write_mbps", "seq-write", caps.write_mbps),
+    ]
+    .into_iter()
+    .filter(|w| w.2 > 0)
+    .collect();
+    let p = Params {
+        jobs: wanted.iter().map(|w| w.1.to_string()).collect(),
+        size_bytes: 64 << 20,
+        runtime_s: PROBE_SECONDS,
+        ramp_s: 0.5,
+        queue_depths: vec![16],
+        direct: true,
+    };
+    let started = std::time::Instant::now();
+    let points = match measure(cluster, program, &p, cancel, |_, _, _| {}).await {
+        Ok(points) => points,
+        Err(e @ Error::Cancelled(_)) => return Err(e),
+        Err(e) => return Ok(serde_json::json!({"error": e.to_string()})),
+    };
+    let mut out = serde_json::json!({
+        "seconds": started.elapsed().as_secs_f64(),
+        "fio": points.first().map(|p| p.metrics.fio.clone()),
+    });
+    for ((cap, _, asked), pt) in wanted.iter().zip(&points) {
+        let delivered = if cap.ends_with("iops") {
+            pt.metrics.iops
+        } else {
+            pt.metrics.mib_per_s
+        };
+        out[*cap] = serde_json::json!({"asked": asked, "delivered": delivered});
+    }
+    Ok(out)
 }
 
 /// fio's `--filename` separates several files with `:`.

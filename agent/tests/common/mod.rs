@@ -62,6 +62,7 @@ pub fn agent_env(root: &Path, store: &Path) -> pgfleet_agent::cell::AgentEnv {
         address: None,
         instance: Default::default(),
         fio: "fio".into(),
+        delivered: Default::default(),
     }
 }
 

@@ -212,9 +212,103 @@ pub fn oversubscribed(classes: &Json) -> Vec<String> {
     out
 }
 
+/// Share of an emulated cap a probe must reach (and may exceed) before the
+/// report says the host did not deliver the profile (or the cap did not
+/// bind): a short probe's own spread stays inside it.
+pub const DELIVERED_TOLERANCE: f64 = 0.2;
+
+/// Emulated storage profiles whose caps the host did not deliver to the
+/// agent's fio probe in the cluster's cgroups (`storage.delivered`): below
+/// the cap, a host disk slower than the emulated device (or busy with the
+/// other classes' cells) set the class's figures and the comparison
+/// measures the host; above it, the throttling did not bind. A probe that
+/// could not run says so.
+pub fn delivered(classes: &Json) -> Vec<String> {
+    let Some(map) = classes.as_object() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (name, c) in map {
+        let storage = &c["storage"];
+        let d = &storage["delivered"];
+        if storage["emulated"] != true || d.is_null() {
+            continue;
+        }
+        let profile = storage["profile"].as_str().unwrap_or("?");
+        if let Some(e) = d["error"].as_str() {
+            out.push(format!(
+                "warning: class `{name}`: what its emulated storage profile `{profile}` delivers was not checked ({e})"
+            ));
+            continue;
+        }
+        for (cap, unit) in [
+            ("read_iops", "read IOPS"),
+            ("write_iops", "write IOPS"),
+            ("read_mbps", "MiB/s of reads"),
+            ("write_mbps", "MiB/s of writes"),
+        ] {
+            let (Some(asked), Some(got)) = (d[cap]["asked"].as_f64(), d[cap]["delivered"].as_f64())
+            else {
+                continue;
+            };
+            if asked <= 0.0 {
+                continue;
+            }
+            let share = got / asked;
+            if share < 1.0 - DELIVERED_TOLERANCE {
+                out.push(format!(
+                    "warning: class `{name}`: its storage profile `{profile}` emulates {asked:.0} {unit}, and the host delivered {got:.0} ({:.0} %) to a fio probe in the class's cgroups: \
+                     this host's disk (or the other cells using it at once) set the class's figures, not the profile, and ratios against it are off by as much. \
+                     Run on a faster disk, or fewer cells at once",
+                    100.0 * share
+                ));
+            } else if share > 1.0 + DELIVERED_TOLERANCE {
+                out.push(format!(
+                    "warning: class `{name}`: its storage profile `{profile}` caps {unit} at {asked:.0}, and a fio probe in the class's cgroups got {got:.0} ({:.0} %): \
+                     the cap did not bind, so the class ran faster than the profile",
+                    100.0 * share
+                ));
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn profiles_the_host_did_not_deliver_are_warned_about() {
+        let class = |emulated: bool, delivered: Json| json!({"storage": {"profile": "custom", "emulated": emulated, "delivered": delivered}});
+        let classes = json!({
+            "fine": class(true, json!({"read_iops": {"asked": 3000, "delivered": 2950.0},
+                                       "write_mbps": {"asked": 125, "delivered": 131.0}})),
+            "slow": class(true, json!({"read_iops": {"asked": 10_000_000, "delivered": 41_000.0}})),
+            "loose": class(true, json!({"write_iops": {"asked": 300, "delivered": 900.0}})),
+            "nofio": class(true, json!({"error": "`fio` was not found on the agent's host"})),
+            "host": class(false, json!({"read_iops": {"asked": 3000, "delivered": 10.0}})),
+        });
+        let w = delivered(&classes);
+        assert_eq!(w.len(), 3, "{w:#?}");
+        assert!(
+            w.iter().any(|w| w.contains("class `slow`")
+                && w.contains("emulates 10000000 read IOPS")
+                && w.contains("delivered 41000 (0 %)")),
+            "{w:#?}"
+        );
+        assert!(
+            w.iter().any(|w| w.contains("class `loose`")
+                && w.contains("did not bind")
+                && w.contains("(300 %)")),
+            "{w:#?}"
+        );
+        assert!(
+            w.iter()
+                .any(|w| w.contains("class `nofio`") && w.contains("not checked")),
+            "{w:#?}"
+        );
+    }
 
     #[test]
     fn datasets_that_misbehaved_are_warned_about() {

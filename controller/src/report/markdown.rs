@@ -143,10 +143,35 @@ pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
                 .iter()
                 .any(|k| caps[*k].as_u64().unwrap_or(0) > 0);
             let emulated = match (c["storage"]["emulated"].as_bool().unwrap_or(false), capped) {
-                (true, _) => format!(
-                    "emulated: {}/{} IOPS, {}/{} MiB/s read/write",
-                    caps["read_iops"], caps["write_iops"], caps["read_mbps"], caps["write_mbps"]
-                ),
+                (true, _) => {
+                    let d = &c["storage"]["delivered"];
+                    let got = |k: &str| {
+                        d[k]["delivered"]
+                            .as_f64()
+                            .map(sig)
+                            .unwrap_or_else(|| "–".into())
+                    };
+                    let probe = if d["error"].is_string() {
+                        "; not probed".to_string()
+                    } else if d.is_object() {
+                        format!(
+                            "; fio probe delivered {}/{} IOPS, {}/{} MiB/s",
+                            got("read_iops"),
+                            got("write_iops"),
+                            got("read_mbps"),
+                            got("write_mbps")
+                        )
+                    } else {
+                        String::new()
+                    };
+                    format!(
+                        "emulated: {}/{} IOPS, {}/{} MiB/s read/write{probe}",
+                        caps["read_iops"],
+                        caps["write_iops"],
+                        caps["read_mbps"],
+                        caps["write_mbps"]
+                    )
+                }
                 (false, true) => "caps NOT applied (emulate: false), the disk as is".to_string(),
                 (false, false) => "real".to_string(),
             };
