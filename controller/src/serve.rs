@@ -355,6 +355,7 @@ async fn resume_run(
             events: Some(events),
             metrics: Some(service.metrics.clone()),
             scenario: spec.scenario.name.value.clone(),
+            oversubscribe: spec.scenario.oversubscribe(),
             ..Default::default()
         },
         spec.cells,

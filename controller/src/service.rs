@@ -307,6 +307,7 @@ impl Service {
                 events,
                 metrics: Some(self.metrics.clone()),
                 scenario: spec.scenario.name.value.clone(),
+                oversubscribe: spec.scenario.oversubscribe(),
                 ..Default::default()
             },
             spec.cells,

@@ -160,51 +160,90 @@ pub fn datasets(cells: &[crate::store::CellRow]) -> Vec<String> {
     out
 }
 
-/// Emulated instances that share one host and together ask for more CPUs
-/// or memory than it has: each then gets less than it emulates, and the
-/// comparison measures the crowding too (four 1-CPU instances on two
-/// cores). Counted over the agents of classes whose cells reported the same
-/// host; the instances may not all have run at once, so the warning says
-/// "can".
-pub fn oversubscribed(classes: &Json) -> Vec<String> {
+/// Emulated instances that ran at once on one host and together asked for
+/// more CPUs or memory than it has: each then got less than it emulates,
+/// and the comparison measured the crowding too (four 1-CPU instances on
+/// two cores). The scheduler keeps them apart unless the scenario says
+/// `oversubscribe: true`; this is the check on what happened: the peak
+/// over the cells' own start and end times, per host.
+pub fn oversubscribed(classes: &Json, cells: &[crate::store::CellRow]) -> Vec<String> {
     use pgfleet_proto::workload::approx_bytes;
-    let Some(map) = classes.as_object() else {
-        return Vec::new();
-    };
-    let mut hosts: std::collections::BTreeMap<&str, (u64, u64, u64, u64, Vec<String>)> =
+    // (time, +1 start / -1 end, class, instances)
+    let mut events: std::collections::BTreeMap<&str, Vec<(&str, i8, &str, u64)>> =
         Default::default();
-    for (name, c) in map {
-        let Some(host) = c["host"]["hostname"].as_str() else {
+    for c in cells {
+        let class = &classes[c.instance_class.as_str()];
+        let (Some(host), Some(start), Some(end)) = (
+            class["host"]["hostname"].as_str(),
+            c.started_at.as_deref(),
+            c.finished_at.as_deref(),
+        ) else {
             continue;
         };
-        if c["measured"] != true || c["instance"]["emulated"] != true {
+        if class["measured"] != true || class["instance"]["emulated"] != true {
             continue;
         }
-        let agents = c["agents"].as_array().map_or(1, |a| a.len().max(1)) as u64;
-        let (cpus, memory) = (
-            c["instance"]["cpus"].as_u64().unwrap_or(0),
-            c["instance"]["memory_bytes"].as_u64().unwrap_or(0),
-        );
-        let e = hosts.entry(host).or_default();
-        e.0 += agents * cpus;
-        e.1 += agents * memory;
-        e.2 = c["host"]["cores"].as_u64().unwrap_or(0);
-        e.3 = c["host"]["memory_bytes"].as_u64().unwrap_or(0);
-        e.4.push(format!("{agents} x `{name}`"));
+        let roles = pgfleet_proto::workload::Params::from_json(&c.workload, &c.params.to_string())
+            .map_or(1, |p| p.roles().len()) as u64;
+        let e = events.entry(host).or_default();
+        e.push((start, 1, c.instance_class.as_str(), roles));
+        e.push((end, -1, c.instance_class.as_str(), roles));
     }
     let mut out = Vec::new();
-    for (host, (cpus, memory, cores, host_memory, which)) in hosts {
-        if cores > 0 && cpus > cores {
+    for (host, mut ev) in events {
+        // Ends before starts at the same instant: back to back is not at once.
+        ev.sort_by(|a, b| a.0.cmp(b.0).then(a.1.cmp(&b.1)));
+        let (cores, host_memory) = ev
+            .first()
+            .map(|e| {
+                let h = &classes[e.2]["host"];
+                (
+                    h["cores"].as_u64().unwrap_or(0),
+                    h["memory_bytes"].as_u64().unwrap_or(0),
+                )
+            })
+            .unwrap_or_default();
+        let mut running: std::collections::BTreeMap<&str, u64> = Default::default();
+        let (mut peak_cpus, mut peak_memory) = (0u64, 0u64);
+        let (mut at_cpus, mut at_memory) = (String::new(), String::new());
+        for (_, delta, class, n) in ev {
+            let r = running.entry(class).or_default();
+            *r = if delta > 0 {
+                *r + n
+            } else {
+                r.saturating_sub(n)
+            };
+            let (mut cpus, mut memory) = (0, 0);
+            for (k, n) in &running {
+                let i = &classes[*k]["instance"];
+                cpus += n * i["cpus"].as_u64().unwrap_or(0);
+                memory += n * i["memory_bytes"].as_u64().unwrap_or(0);
+            }
+            let which = || {
+                running
+                    .iter()
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(k, n)| format!("{n} x `{k}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            if cpus > peak_cpus {
+                (peak_cpus, at_cpus) = (cpus, which());
+            }
+            if memory > peak_memory {
+                (peak_memory, at_memory) = (memory, which());
+            }
+        }
+        if cores > 0 && peak_cpus > cores {
             out.push(format!(
-                "warning: the emulated instances on host {host} ({}) ask for {cpus} CPUs together and the host has {cores}: those that run at once get less than they emulate. Give fewer agents (count) or CPUs, or a larger host",
-                which.join(", ")
+                "warning: the emulated instances that ran at once on host {host} ({at_cpus}) asked for {peak_cpus} CPUs together and the host has {cores}: they got less than they emulate. \
+                 Remove `oversubscribe: true` (the scheduler then keeps them apart), give fewer CPUs, or a larger host"
             ));
         }
-        if host_memory > 0 && memory > host_memory {
+        if host_memory > 0 && peak_memory > host_memory {
             out.push(format!(
-                "warning: the emulated instances on host {host} ({}) ask for {} of memory together and the host has {}: those that run at once get less than they emulate",
-                which.join(", "),
-                approx_bytes(memory),
+                "warning: the emulated instances that ran at once on host {host} ({at_memory}) asked for {} of memory together and the host has {}: they got less than they emulate",
+                approx_bytes(peak_memory),
                 approx_bytes(host_memory)
             ));
         }
@@ -355,40 +394,65 @@ mod tests {
         assert!(w[2].contains("cell d") && w[2].contains("colder"), "{w:?}");
     }
 
-    #[test]
-    fn instances_that_ask_more_than_their_host_has_are_warned_about() {
-        let c = |agents: &[&str], cpus: u64, host: &str| {
-            json!({"measured": true, "agents": agents,
-                   "host": {"hostname": host, "cores": 2, "memory_bytes": 24u64 << 30},
-                   "instance": {"emulated": true, "cpus": cpus, "memory_bytes": 1u64 << 30}})
-        };
-        // The storage suite as a user ran it: 2 + 2 agents of 1 CPU on 2 cores.
-        let w =
-            oversubscribed(&json!({"nvme": c(&["a", "b"], 1, "h"), "gp3": c(&["c", "d"], 1, "h")}));
-        assert_eq!(w.len(), 1, "{w:?}");
-        assert!(
-            w[0].contains("ask for 4 CPUs") && w[0].contains("has 2"),
-            "{w:?}"
-        );
-        assert!(w[0].contains("2 x `gp3`, 2 x `nvme`"), "{w:?}");
-        // One agent per class fits; so do the same on two hosts.
-        assert!(
-            oversubscribed(&json!({"nvme": c(&["a"], 1, "h"), "gp3": c(&["c"], 1, "h")}))
-                .is_empty()
-        );
-        assert!(
-            oversubscribed(
-                &json!({"nvme": c(&["a", "b"], 1, "h1"), "gp3": c(&["c", "d"], 1, "h2")})
-            )
-            .is_empty()
-        );
-    }
-
     fn class(version: &str, sb: &str, mem: u64, emulated: bool) -> Json {
         json!({"postgres": {"version": version, "settings": {"shared_buffers": sb, "fsync": "on"}},
                "host": {"cores": 2, "memory_bytes": 24u64 << 30},
                "instance": {"emulated": emulated, "memory_bytes": mem, "cpus": 1, "type": ""},
                "storage": {"profile": "nvme"}})
+    }
+
+    #[test]
+    fn instances_that_ran_at_once_beyond_their_host_are_warned_about() {
+        let c = |agents: &[&str], cpus: u64, host: &str| {
+            json!({"measured": true, "agents": agents,
+                   "host": {"hostname": host, "cores": 2, "memory_bytes": 24u64 << 30},
+                   "instance": {"emulated": true, "cpus": cpus, "memory_bytes": 1u64 << 30}})
+        };
+        let params = pgfleet_proto::workload::plan_entry("{kind: pgbench, scale: 1}")
+            .unwrap()
+            .remove(0)
+            .1
+            .to_json();
+        let cell = |id: &str, class: &str, start: &str, end: &str| crate::store::CellRow {
+            cell_id: id.into(),
+            workload: "pgbench".into(),
+            instance_class: class.into(),
+            params: serde_json::from_str(&params).unwrap(),
+            state: "succeeded".into(),
+            agent_id: None,
+            error: None,
+            environment: None,
+            started_at: Some(format!("2026-12-03T08:{start}Z")),
+            finished_at: Some(format!("2026-12-03T08:{end}Z")),
+        };
+        let one_host = json!({"nvme": c(&["a", "b"], 1, "h"), "gp3": c(&["c", "d"], 1, "h")});
+        // The storage suite as a user ran it: 2 + 2 cells of 1 CPU at once
+        // on 2 cores.
+        let crowded = [
+            cell("n1", "nvme", "00:00", "01:00"),
+            cell("n2", "nvme", "00:01", "01:00"),
+            cell("g1", "gp3", "00:02", "01:00"),
+            cell("g2", "gp3", "00:03", "01:00"),
+        ];
+        let w = oversubscribed(&one_host, &crowded);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("asked for 4 CPUs") && w[0].contains("has 2"),
+            "{w:?}"
+        );
+        assert!(w[0].contains("2 x `gp3`, 2 x `nvme`"), "{w:?}");
+        // Two at a time (what the scheduler does): no warning, even back
+        // to back at the same instant.
+        let apart = [
+            cell("n1", "nvme", "00:00", "01:00"),
+            cell("g1", "gp3", "00:00", "01:00"),
+            cell("n2", "nvme", "01:00", "02:00"),
+            cell("g2", "gp3", "01:00", "02:00"),
+        ];
+        assert!(oversubscribed(&one_host, &apart).is_empty());
+        // The same at once on two hosts fits.
+        let two_hosts = json!({"nvme": c(&["a", "b"], 1, "h1"), "gp3": c(&["c", "d"], 1, "h2")});
+        assert!(oversubscribed(&two_hosts, &crowded).is_empty());
     }
 
     #[test]

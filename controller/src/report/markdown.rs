@@ -164,12 +164,16 @@ pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
                     } else {
                         String::new()
                     };
+                    let cap = |k: &str| match caps[k].as_u64() {
+                        Some(0) | None => "uncapped".to_string(),
+                        Some(n) => n.to_string(),
+                    };
                     format!(
                         "emulated: {}/{} IOPS, {}/{} MiB/s read/write{probe}",
-                        caps["read_iops"],
-                        caps["write_iops"],
-                        caps["read_mbps"],
-                        caps["write_mbps"]
+                        cap("read_iops"),
+                        cap("write_iops"),
+                        cap("read_mbps"),
+                        cap("write_mbps")
                     )
                 }
                 (false, true) => "caps NOT applied (emulate: false), the disk as is".to_string(),

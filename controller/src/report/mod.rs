@@ -144,7 +144,7 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
     };
     let differences = guards::differences(&env_classes);
     let mut warnings = guards::warnings(&differences, &plan_warnings);
-    warnings.extend(guards::oversubscribed(&env_classes));
+    warnings.extend(guards::oversubscribed(&env_classes, &cells));
     warnings.extend(guards::delivered(&env_classes));
     warnings.extend(guards::datasets(&cells));
     let mut timeseries = serde_json::Map::new();

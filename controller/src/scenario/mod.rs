@@ -101,6 +101,12 @@ pub struct Scenario {
     /// of two classes' figures, judged with confidence intervals.
     #[serde(default)]
     pub checks: Vec<CheckSpec>,
+    /// Start cells even when the emulated instances (`instance: {cpus,
+    /// memory}`) running at once on one host would ask for more CPUs or
+    /// memory than it has. Default false: such a cell waits for the host,
+    /// so each instance gets what it emulates.
+    #[serde(default)]
+    pub oversubscribe: Option<Spanned<bool>>,
     /// Per workload entry, its cells' (id stem, parameters), from
     /// validation (`validate` fills it; `plan` reads it).
     #[serde(skip)]
@@ -326,6 +332,13 @@ pub struct Instance {
     pub emulate: bool,
 }
 
+impl Scenario {
+    /// The scenario's `oversubscribe` (default false).
+    pub fn oversubscribe(&self) -> bool {
+        self.oversubscribe.as_ref().is_some_and(|o| o.value)
+    }
+}
+
 impl FleetEntry {
     pub fn count(&self) -> u32 {
         self.count.as_ref().map(|c| c.value).unwrap_or(1)
@@ -342,13 +355,29 @@ impl FleetEntry {
             return StorageCaps::default();
         };
         let v = |x: &Option<Spanned<u64>>| x.as_ref().map(|x| x.value).unwrap_or(0);
+        let scale = s.scale.as_ref().map(|x| x.value).unwrap_or(1.0);
+        let scaled = |iops: u64| ((iops as f64 * scale).round() as u64).max(1);
         match s.profile.value.as_str() {
             // EBS gp3's baseline, as in seeds/002.
             "gp3" => StorageCaps {
-                read_iops: 3000,
-                write_iops: 3000,
-                read_mbps: 125,
-                write_mbps: 125,
+                read_iops: scaled(GP3_BASELINE_IOPS),
+                write_iops: scaled(GP3_BASELINE_IOPS),
+                read_mbps: GP3_BASELINE_MIBPS,
+                write_mbps: GP3_BASELINE_MIBPS,
+            },
+            "nvme" => match s
+                .instance_store
+                .as_ref()
+                .and_then(|t| instance_store(&t.value))
+            {
+                // AWS publishes these volumes' IOPS, not their throughput.
+                Some((_, read, write)) => StorageCaps {
+                    read_iops: scaled(read),
+                    write_iops: scaled(write),
+                    read_mbps: 0,
+                    write_mbps: 0,
+                },
+                None => StorageCaps::default(),
             },
             "custom" => StorageCaps {
                 read_iops: v(&s.read_iops),
@@ -415,6 +444,17 @@ pub struct StorageSpec {
     /// uncapped, and reports say the profile was not emulated.
     #[serde(default)]
     pub emulate: Option<Spanned<bool>>,
+    /// Profile `nvme`: the instance type whose instance-store NVMe to
+    /// emulate, from AWS's published IOPS (`INSTANCE_STORE`), e.g.
+    /// `m6id.4xlarge`. Without it, `nvme` is the host's disk as is.
+    #[serde(default)]
+    pub instance_store: Option<Spanned<String>>,
+    /// Profiles `gp3` and `nvme` with `instance_store`: the share of the
+    /// device's IOPS this emulated instance gets (e.g. 0.125 for one CPU
+    /// standing for 8 of 16 vCPUs' clients). MiB/s caps are kept: the
+    /// scenario's sequential phases (loading) are not scaled.
+    #[serde(default)]
+    pub scale: Option<Spanned<f64>>,
     /// On Kubernetes: the StorageClass of each agent's volume (default:
     /// the cluster's default class).
     #[serde(default)]
@@ -422,6 +462,35 @@ pub struct StorageSpec {
     /// On Kubernetes: each agent's volume size (default 10GiB).
     #[serde(default)]
     pub size: Option<Spanned<pgfleet_proto::workload::ByteSize>>,
+}
+
+/// EBS gp3's baseline (AWS's EBS volume types page; seeds/002).
+pub const GP3_BASELINE_IOPS: u64 = 3000;
+pub const GP3_BASELINE_MIBPS: u64 = 125;
+
+/// Instance-store NVMe of the m6id family: (instance type, read IOPS,
+/// write IOPS) as AWS publishes them ("Amazon EC2: Instance Types",
+/// General purpose, "Instance store specifications", Read / Write
+/// performance (IOPS); the 2024 edition, read 2026-12-03). AWS publishes
+/// no throughput for these volumes.
+pub const INSTANCE_STORE: &[(&str, u64, u64)] = &[
+    ("m6id.large", 33_542, 16_771),
+    ("m6id.xlarge", 67_083, 33_542),
+    ("m6id.2xlarge", 134_167, 67_084),
+    ("m6id.4xlarge", 268_333, 134_167),
+    ("m6id.8xlarge", 536_666, 268_334),
+    ("m6id.12xlarge", 804_998, 402_500),
+    ("m6id.16xlarge", 1_073_332, 536_668),
+    ("m6id.24xlarge", 1_609_996, 805_000),
+    ("m6id.32xlarge", 2_146_664, 1_073_336),
+];
+
+/// The published figures of an instance type's instance store.
+pub fn instance_store(instance_type: &str) -> Option<(&'static str, u64, u64)> {
+    INSTANCE_STORE
+        .iter()
+        .copied()
+        .find(|(t, _, _)| *t == instance_type)
 }
 
 /// A storage profile's caps (0 = uncapped), resolved from the scenario.
@@ -887,6 +956,48 @@ workloads:
         .unwrap();
         assert_eq!(ok.fleet.value[0].caps().write_iops, 300);
         assert!(!ok.fleet.value[0].emulate());
+        // Published profiles, scaled like the instance: both sides of an
+        // A/B from AWS's figures.
+        let caps = |storage: &str| {
+            parse(Path::new("x"), &with("profile: nvme }", storage))
+                .unwrap()
+                .fleet
+                .value[0]
+                .caps()
+        };
+        let nvme = caps("profile: nvme, instance_store: m6id.4xlarge, scale: 0.125 }");
+        assert_eq!(
+            (nvme.read_iops, nvme.write_iops, nvme.read_mbps),
+            (33_542, 16_771, 0)
+        );
+        let gp3 = caps("profile: gp3, scale: 0.125 }");
+        assert_eq!(
+            (gp3.read_iops, gp3.write_iops, gp3.read_mbps),
+            (375, 375, 125)
+        );
+        assert_eq!(caps("profile: nvme }"), StorageCaps::default());
+        let e = err(&with(
+            "profile: nvme }",
+            "profile: nvme, instance_store: m6i.4xlarge }",
+        ));
+        assert_eq!(e.field, "fleet[0].storage.instance_store", "{e}");
+        assert!(
+            e.message
+                .contains("no published figures for `m6i.4xlarge`: allowed m6id.large"),
+            "{e}"
+        );
+        let e = err(&with(
+            "profile: nvme }",
+            "profile: gp3, instance_store: m6id.large }",
+        ));
+        assert!(e.message.contains("use `profile: nvme`"), "{e}");
+        let e = err(&with("profile: nvme }", "profile: nvme, scale: 0.5 }"));
+        assert!(
+            e.field.ends_with("storage.scale") && e.message.contains("published profile"),
+            "{e}"
+        );
+        let e = err(&with("profile: nvme }", "profile: gp3, scale: 2 }"));
+        assert!(e.message.contains("2 is out of range"), "{e}");
         let e = err(&with("shared_buffers: 128MB", "port: 5433"));
         assert_eq!(
             (e.line, e.field.as_str()),

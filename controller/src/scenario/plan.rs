@@ -126,7 +126,8 @@ pub struct PlanEstimate {
     pub cell_seconds: f64,
     pub measured_seconds: f64,
     /// Wall clock on the fleet: per class, its cells spread over its agents
-    /// (longest first), and classes side by side.
+    /// (longest first), and classes side by side; no less than the emulated
+    /// instances' CPU-seconds over this host's cores.
     pub wall_seconds: f64,
     /// The most disk one agent needs at once (its largest cell).
     pub disk_bytes_per_agent: u64,
@@ -174,6 +175,27 @@ fn estimate_with(
             }
         }
         wall = wall.max(agents.into_iter().fold(0.0, f64::max));
+    }
+    // Emulated instances wait for their host's CPUs (unless the scenario
+    // oversubscribes): local agents share this host, so its cores bound how
+    // many CPU-seconds of instances run at once.
+    if !s.oversubscribe() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let cpu_seconds: f64 = cells
+            .iter()
+            .map(|c| {
+                let cpus = s
+                    .fleet
+                    .value
+                    .iter()
+                    .find(|f| f.name.value == c.instance_class)
+                    .map(|f| f.instance())
+                    .filter(|i| i.emulate)
+                    .map_or(0, |i| i.cpus) as f64;
+                of(c).seconds * cpus * c.roles.len().max(1) as f64
+            })
+            .sum();
+        wall = wall.max(cpu_seconds / cores);
     }
     PlanEstimate {
         cell_seconds: cells.iter().map(|c| of(c).seconds).sum(),

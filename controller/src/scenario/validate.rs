@@ -147,6 +147,48 @@ pub fn validate(s: &Scenario) -> Result<Vec<Vec<(String, Params)>>, Invalid> {
                     );
                 }
             }
+            if let Some(t) = &st.instance_store {
+                if st.profile.value != "nvme" {
+                    return err(
+                        t.referenced,
+                        at("storage.instance_store"),
+                        "an instance store is profile `nvme`'s: use `profile: nvme`",
+                    );
+                }
+                if super::instance_store(&t.value).is_none() {
+                    let known: Vec<&str> = super::INSTANCE_STORE.iter().map(|i| i.0).collect();
+                    return err(
+                        t.referenced,
+                        at("storage.instance_store"),
+                        format!(
+                            "no published figures for `{}`: allowed {}",
+                            t.value,
+                            known.join(", ")
+                        ),
+                    );
+                }
+            }
+            if let Some(x) = &st.scale {
+                let scalable = st.profile.value == "gp3"
+                    || (st.profile.value == "nvme" && st.instance_store.is_some());
+                if !scalable {
+                    return err(
+                        x.referenced,
+                        at("storage.scale"),
+                        "scale applies to a published profile: `gp3`, or `nvme` with `instance_store` (a `custom` profile gives its caps as they are)",
+                    );
+                }
+                if !(x.value > 0.0 && x.value <= 1.0) {
+                    return err(
+                        x.referenced,
+                        at("storage.scale"),
+                        format!(
+                            "{} is out of range: allowed above 0, up to 1 (the instance's share of the device's IOPS)",
+                            x.value
+                        ),
+                    );
+                }
+            }
             if st.profile.value == "custom" && caps.iter().all(|(_, v)| v.is_none()) {
                 return err(
                     st.profile.referenced,

@@ -164,6 +164,19 @@ pub struct Agent {
     pub address: String,
     /// Its storage profile (from its registration), for metrics' labels.
     pub profile: String,
+    /// Its host (from its registration): name, cores, memory, and the
+    /// emulated instance each of its clusters gets (0 = not limited).
+    pub host: Host,
+}
+
+/// An agent's host and the instance it emulates there, as registered.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Host {
+    pub name: String,
+    pub cores: u32,
+    pub memory_bytes: u64,
+    pub instance_cpus: u32,
+    pub instance_memory_bytes: u64,
 }
 
 /// One role of a running cell.
@@ -214,6 +227,10 @@ pub struct Core {
     /// The time of the input being applied.
     now: Instant,
     out: Vec<Effect>,
+    /// Start cells even when the emulated instances running at once on a
+    /// host would ask for more CPUs or memory than it has (the scenario's
+    /// `oversubscribe: true`); by default such a cell waits.
+    pub oversubscribe: bool,
 }
 
 impl Core {
@@ -239,6 +256,7 @@ impl Core {
                         why_lost: String::new(),
                         address: String::new(),
                         profile: String::new(),
+                        host: Host::default(),
                     };
                     (id.clone(), agent)
                 })
@@ -261,6 +279,7 @@ impl Core {
             sample_seq: HashMap::new(),
             now,
             out: Vec::new(),
+            oversubscribe: false,
         }
     }
 
@@ -454,6 +473,13 @@ impl Core {
         slot.conn = conn;
         slot.last_seen = now;
         slot.address = info.address.clone();
+        slot.host = Host {
+            name: info.hostname.clone(),
+            cores: info.cores,
+            memory_bytes: info.memory_bytes,
+            instance_cpus: info.instance_cpus,
+            instance_memory_bytes: info.instance_memory_bytes,
+        };
         slot.profile = info
             .storage
             .as_ref()
@@ -862,6 +888,7 @@ impl Core {
                             && a.connected
                             && a.cell.is_none()
                             && !picked.contains(id)
+                            && (self.oversubscribe || self.fits_host(id, &picked))
                     })
                     .map(|(id, _)| id.clone());
                 match idle {
@@ -906,6 +933,36 @@ impl Core {
                 self.finish_without_result(idx, CellState::Failed, &msg);
             }
         }
+    }
+
+    /// Whether agent `id` may start a cell now without the emulated
+    /// instances running on its host (and those `picked` for the same
+    /// cell) asking for more CPUs or memory than the host has. A host with
+    /// no cell running always takes one: a cell larger than its host still
+    /// runs (the report warns), alone.
+    fn fits_host(&self, id: &str, picked: &[String]) -> bool {
+        let Some(me) = self.agents.get(id).map(|a| &a.host) else {
+            return true;
+        };
+        if me.instance_cpus == 0 && me.instance_memory_bytes == 0 {
+            return true;
+        }
+        let on_host = |a: &Agent| a.host.name == me.name;
+        if !self.agents.values().any(|a| on_host(a) && a.cell.is_some()) {
+            return true;
+        }
+        let busy: Vec<&Host> = self
+            .agents
+            .iter()
+            .filter(|(other, a)| on_host(a) && (a.cell.is_some() || picked.contains(other)))
+            .map(|(_, a)| &a.host)
+            .collect();
+        let cpus: u64 =
+            busy.iter().map(|h| h.instance_cpus as u64).sum::<u64>() + me.instance_cpus as u64;
+        let memory: u64 =
+            busy.iter().map(|h| h.instance_memory_bytes).sum::<u64>() + me.instance_memory_bytes;
+        (me.cores == 0 || cpus <= me.cores as u64)
+            && (me.memory_bytes == 0 || memory <= me.memory_bytes)
     }
 
     fn start_cell(&mut self, idx: usize, agents: Vec<String>, now: Instant) {
@@ -1180,6 +1237,47 @@ mod tests {
             ..Default::default()
         };
         c.apply(Input::Registered { info, conn }, now)
+    }
+
+    #[test]
+    fn emulated_instances_never_crowd_their_host_unless_the_scenario_allows() {
+        let t0 = Instant::now();
+        for oversubscribe in [false, true] {
+            let mut c = core(single(2), &["a-0", "a-1"], t0);
+            c.oversubscribe = oversubscribe;
+            let mut started = Vec::new();
+            for id in ["a-0", "a-1"] {
+                let info = Register {
+                    agent_id: id.into(),
+                    instance_class: "a".into(),
+                    hostname: "h".into(),
+                    cores: 2,
+                    memory_bytes: 8 << 30,
+                    instance_cpus: 2,
+                    instance_memory_bytes: 1 << 30,
+                    ..Default::default()
+                };
+                started.extend(starts(&c.apply(Input::Registered { info, conn: 1 }, t0)));
+            }
+            if oversubscribe {
+                // Two 2-CPU instances on a 2-core host, as asked.
+                assert_eq!(started.len(), 2, "{started:?}");
+                continue;
+            }
+            // One 2-CPU instance fills the 2-core host: the second cell
+            // waits for the first to end, then runs.
+            assert_eq!(started.len(), 1, "{started:?}");
+            let (idx, agents) = started[0].clone();
+            let cell = id(&c, idx);
+            let e = message(
+                &mut c,
+                &agents[0],
+                1,
+                result(&cell, "", CellStatus::Succeeded, ""),
+                t0,
+            );
+            assert_eq!(starts(&e).len(), 1, "the freed host takes the next cell");
+        }
     }
 
     fn message(c: &mut Core, id: &str, conn: u64, msg: Msg, now: Instant) -> Vec<Effect> {

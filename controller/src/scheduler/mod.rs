@@ -51,6 +51,9 @@ pub struct Options {
     /// The controller's metrics, and the scenario's name for their labels.
     pub metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
     pub scenario: String,
+    /// The scenario's `oversubscribe`: start cells even when the emulated
+    /// instances running at once on a host ask for more than it has.
+    pub oversubscribe: bool,
 }
 
 /// What happens in a run, as published to its watchers (`GET
@@ -98,6 +101,7 @@ impl Default for Options {
             events: None,
             metrics: None,
             scenario: String::new(),
+            oversubscribe: false,
         }
     }
 }
@@ -150,11 +154,13 @@ impl Scheduler {
         let (writes, rx) = mpsc::unbounded_channel();
         let (stored_tx, stored) = mpsc::unbounded_channel();
         let sample_writer = crate::writer::spawn(run_id.to_string(), store.clone(), rx, stored_tx);
+        let mut core = Core::new(timing, cells, expected, Instant::now());
+        core.oversubscribe = opts.oversubscribe;
         Scheduler {
             run_id: run_id.to_string(),
             store,
             opts,
-            core: Core::new(timing, cells, expected, Instant::now()),
+            core,
             conns: HashMap::new(),
             bars: HashMap::new(),
             spans: HashMap::new(),
