@@ -28,6 +28,34 @@ pub struct RunOptions {
     pub datasets_only: bool,
 }
 
+/// Local agents run on this host with its tools: a `kind: fio` entry with
+/// no fio here (or one too old) is refused before anything starts, at the
+/// entry's `kind`. (The agents' `--fio` is `PGFLEET_FIO`, else `fio`.)
+fn check_local_tools(path: &Path, sc: &scenario::Scenario) -> Result<()> {
+    let Some((i, w)) = sc
+        .workloads
+        .value
+        .iter()
+        .enumerate()
+        .find(|(_, w)| w.kind.value == "fio")
+    else {
+        return Ok(());
+    };
+    let program =
+        std::env::var_os("PGFLEET_FIO").map_or_else(|| PathBuf::from("fio"), PathBuf::from);
+    pgfleet_proto::workload::fio::check(&program).map_err(|message| -> crate::Error {
+        scenario::ScenarioError {
+            file: path.to_path_buf(),
+            line: w.kind.referenced.line(),
+            column: w.kind.referenced.column(),
+            field: format!("workloads[{i}].kind"),
+            message,
+        }
+        .into()
+    })?;
+    Ok(())
+}
+
 #[derive(Debug, Clone)]
 pub struct RunSummary {
     pub run_id: String,
@@ -40,6 +68,7 @@ pub struct RunSummary {
 pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunSummary> {
     let yaml = scenario::read(&opts.scenario)?;
     let sc = scenario::parse(&opts.scenario, &yaml)?;
+    check_local_tools(&opts.scenario, &sc)?;
     let mut cells = scenario::plan(&sc);
     if opts.datasets_only {
         cells = crate::datasets::builds(cells);

@@ -633,6 +633,40 @@ fn an_invalid_scenario_exits_2_naming_line_and_field_before_starting_anything() 
     assert!(!s.data().exists());
 }
 
+/// Local agents use this host's fio: a `kind: fio` entry without one is
+/// refused before anything starts, at the entry's `kind`, saying what to
+/// install.
+#[test]
+fn a_fio_entry_without_fio_on_the_host_exits_2_at_its_kind() {
+    let s = Scratch::new("nofio");
+    let sc = s.write(
+        "fio.yaml",
+        "name: nofio
+fleet:
+  - name: local
+workloads:
+  - kind: fio
+    size: 32MiB
+",
+    );
+    let out = s
+        .run_cmd(&sc, &[])
+        .env("PGFLEET_FIO", "/nonexistent/fio")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("fio.yaml:5:")
+            && err.contains("workloads[0].kind")
+            && err.contains("`/nonexistent/fio` was not found")
+            && err.contains("apt-get install fio"),
+        "{err}"
+    );
+    assert!(!s.store().exists(), "nothing should be stored");
+    assert!(!s.data().exists());
+}
+
 #[test]
 fn help_teaches_the_commands_and_exit_codes() {
     let out = std::process::Command::new(common::pgfleet())

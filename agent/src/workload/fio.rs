@@ -16,9 +16,7 @@ use super::{CellContext, Output};
 use crate::cluster::Cluster;
 use crate::cluster::throttle::Caps;
 use crate::{Error, Result};
-use pgfleet_proto::workload::fio::{
-    MIN_FIO_VERSION, Metrics, Params, Point, PointParams, Run, parse_version,
-};
+use pgfleet_proto::workload::fio::{Metrics, Params, Point, PointParams, Run, check};
 
 fn err(message: impl Into<String>) -> Error {
     Error::Workload {
@@ -27,42 +25,15 @@ fn err(message: impl Into<String>) -> Error {
     }
 }
 
-/// The fio at `program` and its version, or an error that says what to
-/// install.
-pub async fn version(program: &Path) -> Result<(String, (u32, u32))> {
-    let out = tokio::process::Command::new(program)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .output()
+/// The fio at `program` and its version text, or an error that says what
+/// to install (`pgfleet_proto::workload::fio::check`, which `pgfleet run`
+/// also uses before starting local agents).
+pub async fn version(program: &Path) -> Result<String> {
+    let program = program.to_path_buf();
+    tokio::task::spawn_blocking(move || check(&program))
         .await
-        .map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                err(format!(
-                    "`{}` was not found on the agent's host: install fio (Debian/Ubuntu: apt-get install fio; \
-                     the pgfleet agent image has it) or point the agent at it with --fio / PGFLEET_FIO",
-                    program.display()
-                ))
-            } else {
-                err(format!("running `{} --version`: {e}", program.display()))
-            }
-        })?;
-    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let v = parse_version(&text).ok_or_else(|| {
-        err(format!(
-            "`{} --version` printed `{text}`, not fio's `fio-<major>.<minor>`: is it fio?",
-            program.display()
-        ))
-    })?;
-    if v < MIN_FIO_VERSION {
-        return Err(err(format!(
-            "{text} at `{}` is too old: kind fio needs fio >= {}.{} (JSON latency percentiles of every I/O \
-             and of sync calls); install a newer fio or point the agent at one with --fio",
-            program.display(),
-            MIN_FIO_VERSION.0,
-            MIN_FIO_VERSION.1
-        )));
-    }
-    Ok((text, v))
+        .map_err(|e| err(format!("checking fio: {e}")))?
+        .map_err(err)
 }
 
 /// Removes the job file when the workload ends, however it ends.
@@ -93,7 +64,7 @@ pub async fn measure(
     cancel: &CancellationToken,
     progress: impl Fn(u64, u64, String),
 ) -> Result<Vec<Point>> {
-    let (fio_version, _) = version(program).await?;
+    let fio_version = version(program).await?;
     let file = cluster.dir().join("fio.data");
     let _remove = RemoveOnDrop(file.clone());
     let runs = p.runs();

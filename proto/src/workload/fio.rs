@@ -249,6 +249,43 @@ impl KindParams for Params {
     }
 }
 
+/// Runs `<program> --version` and checks it is a fio kind fio can read:
+/// its version text (`fio-3.33`), or an error that says what to install.
+pub fn check(program: &std::path::Path) -> Result<String, String> {
+    let out = std::process::Command::new(program)
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                format!(
+                    "`{}` was not found on the agent's host: install fio (Debian/Ubuntu: apt-get install fio; \
+                     the pgfleet agent image has it) or point the agent at it with --fio / PGFLEET_FIO",
+                    program.display()
+                )
+            } else {
+                format!("running `{} --version`: {e}", program.display())
+            }
+        })?;
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let v = parse_version(&text).ok_or_else(|| {
+        format!(
+            "`{} --version` printed `{text}`, not fio's `fio-<major>.<minor>`: is it fio?",
+            program.display()
+        )
+    })?;
+    if v < MIN_FIO_VERSION {
+        return Err(format!(
+            "{text} at `{}` is too old: kind fio needs fio >= {}.{} (JSON latency percentiles of every I/O \
+             and of sync calls); install a newer fio or point the agent at one with --fio / PGFLEET_FIO",
+            program.display(),
+            MIN_FIO_VERSION.0,
+            MIN_FIO_VERSION.1
+        ));
+    }
+    Ok(text)
+}
+
 /// `fio-3.33` (what `fio --version` prints) -> (3, 33).
 pub fn parse_version(text: &str) -> Option<(u32, u32)> {
     let v = text.trim().strip_prefix("fio-")?;
