@@ -72,6 +72,43 @@ async fn dropping_a_cluster_stops_it_and_reap_removes_leftovers() {
     std::fs::remove_dir_all(&root).unwrap();
 }
 
+/// A cluster with its own volume (a loop device and a mount under its
+/// directory) whose agent was killed: `reap_stale` stops the server,
+/// unmounts, detaches the loop device and removes everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reap_removes_a_killed_agents_volume() {
+    if !pgfleet_agent::cluster::volume::available() {
+        eprintln!("skipped: own volumes need root, losetup and mkfs.ext4");
+        return;
+    }
+    let root = scratch("reap-volume");
+    let mut s = spec(&root, "c1");
+    s.account_io = true;
+    let cluster = Cluster::provision(&s).await.unwrap();
+    let volume = cluster.storage_dir().to_path_buf();
+    assert!(volume.ends_with("volume"), "{}", volume.display());
+    let pid = cluster.pid().unwrap();
+    // What an agent killed with SIGKILL leaves: no Drop runs.
+    std::mem::forget(cluster);
+    let mounted = || {
+        std::fs::read_to_string("/proc/self/mounts")
+            .unwrap()
+            .contains(volume.to_str().unwrap())
+    };
+    assert!(mounted() && pid_alive(pid));
+    assert_eq!(reap_stale(&root.join("clusters")).unwrap(), 1);
+    assert!(!pid_alive(pid));
+    assert!(!mounted(), "{} still mounted", volume.display());
+    let loops = std::process::Command::new("losetup")
+        .arg("-a")
+        .output()
+        .unwrap();
+    let loops = String::from_utf8_lossy(&loops.stdout);
+    assert!(!loops.contains(root.to_str().unwrap()), "{loops}");
+    assert!(!root.join("clusters/c1").exists());
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reserved_settings_are_refused() {
     let root = scratch("reserved");

@@ -27,6 +27,7 @@ use crate::pgbin::PgBin;
 use crate::{Error, Result};
 
 pub mod throttle;
+pub mod volume;
 use throttle::Caps;
 
 /// The agent's own role: loading, probes, statistics, CHECKPOINT, cache
@@ -193,6 +194,9 @@ pub struct Cluster {
     cgroups: Vec<throttle::Cgroup>,
     /// The emulated instance's memory (0: the host's).
     memory_bytes: u64,
+    /// Its own block device (`ClusterSpec::account_io` as root, where the
+    /// host has the tools): PGDATA lives in it and its bytes are exact.
+    volume: Option<volume::Volume>,
     pub pg: PgBin,
 }
 
@@ -220,13 +224,33 @@ impl Cluster {
     pub fn cgroups(&self) -> Vec<&Path> {
         self.cgroups.iter().map(|c| c.path.as_path()).collect()
     }
-    /// Bytes (read, written) the device has done for the server's
-    /// processes since it started: its block-I/O cgroup's statistics. None
-    /// when the cluster has none (see `ClusterSpec::account_io`).
+    /// Bytes (read, written) the device has done for the cluster: its own
+    /// volume's, exact (every write, writeback included), or else its
+    /// block-I/O cgroup's (on cgroup v1 without the writeback the kernel's
+    /// flushers do). None when it has neither (see
+    /// `ClusterSpec::account_io`); `device_source` says which.
     pub fn io_bytes(&self) -> Option<(u64, u64)> {
+        if let Some(v) = &self.volume {
+            return v.io_bytes();
+        }
         self.cgroups
             .iter()
             .find_map(|c| throttle::io_bytes(&c.path))
+    }
+    /// Where `io_bytes` comes from, for reports.
+    pub fn device_source(&self) -> Option<&'static str> {
+        if self.volume.is_some() {
+            Some("the cluster's own loop device (exact)")
+        } else if self.io_bytes().is_some() {
+            Some("the cluster's block-I/O cgroup (on cgroup v1 without buffered writeback)")
+        } else {
+            None
+        }
+    }
+    /// The directory on the class's storage where the cluster's data is:
+    /// its own volume, or its directory. A kind's scratch files go here.
+    pub fn storage_dir(&self) -> &Path {
+        self.volume.as_ref().map_or(&self.dir, |v| v.dir())
     }
     pub fn pid(&self) -> Option<u32> {
         self.child().as_ref().and_then(|c| c.id())
@@ -288,6 +312,7 @@ impl Cluster {
             spec: spec.clone(),
             cgroups: Vec::new(),
             memory_bytes: spec.memory_bytes,
+            volume: None,
             pg: spec.pg.clone(),
         };
         std::fs::set_permissions(&cluster.dir, std::fs::Permissions::from_mode(0o700))
@@ -304,6 +329,22 @@ impl Cluster {
             )?;
             check_reachable(&cluster.dir, u)?;
         }
+        let mut cluster = cluster;
+        if spec.account_io && volume::available() {
+            // Sparse: it takes the disk the data takes, up to what is free.
+            let size = (crate::host::free_bytes(&cluster.dir).unwrap_or(0) / 10 * 9).max(1 << 30);
+            let owner = spec.run_as.as_ref().map(|u| (u.uid, u.gid));
+            match volume::Volume::create(&cluster.dir, size, owner) {
+                Ok(v) => {
+                    cluster.data = v.dir().join("data");
+                    cluster.volume = Some(v);
+                }
+                Err(e) => tracing::warn!(
+                    "no volume of its own for cluster {} ({e}); its device bytes come from its cgroup",
+                    spec.name
+                ),
+            }
+        }
         Ok(cluster)
     }
 
@@ -319,7 +360,10 @@ impl Cluster {
         };
         if limits.any() {
             let name = format!("{}-{:016x}", spec.name, path_hash(&self.dir));
-            self.cgroups = throttle::create(&name, &self.dir, &limits, spec.run_as.as_ref())?;
+            // The device under the data: the cluster's own volume's when it
+            // has one, so the caps apply to it.
+            let under = self.storage_dir().to_path_buf();
+            self.cgroups = throttle::create(&name, &under, &limits, spec.run_as.as_ref())?;
             // Recorded so a later `reap_stale` can remove them.
             let paths: Vec<String> = self
                 .cgroups
@@ -991,6 +1035,9 @@ impl Cluster {
         for cg in std::mem::take(&mut self.cgroups) {
             throttle::remove_path(&cg.path)?;
         }
+        if let Some(mut v) = self.volume.take() {
+            v.remove()?;
+        }
         let dir = std::mem::take(&mut self.dir);
         remove_tree(&dir)
     }
@@ -1004,6 +1051,9 @@ impl Drop for Cluster {
         }
         for cg in std::mem::take(&mut self.cgroups) {
             let _ = throttle::remove_path(&cg.path);
+        }
+        if let Some(mut v) = self.volume.take() {
+            let _ = v.remove();
         }
         if !self.dir.as_os_str().is_empty() {
             let _ = remove_tree(&self.dir);
@@ -1151,14 +1201,17 @@ pub fn reap_stale(clusters_dir: &Path) -> Result<usize> {
     let mut n = 0;
     for entry in entries.flatten() {
         let dir = entry.path();
-        if let Some(pid) = postmaster_pid(&dir.join("data")) {
-            stop_pid(pid);
+        for data in [dir.join("data"), dir.join("volume/data")] {
+            if let Some(pid) = postmaster_pid(&data) {
+                stop_pid(pid);
+            }
         }
         if let Ok(cgs) = std::fs::read_to_string(dir.join("cgroup")) {
             for cg in cgs.lines().filter(|l| !l.trim().is_empty()) {
                 throttle::remove_path(Path::new(cg.trim()))?;
             }
         }
+        volume::reap(&dir)?;
         remove_tree(&dir)?;
         n += 1;
     }

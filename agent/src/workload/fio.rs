@@ -1,5 +1,5 @@
-//! `fio` (`pgfleet_proto::workload::fio`): runs the standard tool on the
-//! cell's cluster directory — the class's data volume — in the cluster's
+//! `fio` (`pgfleet_proto::workload::fio`): runs the standard tool beside the
+//! cell's data (`Cluster::storage_dir`) — on the class's storage — in the cluster's
 //! cgroups (`Cluster::contained`), one fio process per job and queue depth,
 //! and reads its JSON. The file it lays out is removed on every path: by a
 //! guard here, and with the cluster's directory otherwise.
@@ -65,7 +65,7 @@ pub async fn measure(
     progress: impl Fn(u64, u64, String),
 ) -> Result<Vec<Point>> {
     let fio_version = version(program).await?;
-    let file = cluster.dir().join("fio.data");
+    let file = cluster.storage_dir().join("fio.data");
     let _remove = RemoveOnDrop(file.clone());
     let runs = p.runs();
     let mut points = Vec::new();
@@ -94,6 +94,7 @@ pub async fn measure(
             metrics.device_write_bytes = Some(a.1.saturating_sub(b.1));
         }
         metrics.fio = fio_version.clone();
+        metrics.device_source = cluster.device_source().map(String::from);
         points.push(Point {
             params: PointParams {
                 job: r.job.clone(),
@@ -204,7 +205,7 @@ async fn fio(
             // One process (jobs as threads): killing it stops every job.
             "--thread",
         ])
-        .current_dir(cluster.dir())
+        .current_dir(cluster.storage_dir())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -327,6 +328,7 @@ pub fn metrics(doc: &Json, r: &Run) -> std::result::Result<Metrics, String> {
         },
         device_read_bytes: None,
         device_write_bytes: None,
+        device_source: None,
         fio: String::new(),
     })
 }

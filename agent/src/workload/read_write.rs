@@ -8,8 +8,9 @@
 //!   article's `count(*) ... WHERE txt <> ...` on a fresh connection after
 //!   `Cluster::make_cold` (restart + the database's files evicted) or
 //!   `Cluster::restart` (after one unrecorded scan filled the OS cache);
-//! - device bytes are the cluster's block-I/O cgroup's (`Cluster::io_bytes`,
-//!   the agent creates it for this kind): only this cluster's processes;
+//! - device bytes are the cluster's own (`Cluster::io_bytes`: as root, its
+//!   own loop device under PGDATA, exact; else its block-I/O cgroup, which
+//!   on cgroup v1 misses buffered writeback), never another cluster's;
 //! - PostgreSQL's dirty-page writes come from `pg_stat_io` (16+) or
 //!   `pg_stat_bgwriter` (checkpoint, clean and backend buffers), WAL bytes
 //!   from `pg_current_wal_lsn()`;
@@ -277,6 +278,7 @@ async fn seq_scan(ctx: &CellContext<'_>, p: &Params, cold: bool) -> Result<Metri
         executions_ms: runs.iter().map(|r| r.0).collect(),
         device_read_bytes: accounted.then(|| dev_read / p.repeats as u64),
         evicted_bytes: cold.then_some(evicted),
+        device_source: ctx.cluster.device_source().map(String::from),
         ..Metrics::default()
     })
 }
@@ -317,6 +319,7 @@ async fn random_read(ctx: &CellContext<'_>, p: &Params) -> Result<Metrics> {
         blocks_read: internals.blocks_read,
         device_read_bytes: dev,
         evicted_bytes: Some(evicted),
+        device_source: ctx.cluster.device_source().map(String::from),
         ..Metrics::default()
     })
 }
@@ -396,7 +399,9 @@ async fn write(ctx: &CellContext<'_>, p: &Params) -> Result<Metrics> {
         device_write_bytes_checkpoint: dev_ckpt,
         dirty_page_bytes: Some(dirty),
         wal_bytes: Some(wal),
-        write_amplification: dev.map(|d| d as f64 / (dirty + wal).max(1) as f64),
+        write_amplification: dev.map(|d| d as f64 / p.table_bytes().max(1) as f64),
+        device_vs_postgres: dev.map(|d| d as f64 / (dirty + wal).max(1) as f64),
+        device_source: ctx.cluster.device_source().map(String::from),
         ..Metrics::default()
     })
 }

@@ -56,7 +56,8 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
          storage caps). Random jobs: 8 KiB (PostgreSQL's page); sequential: 1 MiB; wal-fsync: 8 KiB writes \
          each followed by fdatasync (latencies are the fdatasync's, what a commit waits for). Latency is total \
          per I/O. \"of cap\" = the job's IOPS (random) or MiB/s (sequential) against the profile's emulated cap. \
-         Device MiB: the cluster's block-I/O cgroup (ramp and file layout included; – where not accounted)."
+         Device MiB: the cluster's own device (its loop device, exact, or its block-I/O cgroup; ramp and file \
+         layout included; – where not accounted)."
     );
     let classes = &doc["environment"]["instance_classes"];
     let mut by_job: BTreeMap<String, Vec<(String, u32, Metrics)>> = BTreeMap::new();
@@ -75,7 +76,7 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
              |---|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
         let mut fio_version = String::new();
-        for r in rs {
+        for r in &rs {
             let Some(pt) = point(r) else { continue };
             let (p, m) = (&pt.params, &pt.metrics);
             let of_cap = cap(storage, p)
@@ -109,6 +110,12 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
         }
         if !fio_version.is_empty() {
             let _ = writeln!(md, "\n{fio_version}.");
+        }
+        if let Some(src) = rs
+            .iter()
+            .find_map(|r| r["metrics"]["device_source"].as_str())
+        {
+            let _ = writeln!(md, "Device bytes: {src}.");
         }
     }
     compare(md, doc);

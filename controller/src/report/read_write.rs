@@ -27,11 +27,21 @@ pub fn section(
          `test_table (id serial, col1 int, txt varchar = repeat(md5(i), 15))`. Sequential scans are \
          `EXPLAIN (ANALYZE, BUFFERS)` of `count(*) ... WHERE txt <> ...`: cold = restart with the database's files \
          evicted from the OS page cache, OS cache = restart only (mean of the repeats; I/O ms sums parallel workers). \
-         Device bytes are the cluster's block-I/O cgroup's: its own processes only (– where the agent could not \
-         account: not root, or no cgroup). Write amplification = device bytes / (dirty pages PostgreSQL wrote + WAL)."
+         Device bytes are the cluster's own: its own loop device under PGDATA (exact, writeback included) where \
+         the agent could make one (root, losetup, mkfs.ext4), else its block-I/O cgroup (on cgroup v1 without \
+         buffered writeback, so the write test's bytes are short); – where neither. Write amplification = device \
+         bytes / the table's bytes (every row was rewritten): each page reaches the device as a full-page image in \
+         the WAL and again from the checkpoint, and the new row versions fill new pages. Device / PostgreSQL = \
+         device bytes / (dirty pages PostgreSQL wrote + WAL): about 1 when the device bytes are exact."
     );
     for (class, rs) in by_class(results) {
         let _ = writeln!(md, "\n### {class}");
+        if let Some(src) = rs
+            .iter()
+            .find_map(|r| r["metrics"]["device_source"].as_str())
+        {
+            let _ = writeln!(md, "\nDevice bytes: {src}.");
+        }
         let seq: Vec<&&Json> = rs
             .iter()
             .filter(|r| {
@@ -82,8 +92,8 @@ pub fn section(
             let m = &r["metrics"];
             let _ = writeln!(
                 md,
-                "\n| write test | UPDATE s | CHECKPOINT s | dirty pages MiB | WAL MiB | device wrote MiB | of which CHECKPOINT | write amplification |\n|---|---|---|---|---|---|---|---|\n\
-                 | {} rows | {} | {} | {} | {} | {} | {} | {} |",
+                "\n| write test | UPDATE s | CHECKPOINT s | dirty pages MiB | WAL MiB | device wrote MiB | of which CHECKPOINT | write amplification | device / PostgreSQL |\n|---|---|---|---|---|---|---|---|---|\n\
+                 | {} rows | {} | {} | {} | {} | {} | {} | {} | {} |",
                 r["params"]["rows"],
                 num(&m["update_seconds"], 2),
                 num(&m["checkpoint_seconds"], 2),
@@ -92,6 +102,7 @@ pub fn section(
                 mib(&m["device_write_bytes"]),
                 mib(&m["device_write_bytes_checkpoint"]),
                 num(&m["write_amplification"], 2),
+                num(&m["device_vs_postgres"], 2),
             );
         }
     }

@@ -141,12 +141,16 @@ pub struct Metrics {
     pub runtime_s: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write_latency_ms_p99: Option<f64>,
-    /// Bytes the device read and wrote for the job (the cluster's block-I/O
-    /// cgroup, ramp included; None where the agent cannot account).
+    /// Bytes the device read and wrote for the job (ramp included; None
+    /// where the agent cannot account).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_read_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_write_bytes: Option<u64>,
+    /// Where the device bytes come from (the cluster's own loop device, or
+    /// its block-I/O cgroup).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_source: Option<String>,
     /// fio's version, e.g. `fio-3.33`.
     pub fio: String,
 }

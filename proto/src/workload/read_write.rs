@@ -12,8 +12,9 @@
 //!   the instance's memory);
 //! - `write`: `UPDATE test_table SET txt = txt || '.'` then a timed
 //!   `CHECKPOINT`, checkpoints otherwise held off: the bytes the device
-//!   wrote (the cluster's block-I/O cgroup, so only its own processes)
-//!   against the bytes of dirty pages PostgreSQL wrote and the WAL bytes.
+//!   wrote (the cluster's own volume, so only its own writes, writeback
+//!   included) against the bytes of dirty pages PostgreSQL wrote and the WAL
+//!   bytes.
 //!
 //! On PostgreSQL 18 the reads repeat per `io_methods` (sync, worker,
 //! io_uring); before 18 the server has one (synchronous) way to read.
@@ -106,6 +107,11 @@ pub struct Metrics {
     /// test (its block-I/O cgroup; None where the agent cannot account).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_read_bytes: Option<u64>,
+    /// Where the device bytes come from: the cluster's own loop device
+    /// (exact), or its block-I/O cgroup (on cgroup v1 it misses buffered
+    /// writeback, so the write test's bytes are short).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_source: Option<String>,
     /// Bytes of the database's files evicted from the page cache first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evicted_bytes: Option<u64>,
@@ -137,9 +143,18 @@ pub struct Metrics {
     pub dirty_page_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wal_bytes: Option<u64>,
-    /// device bytes / (dirty page bytes + WAL bytes).
+    /// Device bytes per byte of the table the UPDATE rewrote (device bytes
+    /// / table bytes), seeds/004's sense: the page, its new versions, and
+    /// the WAL that made them durable (full-page images included).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write_amplification: Option<f64>,
+    /// device bytes / (dirty page bytes + WAL bytes): what reached the
+    /// device against what PostgreSQL wrote. About 1 where the device
+    /// bytes are exact (the OS merging a page written twice takes a little
+    /// off, the filesystem's journal adds a little); well below 1 where
+    /// buffered writeback is not counted (a cgroup v1 block-I/O cgroup).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_vs_postgres: Option<f64>,
 }
 
 pub type Point = super::Point<PointParams, Metrics>;

@@ -1,0 +1,231 @@
+//! A cluster's own block device, where its device bytes must be exact: a
+//! loop device over a sparse file on the class's storage, with its own
+//! ext4, mounted at `<cluster dir>/volume`; PGDATA lives in it. The loop
+//! device's `/sys/block/loopN/stat` counts every byte its filesystem sent
+//! to it — buffered writeback, checkpoints, WAL, the journal — which a
+//! cgroup v1 block-I/O cgroup does not: there, writeback is done by the
+//! kernel's flusher threads and charged to no cluster. The loop device
+//! reads and writes its file with direct I/O, so the host's page cache does
+//! not hold a second copy.
+//!
+//! Needs root, `losetup` (util-linux) and `mkfs.ext4` (e2fsprogs); where
+//! they are missing the cluster runs in its directory as before and the
+//! kind says its device bytes came from the cgroup. The loop device is
+//! recorded in the cluster's directory (`volume`), so `reap_stale` can
+//! unmount and detach what a killed agent left.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::{Error, Result};
+
+/// A mounted per-cluster volume; `remove` (or Drop) unmounts, detaches
+/// and deletes it.
+#[derive(Debug)]
+pub struct Volume {
+    /// `<cluster dir>/volume.img`
+    image: PathBuf,
+    /// `<cluster dir>/volume`
+    mount: PathBuf,
+    /// `/dev/loopN`
+    device: String,
+}
+
+/// Where the loop device is recorded in the cluster's directory.
+const RECORD: &str = "volume.dev";
+
+fn run(cmd: &mut Command, what: &str) -> Result<String> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| Error::Provision(format!("{what}: {e}")))?;
+    if !out.status.success() {
+        return Err(Error::Provision(format!(
+            "{what} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Whether this host can give clusters their own volumes.
+pub fn available() -> bool {
+    nix::unistd::geteuid().is_root()
+        && ["losetup", "mkfs.ext4", "mount", "umount"]
+            .iter()
+            .all(|t| which(t).is_some())
+}
+
+fn which(tool: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .map(|d| d.join(tool))
+        .find(|p| p.is_file())
+}
+
+fn tool(name: &str) -> Command {
+    Command::new(which(name).unwrap_or_else(|| PathBuf::from(name)))
+}
+
+impl Volume {
+    /// Creates `dir/volume.img` (sparse, `size` bytes), attaches it, makes
+    /// an ext4 on it and mounts it at `dir/volume`, owned by `owner`.
+    /// Undoes what it did on any error.
+    pub fn create(dir: &Path, size: u64, owner: Option<(u32, u32)>) -> Result<Volume> {
+        let image = dir.join("volume.img");
+        let mount = dir.join("volume");
+        let f = std::fs::File::create(&image)
+            .map_err(|e| Error::io(format!("creating {}", image.display()), e))?;
+        f.set_len(size)
+            .map_err(|e| Error::io(format!("sizing {}", image.display()), e))?;
+        drop(f);
+        let device = match run(
+            tool("losetup")
+                .args(["--find", "--show", "--direct-io=on"])
+                .arg(&image),
+            "losetup",
+        ) {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = std::fs::remove_file(&image);
+                return Err(e);
+            }
+        };
+        let mut v = Volume {
+            image,
+            mount,
+            device,
+        };
+        let made = (|| -> Result<()> {
+            std::fs::write(dir.join(RECORD), &v.device)
+                .map_err(|e| Error::io("recording the loop device", e))?;
+            run(
+                tool("mkfs.ext4")
+                    // Everything initialized now (a small inode table, one
+                    // inode per MiB), nothing in the background later: the
+                    // kernel's lazy init would write to the device while
+                    // a kind measures its bytes.
+                    .args(["-q", "-F", "-m", "0", "-i", "1048576", "-J", "size=32"])
+                    .args(["-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard"])
+                    .arg(&v.device),
+                "mkfs.ext4",
+            )?;
+            std::fs::create_dir_all(&v.mount)
+                .map_err(|e| Error::io(format!("creating {}", v.mount.display()), e))?;
+            run(
+                tool("mount")
+                    .args(["-t", "ext4", "-o", "noatime,noinit_itable"])
+                    .arg(&v.device)
+                    .arg(&v.mount),
+                "mount",
+            )?;
+            if let Some((uid, gid)) = owner {
+                nix::unistd::chown(&v.mount, Some(uid.into()), Some(gid.into()))
+                    .map_err(|e| Error::Provision(format!("chown {}: {e}", v.mount.display())))?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = made {
+            let _ = v.remove();
+            return Err(e);
+        }
+        Ok(v)
+    }
+
+    /// The mounted filesystem (where PGDATA and a kind's files go).
+    pub fn dir(&self) -> &Path {
+        &self.mount
+    }
+
+    /// `loop3` for `/dev/loop3`.
+    fn name(&self) -> &str {
+        self.device.trim_start_matches("/dev/")
+    }
+
+    /// Bytes (read, written) the device completed since it was attached:
+    /// `/sys/block/loopN/stat`'s sectors read and written (512 bytes each).
+    pub fn io_bytes(&self) -> Option<(u64, u64)> {
+        let stat = std::fs::read_to_string(format!("/sys/block/{}/stat", self.name())).ok()?;
+        let f: Vec<u64> = stat
+            .split_whitespace()
+            .map(|x| x.parse().unwrap_or(0))
+            .collect();
+        Some((f.get(2)? * 512, f.get(6)? * 512))
+    }
+
+    /// Unmounts, detaches and deletes the volume (idempotent).
+    pub fn remove(&mut self) -> Result<()> {
+        if self.device.is_empty() {
+            return Ok(());
+        }
+        let dir = self
+            .image
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        release(&dir, &self.device)?;
+        self.device.clear();
+        Ok(())
+    }
+}
+
+impl Drop for Volume {
+    fn drop(&mut self) {
+        let _ = self.remove();
+    }
+}
+
+/// Unmounts `dir/volume` if mounted, detaches `device` if it is still
+/// `dir/volume.img`'s, and deletes the image and the record.
+fn release(dir: &Path, device: &str) -> Result<()> {
+    let mount = dir.join("volume");
+    let image = dir.join("volume.img");
+    if is_mounted(&mount) {
+        // A process that just exited may hold it for a moment.
+        let mut last = Ok(String::new());
+        for _ in 0..20 {
+            last = run(tool("umount").arg(&mount), "umount");
+            if last.is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        last?;
+    }
+    let name = device.trim_start_matches("/dev/");
+    let backing =
+        std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).unwrap_or_default();
+    if !name.is_empty() && Path::new(backing.trim()) == image {
+        run(tool("losetup").arg("-d").arg(device), "losetup -d")?;
+    }
+    for f in [image, dir.join(RECORD)] {
+        match std::fs::remove_file(&f) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(format!("removing {}", f.display()), e)),
+        }
+    }
+    Ok(())
+}
+
+fn is_mounted(path: &Path) -> bool {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") else {
+        return false;
+    };
+    let p = path.to_string_lossy();
+    mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(p.as_ref()))
+}
+
+/// What a killed agent left in a cluster directory: unmounts and detaches
+/// its volume (`reap_stale`).
+pub fn reap(dir: &Path) -> Result<()> {
+    match std::fs::read_to_string(dir.join(RECORD)) {
+        Ok(device) => release(dir, device.trim()),
+        Err(_) if is_mounted(&dir.join("volume")) => release(dir, ""),
+        Err(_) => Ok(()),
+    }
+}
