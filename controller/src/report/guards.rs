@@ -88,10 +88,13 @@ fn show(v: &Json) -> String {
 /// The warnings of a run's report: classes that differ in more than their
 /// storage, and the scenario's plan warnings (data that fits in memory)
 /// with the memory the clusters really had.
-pub fn warnings(diffs: &[Json], plan: &[String]) -> Vec<String> {
+pub fn warnings(diffs: &[Json], plan: &[String], compared: &[&str]) -> Vec<String> {
     let mut out: Vec<String> = diffs
         .iter()
         .filter(|d| d["differs"].as_array().is_some_and(|a| !a.is_empty()))
+        // Only classes some result compares: classes that ran different
+        // entries (scans on one, writes on the other) are not a comparison.
+        .filter(|d| d["class"].as_str().is_some_and(|c| compared.contains(&c)))
         .map(|d| {
             format!(
                 "warning: classes `{}` and `{}` differ in more than their storage ({}): their comparison measures that too",
@@ -465,7 +468,7 @@ mod tests {
         fast["measured"] = json!(true);
         let d = differences(&json!({"fast": fast, "slow": slow}));
         assert_eq!(d[0]["differs"], json!([]));
-        let w = warnings(&d, &[]);
+        let w = warnings(&d, &[], &["slow"]);
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(
             w[0].contains("no cell of class `slow` reported its environment"),
@@ -480,7 +483,7 @@ mod tests {
         let same = json!({"a": class("15.18", "128MB", 96 << 20, true), "b": class("15.18", "128MB", 96 << 20, true)});
         let d = differences(&same);
         assert_eq!(d[0]["differs"], json!([]));
-        assert!(warnings(&d, &[]).is_empty());
+        assert!(warnings(&d, &[], &["b"]).is_empty());
         let other = json!({"a": class("15.18", "128MB", 96 << 20, true), "b": class("16.4", "1GB", 0, false)});
         let d = differences(&other);
         let list: Vec<&str> = d[0]["differs"]
@@ -500,8 +503,11 @@ mod tests {
             "{list:?}"
         );
         assert!(list.contains(&"CPUs: 1 vs 2"), "{list:?}");
-        let w = warnings(&d, &["warning: plan".into()]);
+        let w = warnings(&d, &["warning: plan".into()], &["b"]);
         assert_eq!(w.len(), 2);
+        // Classes no result compares (each ran its own entries): no warning
+        // about their differences.
+        assert_eq!(warnings(&d, &[], &[]), Vec::<String>::new());
         assert!(
             w[0].contains("differ in more than their storage"),
             "{}",

@@ -143,7 +143,11 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
         None => (Vec::new(), None, Vec::new()),
     };
     let differences = guards::differences(&env_classes);
-    let mut warnings = guards::warnings(&differences, &plan_warnings);
+    let compared: Vec<&str> = comparisons
+        .iter()
+        .filter_map(|c| c["class"].as_str())
+        .collect();
+    let mut warnings = guards::warnings(&differences, &plan_warnings, &compared);
     warnings.extend(guards::oversubscribed(&env_classes, &cells));
     warnings.extend(guards::delivered(&env_classes));
     warnings.extend(guards::datasets(&cells));

@@ -359,12 +359,16 @@ impl FleetEntry {
         let scaled = |iops: u64| ((iops as f64 * scale).round() as u64).max(1);
         match s.profile.value.as_str() {
             // EBS gp3's baseline, as in seeds/002.
-            "gp3" => StorageCaps {
-                read_iops: scaled(GP3_BASELINE_IOPS),
-                write_iops: scaled(GP3_BASELINE_IOPS),
-                read_mbps: GP3_BASELINE_MIBPS,
-                write_mbps: GP3_BASELINE_MIBPS,
-            },
+            "gp3" => {
+                let iops = s.iops.as_ref().map_or(GP3_BASELINE_IOPS, |x| x.value);
+                let mbps = s.mbps.as_ref().map_or(GP3_BASELINE_MIBPS, |x| x.value);
+                StorageCaps {
+                    read_iops: scaled(iops),
+                    write_iops: scaled(iops),
+                    read_mbps: mbps,
+                    write_mbps: mbps,
+                }
+            }
             "nvme" => match s
                 .instance_store
                 .as_ref()
@@ -444,6 +448,12 @@ pub struct StorageSpec {
     /// uncapped, and reports say the profile was not emulated.
     #[serde(default)]
     pub emulate: Option<Spanned<bool>>,
+    /// Profile `gp3`: provisioned IOPS (3,000 baseline up to 16,000) and
+    /// throughput in MiB/s (125 baseline up to 1,000), as AWS sells them.
+    #[serde(default)]
+    pub iops: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub mbps: Option<Spanned<u64>>,
     /// Profile `nvme`: the instance type whose instance-store NVMe to
     /// emulate, from AWS's published IOPS (`INSTANCE_STORE`), e.g.
     /// `m6id.4xlarge`. Without it, `nvme` is the host's disk as is.
@@ -464,9 +474,12 @@ pub struct StorageSpec {
     pub size: Option<Spanned<pgfleet_proto::workload::ByteSize>>,
 }
 
-/// EBS gp3's baseline (AWS's EBS volume types page; seeds/002).
+/// EBS gp3's baseline and what can be provisioned on top (AWS's EBS
+/// volume types page; seeds/002 ran at the baseline).
 pub const GP3_BASELINE_IOPS: u64 = 3000;
 pub const GP3_BASELINE_MIBPS: u64 = 125;
+pub const GP3_MAX_IOPS: u64 = 16_000;
+pub const GP3_MAX_MIBPS: u64 = 1000;
 
 /// Instance-store NVMe of the m6id family: (instance type, read IOPS,
 /// write IOPS) as AWS publishes them ("Amazon EC2: Instance Types",
@@ -998,6 +1011,16 @@ workloads:
         );
         let e = err(&with("profile: nvme }", "profile: gp3, scale: 2 }"));
         assert!(e.message.contains("2 is out of range"), "{e}");
+        // gp3 provisioned above its baseline, within what AWS sells.
+        let gp3 = caps("profile: gp3, iops: 16000, mbps: 1000 }");
+        assert_eq!((gp3.read_iops, gp3.write_mbps), (16_000, 1000));
+        let e = err(&with("profile: nvme }", "profile: gp3, iops: 20000 }"));
+        assert!(
+            e.field.ends_with("storage.iops") && e.message.contains("3000..=16000"),
+            "{e}"
+        );
+        let e = err(&with("profile: nvme }", "profile: nvme, mbps: 500 }"));
+        assert!(e.message.contains("profile `gp3`'s"), "{e}");
         let e = err(&with("shared_buffers: 128MB", "port: 5433"));
         assert_eq!(
             (e.line, e.field.as_str()),

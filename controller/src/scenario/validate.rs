@@ -147,6 +147,31 @@ pub fn validate(s: &Scenario) -> Result<Vec<Vec<(String, Params)>>, Invalid> {
                     );
                 }
             }
+            for (key, v, lo, hi) in [
+                (
+                    "iops",
+                    &st.iops,
+                    super::GP3_BASELINE_IOPS,
+                    super::GP3_MAX_IOPS,
+                ),
+                (
+                    "mbps",
+                    &st.mbps,
+                    super::GP3_BASELINE_MIBPS,
+                    super::GP3_MAX_MIBPS,
+                ),
+            ] {
+                if let Some(x) = v {
+                    if st.profile.value != "gp3" {
+                        return err(
+                            x.referenced,
+                            at(&format!("storage.{key}")),
+                            "provisioned IOPS and throughput are profile `gp3`'s (for other caps use `profile: custom` with read_iops, write_iops, read_mbps, write_mbps)",
+                        );
+                    }
+                    in_range(&Some(x.clone()), at(&format!("storage.{key}")), lo, hi, "")?;
+                }
+            }
             if let Some(t) = &st.instance_store {
                 if st.profile.value != "nvme" {
                     return err(
