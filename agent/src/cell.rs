@@ -67,6 +67,18 @@ pub struct Control {
     pub peers: watch::Receiver<BTreeMap<String, Endpoint>>,
 }
 
+impl Instance {
+    /// The memory and CPUs its clusters are held to: the emulated ones,
+    /// or (0, 0) when not emulated (the host's).
+    pub fn limits(&self) -> (u64, u32) {
+        if self.emulated {
+            (self.memory_bytes, self.cpus)
+        } else {
+            (0, 0)
+        }
+    }
+}
+
 impl AgentEnv {
     pub fn clusters_dir(&self) -> PathBuf {
         self.data_root.join("clusters")
@@ -163,16 +175,8 @@ async fn run_inner(
         // figures are None and its report says so.
         account_io: params.account_io() && nix::unistd::geteuid().is_root(),
         allow_shell: params.allow_shell(),
-        memory_bytes: if env.instance.emulated {
-            env.instance.memory_bytes
-        } else {
-            0
-        },
-        cpus: if env.instance.emulated {
-            env.instance.cpus
-        } else {
-            0
-        },
+        memory_bytes: env.instance.limits().0,
+        cpus: env.instance.limits().1,
         // A multi-role cell's cluster is reached by its peers: it listens on
         // the agent's address too and admits exactly the peers' addresses.
         listen: env

@@ -237,16 +237,8 @@ async fn connect(
         running_cells: cells.keys().chain(unacked.keys()).cloned().collect(),
         address: env.address.map(|a| a.to_string()).unwrap_or_default(),
         metrics_address: cfg.metrics_address.clone(),
-        instance_cpus: if env.instance.emulated {
-            env.instance.cpus
-        } else {
-            0
-        },
-        instance_memory_bytes: if env.instance.emulated {
-            env.instance.memory_bytes
-        } else {
-            0
-        },
+        instance_cpus: env.instance.limits().1,
+        instance_memory_bytes: env.instance.limits().0,
     };
     out_tx
         .send(msg(Msg::Register(register)))

@@ -301,7 +301,7 @@ impl Cluster {
         }
         std::fs::create_dir_all(&dir)
             .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-        let cluster = Cluster {
+        let mut cluster = Cluster {
             data: dir.join("data"),
             dir,
             port: 0,
@@ -329,7 +329,6 @@ impl Cluster {
             )?;
             check_reachable(&cluster.dir, u)?;
         }
-        let mut cluster = cluster;
         if spec.account_io && volume::available() {
             // Sparse: it takes the disk the data takes, up to what is free.
             let size = (crate::host::free_bytes(&cluster.dir).unwrap_or(0) / 10 * 9).max(1 << 30);

@@ -100,7 +100,7 @@ pub async fn measure(
                 job: r.job.clone(),
                 block_size: r.block_size,
                 queue_depth: r.queue_depth,
-                direct: p.direct && r.job != "wal-fsync",
+                direct: r.direct,
                 size_bytes: p.size_bytes,
             },
             metrics,
@@ -178,10 +178,7 @@ async fn fio(
     r: &Run,
     file: &Path,
 ) -> Result<Json> {
-    // WAL is written through the page cache and made durable by fdatasync
-    // (wal_sync_method = fdatasync): so is this job, one write at a time.
-    let wal = r.job == "wal-fsync";
-    let direct = p.direct && !wal;
+    let direct = r.direct;
     let mut cmd = cluster.contained(program, libc::SIGKILL)?;
     cmd.arg(format!("--name={}", r.job))
         .arg(format!("--filename={}", fio_filename(file)))
@@ -210,7 +207,8 @@ async fn fio(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    if wal {
+    if r.job == "wal-fsync" {
+        // Each write made durable before the next, as a commit's WAL is.
         cmd.arg("--fdatasync=1");
     }
     let mut child = cmd
@@ -244,13 +242,8 @@ async fn fio(
         }
     };
     let status = status.map_err(|e| err(format!("waiting for fio: {e}")))?;
-    let out = std::process::Output {
-        status,
-        stdout,
-        stderr,
-    };
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if !out.status.success() {
+    let stderr = String::from_utf8_lossy(&stderr);
+    if !status.success() {
         let hint = if stderr.contains("direct") || stderr.contains("Invalid argument") {
             " (the data volume's filesystem may not support O_DIRECT, e.g. tmpfs: \
              put the agent's --data-root on a disk, or set `direct: false`)"
@@ -261,11 +254,11 @@ async fn fio(
             "{} at queue depth {} failed ({}): {}{hint}",
             r.job,
             r.queue_depth,
-            out.status,
+            status,
             tail(&stderr, 600)
         )));
     }
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&stdout);
     // fio may print notes before its JSON.
     let start = stdout.find('{').unwrap_or(0);
     serde_json::from_str(&stdout[start..]).map_err(|e| {

@@ -19,12 +19,11 @@ fn point(r: &Json) -> Option<Point> {
 }
 
 fn mib(b: Option<u64>) -> String {
-    b.map(|b| format!("{:.1}", b as f64 / (1u64 << 20) as f64))
-        .unwrap_or_else(|| "–".into())
+    super::markdown::mib(&serde_json::json!(b))
 }
 
 /// The cap a job is held to by the class's profile, when emulated and
-/// capped: (figure, value, unit).
+/// capped: (unit, value).
 fn cap(storage: &Json, p: &PointParams) -> Option<(&'static str, f64)> {
     if storage["emulated"] != true {
         return None;

@@ -81,6 +81,10 @@ pub struct Run {
     pub rw: &'static str,
     pub block_size: u64,
     pub queue_depth: u32,
+    /// O_DIRECT: as the scenario says, except for `wal-fsync`, which
+    /// writes through the page cache and fdatasyncs, as WAL does
+    /// (wal_sync_method = fdatasync).
+    pub direct: bool,
 }
 
 impl Params {
@@ -102,6 +106,7 @@ impl Params {
                     rw,
                     block_size,
                     queue_depth,
+                    direct: self.direct && job != "wal-fsync",
                 });
             }
         }
