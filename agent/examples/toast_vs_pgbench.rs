@@ -58,7 +58,7 @@ async fn bench(cluster: &Cluster, pg: &PgBin, secs: f64, rounds: usize) -> anyho
         duration_s: secs,
         repeats: rounds as u32,
         warmup_s: 0.5,
-        cache: "warm".into(),
+        cache: pgfleet_proto::workload::Cache::Warm,
     };
     let client = cluster.connect().await?;
     toast_slice::setup(&client, &params).await?;

@@ -209,7 +209,7 @@ async fn run_inner(
         // `pgfleet datasets build`: nothing to do when it is published.
         let Some(w) = &wanted else {
             return Err(Error::Workload {
-                workload: params.kind().into(),
+                workload: params.kind().name().into(),
                 message: "this kind has no dataset to build".into(),
             });
         };
@@ -449,7 +449,7 @@ async fn load_dataset(
 ) -> Result<workload::Loaded> {
     let load = |ctx| {
         workload::load(ctx, params).ok_or_else(|| Error::Workload {
-            workload: params.kind().into(),
+            workload: params.kind().name().into(),
             message: "this kind declares a dataset but has no loader".into(),
         })
     };

@@ -127,8 +127,9 @@ async fn toast_slice_reproduces_the_articles_storage_and_buffer_facts() {
     tokio::spawn(async move { while rx.recv().await.is_some() {} });
     let mut ctx = CellContext::new("c1", &cluster, tx, CancellationToken::new());
     use pgfleet_agent::workload::toast_slice::{Dataset, Metrics, Offset, Params, StorageMode};
+    use pgfleet_proto::workload::Cache;
     use pgfleet_proto::workload::Params as Kind;
-    let params = |dataset, cache: &str| {
+    let params = |dataset, cache: Cache| {
         Kind::ToastSlice(Params {
             storage_modes: vec![StorageMode::External, StorageMode::Pglz, StorageMode::Lz4],
             dataset,
@@ -147,10 +148,10 @@ async fn toast_slice_reproduces_the_articles_storage_and_buffer_facts() {
             duration_s: 0.2,
             repeats: 1,
             warmup_s: 0.1,
-            cache: cache.into(),
+            cache,
         })
     };
-    let out = workload::run(&mut ctx, &params(Dataset::Mixed, "warm"))
+    let out = workload::run(&mut ctx, &params(Dataset::Mixed, Cache::Warm))
         .await
         .unwrap();
     // Typed from the agent's point to the wire and back.
@@ -189,7 +190,7 @@ async fn toast_slice_reproduces_the_articles_storage_and_buffer_facts() {
         let stored = get(m, 1).stored_bytes;
         assert!((5_000_000..7_000_000).contains(&stored), "{m}: {stored}");
     }
-    let out = workload::run(&mut ctx, &params(Dataset::Incompressible, "warm"))
+    let out = workload::run(&mut ctx, &params(Dataset::Incompressible, Cache::Warm))
         .await
         .unwrap();
     for p in &out.points {
@@ -200,7 +201,7 @@ async fn toast_slice_reproduces_the_articles_storage_and_buffer_facts() {
     // Cold: each repeat is one read right after a restart, and the same
     // facts hold.
     let pid = cluster.pid().unwrap();
-    let out = workload::run(&mut ctx, &params(Dataset::Mixed, "cold"))
+    let out = workload::run(&mut ctx, &params(Dataset::Mixed, Cache::Cold))
         .await
         .unwrap();
     assert_ne!(cluster.pid().unwrap(), pid, "the cluster restarted");

@@ -44,7 +44,7 @@ async fn run_cell(env: &AgentEnv, cell: &str, entry: &str, mode: &str) -> CellRe
     let assign = Assign {
         cell_id: cell.into(),
         run_id: "r".into(),
-        workload: p.kind().into(),
+        workload: p.kind().name().into(),
         params_json: p.to_json(),
         settings: [("shared_buffers".to_string(), "32MB".to_string())].into(),
         role: String::new(),

@@ -86,7 +86,7 @@ async fn a_cell_larger_than_the_free_disk_is_refused_before_loading() {
     let assign = Assign {
         cell_id: "big".into(),
         run_id: "r".into(),
-        workload: p.kind().into(),
+        workload: p.kind().name().into(),
         params_json: p.to_json(),
         settings: Default::default(),
         role: String::new(),

@@ -495,7 +495,7 @@ impl Store {
                     run,
                     cell.cell_id,
                     idx as i64,
-                    cell.workload(),
+                    cell.workload().name(),
                     cell.instance_class,
                     cell.params.to_json(),
                     serde_json::to_string(&cell.settings).unwrap_or_default()

@@ -166,7 +166,7 @@ fn check(name: &str, text: &str) {
                     "{name}: cell id {:?}",
                     c.cell_id
                 );
-                let back = Params::from_json(c.params.kind(), &c.params.to_json())
+                let back = Params::from_json(c.params.kind().name(), &c.params.to_json())
                     .unwrap_or_else(|e| panic!("{name}: {e}"));
                 assert_eq!(back, c.params, "{name}: parameters changed on the wire");
                 back.check().unwrap_or_else(|e| {

@@ -27,7 +27,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio_postgres::Client;
 
-use super::pgbench::{DriveParams, drive_until};
+use super::drive::{DriveParams, drive_until};
 use super::{CellContext, Output, pgbench_init};
 use crate::cluster::Server;
 use crate::sampler::Sampler;

@@ -20,6 +20,7 @@ use pgfleet_proto::v1::{AgentMessage, CellProgress, CellSample, Endpoint, agent_
 use pgfleet_proto::workload::{self as kinds, Params};
 
 pub mod compression_analysis;
+pub mod drive;
 pub mod fio;
 pub mod logical_drain;
 pub mod pgbench;

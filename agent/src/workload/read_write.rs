@@ -27,7 +27,7 @@ use futures::future::BoxFuture;
 use serde_json::{Value as Json, json};
 use tokio_postgres::Client;
 
-use super::{CellContext, Output, pgbench};
+use super::{CellContext, Output, drive};
 use crate::{Error, Result};
 
 use pgfleet_proto::workload::pgbench::{Define, DriveParams};
@@ -304,7 +304,7 @@ async fn random_read(ctx: &CellContext<'_>, p: &Params) -> Result<Metrics> {
         allow_shell: false,
     };
     let before = ctx.cluster.io_bytes();
-    let (result, internals) = pgbench::drive(ctx, &ctx.cluster.server(), &drive, 0).await?;
+    let (result, internals) = drive::drive(ctx, &ctx.cluster.server(), &drive, 0).await?;
     let dev = match (before, ctx.cluster.io_bytes()) {
         (Some(b), Some(a)) => Some(a.0.saturating_sub(b.0)),
         _ => None,

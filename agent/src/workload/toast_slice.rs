@@ -29,6 +29,7 @@ use serde_json::json;
 
 use super::{CellContext, Output, RepeatSummary, closed_loop, explain_buffers, median};
 use crate::{Error, Result};
+use pgfleet_proto::workload::Cache;
 
 const ROW_ID: i64 = 2;
 pub const QUERY: &str =
@@ -108,7 +109,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
         for mode in &p.storage_modes {
             stmts.push(client.prepare(&QUERY.replace("{table}", &mode.table())).await?);
         }
-        let cold = p.cache == "cold";
+        let cold = p.cache == Cache::Cold;
         // Warm-up: each point briefly, not recorded.
         let warm = Duration::from_secs_f64(p.warmup_s.max(0.0) / (stmts.len() * p.offsets.len()) as f64);
         for stmt in &stmts {
@@ -172,7 +173,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                         offset: o.byte,
                         offset_label: o.label.clone(),
                         slice_bytes: p.slice_bytes,
-                        cache: p.cache.clone(),
+                        cache: p.cache,
                     },
                     metrics: Metrics {
                         stored_bytes: s.stored_bytes,

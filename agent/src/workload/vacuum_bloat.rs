@@ -27,8 +27,8 @@ use futures::future::BoxFuture;
 use super::{CellContext, Output, pgbench_init};
 use crate::sampler::Sampler;
 use crate::{Error, Result};
-use pgfleet_proto::workload::Point;
 pub use pgfleet_proto::workload::vacuum_bloat::{Metrics, Params, PointParams, Progress};
+use pgfleet_proto::workload::{Cache, Point};
 
 /// What pgbench_accounts holds at one moment.
 #[derive(Debug, Clone, Copy, Default)]
@@ -79,9 +79,9 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
         }))
         .await?;
         client.batch_execute("CHECKPOINT").await?;
-        let evicted_bytes = match p.cache.as_str() {
-            "cold" => ctx.cluster.evict_from_page_cache(&client, "pgbench_accounts").await?,
-            _ => 0,
+        let evicted_bytes = match p.cache {
+            Cache::Cold => ctx.cluster.evict_from_page_cache(&client, "pgbench_accounts").await?,
+            Cache::Warm => 0,
         };
 
         let sampler = Sampler::start(&ctx.cluster.server(), Duration::from_secs(1), ctx.events.clone(), ctx.cell_id.clone()).await?;
@@ -144,7 +144,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                 scale: p.init.scale,
                 bloat_target_bytes: p.bloat_bytes,
                 vacuum: p.vacuum_sql(),
-                cache: p.cache.clone(),
+                cache: p.cache,
             },
             metrics: Metrics {
                 bloat_bytes: bloated.dead_tuple_bytes,

@@ -5,22 +5,17 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+use pgfleet_proto::workload::compression_analysis::{Metrics, PointParams};
 use serde_json::Value as Json;
 
-use super::markdown::{by_class, mib, num};
+use super::markdown::{Plots, Row, by_class, mib, num};
 
-pub fn section(
-    md: &mut String,
-    _plots: &mut Vec<(String, String)>,
-    _doc: &Json,
-    results: &[&Json],
-) {
-    if results.is_empty() {
-        return;
-    }
+type R<'a> = Row<'a, PointParams, Metrics>;
+
+pub fn section(md: &mut String, _plots: &mut Plots, _doc: &Json, results: &[R]) {
     let header = results
         .first()
-        .and_then(|r| r["params"]["slot_header_bytes"].as_u64())
+        .map(|r| r.params.slot_header_bytes)
         .unwrap_or(8);
     let _ = writeln!(
         md,
@@ -38,28 +33,25 @@ pub fn section(
              |---|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for r in &rs {
-            let (p, m) = (&r["params"], &r["metrics"]);
+            let (p, m) = (&r.params, &r.metrics);
             let _ = writeln!(
                 md,
                 "| {} ({}) | {} | {}% | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} |",
-                p["relation"].as_str().unwrap_or(""),
-                p["relkind"].as_str().unwrap_or(""),
-                mib(&m["relation_bytes"]),
-                num(
-                    &Json::from(p["sample_fraction"].as_f64().unwrap_or(0.0) * 100.0),
-                    0
-                ),
-                p["algorithm"].as_str().unwrap_or(""),
-                m["pages_analysed"],
-                num(&m["avg_compressed_bytes"], 0),
-                num(&m["ratio"], 2),
-                num(&m["over_1k_pct"], 1),
-                num(&m["over_2k_pct"], 1),
-                num(&m["over_4k_pct"], 1),
-                mib(&m["projected_1k_bytes"]),
-                mib(&m["projected_2k_bytes"]),
-                mib(&m["projected_4k_bytes"]),
-                num(&m["cpu_us_per_page"], 1),
+                p.relation,
+                p.relkind,
+                mib(m.relation_bytes),
+                num(p.sample_fraction * 100.0, 0),
+                p.algorithm,
+                m.pages_analysed,
+                num(m.avg_compressed_bytes, 0),
+                num(m.ratio, 2),
+                num(m.over_1k_pct, 1),
+                num(m.over_2k_pct, 1),
+                num(m.over_4k_pct, 1),
+                mib(m.projected_1k_bytes),
+                mib(m.projected_2k_bytes),
+                mib(m.projected_4k_bytes),
+                num(m.cpu_us_per_page, 1),
             );
         }
         sampling_error(md, &rs);
@@ -69,32 +61,26 @@ pub fn section(
 /// Per relation and algorithm, each smaller sample against the largest:
 /// the error of the average size and of the 2 KiB projection, and the
 /// difference of the 2 KiB overflow share.
-fn sampling_error(md: &mut String, rs: &[&Json]) {
-    let mut groups: BTreeMap<(&str, &str), Vec<&Json>> = BTreeMap::new();
+fn sampling_error(md: &mut String, rs: &[&R]) {
+    let mut groups: BTreeMap<(&str, &str), Vec<&R>> = BTreeMap::new();
     for r in rs {
         groups
-            .entry((
-                r["params"]["relation"].as_str().unwrap_or(""),
-                r["params"]["algorithm"].as_str().unwrap_or(""),
-            ))
+            .entry((&r.params.relation, &r.params.algorithm))
             .or_default()
             .push(r);
     }
     let mut lines = Vec::new();
     for ((rel, alg), mut g) in groups {
         g.sort_by(|a, b| {
-            let f = |r: &Json| r["params"]["sample_fraction"].as_f64().unwrap_or(0.0);
-            f(a).total_cmp(&f(b))
+            a.params
+                .sample_fraction
+                .total_cmp(&b.params.sample_fraction)
         });
         let Some(full) = g.last() else { continue };
-        let fm = &full["metrics"];
+        let fm = &full.metrics;
         for r in &g[..g.len() - 1] {
-            let m = &r["metrics"];
-            let err = |k: &str| {
-                let (a, b) = (
-                    m[k].as_f64().unwrap_or(f64::NAN),
-                    fm[k].as_f64().unwrap_or(f64::NAN),
-                );
+            let m = &r.metrics;
+            let err = |a: f64, b: f64| {
                 if b == 0.0 {
                     f64::NAN
                 } else {
@@ -103,19 +89,12 @@ fn sampling_error(md: &mut String, rs: &[&Json]) {
             };
             lines.push(format!(
                 "| {rel} | {alg} | {}% vs {}% | {} | {:+.2} | {:+.2} | {:+.1} |",
-                num(
-                    &Json::from(r["params"]["sample_fraction"].as_f64().unwrap_or(0.0) * 100.0),
-                    0
-                ),
-                num(
-                    &Json::from(full["params"]["sample_fraction"].as_f64().unwrap_or(0.0) * 100.0),
-                    0
-                ),
-                m["pages_analysed"],
-                err("avg_compressed_bytes"),
-                err("projected_2k_bytes"),
-                m["over_2k_pct"].as_f64().unwrap_or(f64::NAN)
-                    - fm["over_2k_pct"].as_f64().unwrap_or(f64::NAN),
+                num(r.params.sample_fraction * 100.0, 0),
+                num(full.params.sample_fraction * 100.0, 0),
+                m.pages_analysed,
+                err(m.avg_compressed_bytes, fm.avg_compressed_bytes),
+                err(m.projected_2k_bytes as f64, fm.projected_2k_bytes as f64),
+                m.over_2k_pct - fm.over_2k_pct,
             ));
         }
     }

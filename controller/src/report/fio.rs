@@ -7,20 +7,9 @@ use std::fmt::Write;
 
 use serde_json::Value as Json;
 
-use super::markdown::{by_class, sig};
+use super::markdown::{Plots, Row, by_class, mib, sig};
 use super::plot::{Series, line_chart};
-use pgfleet_proto::workload::fio::{Metrics, Point, PointParams};
-
-fn point(r: &Json) -> Option<Point> {
-    Some(Point {
-        params: serde_json::from_value::<PointParams>(r["params"].clone()).ok()?,
-        metrics: serde_json::from_value::<Metrics>(r["metrics"].clone()).ok()?,
-    })
-}
-
-fn mib(b: Option<u64>) -> String {
-    super::markdown::mib(&serde_json::json!(b))
-}
+use pgfleet_proto::workload::fio::{Metrics, PointParams};
 
 /// The cap a job is held to by the class's profile, when emulated and
 /// capped: (unit, value).
@@ -47,7 +36,12 @@ fn cap(storage: &Json, p: &PointParams) -> Option<(&'static str, f64)> {
     ))
 }
 
-pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, results: &[&Json]) {
+pub fn section(
+    md: &mut String,
+    plots: &mut Plots,
+    doc: &Json,
+    results: &[Row<PointParams, Metrics>],
+) {
     let _ = writeln!(
         md,
         "\n## fio: what the storage delivered\n\n\
@@ -76,8 +70,7 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
         );
         let mut fio_version = String::new();
         for r in &rs {
-            let Some(pt) = point(r) else { continue };
-            let (p, m) = (&pt.params, &pt.metrics);
+            let (p, m) = (&r.params, &r.metrics);
             let of_cap = cap(storage, p)
                 .map(|(unit, v)| {
                     let got = if unit == "IOPS" { m.iops } else { m.mib_per_s };
@@ -110,10 +103,7 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
         if !fio_version.is_empty() {
             let _ = writeln!(md, "\n{fio_version}.");
         }
-        if let Some(src) = rs
-            .iter()
-            .find_map(|r| r["metrics"]["device_source"].as_str())
-        {
+        if let Some(src) = rs.iter().find_map(|r| r.metrics.device_source.as_deref()) {
             let _ = writeln!(md, "Device bytes: {src}.");
         }
     }
@@ -228,6 +218,7 @@ fn compare(md: &mut String, doc: &Json) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pgfleet_proto::workload::Kind;
     use serde_json::json;
 
     fn result(class: &str, job: &str, qd: u32, iops: f64) -> Json {
@@ -259,7 +250,7 @@ mod tests {
         doc["comparisons"] = json!(comparisons);
         let refs: Vec<&Json> = rs.iter().collect();
         let (mut md, mut plots) = (String::new(), Vec::new());
-        section(&mut md, &mut plots, &doc, &refs);
+        super::super::markdown::section(Kind::Fio, &mut md, &mut plots, &doc, &refs);
         assert!(md.contains("### gp3 (storage gp3: emulated)"), "{md}");
         assert!(
             md.contains("### nvme (storage nvme: the host's own device, not emulated)"),
@@ -287,5 +278,26 @@ mod tests {
         let names: Vec<&str> = plots.iter().map(|p| p.0.as_str()).collect();
         assert_eq!(names, ["fio-rand-read-iops.svg", "fio-rand-read-p99.svg"]);
         assert!(plots[0].1.contains("gp3") && plots[0].1.contains("nvme"));
+        assert!(!md.contains("could not be read"), "{md}");
+    }
+
+    /// A result whose figures this version cannot read (stored by another
+    /// one) is named under the section; the others still render.
+    #[test]
+    fn unreadable_results_are_named_not_fatal() {
+        let doc = json!({"environment": {"instance_classes": {}}});
+        let mut bad = result("gp3", "rand-read", 1, 1.0);
+        bad["cell_id"] = json!("gp3-old");
+        bad["metrics"]["iops"] = json!("many");
+        let rs = [result("nvme", "rand-read", 1, 9000.0), bad];
+        let refs: Vec<&Json> = rs.iter().collect();
+        let (mut md, mut plots) = (String::new(), Vec::new());
+        super::super::markdown::section(Kind::Fio, &mut md, &mut plots, &doc, &refs);
+        assert!(md.contains("| rand-read | 8KiB | 1 | yes | 9000 |"), "{md}");
+        assert!(
+            md.contains("1 fio result(s) could not be read")
+                && md.contains("`gp3-old` (invalid type"),
+            "{md}"
+        );
     }
 }

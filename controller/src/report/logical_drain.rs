@@ -4,15 +4,17 @@
 
 use std::fmt::Write;
 
+use pgfleet_proto::workload::Kind;
+use pgfleet_proto::workload::logical_drain::{Lag, Metrics, PointParams};
 use serde_json::Value as Json;
 
-use super::markdown::{Column, Seeds, class_table, mib, num, samples_plot};
+use super::markdown::{Column, Plots, Row, Seeds, class_table, mib, num, samples_plot};
 
 /// seeds/002: draining a 10 GB logical-replication backlog, NVMe vs EBS gp3.
 const SEEDS_NVME_S: f64 = 139.0;
 const SEEDS_EBS_S: f64 = 238.0;
 
-pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, rs: &[&Json]) {
+pub fn section(md: &mut String, plots: &mut Plots, doc: &Json, rs: &[Row<PointParams, Metrics>]) {
     let _ = writeln!(
         md,
         "\n## logical-drain: draining a logical-replication backlog\n\n\
@@ -23,31 +25,27 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
          |---|---|---|---|---|---|---|---|---|---|---|"
     );
     for r in rs {
-        let (p, m) = (&r["params"], &r["metrics"]);
+        let m = &r.metrics;
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            r["cell_id"].as_str().unwrap_or(""),
-            r["agent"].as_str().unwrap_or(""),
-            p["scale"],
-            mib(&m["backlog_target_bytes"]),
-            mib(&m["backlog_bytes"]),
-            num(&m["backlog_seconds"], 1),
-            num(&m["drain_seconds"], 2),
-            num(&m["drain_mb_per_s"], 1),
-            match m["rows_match"].as_bool() {
-                Some(true) => "yes",
-                Some(false) => "**NO**",
-                None => "–",
-            },
-            num(&m["initial_sync_seconds"], 2),
-            m["spill_txns"],
+            r.cell_id,
+            r.agent,
+            r.params.scale,
+            mib(m.backlog_target_bytes),
+            mib(m.backlog_bytes),
+            num(m.backlog_seconds, 1),
+            num(m.drain_seconds, 2),
+            num(m.drain_mb_per_s, 1),
+            if m.rows_match { "yes" } else { "**NO**" },
+            num(m.initial_sync_seconds, 2),
+            num(m.spill_txns, 0),
         );
     }
     class_table(
         md,
         doc,
-        "logical-drain",
+        Kind::LogicalDrain,
         "Drain",
         &[
             Column {
@@ -79,8 +77,12 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
     // The settings the kind gave each role's cluster, from the first cell.
     if let Some(env) = rs
         .first()
-        .and_then(|r| r["cell_id"].as_str())
-        .and_then(|id| doc["cells"].as_array()?.iter().find(|c| c["cell_id"] == id))
+        .and_then(|r| {
+            doc["cells"]
+                .as_array()?
+                .iter()
+                .find(|c| c["cell_id"] == r.cell_id)
+        })
         .map(|c| &c["environment"])
         .and_then(|e| e.as_object())
     {
@@ -109,17 +111,12 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
             "second",
             "lag (MiB)",
         ),
-        |p| {
-            Some((
-                p["second"].as_f64()?,
-                p["lag_bytes"].as_f64()? / (1u64 << 20) as f64,
-            ))
-        },
+        |p: &Lag| Some((p.second, p.lag_bytes as f64 / (1u64 << 20) as f64)),
         |m| {
-            let start = m["backlog_bytes"]
-                .as_f64()
-                .map(|b| (0.0, b / (1u64 << 20) as f64));
-            [start, m["drain_seconds"].as_f64().map(|s| (s, 0.0))]
+            [
+                Some((0.0, m.backlog_bytes as f64 / (1u64 << 20) as f64)),
+                Some((m.drain_seconds, 0.0)),
+            ]
         },
     );
 }

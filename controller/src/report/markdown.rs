@@ -3,26 +3,101 @@
 
 use std::fmt::Write;
 
+use pgfleet_proto::workload::Kind;
+use serde::de::DeserializeOwned;
 use serde_json::Value as Json;
 
 use super::plot::{Series, line_chart};
 
-/// A kind's section of report.md: the markdown, the plots it embeds (file
-/// name, SVG), the whole report document, and the kind's results.
-pub type Section = fn(&mut String, &mut Vec<(String, String)>, &Json, &[&Json]);
+/// One result of a kind with its point typed as the kind defines it
+/// (`pgfleet_proto::workload::<kind>::{PointParams, Metrics}`): what a
+/// section reads.
+pub struct Row<'a, P, M> {
+    pub cell_id: &'a str,
+    pub class: &'a str,
+    pub agent: &'a str,
+    pub params: P,
+    pub metrics: M,
+    /// The result as stored in report.json (to match it with its summary).
+    pub raw: &'a Json,
+}
 
-/// The report's sections, one per workload kind, in this order.
-const SECTIONS: &[(&str, Section)] = &[
-    ("fio", super::fio::section),
-    ("toast-slice", super::toast_slice::section),
-    ("pgbench-init", super::pgbench_init::section),
-    ("pgbench", super::pgbench::section),
-    ("vacuum-bloat", super::vacuum_bloat::section),
-    ("logical-drain", super::logical_drain::section),
-    ("toast-probe", super::toast_probe::section),
-    ("compression-analysis", super::compression_analysis::section),
-    ("read-write", super::read_write::section),
-];
+/// Plots a section embeds: (file name, SVG).
+pub type Plots = Vec<(String, String)>;
+
+/// A kind's section of report.md: the markdown, its plots, the whole
+/// report document, and the kind's results.
+pub type Section<P, M> = fn(&mut String, &mut Plots, &Json, &[Row<P, M>]);
+
+/// The section of `kind`: one arm per kind, so a kind without a section
+/// does not compile. Sections appear in the kinds' table order.
+pub(super) fn section(
+    kind: Kind,
+    md: &mut String,
+    plots: &mut Plots,
+    doc: &Json,
+    results: &[&Json],
+) {
+    match kind {
+        Kind::Fio => typed(kind, super::fio::section, md, plots, doc, results),
+        Kind::ToastSlice => typed(kind, super::toast_slice::section, md, plots, doc, results),
+        Kind::PgbenchInit => typed(kind, super::pgbench_init::section, md, plots, doc, results),
+        Kind::Pgbench => typed(kind, super::pgbench::section, md, plots, doc, results),
+        Kind::VacuumBloat => typed(kind, super::vacuum_bloat::section, md, plots, doc, results),
+        Kind::LogicalDrain => typed(kind, super::logical_drain::section, md, plots, doc, results),
+        Kind::ToastProbe => typed(kind, super::toast_probe::section, md, plots, doc, results),
+        Kind::CompressionAnalysis => typed(
+            kind,
+            super::compression_analysis::section,
+            md,
+            plots,
+            doc,
+            results,
+        ),
+        Kind::ReadWrite => typed(kind, super::read_write::section, md, plots, doc, results),
+    }
+}
+
+/// Reads `results` as the kind's points and renders the section; results
+/// this pgfleet cannot read as such (stored by another version) are named
+/// under it instead of failing the report.
+fn typed<P: DeserializeOwned, M: DeserializeOwned>(
+    kind: Kind,
+    section: Section<P, M>,
+    md: &mut String,
+    plots: &mut Plots,
+    doc: &Json,
+    results: &[&Json],
+) {
+    let mut rows = Vec::new();
+    let mut unread = Vec::new();
+    for r in results {
+        let cell_id = r["cell_id"].as_str().unwrap_or("");
+        match (P::deserialize(&r["params"]), M::deserialize(&r["metrics"])) {
+            (Ok(params), Ok(metrics)) => rows.push(Row {
+                cell_id,
+                class: r["instance_class"].as_str().unwrap_or(""),
+                agent: r["agent"].as_str().unwrap_or(""),
+                params,
+                metrics,
+                raw: r,
+            }),
+            (Err(e), _) | (_, Err(e)) => unread.push(format!("`{cell_id}` ({e})")),
+        }
+    }
+    if !rows.is_empty() {
+        section(md, plots, doc, &rows);
+    }
+    if !unread.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n{} {kind} result(s) could not be read as this pgfleet's `{kind}` figures (stored by another version?), \
+             so they are not in the tables above; report.json has them as stored: {}",
+            unread.len(),
+            unread.join(", ")
+        );
+    }
+}
 
 /// The checks' verdicts, first: what a pipeline gates on.
 fn checks(md: &mut String, doc: &Json) {
@@ -228,15 +303,15 @@ pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
 
     datasets(&mut md, doc);
 
-    for (kind, section) in SECTIONS {
+    for kind in Kind::ALL {
         let results: Vec<&Json> = doc["results"]
             .as_array()
             .into_iter()
             .flatten()
-            .filter(|r| r["workload"] == *kind)
+            .filter(|r| r["workload"] == kind.name())
             .collect();
         if !results.is_empty() {
-            section(&mut md, &mut plots, doc, &results);
+            section(*kind, &mut md, &mut plots, doc, &results);
         }
     }
     (md, plots)
@@ -363,41 +438,42 @@ pub type XY = (f64, f64);
 /// (e.g. 0 % at second 0, 100 % when VACUUM ended), so a short run still
 /// draws its whole course. Embedded in report.md when any cell has points.
 #[allow(clippy::too_many_arguments)]
-pub fn samples_plot(
+pub fn samples_plot<P, M, S: DeserializeOwned>(
     md: &mut String,
-    plots: &mut Vec<(String, String)>,
+    plots: &mut Plots,
     doc: &Json,
-    rs: &[&Json],
+    rows: &[Row<P, M>],
     sample: &str,
     file: &str,
     (title, x_label, y_label): (&str, &str, &str),
-    point: fn(&Json) -> Option<XY>,
-    edges: fn(&Json) -> [Option<XY>; 2],
+    point: fn(&S) -> Option<XY>,
+    edges: fn(&M) -> [Option<XY>; 2],
 ) {
-    let series: Vec<Series> = rs
+    let series: Vec<Series> = rows
         .iter()
-        .filter_map(|r| {
-            let id = r["cell_id"].as_str()?;
-            let [first, last] = edges(&r["metrics"]);
+        .map(|r| {
+            let [first, last] = edges(&r.metrics);
             let points = first
                 .into_iter()
                 .chain(
-                    doc["samples"][sample][id]
+                    doc["samples"][sample][r.cell_id]
                         .as_array()
                         .into_iter()
                         .flatten()
-                        .filter_map(point),
+                        .filter_map(|s| S::deserialize(s).ok())
+                        .filter_map(|s| point(&s)),
                 )
                 .chain(last)
                 .collect();
-            let replica = id
+            let replica = r
+                .cell_id
                 .rsplit_once("-r")
                 .map(|(_, n)| format!(" r{n}"))
                 .unwrap_or_default();
-            Some(Series {
-                name: format!("{}{replica}", r["instance_class"].as_str().unwrap_or(id)),
+            Series {
+                name: format!("{}{replica}", r.class),
                 points,
-            })
+            }
         })
         .collect();
     if series.iter().any(|s| s.points.len() > 1) {
@@ -409,23 +485,54 @@ pub fn samples_plot(
     }
 }
 
-/// A section's results by instance class, in the classes' order.
-pub fn by_class<'a>(results: &[&'a Json]) -> std::collections::BTreeMap<&'a str, Vec<&'a Json>> {
-    let mut m: std::collections::BTreeMap<&str, Vec<&Json>> = std::collections::BTreeMap::new();
-    for r in results {
-        m.entry(r["instance_class"].as_str().unwrap_or(""))
-            .or_default()
-            .push(r);
+/// A section's rows by instance class, in the classes' order.
+pub fn by_class<'r, 'a, P, M>(
+    rows: &'r [Row<'a, P, M>],
+) -> std::collections::BTreeMap<&'a str, Vec<&'r Row<'a, P, M>>> {
+    let mut m: std::collections::BTreeMap<&str, Vec<&Row<P, M>>> = Default::default();
+    for r in rows {
+        m.entry(r.class).or_default().push(r);
     }
     m
 }
 
+/// A figure for a table: a JSON value or a typed one; absent is "–".
+pub trait Number {
+    fn number(&self) -> Option<f64>;
+}
+
+impl Number for Json {
+    fn number(&self) -> Option<f64> {
+        self.as_f64()
+    }
+}
+
+macro_rules! number {
+    ($($t:ty),*) => {$(
+        impl Number for $t {
+            fn number(&self) -> Option<f64> {
+                Some(*self as f64)
+            }
+        }
+    )*};
+}
+number!(f64, f32, u64, u32, i64, i32, usize);
+
+impl<T: Number> Number for Option<T> {
+    fn number(&self) -> Option<f64> {
+        self.as_ref().and_then(Number::number)
+    }
+}
+
+impl<T: Number + ?Sized> Number for &T {
+    fn number(&self) -> Option<f64> {
+        (**self).number()
+    }
+}
+
 /// Bytes as MiB with one decimal.
-pub fn mib(v: &Json) -> String {
-    num(
-        &Json::from(v.as_f64().unwrap_or(f64::NAN) / (1u64 << 20) as f64),
-        1,
-    )
+pub fn mib(v: impl Number) -> String {
+    num(v.number().map(|b| b / (1u64 << 20) as f64), 1)
 }
 
 /// A column of a per-class table: header, metric, decimals; `bytes` columns
@@ -452,7 +559,7 @@ pub struct Seeds {
 pub fn class_table(
     md: &mut String,
     doc: &Json,
-    kind: &str,
+    kind: Kind,
     title: &str,
     columns: &[Column],
     seeds: &Seeds,
@@ -461,7 +568,7 @@ pub fn class_table(
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|s| s["workload"] == kind)
+        .filter(|s| s["workload"] == kind.name())
     {
         let Some(classes) = sm["classes"].as_object() else {
             continue;
@@ -498,7 +605,7 @@ pub fn class_table(
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|c| c["workload"] == kind && c["metric"] == seeds.metric)
+        .filter(|c| c["workload"] == kind.name() && c["metric"] == seeds.metric)
     {
         let _ = writeln!(
             md,
@@ -514,10 +621,8 @@ pub fn class_table(
     }
 }
 
-pub fn ms(v: &Json) -> String {
-    v.as_f64()
-        .map(|x| format!("{x:.3}"))
-        .unwrap_or_else(|| "–".into())
+pub fn ms(v: impl Number) -> String {
+    num(v, 3)
 }
 
 /// A figure with about 3 significant digits: 0.0123, 1.23, 123, 12346.
@@ -536,8 +641,8 @@ pub fn sig(x: f64) -> String {
     format!("{x:.d$}")
 }
 
-pub fn num(v: &Json, digits: usize) -> String {
-    v.as_f64()
+pub fn num(v: impl Number, digits: usize) -> String {
+    v.number()
         .map(|x| format!("{x:.digits$}"))
         .unwrap_or_else(|| "–".into())
 }

@@ -4,13 +4,15 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+use pgfleet_proto::workload::Cache;
+use pgfleet_proto::workload::pgbench::{Metrics, PointParams};
 use serde_json::Value as Json;
 
-use super::markdown::num;
+use super::markdown::{Plots, Row, num};
 use super::plot::{Series, line_chart};
 
 /// pgbench: every cell's figures, per-class medians, ratios, TPS over time.
-pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, rs: &[&Json]) {
+pub fn section(md: &mut String, plots: &mut Plots, doc: &Json, rs: &[Row<PointParams, Metrics>]) {
     let _ = writeln!(
         md,
         "\n## pgbench: transactions\n\nLatency from each transaction's (scheduled) start, ms. Page read time is \
@@ -19,35 +21,30 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for r in rs {
-        let m = &r["metrics"];
+        let (p, m) = (&r.params, &r.metrics);
+        let i = &m.internals;
         let _ = writeln!(
             md,
             "| {} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            r["cell_id"].as_str().unwrap_or(""),
-            r["agent"].as_str().unwrap_or(""),
-            r["params"]["script"].as_str().unwrap_or(""),
-            r["params"]["clients"],
-            r["params"]["threads"],
-            num(&m["tps"], 1),
-            num(&m["latency_ms_p50"], 3),
-            num(&m["latency_ms_p90"], 3),
-            num(&m["latency_ms_p99"], 3),
-            num(&m["latency_ms_max"], 3),
-            m["transactions"],
-            m["failures"],
-            num(&m["page_read_ms_avg"], 3),
-            num(&m["wal_sync_ms_avg"], 3),
-            m["checkpoints"],
-            m["top_wait_events"]
-                .as_array()
-                .into_iter()
-                .flatten()
+            r.cell_id,
+            r.agent,
+            p.script,
+            p.clients,
+            p.threads,
+            num(m.tps, 1),
+            num(m.latency_ms_p50, 3),
+            num(m.latency_ms_p90, 3),
+            num(m.latency_ms_p99, 3),
+            num(m.latency_ms_max, 3),
+            m.transactions,
+            m.failures,
+            num(i.page_read_ms_avg, 3),
+            num(i.wal_sync_ms_avg, 3),
+            i.checkpoints,
+            i.top_wait_events
+                .iter()
                 .take(3)
-                .map(|w| format!(
-                    "{} {:.0} %",
-                    w["event"].as_str().unwrap_or(""),
-                    w["share"].as_f64().unwrap_or(0.0) * 100.0
-                ))
+                .map(|w| format!("{} {:.0} %", w.event, w.share * 100.0))
                 .collect::<Vec<_>>()
                 .join(", ")
         );
@@ -61,8 +58,8 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
     {
         let script = sm["script"].as_str().unwrap_or("");
         let label = sm["label"].as_str().unwrap_or("");
-        let cache = match sm["params"]["cache"].as_str() {
-            Some("cold") => {
+        let cache = match serde_json::from_value(sm["params"]["cache"].clone()) {
+            Ok(Cache::Cold) => {
                 "cold (the cluster restarted, its database's files evicted from the page cache)"
             }
             _ => "warm (as the load left it)",
@@ -74,11 +71,8 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
         };
         let entry = sm["entry"].clone();
         // This summary's cells: its entry's, at its point.
-        let mine = |r: &Json| {
-            r["params"] == sm["params"]
-                && r["cell_id"]
-                    .as_str()
-                    .is_some_and(|id| id.starts_with(&format!("w{entry}-")))
+        let mine = |r: &Row<PointParams, Metrics>| {
+            r.raw["params"] == sm["params"] && r.cell_id.starts_with(&format!("w{entry}-"))
         };
         let _ = writeln!(
             md,
@@ -170,12 +164,12 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
                 .keys()
                 .map(|class| {
                     let mut sums: BTreeMap<u64, (f64, u32)> = BTreeMap::new();
-                    for r in rs
-                        .iter()
-                        .filter(|r| r["instance_class"] == class.as_str() && mine(r))
-                    {
-                        let id = r["cell_id"].as_str().unwrap_or("");
-                        for p in doc["timeseries"][id].as_array().into_iter().flatten() {
+                    for r in rs.iter().filter(|r| r.class == class.as_str() && mine(r)) {
+                        for p in doc["timeseries"][r.cell_id]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                        {
                             if let Some(v) = p[field].as_f64() {
                                 let e = sums.entry(p["second"].as_u64().unwrap_or(0)).or_default();
                                 e.0 += v;

@@ -2,31 +2,33 @@
 
 use std::fmt::Write;
 
+use pgfleet_proto::workload::pgbench_init::{InitParams, Metrics};
 use serde_json::Value as Json;
 
-use super::markdown::num;
+use super::markdown::{Plots, Row, num};
 
 pub fn section(
     md: &mut String,
-    _plots: &mut Vec<(String, String)>,
+    _plots: &mut Plots,
     _doc: &Json,
-    results: &[&Json],
+    rows: &[Row<InitParams, Metrics>],
 ) {
     let _ = writeln!(
         md,
         "\n## pgbench-init: loading\n\n| cell | agent | scale | connections | rows | seconds | rows/s |\n|---|---|---|---|---|---|---|"
     );
-    for r in results {
+    for r in rows {
+        let (p, m) = (&r.params, &r.metrics);
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {} | {} | {} |",
-            r["cell_id"].as_str().unwrap_or(""),
-            r["agent"].as_str().unwrap_or(""),
-            r["params"]["scale"],
-            r["params"]["load_connections"],
-            r["metrics"]["rows_loaded"],
-            num(&r["metrics"]["load_seconds"], 2),
-            num(&r["metrics"]["rows_per_second"], 0)
+            r.cell_id,
+            r.agent,
+            p.scale,
+            p.load_connections,
+            m.rows_loaded,
+            num(m.load_seconds, 2),
+            num(m.rows_per_second, 0)
         );
     }
 }

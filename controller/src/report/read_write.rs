@@ -4,23 +4,21 @@
 
 use std::fmt::Write;
 
+use pgfleet_proto::workload::read_write::{Metrics, PointParams};
 use serde_json::Value as Json;
 
-use super::markdown::{by_class, mib, num, sig};
+use super::markdown::{Number, Plots, Row, by_class, mib, num, sig};
 
-fn f(v: &Json) -> String {
-    v.as_f64().map(sig).unwrap_or_else(|| "–".into())
+fn f(v: impl Number) -> String {
+    v.number().map(sig).unwrap_or_else(|| "–".into())
 }
 
 pub fn section(
     md: &mut String,
-    _plots: &mut Vec<(String, String)>,
+    _plots: &mut Plots,
     _doc: &Json,
-    results: &[&Json],
+    results: &[Row<PointParams, Metrics>],
 ) {
-    if results.is_empty() {
-        return;
-    }
     let _ = writeln!(
         md,
         "\n## read-write: reads and writes of seeds/004's test table\n\n\
@@ -36,19 +34,12 @@ pub fn section(
     );
     for (class, rs) in by_class(results) {
         let _ = writeln!(md, "\n### {class}");
-        if let Some(src) = rs
-            .iter()
-            .find_map(|r| r["metrics"]["device_source"].as_str())
-        {
+        if let Some(src) = rs.iter().find_map(|r| r.metrics.device_source.as_deref()) {
             let _ = writeln!(md, "\nDevice bytes: {src}.");
         }
-        let seq: Vec<&&Json> = rs
+        let seq: Vec<_> = rs
             .iter()
-            .filter(|r| {
-                r["params"]["test"]
-                    .as_str()
-                    .is_some_and(|t| t.starts_with("seq-"))
-            })
+            .filter(|r| r.params.test.starts_with("seq-"))
             .collect();
         if !seq.is_empty() {
             let _ = writeln!(
@@ -56,53 +47,53 @@ pub fn section(
                 "\n| scan | io_method | rows | table MiB | execution ms | I/O read ms | shared read | shared hit | device read MiB |\n|---|---|---|---|---|---|---|---|---|"
             );
             for r in seq {
-                let (p, m) = (&r["params"], &r["metrics"]);
+                let (p, m) = (&r.params, &r.metrics);
                 let _ = writeln!(
                     md,
                     "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                    p["test"].as_str().unwrap_or(""),
-                    p["io_method"].as_str().unwrap_or(""),
-                    p["rows"],
-                    mib(&m["table_bytes"]),
-                    f(&m["execution_ms"]),
-                    f(&m["io_read_ms"]),
-                    num(&m["shared_read"], 0),
-                    num(&m["shared_hit"], 0),
-                    mib(&m["device_read_bytes"]),
+                    p.test,
+                    p.io_method,
+                    p.rows,
+                    mib(m.table_bytes),
+                    f(m.execution_ms),
+                    f(m.io_read_ms),
+                    num(m.shared_read, 0),
+                    num(m.shared_hit, 0),
+                    mib(m.device_read_bytes),
                 );
             }
         }
-        for r in rs.iter().filter(|r| r["params"]["test"] == "random-read") {
-            let m = &r["metrics"];
+        for r in rs.iter().filter(|r| r.params.test == "random-read") {
+            let m = &r.metrics;
             let _ = writeln!(
                 md,
                 "\nRandom reads (`SELECT txt ... WHERE id = :id` from a cold start, io_method {}): **{} TPS**, latency mean {} ms, p99 {} ms; \
                  PostgreSQL's page read {} ms over {} blocks; device read {} MiB of a {} MiB table.",
-                r["params"]["io_method"].as_str().unwrap_or(""),
-                num(&m["tps"], 0),
-                f(&m["latency_ms_mean"]),
-                f(&m["latency_ms_p99"]),
-                f(&m["page_read_ms_avg"]),
-                m["blocks_read"],
-                mib(&m["device_read_bytes"]),
-                mib(&m["table_bytes"]),
+                r.params.io_method,
+                num(m.tps, 0),
+                f(m.latency_ms_mean),
+                f(m.latency_ms_p99),
+                f(m.page_read_ms_avg),
+                num(m.blocks_read, 0),
+                mib(m.device_read_bytes),
+                mib(m.table_bytes),
             );
         }
-        for r in rs.iter().filter(|r| r["params"]["test"] == "write") {
-            let m = &r["metrics"];
+        for r in rs.iter().filter(|r| r.params.test == "write") {
+            let m = &r.metrics;
             let _ = writeln!(
                 md,
                 "\n| write test | UPDATE s | CHECKPOINT s | dirty pages MiB | WAL MiB | device wrote MiB | of which CHECKPOINT | write amplification | device / PostgreSQL |\n|---|---|---|---|---|---|---|---|---|\n\
                  | {} rows | {} | {} | {} | {} | {} | {} | {} | {} |",
-                r["params"]["rows"],
-                num(&m["update_seconds"], 2),
-                num(&m["checkpoint_seconds"], 2),
-                mib(&m["dirty_page_bytes"]),
-                mib(&m["wal_bytes"]),
-                mib(&m["device_write_bytes"]),
-                mib(&m["device_write_bytes_checkpoint"]),
-                num(&m["write_amplification"], 2),
-                num(&m["device_vs_postgres"], 2),
+                r.params.rows,
+                num(m.update_seconds, 2),
+                num(m.checkpoint_seconds, 2),
+                mib(m.dirty_page_bytes),
+                mib(m.wal_bytes),
+                mib(m.device_write_bytes),
+                mib(m.device_write_bytes_checkpoint),
+                num(m.write_amplification, 2),
+                num(m.device_vs_postgres, 2),
             );
         }
     }

@@ -3,23 +3,28 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+use pgfleet_proto::workload::Cache;
+use pgfleet_proto::workload::toast_slice::{Metrics, PointParams, StorageMode};
 use serde_json::Value as Json;
 
-use super::markdown::ms;
+use super::markdown::{Plots, Row, ms};
 use super::plot::{Series, line_chart};
 
-const MODES: &[&str] = &["external", "pglz", "lz4"];
+const MODES: &[StorageMode] = &[StorageMode::External, StorageMode::Pglz, StorageMode::Lz4];
+
+type R<'a> = Row<'a, PointParams, Metrics>;
 
 /// One section per (instance class, dataset, value size): latency table,
 /// storage/buffers table, and the latency-vs-offset plot.
-pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, _doc: &Json, results: &[&Json]) {
-    let mut groups: BTreeMap<(String, String, u64, String), Vec<&Json>> = BTreeMap::new();
-    for r in results {
+pub fn section(md: &mut String, plots: &mut Plots, _doc: &Json, rows: &[R]) {
+    let mut groups: BTreeMap<(&str, &str, u64, bool), Vec<&R>> = BTreeMap::new();
+    for r in rows {
+        let p = &r.params;
         let key = (
-            r["instance_class"].as_str().unwrap_or("").to_string(),
-            r["params"]["dataset"].as_str().unwrap_or("").to_string(),
-            r["params"]["value_bytes"].as_u64().unwrap_or(0),
-            r["params"]["cache"].as_str().unwrap_or("warm").to_string(),
+            r.class,
+            p.dataset.name(),
+            p.value_bytes,
+            p.cache == Cache::Cold,
         );
         groups.entry(key).or_default().push(r);
     }
@@ -33,35 +38,24 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, _doc: &Json, 
          `EXPLAIN (ANALYZE, BUFFERS)` read by primary key. A warm cache: a warm-up, then each repeat a closed \
          loop of reads from memory; a cold one: each repeat one read right after the cluster restarted and its \
          files left the page cache.",
-        results
-            .first()
-            .and_then(|r| r["params"]["slice_bytes"].as_u64())
-            .unwrap_or(100)
+        rows.first().map(|r| r.params.slice_bytes).unwrap_or(100)
     );
-    for ((class, dataset, size, cache), rs) in groups {
-        let mut offsets: Vec<(u64, String)> = rs
+    for ((class, dataset, size, cold), rs) in groups {
+        let cache = if cold { Cache::Cold } else { Cache::Warm };
+        let mut offsets: Vec<(u64, &str)> = rs
             .iter()
-            .map(|r| {
-                (
-                    r["params"]["offset"].as_u64().unwrap_or(0),
-                    r["params"]["offset_label"]
-                        .as_str()
-                        .unwrap_or("")
-                        .to_string(),
-                )
-            })
+            .map(|r| (r.params.offset, r.params.offset_label.as_str()))
             .collect();
         offsets.sort();
         offsets.dedup();
-        let modes: Vec<&str> = MODES
+        let modes: Vec<StorageMode> = MODES
             .iter()
             .copied()
-            .filter(|m| rs.iter().any(|r| r["params"]["storage_mode"] == *m))
+            .filter(|m| rs.iter().any(|r| r.params.storage_mode == *m))
             .collect();
-        let find = |m: &str, o: u64| {
-            rs.iter().find(|r| {
-                r["params"]["storage_mode"] == m && r["params"]["offset"].as_u64() == Some(o)
-            })
+        let find = |m: StorageMode, o: u64| {
+            rs.iter()
+                .find(|r| r.params.storage_mode == m && r.params.offset == o)
         };
         let _ = writeln!(
             md,
@@ -82,12 +76,17 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, _doc: &Json, 
             let cells: Vec<String> = offsets
                 .iter()
                 .map(|(o, _)| {
-                    find(m, *o)
-                        .map(|r| ms(&r["metrics"]["latency_ms_mean"]))
+                    find(*m, *o)
+                        .map(|r| ms(r.metrics.latency_ms_mean))
                         .unwrap_or_else(|| "–".into())
                 })
                 .collect();
-            let _ = writeln!(md, "| {} | {} |", m.to_uppercase(), cells.join(" | "));
+            let _ = writeln!(
+                md,
+                "| {} | {} |",
+                m.name().to_uppercase(),
+                cells.join(" | ")
+            );
         }
         let _ = writeln!(
             md,
@@ -96,19 +95,18 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, _doc: &Json, 
             "---|".repeat(offsets.len())
         );
         for m in &modes {
-            let Some(first) = offsets.iter().find_map(|(o, _)| find(m, *o)) else {
+            let Some(first) = offsets.iter().find_map(|(o, _)| find(*m, *o)) else {
                 continue;
             };
-            let mt = &first["metrics"];
+            let mt = &first.metrics;
             let bufs: Vec<String> = offsets
                 .iter()
                 .map(|(o, _)| {
-                    find(m, *o)
+                    find(*m, *o)
                         .map(|r| {
                             format!(
                                 "{} / {}",
-                                r["metrics"]["buffers_shared_hit"],
-                                r["metrics"]["buffers_shared_read"]
+                                r.metrics.buffers_shared_hit, r.metrics.buffers_shared_read
                             )
                         })
                         .unwrap_or_else(|| "–".into())
@@ -117,28 +115,24 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, _doc: &Json, 
             let _ = writeln!(
                 md,
                 "| {} | {} | {} | {} | {} |",
-                m.to_uppercase(),
-                mt["stored_bytes"],
-                mt["compression"].as_str().unwrap_or("none"),
-                if mt["external"].as_bool().unwrap_or(false) {
-                    "yes"
-                } else {
-                    "no"
-                },
+                m.name().to_uppercase(),
+                mt.stored_bytes,
+                mt.compression.as_deref().unwrap_or("none"),
+                if mt.external { "yes" } else { "no" },
                 bufs.join(" | ")
             );
         }
         let series: Vec<Series> = modes
             .iter()
             .map(|m| Series {
-                name: m.to_uppercase(),
+                name: m.name().to_uppercase(),
                 points: offsets
                     .iter()
                     .filter_map(|(o, _)| {
-                        find(m, *o).map(|r| {
+                        find(*m, *o).map(|r| {
                             (
-                                (*o - 1) as f64 / size.max(1) as f64 * 100.0,
-                                r["metrics"]["latency_ms_mean"].as_f64().unwrap_or(f64::NAN),
+                                o.saturating_sub(1) as f64 / size.max(1) as f64 * 100.0,
+                                r.metrics.latency_ms_mean,
                             )
                         })
                     })

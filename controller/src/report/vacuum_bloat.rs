@@ -4,15 +4,18 @@
 
 use std::fmt::Write;
 
+use pgfleet_proto::workload::Cache;
+use pgfleet_proto::workload::Kind;
+use pgfleet_proto::workload::vacuum_bloat::{Metrics, PointParams, Progress};
 use serde_json::Value as Json;
 
-use super::markdown::{Column, Seeds, class_table, mib, num, samples_plot};
+use super::markdown::{Column, Plots, Row, Seeds, class_table, mib, num, samples_plot};
 
 /// seeds/002: VACUUM of >10 GB of bloat, NVMe vs EBS gp3.
 const SEEDS_NVME_S: f64 = 366.0;
 const SEEDS_EBS_S: f64 = 964.0;
 
-pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, rs: &[&Json]) {
+pub fn section(md: &mut String, plots: &mut Plots, doc: &Json, rs: &[Row<PointParams, Metrics>]) {
     let _ = writeln!(
         md,
         "\n## vacuum-bloat: VACUUM of dead tuples\n\n\
@@ -23,44 +26,40 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
          |---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for r in rs {
-        let (p, m) = (&r["params"], &r["metrics"]);
+        let m = &r.metrics;
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {} ({}) | {} → {} | {} | {} | {} | {} | {} | {} | {} |",
-            r["cell_id"].as_str().unwrap_or(""),
-            r["agent"].as_str().unwrap_or(""),
-            p["scale"],
-            mib(&m["bloat_target_bytes"]),
-            mib(&m["bloat_bytes"]),
-            m["bloat_method"].as_str().unwrap_or(""),
-            m["dead_tuples_before"],
-            m["dead_tuples_removed"],
-            mib(&m["table_bytes"]),
-            mib(&m["index_bytes"]),
-            num(&m["vacuum_seconds"], 2),
-            num(&m["heap_mb_per_s"], 1),
-            m["index_vacuum_count"],
-            num(&m["page_read_ms_avg"], 3),
-            num(&m["wal_sync_ms_avg"], 3),
+            r.cell_id,
+            r.agent,
+            r.params.scale,
+            mib(m.bloat_target_bytes),
+            mib(m.bloat_bytes),
+            m.bloat_method,
+            m.dead_tuples_before,
+            m.dead_tuples_removed,
+            mib(m.table_bytes),
+            mib(m.index_bytes),
+            num(m.vacuum_seconds, 2),
+            num(m.heap_mb_per_s, 1),
+            m.index_vacuum_count,
+            num(m.internals.page_read_ms_avg, 3),
+            num(m.internals.wal_sync_ms_avg, 3),
         );
     }
-    if let Some(p) = rs.first() {
-        let cache = match p["params"]["cache"].as_str() {
-            Some("cold") => {
+    if let Some(r) = rs.first() {
+        let cache = match r.params.cache {
+            Cache::Cold => {
                 "cold: the table's files were evicted from the OS page cache before VACUUM"
             }
-            _ => "warm: the table's pages stayed in the OS page cache",
+            Cache::Warm => "warm: the table's pages stayed in the OS page cache",
         };
-        let _ = writeln!(
-            md,
-            "\n`{}`; cache {cache}.",
-            p["params"]["vacuum"].as_str().unwrap_or("")
-        );
+        let _ = writeln!(md, "\n`{}`; cache {cache}.", r.params.vacuum);
     }
     class_table(
         md,
         doc,
-        "vacuum-bloat",
+        Kind::VacuumBloat,
         "VACUUM",
         &[
             Column {
@@ -102,18 +101,10 @@ pub fn section(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json, r
             "second",
             "% of heap blocks scanned",
         ),
-        |p| {
-            let total = p["heap_blks_total"].as_f64().filter(|t| *t > 0.0)?;
-            Some((
-                p["second"].as_f64()?,
-                100.0 * p["heap_blks_scanned"].as_f64()? / total,
-            ))
+        |p: &Progress| {
+            let total = Some(p.heap_blks_total as f64).filter(|t| *t > 0.0)?;
+            Some((p.second, 100.0 * p.heap_blks_scanned as f64 / total))
         },
-        |m| {
-            [
-                Some((0.0, 0.0)),
-                m["vacuum_seconds"].as_f64().map(|s| (s, 100.0)),
-            ]
-        },
+        |m| [Some((0.0, 0.0)), Some((m.vacuum_seconds, 100.0))],
     );
 }

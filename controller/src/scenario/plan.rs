@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use pgfleet_proto::workload::{Estimate, Params};
+use pgfleet_proto::workload::{Estimate, Kind, Params};
 
 use super::Scenario;
 
@@ -37,7 +37,7 @@ impl PlannedCell {
     }
 
     /// The workload kind, e.g. `toast-slice`.
-    pub fn workload(&self) -> &'static str {
+    pub fn workload(&self) -> Kind {
         self.params.kind()
     }
     pub fn estimate(&self) -> Estimate {
@@ -213,7 +213,7 @@ pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> 
         |f: fn(&PlannedCell) -> usize, min: usize| cells.iter().map(f).max().unwrap_or(0).max(min);
     let (wc, wk, wl) = (
         w(|c| c.cell_id.len(), 4),
-        w(|c| c.workload().len(), 4),
+        w(|c| c.workload().name().len(), 4),
         w(|c| c.instance_class.len(), 5),
     );
     let mut out = format!(

@@ -436,7 +436,7 @@ impl Scheduler {
             parent: &self.run_span,
             "cell",
             cell_id = %cell.planned.cell_id,
-            workload = %cell.planned.workload(),
+            workload = %cell.planned.workload().name(),
             instance_class = %cell.planned.instance_class,
             storage_profile = %profile,
             scenario = %self.opts.scenario,
@@ -531,7 +531,7 @@ impl Scheduler {
                             self.opts.scenario.as_str(),
                             self.run_id.as_str(),
                             c.planned.instance_class.as_str(),
-                            c.planned.workload(),
+                            c.planned.workload().name(),
                         ],
                         &cell_id,
                         &phase,
@@ -582,7 +582,7 @@ impl Scheduler {
                     m.cell_seconds
                         .with_label_values(&[
                             c.planned.instance_class.as_str(),
-                            c.planned.workload(),
+                            c.planned.workload().name(),
                             state.as_str(),
                         ])
                         .observe(secs);
@@ -640,7 +640,7 @@ impl Scheduler {
             self.run_id.as_str(),
             cell.planned.instance_class.as_str(),
             profile,
-            cell.planned.workload(),
+            cell.planned.workload().name(),
         ];
         match kind {
             "live" => m.live_second(labels, data),
@@ -664,7 +664,10 @@ impl Scheduler {
                 CellState::Cancelled => 4,
             };
             counts
-                .entry((c.planned.instance_class.as_str(), c.planned.workload()))
+                .entry((
+                    c.planned.instance_class.as_str(),
+                    c.planned.workload().name(),
+                ))
                 .or_default()[i] += 1;
         }
         for ((class, workload), n) in counts {

@@ -203,6 +203,51 @@ pub fn or<T: Clone>(v: &Option<Spanned<T>>, default: T) -> T {
     v.as_ref().map(|x| x.value.clone()).unwrap_or(default)
 }
 
+/// The page cache when a measurement starts (the `cache` key of the kinds
+/// that take one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Cache {
+    /// As the load or the previous step left it.
+    #[default]
+    Warm,
+    /// The cluster restarted and the measured files evicted from the OS
+    /// page cache: reads reach the storage.
+    Cold,
+}
+
+impl Cache {
+    pub const NAMES: &'static [&'static str] = &["warm", "cold"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Cache::Warm => "warm",
+            Cache::Cold => "cold",
+        }
+    }
+}
+
+impl fmt::Display for Cache {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.pad(self.name())
+    }
+}
+
+impl Field {
+    /// The `cache` key: `warm` or `cold`, else `default`.
+    pub fn cache(&self, v: &Option<Spanned<String>>, default: Cache) -> Checked<Cache> {
+        let Some(v) = v else {
+            return Ok(default);
+        };
+        self.one_of(v, "cache", Cache::NAMES, "cache state")?;
+        Ok(if v.value == "cold" {
+            Cache::Cold
+        } else {
+            Cache::Warm
+        })
+    }
+}
+
 /// The value of an optional key.
 pub fn opt<T: Clone>(v: &Option<Spanned<T>>) -> Option<T> {
     v.as_ref().map(|x| x.value.clone())
@@ -407,6 +452,36 @@ macro_rules! kinds {
             $($variant($module::Params),)*
         }
 
+        /// A workload kind: what code matches on (the scenario's and the
+        /// store's `kind` is its name). Serialized as its name.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Kind {
+            $($variant,)*
+        }
+
+        impl Kind {
+            /// Every kind, in the table's order.
+            pub const ALL: &'static [Kind] = &[$(Kind::$variant,)*];
+
+            /// The scenario's `kind`, e.g. `toast-slice`.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Kind::$variant => $name,)*
+                }
+            }
+
+            pub fn from_name(name: &str) -> Option<Kind> {
+                match name {
+                    $($name => Some(Kind::$variant),)*
+                    _ => None,
+                }
+            }
+
+            pub fn info(self) -> &'static KindInfo {
+                &KINDS[self as usize]
+            }
+        }
+
         /// The kinds, in the table's order.
         pub const KINDS: &[KindInfo] = &[$(KindInfo {
             name: $name,
@@ -433,10 +508,9 @@ macro_rules! kinds {
         }
 
         impl Params {
-            /// The kind's name, e.g. `toast-slice`.
-            pub fn kind(&self) -> &'static str {
+            pub fn kind(&self) -> Kind {
                 match self {
-                    $(Params::$variant(_) => $name,)*
+                    $(Params::$variant(_) => Kind::$variant,)*
                 }
             }
 
@@ -513,8 +587,10 @@ macro_rules! kinds {
     };
 }
 
-// The table of workload kinds: one line each.
+// The table of workload kinds: one line each. Reports show the kinds'
+// sections in this order: the storage's raw figures first.
 kinds! {
+    "fio" => Fio(fio),
     "toast-slice" => ToastSlice(toast_slice),
     "pgbench-init" => PgbenchInit(pgbench_init),
     "pgbench" => Pgbench(pgbench),
@@ -523,7 +599,6 @@ kinds! {
     "toast-probe" => ToastProbe(toast_probe),
     "compression-analysis" => CompressionAnalysis(compression_analysis),
     "read-write" => ReadWrite(read_write),
-    "fio" => Fio(fio),
 }
 
 /// What the controller knows of a kind without its parameters.
@@ -542,7 +617,31 @@ pub fn names() -> Vec<&'static str> {
 }
 
 pub fn info(kind: &str) -> Option<&'static KindInfo> {
-    KINDS.iter().find(|k| k.name == kind)
+    Kind::from_name(kind).map(Kind::info)
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.pad(self.name())
+    }
+}
+
+impl Serialize for Kind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for Kind {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        Kind::from_name(&name).ok_or_else(|| {
+            de::Error::custom(format!(
+                "unknown workload kind `{name}` (known: {})",
+                names().join(", ")
+            ))
+        })
+    }
 }
 
 /// One workload entry of a scenario: the keys every kind takes, and the
@@ -717,6 +816,13 @@ mod tests {
         n.sort();
         n.dedup();
         assert_eq!(n.len(), KINDS.len());
+        for k in Kind::ALL {
+            assert_eq!(Kind::from_name(k.name()), Some(*k));
+            assert_eq!(k.info().name, k.name());
+            let json = serde_json::to_string(k).unwrap();
+            assert_eq!(serde_json::from_str::<Kind>(&json).unwrap(), *k);
+        }
+        assert!(serde_json::from_str::<Kind>("\"nope\"").is_err());
     }
 }
 

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
 use super::pgbench_init::{self, InitParams};
-use super::{Checked, Estimate, Field, Internals, KindParams, KindSpec, opt, or};
+use super::{Cache, Checked, Estimate, Field, Internals, KindParams, KindSpec, opt, or};
 use crate::script::{BUILTIN_SCRIPTS, Script, builtin};
 
 pub const DESCRIPTION: &str = "load, then run a pgbench-style script: tps, latency percentiles, failures, page read and WAL sync time";
@@ -157,12 +157,8 @@ pub struct Params {
     pub init: InitParams,
     pub drive: DriveParams,
     /// `warm` or `cold` (see `Spec::cache`).
-    #[serde(default = "warm")]
-    pub cache: String,
-}
-
-fn warm() -> String {
-    "warm".into()
+    #[serde(default)]
+    pub cache: Cache,
 }
 
 /// A point's parameters (one per cell).
@@ -179,8 +175,8 @@ pub struct PointParams {
     pub latency_limit_ms: Option<f64>,
     pub warmup_s: f64,
     /// The cache when the measurement started: `warm` or `cold`.
-    #[serde(default = "warm")]
-    pub cache: String,
+    #[serde(default)]
+    pub cache: Cache,
 }
 
 /// pgbench's figures for the measured window.
@@ -374,10 +370,7 @@ impl KindSpec for Spec {
             &self.load_connections,
         )?;
         let drive = check_drive(f, self)?;
-        if let Some(c) = &self.cache {
-            f.one_of(c, "cache", super::vacuum_bloat::CACHE, "cache state")?;
-        }
-        let cache = or(&self.cache, warm());
+        let cache = f.cache(&self.cache, Cache::Warm)?;
         Ok(vec![(drive.script.clone(), Params { init, drive, cache })])
     }
 }

@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
 use super::{
-    CLUSTER_BASE_BYTES, Checked, ESTIMATE_BYTES_PER_SECOND, ESTIMATE_CLUSTER_SECONDS, Estimate,
-    Field, KindParams, KindSpec, human_bytes, or,
+    CLUSTER_BASE_BYTES, Cache, Checked, ESTIMATE_BYTES_PER_SECOND, ESTIMATE_CLUSTER_SECONDS,
+    Estimate, Field, KindParams, KindSpec, human_bytes, or,
 };
 
 pub const DESCRIPTION: &str =
@@ -167,12 +167,8 @@ pub struct Params {
     pub duration_s: f64,
     pub repeats: u32,
     pub warmup_s: f64,
-    #[serde(default = "warm")]
-    pub cache: String,
-}
-
-fn warm() -> String {
-    "warm".into()
+    #[serde(default)]
+    pub cache: Cache,
 }
 
 /// A measured point's parameters: one storage mode at one offset.
@@ -184,8 +180,8 @@ pub struct PointParams {
     pub offset: u64,
     pub offset_label: String,
     pub slice_bytes: u32,
-    #[serde(default = "warm")]
-    pub cache: String,
+    #[serde(default)]
+    pub cache: Cache,
 }
 
 /// A measured point's figures: physical storage of the value, the slice
@@ -262,10 +258,7 @@ impl KindSpec for Spec {
         f.in_range(&self.repeats, "repeats", 1, 1000, "")?;
         f.in_range(&self.duration_s, "duration_s", 0.001, 86_400.0, " seconds")?;
         f.in_range(&self.warmup_s, "warmup_s", 0.0, 3_600.0, " seconds")?;
-        if let Some(c) = &self.cache {
-            f.one_of(c, "cache", super::vacuum_bloat::CACHE, "cache state")?;
-        }
-        let cache = or(&self.cache, warm());
+        let cache = f.cache(&self.cache, Cache::Warm)?;
         let modes: Vec<StorageMode> = lists[0]
             .iter()
             .filter_map(|m| StorageMode::parse(m))
@@ -285,7 +278,7 @@ impl KindSpec for Spec {
                         duration_s: or(&self.duration_s, 30.0),
                         repeats: or(&self.repeats, 5),
                         warmup_s: or(&self.warmup_s, 0.5),
-                        cache: cache.clone(),
+                        cache,
                     },
                 )
             })
@@ -314,7 +307,7 @@ impl KindParams for Params {
     fn estimate(&self) -> Estimate {
         let modes = self.storage_modes.len() as u64;
         // A cold read costs a restart (a checkpoint, then start-up): ~2 s.
-        let per_read = if self.cache == "cold" {
+        let per_read = if self.cache == Cache::Cold {
             2.0
         } else {
             self.duration_s
@@ -399,7 +392,7 @@ mod tests {
             duration_s: 30.0,
             repeats: 5,
             warmup_s: 0.5,
-            cache: "warm".into(),
+            cache: Cache::Warm,
         };
         let e = p.estimate();
         assert_eq!(e.measured_seconds, 1350.0);

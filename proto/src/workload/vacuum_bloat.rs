@@ -9,8 +9,8 @@ use serde_saphyr::Spanned;
 
 use super::pgbench_init::{self, InitParams};
 use super::{
-    ByteSize, Checked, ESTIMATE_BYTES_PER_SECOND, Estimate, Field, Internals, KindParams, KindSpec,
-    approx_bytes, human_bytes, opt, or,
+    ByteSize, Cache, Checked, ESTIMATE_BYTES_PER_SECOND, Estimate, Field, Internals, KindParams,
+    KindSpec, approx_bytes, human_bytes, opt, or,
 };
 
 pub const DESCRIPTION: &str = "load pgbench's schema, leave a target amount of dead tuples, time VACUUM: seconds, MB/s, dead tuples removed";
@@ -23,7 +23,6 @@ pub const COMPARED: &[&str] = &[
     "wal_sync_ms_avg",
 ];
 pub const INDEX_CLEANUP: &[&str] = &["auto", "on", "off"];
-pub const CACHE: &[&str] = &["cold", "warm"];
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -69,7 +68,7 @@ pub struct Params {
     pub parallel: Option<u32>,
     pub index_cleanup: String,
     pub freeze: bool,
-    pub cache: String,
+    pub cache: Cache,
 }
 
 impl Params {
@@ -97,7 +96,7 @@ pub struct PointParams {
     pub scale: u64,
     pub bloat_target_bytes: u64,
     pub vacuum: String,
-    pub cache: String,
+    pub cache: Cache,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -181,9 +180,7 @@ impl KindSpec for Spec {
         if let Some(ic) = &self.index_cleanup {
             f.one_of(ic, "index_cleanup", INDEX_CLEANUP, "INDEX_CLEANUP value")?;
         }
-        if let Some(c) = &self.cache {
-            f.one_of(c, "cache", CACHE, "cache state")?;
-        }
+        let cache = f.cache(&self.cache, Cache::Cold)?;
         f.in_range(&self.parallel, "parallel", 0, 1024, " workers")?;
         Ok(vec![(
             format!("bloat-{}", human_bytes(bloat_bytes)),
@@ -194,7 +191,7 @@ impl KindSpec for Spec {
                 parallel: opt(&self.parallel),
                 index_cleanup: or(&self.index_cleanup, "auto".to_string()),
                 freeze: or(&self.freeze, false),
-                cache: or(&self.cache, "cold".to_string()),
+                cache,
             },
         )])
     }

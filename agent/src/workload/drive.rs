@@ -1,0 +1,291 @@
+//! The drive step, shared by every kind that runs a pgbench-style script:
+//! the built-in driver (or the real pgbench) against a server, its live
+//! seconds streamed as samples, the cluster's statistics sampled over the
+//! measured window, and its per-second figures.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::CellContext;
+use crate::cluster::Server;
+use crate::driver::script::{Script, Value, Var};
+use crate::driver::{self, DriverConfig, DriverResult};
+use crate::sampler::Sampler;
+use crate::{Error, Result};
+use pgfleet_proto::v1::{AgentMessage, CellProgress, agent_message::Msg};
+use tokio_util::sync::CancellationToken;
+
+use pgfleet_proto::workload::Internals;
+pub use pgfleet_proto::workload::pgbench::{Define, DriveParams, Second};
+
+fn werr(message: String) -> Error {
+    Error::Workload {
+        workload: "pgbench".into(),
+        message,
+    }
+}
+
+/// Runs a driver script against `server` (the schema loaded at `scale`),
+/// sampling its statistics over the measured window. Shared by every kind
+/// that drives a script; the cell's `cancel` stops it.
+pub async fn drive(
+    ctx: &CellContext<'_>,
+    server: &Server,
+    d: &DriveParams,
+    scale: u64,
+) -> Result<(DriverResult, Internals)> {
+    drive_until(ctx, server, d, scale, None).await
+}
+
+/// `drive`, ended early when `stop` fires (the built-in driver then returns
+/// what it measured until then).
+pub async fn drive_until(
+    ctx: &CellContext<'_>,
+    server: &Server,
+    d: &DriveParams,
+    scale: u64,
+    stop: Option<&tokio_util::sync::CancellationToken>,
+) -> Result<(DriverResult, Internals)> {
+    let text = d.text().map_err(werr)?.to_string();
+    // The real pgbench parses its own script (it may use what pgfleet's
+    // driver does not run).
+    let script = if d.driver == "pgbench" {
+        Script {
+            name: d.script.clone(),
+            commands: Vec::new(),
+        }
+    } else {
+        Script::parse(&d.script, &text).map_err(|e| werr(e.to_string()))?
+    };
+    if d.duration_s.is_none() == d.transactions.is_none() {
+        return Err(werr(
+            "give exactly one of duration_s and transactions".into(),
+        ));
+    }
+    let mut vars = HashMap::from([
+        ("scale".to_string(), Var::Value(Value::Int(scale as i64))),
+        (
+            "naccounts".to_string(),
+            Var::Value(Value::Int((scale * 100_000) as i64)),
+        ),
+    ]);
+    for (k, v) in &d.defines {
+        let val = match v {
+            Define::Int(i) => Var::Value(Value::Int(*i)),
+            Define::Float(f) => Var::Value(Value::Double(*f)),
+            Define::Bool(b) => Var::Value(Value::Bool(*b)),
+            // Text as pgbench's -D keeps it: read when an expression
+            // uses it (where text that is no value is "malformed").
+            Define::Str(s) => Var::Text(s.as_str().into()),
+        };
+        vars.insert(k.clone(), val);
+    }
+    let seed = d.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|t| t.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    let cfg = DriverConfig {
+        script,
+        clients: d.clients.max(1),
+        threads: d.threads.max(1),
+        duration: d.duration_s.map(Duration::from_secs_f64),
+        transactions: d.transactions,
+        warmup: Duration::from_secs_f64(d.warmup_s.max(0.0)),
+        rate: d.rate,
+        latency_limit: d
+            .latency_limit_ms
+            .map(|ms| Duration::from_secs_f64(ms / 1000.0)),
+        max_tries: d.max_tries.max(1),
+        vars,
+        // Checked at validation; checked again here, as the host is ours.
+        shell_as: if driver::script::uses_shell(&text) {
+            if !d.allow_shell {
+                return Err(werr(
+                    "the script runs \\shell or \\setshell and allow_shell is not set".into(),
+                ));
+            }
+            ctx.cluster.run_as().map(|u| (u.uid, u.gid))
+        } else {
+            None
+        },
+        seed,
+        stop_when: stop.cloned(),
+        live: None,
+    };
+
+    let sampler = Sampler::start(
+        server,
+        Duration::from_secs(1),
+        ctx.events.clone(),
+        ctx.cell_id.clone(),
+    )
+    .await?;
+    let (events, cell_id) = (ctx.events.clone(), ctx.cell_id.clone());
+    let progress = move |done: f64, total: f64| {
+        let _ = events.try_send(AgentMessage {
+            msg: Some(Msg::Progress(CellProgress {
+                cell_id: cell_id.clone(),
+                phase: "measure".into(),
+                done: done as u64,
+                total: total as u64,
+                message: format!("{done:.0}/{total:.0} s"),
+            })),
+        });
+    };
+    let phases_done = CancellationToken::new();
+    let driven = async {
+        let result = match d.driver.as_str() {
+            "pgbench" => {
+                progress(
+                    0.0,
+                    (cfg.warmup + cfg.duration.unwrap_or_default()).as_secs_f64(),
+                );
+                if stop.is_some() {
+                    return Err(werr(
+                        "driver: pgbench cannot be stopped early; use driver: pgfleet".into(),
+                    ));
+                }
+                driver::pgbench_bin::run(
+                    &cfg,
+                    &text,
+                    &ctx.cluster.pg,
+                    &server.conninfo_without_password(),
+                    server.password().as_deref(),
+                    ctx.cluster.dir(),
+                    &ctx.cancel,
+                )
+                .await
+            }
+            "pgfleet" => {
+                let (pg, cancel) = (server.config.clone(), ctx.cancel.clone());
+                let live = Arc::new(driver::Live::default());
+                let mut cfg = cfg;
+                cfg.live = Some(live.clone());
+                let done = CancellationToken::new();
+                let finished = done.clone();
+                let run = async move {
+                    let r = tokio::task::spawn_blocking(move || {
+                        driver::run_blocking(cfg, pg, cancel, progress)
+                    })
+                    .await;
+                    finished.cancel();
+                    r
+                };
+                let (r, reported) = tokio::join!(run, report_live(ctx, &live, &done));
+                reported?;
+                r.map_err(|e| werr(format!("driver thread: {e}")))?
+            }
+            other => {
+                return Err(werr(format!(
+                    "unknown driver `{other}`: allowed pgfleet, pgbench"
+                )));
+            }
+        };
+        Ok::<_, Error>(result)
+    };
+    let (result, ()) = tokio::join!(
+        async {
+            let r = driven.await;
+            phases_done.cancel();
+            r
+        },
+        phase_spans(d.warmup_s, &phases_done)
+    );
+    let result = match result? {
+        Ok(r) => r,
+        Err(e) if ctx.cancel.is_cancelled() => return Err(Error::Cancelled(e.0)),
+        Err(e) => return Err(werr(e.0)),
+    };
+    Ok((result, sampler.finish().await?.internals()))
+}
+
+/// The driver's phases as spans: `warm-up` for its first `warmup_s`, then
+/// `measure` until `done` (siblings under the current span).
+async fn phase_spans(warmup_s: f64, done: &CancellationToken) {
+    let parent = tracing::Span::current();
+    if warmup_s > 0.0 {
+        let _warm = parent.in_scope(|| crate::cell::phase("warm-up"));
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs_f64(warmup_s)) => {}
+            _ = done.cancelled() => return,
+        }
+    }
+    let _measure = parent.in_scope(|| crate::cell::phase("measure"));
+    done.cancelled().await;
+}
+
+/// Sends the driver's live seconds as samples of kind `live` while it runs
+/// (each about two seconds after it began, so its clients have published
+/// it; a late part of a second is sent as another sample of that second),
+/// and what is left once `done` fires.
+async fn report_live(
+    ctx: &CellContext<'_>,
+    live: &driver::Live,
+    done: &CancellationToken,
+) -> Result<()> {
+    loop {
+        let last = tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => false,
+            _ = done.cancelled() => true,
+        };
+        let before = if last {
+            None
+        } else {
+            Some(
+                live.start
+                    .get()
+                    .map_or(0, |s| s.elapsed().as_secs().saturating_sub(1)),
+            )
+        };
+        for (sec, l) in live.take(before) {
+            ctx.sample("live", &live_json(sec, &l)).await?;
+        }
+        if last {
+            return Ok(());
+        }
+    }
+}
+
+/// One live second as a sample: counts, the latency sum and maximum, and
+/// the non-empty latency buckets (`[index, count]`, `buckets_per_octave`
+/// log buckets per power of two of microseconds; see `SecondStat`).
+pub fn live_json(sec: u64, l: &driver::LiveSecond) -> serde_json::Value {
+    let buckets: Vec<[u64; 2]> = l
+        .stat
+        .buckets
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| **c > 0)
+        .map(|(i, c)| [i as u64, u64::from(*c)])
+        .collect();
+    serde_json::json!({
+        "second": sec + 1,
+        "transactions": l.stat.transactions,
+        "failures": l.failures,
+        "latency_sum_us": l.stat.latency_sum_us,
+        "latency_max_us": l.stat.latency_max_us,
+        "buckets_per_octave": driver::BUCKETS_PER_OCTAVE,
+        "buckets": buckets,
+    })
+}
+
+/// The run's per-second figures (samples of kind `second`).
+pub fn per_second(result: &DriverResult) -> Vec<Second> {
+    result
+        .per_second
+        .iter()
+        .enumerate()
+        .map(|(i, s)| Second {
+            second: i as u64 + 1,
+            tps: s.transactions,
+            latency_ms_mean: (s.transactions > 0)
+                .then(|| s.latency_sum_us as f64 / s.transactions as f64 / 1000.0),
+            latency_ms_p50: s.quantile_us(0.5).map(|us| us / 1000.0),
+            latency_ms_p99: s.quantile_us(0.99).map(|us| us / 1000.0),
+            latency_ms_max: s.latency_max_us as f64 / 1000.0,
+        })
+        .collect()
+}
