@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
-use super::pgbench_init::{self, InitParams};
+use super::pgbench_init::{self, InitParams, with_load_keys};
 use super::{
     ByteSize, Checked, ESTIMATE_BYTES_PER_SECOND, Estimate, Field, Internals, KindParams, KindSpec,
     human_bytes, or,
@@ -27,28 +27,24 @@ pub const SUBSCRIBER: &str = "subscriber";
 /// Names of the publication, subscription and slot.
 pub const NAME: &str = "pgfleet_drain";
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Spec {
-    #[serde(default)]
-    pub scale: Option<Spanned<u64>>,
-    #[serde(default)]
-    pub fillfactor: Option<Spanned<u32>>,
-    #[serde(default)]
-    pub load_connections: Option<Spanned<u32>>,
-    /// WAL to leave unconsumed in the slot before apply resumes (`"10GB"`,
-    /// bytes). Default 256 MiB.
-    #[serde(default)]
-    pub backlog_bytes: Option<Spanned<ByteSize>>,
-    /// Clients and threads of the random UPDATE that builds the backlog.
-    #[serde(default)]
-    pub clients: Option<Spanned<u32>>,
-    #[serde(default)]
-    pub threads: Option<Spanned<u32>>,
-    /// Bound on each wait (initial sync, building the backlog, the drain):
-    /// past it the cell fails saying which, instead of hanging.
-    #[serde(default)]
-    pub timeout_s: Option<Spanned<f64>>,
+with_load_keys! {
+    #[derive(Debug, Clone, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Spec {
+        /// WAL to leave unconsumed in the slot before apply resumes (`"10GB"`,
+        /// bytes). Default 256 MiB.
+        #[serde(default)]
+        pub backlog_bytes: Option<Spanned<ByteSize>>,
+        /// Clients and threads of the random UPDATE that builds the backlog.
+        #[serde(default)]
+        pub clients: Option<Spanned<u32>>,
+        #[serde(default)]
+        pub threads: Option<Spanned<u32>>,
+        /// Bound on each wait (initial sync, building the backlog, the drain):
+        /// past it the cell fails saying which, instead of hanging.
+        #[serde(default)]
+        pub timeout_s: Option<Spanned<f64>>,
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -113,13 +109,8 @@ pub struct Lag {
 impl KindSpec for Spec {
     type Params = Params;
     fn plan(&self, f: &Field) -> Checked<Vec<(String, Params)>> {
-        let init = pgbench_init::check(
-            f,
-            &self.scale,
-            &self.fillfactor,
-            &None,
-            &self.load_connections,
-        )?;
+        self.flat(f, "it publishes one flat pgbench_accounts")?;
+        let init = self.init(f)?;
         let backlog_bytes = f
             .bytes(&self.backlog_bytes, "backlog_bytes", 1 << 20)?
             .unwrap_or(256 << 20);

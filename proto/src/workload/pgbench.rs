@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
-use super::pgbench_init::{self, InitParams};
+use super::pgbench_init::{self, InitParams, with_load_keys};
 use super::{Cache, Checked, Estimate, Field, Internals, KindParams, KindSpec, opt, or};
 use crate::script::{BUILTIN_SCRIPTS, Script, builtin};
 
@@ -37,56 +37,50 @@ pub enum Define {
     Str(String),
 }
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Spec {
-    #[serde(default)]
-    pub scale: Option<Spanned<u64>>,
-    #[serde(default)]
-    pub fillfactor: Option<Spanned<u32>>,
-    #[serde(default)]
-    pub partitions: Option<Spanned<u32>>,
-    #[serde(default)]
-    pub load_connections: Option<Spanned<u32>>,
-    /// A built-in script (`tpcb-like`, `simple-update`, `select-only`,
-    /// `random-update`).
-    #[serde(default)]
-    pub script: Option<Spanned<String>>,
-    /// A script in pgbench's syntax.
-    #[serde(default)]
-    pub script_text: Option<Spanned<String>>,
-    #[serde(default)]
-    pub clients: Option<Spanned<u32>>,
-    #[serde(default)]
-    pub threads: Option<Spanned<u32>>,
-    #[serde(default)]
-    pub duration_s: Option<Spanned<f64>>,
-    #[serde(default)]
-    pub transactions: Option<Spanned<u64>>,
-    #[serde(default)]
-    pub warmup_s: Option<Spanned<f64>>,
-    #[serde(default)]
-    pub rate: Option<Spanned<f64>>,
-    #[serde(default)]
-    pub latency_limit_ms: Option<Spanned<f64>>,
-    #[serde(default)]
-    pub max_tries: Option<Spanned<u32>>,
-    #[serde(default)]
-    pub defines: Option<BTreeMap<String, Spanned<Define>>>,
-    #[serde(default)]
-    pub seed: Option<Spanned<u64>>,
-    /// Let `\shell` and `\setshell` run commands on the agent's host (as
-    /// the cluster's OS user). Off by default.
-    #[serde(default)]
-    pub allow_shell: Option<Spanned<bool>>,
-    /// `pgfleet` (built-in driver, default) or `pgbench` (the real binary).
-    #[serde(default)]
-    pub driver: Option<Spanned<String>>,
-    /// The cache when the measurement starts: `warm` (default: as the load
-    /// left it) or `cold` (the cluster restarted, its database's files
-    /// evicted from the page cache).
-    #[serde(default)]
-    pub cache: Option<Spanned<String>>,
+with_load_keys! {
+    #[derive(Debug, Clone, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Spec {
+        /// A built-in script (`tpcb-like`, `simple-update`, `select-only`,
+        /// `random-update`).
+        #[serde(default)]
+        pub script: Option<Spanned<String>>,
+        /// A script in pgbench's syntax.
+        #[serde(default)]
+        pub script_text: Option<Spanned<String>>,
+        #[serde(default)]
+        pub clients: Option<Spanned<u32>>,
+        #[serde(default)]
+        pub threads: Option<Spanned<u32>>,
+        #[serde(default)]
+        pub duration_s: Option<Spanned<f64>>,
+        #[serde(default)]
+        pub transactions: Option<Spanned<u64>>,
+        #[serde(default)]
+        pub warmup_s: Option<Spanned<f64>>,
+        #[serde(default)]
+        pub rate: Option<Spanned<f64>>,
+        #[serde(default)]
+        pub latency_limit_ms: Option<Spanned<f64>>,
+        #[serde(default)]
+        pub max_tries: Option<Spanned<u32>>,
+        #[serde(default)]
+        pub defines: Option<BTreeMap<String, Spanned<Define>>>,
+        #[serde(default)]
+        pub seed: Option<Spanned<u64>>,
+        /// Let `\shell` and `\setshell` run commands on the agent's host (as
+        /// the cluster's OS user). Off by default.
+        #[serde(default)]
+        pub allow_shell: Option<Spanned<bool>>,
+        /// `pgfleet` (built-in driver, default) or `pgbench` (the real binary).
+        #[serde(default)]
+        pub driver: Option<Spanned<String>>,
+        /// The cache when the measurement starts: `warm` (default: as the load
+        /// left it) or `cold` (the cluster restarted, its database's files
+        /// evicted from the page cache).
+        #[serde(default)]
+        pub cache: Option<Spanned<String>>,
+    }
 }
 
 /// The driver's part of a cell: what runs after the load. Also used by
@@ -362,13 +356,7 @@ pub fn check_drive(f: &Field, s: &Spec) -> Checked<DriveParams> {
 impl KindSpec for Spec {
     type Params = Params;
     fn plan(&self, f: &Field) -> Checked<Vec<(String, Params)>> {
-        let init = pgbench_init::check(
-            f,
-            &self.scale,
-            &self.fillfactor,
-            &self.partitions,
-            &self.load_connections,
-        )?;
+        let init = self.init(f)?;
         let drive = check_drive(f, self)?;
         let cache = f.cache(&self.cache, Cache::Warm)?;
         Ok(vec![(drive.script.clone(), Params { init, drive, cache })])

@@ -27,18 +27,65 @@ pub const ACCOUNTS_INDEX_BYTES_PER_SCALE: u64 = 275 * 8192;
 /// scale 10 in ~1.5 s with two connections, BENCHMARKS.md); kept modest.
 pub const LOAD_SCALE_PER_SECOND: f64 = 4.0;
 
-/// The loader's keys, shared by every kind that loads pgbench's schema.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Spec {
-    #[serde(default)]
-    pub scale: Option<Spanned<u64>>,
-    #[serde(default)]
-    pub fillfactor: Option<Spanned<u32>>,
-    #[serde(default)]
-    pub partitions: Option<Spanned<u32>>,
-    #[serde(default)]
-    pub load_connections: Option<Spanned<u32>>,
+/// Declares a kind's scenario keys (`Spec`) with the loader's ahead of its
+/// own: every kind that loads pgbench's schema takes the loader's keys
+/// declared here, once, and checks them with `Spec::init`.
+macro_rules! with_load_keys {
+    ($(#[$meta:meta])* pub struct $name:ident { $($body:tt)* }) => {
+        $(#[$meta])*
+        pub struct $name {
+            /// pgbench's scale: 100,000 accounts each (required).
+            #[serde(default)]
+            pub scale: Option<::serde_saphyr::Spanned<u64>>,
+            /// pgbench_accounts' fillfactor, 10-100 (default 100).
+            #[serde(default)]
+            pub fillfactor: Option<::serde_saphyr::Spanned<u32>>,
+            /// Range partitions of pgbench_accounts (0, the default: none).
+            #[serde(default)]
+            pub partitions: Option<::serde_saphyr::Spanned<u32>>,
+            /// Loading connections (0, the default: one for a flat table,
+            /// one per core over partitions).
+            #[serde(default)]
+            pub load_connections: Option<::serde_saphyr::Spanned<u32>>,
+            $($body)*
+        }
+
+        impl $name {
+            /// The loader's keys, checked (`pgbench_init::check`).
+            pub fn init(
+                &self,
+                f: &$crate::workload::Field,
+            ) -> $crate::workload::Checked<$crate::workload::pgbench_init::InitParams> {
+                $crate::workload::pgbench_init::check(
+                    f,
+                    &self.scale,
+                    &self.fillfactor,
+                    &self.partitions,
+                    &self.load_connections,
+                )
+            }
+
+            /// Refuses `partitions` for a kind that measures one flat table.
+            pub fn flat(&self, f: &$crate::workload::Field, why: &str) -> $crate::workload::Checked<()> {
+                match &self.partitions {
+                    Some(p) if p.value > 0 => f.err(
+                        p.referenced,
+                        "partitions",
+                        format!("is not taken by this kind: {why}; leave it out"),
+                    ),
+                    _ => Ok(()),
+                }
+            }
+        }
+    };
+}
+pub(crate) use with_load_keys;
+
+with_load_keys! {
+    /// The loader's keys, the whole of `kind: pgbench-init`.
+    #[derive(Debug, Clone, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Spec {}
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -153,14 +200,7 @@ impl InitParams {
 impl KindSpec for Spec {
     type Params = InitParams;
     fn plan(&self, f: &Field) -> Checked<Vec<(String, InitParams)>> {
-        let p = check(
-            f,
-            &self.scale,
-            &self.fillfactor,
-            &self.partitions,
-            &self.load_connections,
-        )?;
-        Ok(vec![("init".into(), p)])
+        Ok(vec![("init".into(), self.init(f)?)])
     }
 }
 
@@ -186,6 +226,49 @@ impl KindParams for InitParams {
             measured_seconds: 0.0,
             // Data, plus WAL of the load up to max_wal_size (1 GB default).
             disk_bytes: CLUSTER_BASE_BYTES + self.data_bytes() + self.data_bytes().min(1 << 30),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Params, plan_entry};
+
+    /// The loader's keys are one declaration: every kind that loads takes
+    /// them and checks them alike; kinds measuring one flat table refuse
+    /// `partitions` by name.
+    #[test]
+    fn every_loading_kind_takes_the_loader_keys_alike() {
+        for kind in ["pgbench-init", "pgbench", "vacuum-bloat", "logical-drain"] {
+            let cells = plan_entry(&format!(
+                "{{kind: {kind}, scale: 3, fillfactor: 90, load_connections: 2}}"
+            ))
+            .unwrap_or_else(|e| panic!("{kind}: {e}"));
+            let init = match &cells[0].1 {
+                Params::PgbenchInit(p) => p,
+                Params::Pgbench(p) => &p.init,
+                Params::VacuumBloat(p) => &p.init,
+                Params::LogicalDrain(p) => &p.init,
+                other => panic!("{kind}: {other:?}"),
+            };
+            assert_eq!(
+                (init.scale, init.fillfactor, init.load_connections),
+                (3, 90, 2)
+            );
+            let e = plan_entry(&format!("{{kind: {kind}, scale: 3, fillfactor: 5}}")).unwrap_err();
+            assert!(e.contains("fillfactor"), "{kind}: {e}");
+            let e = plan_entry(&format!("{{kind: {kind}}}")).unwrap_err();
+            assert!(e.contains("scale") && e.contains("required"), "{kind}: {e}");
+        }
+        for kind in ["pgbench-init", "pgbench"] {
+            plan_entry(&format!("{{kind: {kind}, scale: 3, partitions: 4}}")).unwrap();
+        }
+        for kind in ["vacuum-bloat", "logical-drain"] {
+            let e = plan_entry(&format!("{{kind: {kind}, scale: 3, partitions: 4}}")).unwrap_err();
+            assert!(
+                e.contains("partitions") && e.contains("not taken by this kind"),
+                "{kind}: {e}"
+            );
         }
     }
 }

@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
-use super::pgbench_init::{self, InitParams};
+use super::pgbench_init::{self, InitParams, with_load_keys};
 use super::{
     ByteSize, Cache, Checked, ESTIMATE_BYTES_PER_SECOND, Estimate, Field, Internals, KindParams,
     KindSpec, approx_bytes, human_bytes, opt, or,
@@ -24,39 +24,35 @@ pub const COMPARED: &[&str] = &[
 ];
 pub const INDEX_CLEANUP: &[&str] = &["auto", "on", "off"];
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Spec {
-    #[serde(default)]
-    pub scale: Option<Spanned<u64>>,
-    #[serde(default)]
-    pub fillfactor: Option<Spanned<u32>>,
-    #[serde(default)]
-    pub load_connections: Option<Spanned<u32>>,
-    /// Dead tuples to leave before VACUUM, in bytes (`"10GB"`, `67108864`).
-    /// Default: half of pgbench_accounts' heap.
-    #[serde(default)]
-    pub bloat_bytes: Option<Spanned<ByteSize>>,
-    /// VACUUM (VERBOSE), on by default: its report (pages, tuples, index
-    /// scans, buffer and WAL usage) is kept with the cell's samples.
-    #[serde(default)]
-    pub verbose: Option<Spanned<bool>>,
-    /// VACUUM (PARALLEL n): workers for the index phases (0: none; default:
-    /// PostgreSQL decides).
-    #[serde(default)]
-    pub parallel: Option<Spanned<u32>>,
-    /// VACUUM (INDEX_CLEANUP auto | on | off).
-    #[serde(default)]
-    pub index_cleanup: Option<Spanned<String>>,
-    /// VACUUM (FREEZE).
-    #[serde(default)]
-    pub freeze: Option<Spanned<bool>>,
-    /// `cold` (default): the table's and its indexes' files are evicted from
-    /// the OS page cache before VACUUM, so its reads reach the storage under
-    /// test, as on the seeds' 482 GiB table on a 64 GiB instance. `warm`:
-    /// left as the bloat pass left them.
-    #[serde(default)]
-    pub cache: Option<Spanned<String>>,
+with_load_keys! {
+    #[derive(Debug, Clone, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Spec {
+        /// Dead tuples to leave before VACUUM, in bytes (`"10GB"`, `67108864`).
+        /// Default: half of pgbench_accounts' heap.
+        #[serde(default)]
+        pub bloat_bytes: Option<Spanned<ByteSize>>,
+        /// VACUUM (VERBOSE), on by default: its report (pages, tuples, index
+        /// scans, buffer and WAL usage) is kept with the cell's samples.
+        #[serde(default)]
+        pub verbose: Option<Spanned<bool>>,
+        /// VACUUM (PARALLEL n): workers for the index phases (0: none; default:
+        /// PostgreSQL decides).
+        #[serde(default)]
+        pub parallel: Option<Spanned<u32>>,
+        /// VACUUM (INDEX_CLEANUP auto | on | off).
+        #[serde(default)]
+        pub index_cleanup: Option<Spanned<String>>,
+        /// VACUUM (FREEZE).
+        #[serde(default)]
+        pub freeze: Option<Spanned<bool>>,
+        /// `cold` (default): the table's and its indexes' files are evicted from
+        /// the OS page cache before VACUUM, so its reads reach the storage under
+        /// test, as on the seeds' 482 GiB table on a 64 GiB instance. `warm`:
+        /// left as the bloat pass left them.
+        #[serde(default)]
+        pub cache: Option<Spanned<String>>,
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -143,13 +139,8 @@ pub struct Progress {
 impl KindSpec for Spec {
     type Params = Params;
     fn plan(&self, f: &Field) -> Checked<Vec<(String, Params)>> {
-        let init = pgbench_init::check(
-            f,
-            &self.scale,
-            &self.fillfactor,
-            &None,
-            &self.load_connections,
-        )?;
+        self.flat(f, "it measures the bloat of one flat pgbench_accounts")?;
+        let init = self.init(f)?;
         let heap = init.accounts_heap_bytes();
         let bloat_bytes = match f.bytes(&self.bloat_bytes, "bloat_bytes", 1 << 20)? {
             None => heap / 2,
