@@ -190,12 +190,37 @@ pub enum Entry {
 }
 
 /// A handle to the store; cheap to clone. Calls are short and synchronous.
+///
+/// One thread, the store's writer, owns the write connection: every write
+/// of every run (a scheduler's batches through its run's `writer`, runs
+/// created, started and finished, cells inserted) is a job it runs in
+/// turn, and the caller waits for that job's outcome, so a write that
+/// returned is committed. Reads (reports, the HTTP API, /metrics) take
+/// their own connection: in WAL mode they see what is committed and never
+/// wait for a write.
 #[derive(Clone)]
 pub struct Store {
-    conn: Arc<Mutex<Connection>>,
-    /// Reads (reports, the HTTP API, /metrics) take their own connection:
-    /// in WAL mode they see what is committed and never wait for a write.
+    writes: std::sync::mpsc::Sender<Job>,
     reader: Arc<Mutex<Connection>>,
+}
+
+/// A write, run by the store's writer thread on its connection.
+type Job = Box<dyn FnOnce(&mut Connection) + Send>;
+
+/// Starts the thread that owns `conn`; it ends when the last `Store`
+/// handle is dropped. A job that panics does not take the thread (or the
+/// other writes) with it: its caller gets an error.
+fn spawn_writer(mut conn: Connection) -> Result<std::sync::mpsc::Sender<Job>> {
+    let (tx, rx) = std::sync::mpsc::channel::<Job>();
+    std::thread::Builder::new()
+        .name("pgfleet-store-writer".into())
+        .spawn(move || {
+            for job in rx {
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut conn)));
+            }
+        })
+        .map_err(|e| Error::Store(format!("starting the store's writer thread: {e}")))?;
+    Ok(tx)
 }
 
 const SCHEMA: &str = r#"
@@ -339,7 +364,7 @@ impl Store {
             .map_err(|e| Error::Store(format!("opening {}: {e}", path.display())))?;
         reader.execute_batch("PRAGMA busy_timeout=5000; PRAGMA query_only=ON;")?;
         let store = Store {
-            conn: Arc::new(Mutex::new(conn)),
+            writes: spawn_writer(conn)?,
             reader: Arc::new(Mutex::new(reader)),
         };
         store.reap_interrupted()?;
@@ -352,7 +377,7 @@ impl Store {
     /// `serve` wait for the next `serve`, which resumes them.) Returns their
     /// ids.
     pub fn reap_interrupted(&self) -> Result<Vec<String>> {
-        let running: Vec<(String, Option<i64>)> = self.with(|c| {
+        let running: Vec<(String, Option<i64>)> = self.read(|c| {
             c.prepare(
                 "SELECT id, controller_pid FROM runs WHERE status = 'running' AND coalesce(owner, 'run') = 'run'",
             )?
@@ -373,8 +398,8 @@ impl Store {
     /// Ends a run that cannot go on: `interrupted`, its unfinished cells
     /// cancelled with `why`.
     pub fn interrupt(&self, id: &str, why: &str) -> Result<()> {
-        let at = now();
-        self.with(|c| {
+        let (at, id, why) = (now(), id.to_string(), why.to_string());
+        self.with(move |c| {
             let tx = c.transaction()?;
             tx.execute(
                 "UPDATE runs SET status = 'interrupted', finished_at = ?2 WHERE id = ?1 AND status IN ('queued', 'running')",
@@ -425,9 +450,26 @@ impl Store {
         })
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>) -> Result<T> {
-        let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(f(&mut c)?)
+    /// A write, run by the store's writer thread; returns once it is
+    /// committed (or failed).
+    fn with<T, F>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.writes
+            .send(Box::new(move |c| {
+                let _ = tx.send(f(c));
+            }))
+            .map_err(|_| Error::Store("the store's writer thread has stopped".into()))?;
+        rx.recv()
+            .map_err(|_| {
+                Error::Store(
+                    "this write failed inside the store's writer (a bug: see the log)".into(),
+                )
+            })?
+            .map_err(Error::from)
     }
 
     /// A read on the read connection.
@@ -451,11 +493,18 @@ impl Store {
             Owner::Run => "run",
             Owner::Serve => "serve",
         };
-        self.with(|c| {
+        let (id, name, path, yaml) = (
+            id.to_string(),
+            name.to_string(),
+            path.to_string(),
+            yaml.to_string(),
+        );
+        let key = idempotency_key.map(str::to_string);
+        self.with(move |c| {
             c.execute(
                 "INSERT INTO runs (id, scenario_name, scenario_path, scenario_yaml, status, started_at, controller_pid, owner, idempotency_key) \
                  VALUES (?1, ?2, ?3, ?4, 'queued', ?5, ?6, ?7, ?8)",
-                params![id, name, path, yaml, now(), std::process::id(), owner, idempotency_key],
+                params![id, name, path, yaml, now(), std::process::id(), owner, key],
             )
             .map(|_| ())
         })
@@ -463,7 +512,8 @@ impl Store {
 
     /// The run starts (or resumes) in this process.
     pub fn start_run(&self, id: &str) -> Result<()> {
-        self.with(|c| {
+        let id = id.to_string();
+        self.with(move |c| {
             c.execute(
                 "UPDATE runs SET status = 'running', controller_pid = ?2 WHERE id = ?1 AND status IN ('queued', 'running')",
                 params![id, std::process::id()],
@@ -473,7 +523,8 @@ impl Store {
     }
 
     pub fn finish_run(&self, id: &str, status: RunStatus) -> Result<()> {
-        self.with(|c| {
+        let id = id.to_string();
+        self.with(move |c| {
             c.execute(
                 "UPDATE runs SET status = ?2, finished_at = ?3 WHERE id = ?1",
                 params![id, status.as_str(), now()],
@@ -488,18 +539,19 @@ impl Store {
         idx: usize,
         cell: &crate::scenario::PlannedCell,
     ) -> Result<()> {
-        self.with(|c| {
+        let row = (
+            run.to_string(),
+            cell.cell_id.clone(),
+            idx as i64,
+            cell.workload().name(),
+            cell.instance_class.clone(),
+            cell.params.to_json(),
+            serde_json::to_string(&cell.settings).unwrap_or_default(),
+        );
+        self.with(move |c| {
             c.execute(
                 "INSERT INTO cells (run_id, cell_id, idx, workload, instance_class, params, settings, state) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending')",
-                params![
-                    run,
-                    cell.cell_id,
-                    idx as i64,
-                    cell.workload().name(),
-                    cell.instance_class,
-                    cell.params.to_json(),
-                    serde_json::to_string(&cell.settings).unwrap_or_default()
-                ],
+                params![row.0, row.1, row.2, row.3, row.4, row.5, row.6],
             )
             .map(|_| ())
         })
@@ -553,10 +605,15 @@ impl Store {
     /// Writes `entries` of one run in order, in one transaction (one fsync
     /// for a burst of them).
     pub fn commit(&self, run: &str, entries: &[Entry]) -> Result<()> {
-        self.with(|c| {
+        self.commit_owned(run.to_string(), entries.to_vec())
+    }
+
+    /// `commit`, for a batch the caller hands over (no copy).
+    pub fn commit_owned(&self, run: String, entries: Vec<Entry>) -> Result<()> {
+        self.with(move |c| {
             let tx = c.transaction()?;
             let at = now();
-            for e in entries {
+            for e in &entries {
                 match e {
                     Entry::Sample(n) => {
                         let seq = (n.seq > 0).then_some(n.seq as i64);
@@ -796,7 +853,7 @@ mod tests {
         let dead = child.id();
         child.wait().unwrap();
         store
-            .with(|c| {
+            .with(move |c| {
                 c.execute("UPDATE runs SET controller_pid = ?1 WHERE id = 'gone'", [dead])?;
                 c.execute("UPDATE runs SET controller_pid = NULL WHERE id = 'old'", [])?;
                 for (cell, state) in [("c0", "running"), ("c1", "pending"), ("c2", "succeeded")] {
@@ -835,6 +892,46 @@ mod tests {
         );
         let c0 = cells.iter().find(|c| c.cell_id == "c0").unwrap();
         assert!(c0.error.as_deref().unwrap().contains("controller exited"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Every write goes through the one writer thread: writes from many
+    /// threads at once all commit, each is visible to readers when its call
+    /// returns, and a job that panics fails only its own caller.
+    #[test]
+    fn one_writer_serves_every_handle() {
+        let dir = std::env::temp_dir().join(format!("pgfleet-writer-{}", std::process::id()));
+        let store = Store::open(&dir.join("s.db")).unwrap();
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    for i in 0..25 {
+                        let id = format!("r{t}-{i}");
+                        store
+                            .create_run(&id, "s", "s.yaml", "", Owner::Serve, None)
+                            .unwrap();
+                        // Committed when the call returned: the reader sees it.
+                        assert_eq!(store.run(&id).unwrap().unwrap().status, "queued");
+                        store.start_run(&id).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(store.runs().unwrap().len(), 200);
+        let e = store
+            .with(|_| -> rusqlite::Result<()> { panic!("a bug in a write") })
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("failed inside the store's writer"),
+            "{e}"
+        );
+        store.finish_run("r0-0", RunStatus::Succeeded).unwrap();
+        assert_eq!(store.run("r0-0").unwrap().unwrap().status, "succeeded");
+        drop(store);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
