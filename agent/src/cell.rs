@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use serde_json::{Value as Json, json};
+use pgfleet_proto::environment::{self, Environment};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -45,7 +45,7 @@ pub struct AgentEnv {
     /// What the emulated storage delivered to a short fio probe in the
     /// first cell's cgroups (`storage.delivered` in every cell's
     /// environment); probed once per agent.
-    pub delivered: tokio::sync::OnceCell<Json>,
+    pub delivered: tokio::sync::OnceCell<environment::Delivered>,
 }
 
 /// The instance class's machine: a label, and the memory and CPUs its
@@ -94,7 +94,7 @@ pub async fn run(
     control: Control,
 ) -> CellResult {
     let cell_id = assign.cell_id.clone();
-    let mut environment = Json::Null;
+    let mut environment: Option<Environment> = None;
     // The agent's side of the cell: a child of the controller's cell span
     // (its traceparent came with the assignment); the phases are its
     // children.
@@ -111,8 +111,11 @@ pub async fn run(
     let outcome = run_inner(env, &assign, &events, &control, &mut environment)
         .instrument(span.clone())
         .await;
-    if let Some(v) = environment["postgres"]["version"].as_str() {
-        span.record("postgres_version", v);
+    if let Some(e) = environment
+        .as_ref()
+        .filter(|e| !e.postgres.version.is_empty())
+    {
+        span.record("postgres_version", e.postgres.version.as_str());
     }
     let (status, error, points) = match outcome {
         Ok(out) => (CellStatus::Succeeded, String::new(), out.points),
@@ -130,11 +133,9 @@ pub async fn run(
                 metrics_json: p.metrics_json,
             })
             .collect(),
-        environment_json: if environment.is_null() {
-            String::new()
-        } else {
-            environment.to_string()
-        },
+        environment_json: environment
+            .map(|e| serde_json::to_string(&e).unwrap_or_default())
+            .unwrap_or_default(),
         role: assign.role,
     }
 }
@@ -144,7 +145,7 @@ async fn run_inner(
     assign: &Assign,
     events: &mpsc::Sender<AgentMessage>,
     control: &Control,
-    environment: &mut Json,
+    environment: &mut Option<Environment>,
 ) -> Result<Output> {
     let cancel = &control.cancel;
     let params = Params::from_json(&assign.workload, &assign.params_json).map_err(|message| {
@@ -214,11 +215,11 @@ async fn run_inner(
             });
         };
         if let Ok(Some(m)) = env.datasets.find(&w.fingerprint) {
-            environment["dataset"] = serde_json::json!({
+            environment.get_or_insert_default().dataset = Some(serde_json::json!({
                 "fingerprint": w.fingerprint, "label": w.dataset.label, "how": "already published",
                 "store": env.datasets.dir, "bytes": m.bytes,
                 "built_by": format!("{} on {}", m.built_by, m.host), "built_at": m.created_at,
-            });
+            }));
             return Ok(Output::default());
         }
     }
@@ -236,9 +237,11 @@ async fn run_inner(
     // From here the cluster is torn down on every path: explicitly below, or
     // by its Drop if this future is dropped.
     let outcome = async {
-        *environment = collect_environment(env, &cluster, &spec)
-            .instrument(phase("collect"))
-            .await?;
+        let environment = environment.insert(
+            collect_environment(env, &cluster, &spec)
+                .instrument(phase("collect"))
+                .await?,
+        );
         if env.emulated && env.caps.is_capped() {
             let delivered = env
                 .delivered
@@ -247,7 +250,7 @@ async fn run_inner(
                         .instrument(phase("storage probe"))
                 })
                 .await?;
-            environment["storage"]["delivered"] = delivered.clone();
+            environment.storage.delivered = Some(delivered.clone());
         }
         if !assign.peers.is_empty() {
             let host = env
@@ -291,7 +294,7 @@ async fn run_inner(
                     .instrument(phase("dataset"))
                     .await?,
                 );
-                environment["dataset"] = serde_json::to_value(&prov).unwrap_or_default();
+                environment.dataset = serde_json::to_value(&prov).ok();
             }
             if build_only {
                 return Ok(Output::default());
@@ -557,7 +560,7 @@ async fn collect_environment(
     env: &AgentEnv,
     cluster: &Cluster,
     spec: &ClusterSpec,
-) -> Result<Json> {
+) -> Result<Environment> {
     let client = cluster.connect().await?;
     let version: String = client.query_one("SHOW server_version", &[]).await?.get(0);
     let mut names: Vec<String> = [
@@ -582,30 +585,57 @@ async fn collect_environment(
     let rows = client
         .query("SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY($1) ORDER BY name", &[&names])
         .await?;
-    let settings: serde_json::Map<String, Json> = rows
+    let settings = rows
         .iter()
-        .map(|r| (r.get::<_, String>(0), Json::String(r.get::<_, String>(1))))
+        .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
         .collect();
-    Ok(json!({
-        "postgres": {"version": version, "settings": settings, "bin_dir": cluster.pg.dir, "port": cluster.port()},
-        "storage": {
-            "profile": env.storage_profile, "emulated": env.emulated, "data_root": env.data_root,
-            "caps": {"read_iops": env.caps.read_iops, "write_iops": env.caps.write_iops,
-                     "read_mbps": env.caps.read_mbps, "write_mbps": env.caps.write_mbps},
-            "cgroup": cluster.cgroups().first().filter(|_| env.emulated && env.caps.is_capped()),
+    let cgroups: Vec<String> = cluster
+        .cgroups()
+        .iter()
+        .map(|c| c.display().to_string())
+        .collect();
+    Ok(Environment {
+        postgres: environment::Postgres {
+            version,
+            settings,
+            bin_dir: Some(cluster.pg.dir.display().to_string()),
+            port: Some(cluster.port()),
         },
-        "instance": {
-            "type": env.instance.instance_type, "memory_bytes": env.instance.memory_bytes,
-            "cpus": env.instance.cpus, "emulated": env.instance.emulated,
-            "cgroups": cluster.cgroups(),
+        storage: environment::Storage {
+            profile: env.storage_profile.clone(),
+            emulated: env.emulated,
+            data_root: Some(env.data_root.display().to_string()),
+            caps: environment::Caps {
+                read_iops: env.caps.read_iops,
+                write_iops: env.caps.write_iops,
+                read_mbps: env.caps.read_mbps,
+                write_mbps: env.caps.write_mbps,
+            },
+            cgroup: cgroups
+                .first()
+                .filter(|_| env.emulated && env.caps.is_capped())
+                .cloned(),
+            delivered: None,
         },
-        "host": {"hostname": host::hostname(), "cores": host::cores(), "memory_bytes": host::memory_bytes()},
+        instance: environment::Instance {
+            instance_type: env.instance.instance_type.clone(),
+            memory_bytes: env.instance.memory_bytes,
+            cpus: env.instance.cpus,
+            emulated: env.instance.emulated,
+            cgroups,
+        },
+        host: environment::Host {
+            hostname: host::hostname(),
+            cores: u64::from(host::cores()),
+            memory_bytes: host::memory_bytes(),
+        },
         // Who ran what: scenario SQL as the workload role (a superuser only
         // with allow_shell), the agent's own steps as its superuser.
-        "roles": {
-            "scenario_sql": crate::cluster::WORKLOAD_ROLE,
-            "scenario_sql_superuser": spec.allow_shell,
-            "agent_steps": crate::cluster::SUPERUSER,
-        },
-    }))
+        roles: Some(environment::Roles {
+            scenario_sql: crate::cluster::WORKLOAD_ROLE.into(),
+            scenario_sql_superuser: spec.allow_shell,
+            agent_steps: crate::cluster::SUPERUSER.into(),
+        }),
+        dataset: None,
+    })
 }

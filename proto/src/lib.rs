@@ -37,6 +37,7 @@ pub mod v1 {
 }
 
 pub mod dataset;
+pub mod environment;
 pub mod script;
 pub mod settings;
 pub mod telemetry;

@@ -16,6 +16,7 @@ use super::{CellContext, Output};
 use crate::cluster::Cluster;
 use crate::cluster::throttle::Caps;
 use crate::{Error, Result};
+use pgfleet_proto::environment::{Delivered, Probe};
 use pgfleet_proto::workload::fio::{Metrics, Params, Point, PointParams, Run, check};
 
 fn err(message: impl Into<String>) -> Error {
@@ -124,7 +125,7 @@ pub async fn probe(
     program: &Path,
     caps: Caps,
     cancel: &CancellationToken,
-) -> Result<Json> {
+) -> Result<Delivered> {
     let wanted: Vec<(&str, &str, u64)> = [
         ("read_iops", "rand-read", caps.read_iops),
         ("write_iops", "rand-write", caps.write_iops),
@@ -146,19 +147,31 @@ pub async fn probe(
     let points = match measure(cluster, program, &p, cancel, |_, _, _| {}).await {
         Ok(points) => points,
         Err(e @ Error::Cancelled(_)) => return Err(e),
-        Err(e) => return Ok(serde_json::json!({"error": e.to_string()})),
+        Err(e) => {
+            return Ok(Delivered {
+                error: Some(e.to_string()),
+                ..Default::default()
+            });
+        }
     };
-    let mut out = serde_json::json!({
-        "seconds": started.elapsed().as_secs_f64(),
-        "fio": points.first().map(|p| p.metrics.fio.clone()),
-    });
+    let mut out = Delivered {
+        seconds: Some(started.elapsed().as_secs_f64()),
+        fio: points.first().map(|p| p.metrics.fio.clone()),
+        ..Default::default()
+    };
     for ((cap, _, asked), pt) in wanted.iter().zip(&points) {
         let delivered = if cap.ends_with("iops") {
             pt.metrics.iops
         } else {
             pt.metrics.mib_per_s
         };
-        out[*cap] = serde_json::json!({"asked": asked, "delivered": delivered});
+        out.set(
+            cap,
+            Probe {
+                asked: *asked as f64,
+                delivered,
+            },
+        );
     }
     Ok(out)
 }

@@ -5,14 +5,85 @@
 //! not reads). report.json: `differences: [{class, baseline, differs}]`
 //! and `warnings: [text]`; report.md and the terminal show the warnings.
 
+use std::collections::BTreeMap;
+
+use pgfleet_proto::environment::Environment;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};
 
+/// A class's environment in the report: its first measured cell's (the
+/// cluster's own view), else what its agents' registrations said
+/// (`measured: false`: not compared, and the report says so).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClassEnvironment {
+    #[serde(flatten)]
+    pub env: Environment,
+    #[serde(default)]
+    pub agents: Vec<String>,
+    #[serde(default)]
+    pub measured: bool,
+}
+
+/// The run's classes by name (report.json's `environment.instance_classes`).
+pub type Classes = BTreeMap<String, ClassEnvironment>;
+
+/// Each class's environment from the store: its agents' registrations,
+/// then the first cell of the class that reported its cluster's own view
+/// (a single-role cell's environment with a PostgreSQL version).
+pub fn class_environments(
+    agents: &[crate::store::AgentRow],
+    cells: &[crate::store::CellRow],
+) -> Classes {
+    let mut classes = Classes::new();
+    for a in agents {
+        let c = classes.entry(a.instance_class.clone()).or_insert_with(|| {
+            let i = &a.info;
+            let text = |v: &Json| v.as_str().unwrap_or("").to_string();
+            let mut env = Environment::default();
+            env.postgres.version = text(&i["postgres_version"]);
+            env.storage.profile = text(&i["storage"]["profile"]);
+            env.storage.emulated = i["storage"]["emulated"] == true;
+            env.storage.caps =
+                serde_json::from_value(i["storage"]["caps"].clone()).unwrap_or_default();
+            env.host.cores = i["cores"].as_u64().unwrap_or(0);
+            env.host.memory_bytes = i["memory_bytes"].as_u64().unwrap_or(0);
+            env.host.hostname = text(&i["hostname"]);
+            ClassEnvironment {
+                env,
+                agents: Vec::new(),
+                measured: false,
+            }
+        });
+        c.agents.push(a.agent_id.clone());
+    }
+    for cell in cells {
+        let Some(class) = classes
+            .get_mut(&cell.instance_class)
+            .filter(|c| !c.measured)
+        else {
+            continue;
+        };
+        let Some(env) = cell
+            .environment
+            .as_ref()
+            .and_then(|e| serde_json::from_value::<Environment>(e.clone()).ok())
+            .filter(|e| !e.postgres.version.is_empty())
+        else {
+            continue;
+        };
+        class.env = Environment {
+            // Where a cell's data came from is the cell's, not the class's.
+            dataset: None,
+            ..env
+        };
+        class.measured = true;
+    }
+    classes
+}
+
 /// Each class against the first (the baseline of every comparison).
-pub fn differences(classes: &Json) -> Vec<Json> {
-    let Some(map) = classes.as_object() else {
-        return Vec::new();
-    };
-    let mut it = map.iter();
+pub fn differences(classes: &Classes) -> Vec<Json> {
+    let mut it = classes.iter();
     let Some((base_name, base)) = it.next() else {
         return Vec::new();
     };
@@ -22,67 +93,53 @@ pub fn differences(classes: &Json) -> Vec<Json> {
         // cluster's own view (none ended with a result) is not compared.
         let unmeasured: Vec<&str> = [(base_name, base), (name, c)]
             .into_iter()
-            .filter(|(_, x)| x["measured"] == false)
+            .filter(|(_, x)| !x.measured)
             .map(|(n, _)| n.as_str())
             .collect();
         if !unmeasured.is_empty() {
             out.push(json!({"class": name, "baseline": base_name, "differs": [], "unmeasured": unmeasured}));
             continue;
         }
+        let (a, b) = (&c.env, &base.env);
         let mut differs = Vec::new();
-        let mut field = |what: &str, a: &Json, b: &Json| {
-            if !a.is_null() && !b.is_null() && a != b {
-                differs.push(format!("{what}: {} vs {}", show(b), show(a)));
+        // Unknown (empty, 0) on either side is not a difference.
+        let mut field = |what: &str, x: String, y: String| {
+            let known = |v: &str| !v.is_empty() && v != "0";
+            if known(&x) && known(&y) && x != y {
+                differs.push(format!("{what}: {y} vs {x}"));
             }
         };
         field(
             "PostgreSQL",
-            &c["postgres"]["version"],
-            &base["postgres"]["version"],
+            a.postgres.version.clone(),
+            b.postgres.version.clone(),
         );
-        let (cs, bs) = (&c["postgres"]["settings"], &base["postgres"]["settings"]);
-        let mut keys: Vec<&String> = cs
-            .as_object()
-            .into_iter()
-            .chain(bs.as_object())
-            .flat_map(|m| m.keys())
+        let mut keys: Vec<&String> = a
+            .postgres
+            .settings
+            .keys()
+            .chain(b.postgres.settings.keys())
             .collect();
         keys.sort();
         keys.dedup();
         for k in keys {
-            field(&format!("setting {k}"), &cs[k.as_str()], &bs[k.as_str()]);
+            let get = |e: &Environment| e.postgres.settings.get(k).cloned().unwrap_or_default();
+            field(&format!("setting {k}"), get(a), get(b));
         }
-        let emulated = |x: &Json| x["instance"]["emulated"] == true;
-        let memory = |x: &Json| {
-            if emulated(x) && x["instance"]["memory_bytes"].as_u64().unwrap_or(0) > 0 {
-                x["instance"]["memory_bytes"].clone()
-            } else {
-                x["host"]["memory_bytes"].clone()
-            }
-        };
-        let cpus = |x: &Json| {
-            if emulated(x) && x["instance"]["cpus"].as_u64().unwrap_or(0) > 0 {
-                x["instance"]["cpus"].clone()
-            } else {
-                x["host"]["cores"].clone()
-            }
-        };
-        field("memory bytes", &memory(c), &memory(base));
-        field("CPUs", &cpus(c), &cpus(base));
+        field(
+            "memory bytes",
+            a.memory_bytes().to_string(),
+            b.memory_bytes().to_string(),
+        );
+        field("CPUs", a.cpus().to_string(), b.cpus().to_string());
         field(
             "instance type",
-            &c["instance"]["type"],
-            &base["instance"]["type"],
+            a.instance.instance_type.clone(),
+            b.instance.instance_type.clone(),
         );
         out.push(json!({"class": name, "baseline": base_name, "differs": differs}));
     }
     out
-}
-
-fn show(v: &Json) -> String {
-    v.as_str()
-        .map(str::to_string)
-        .unwrap_or_else(|| v.to_string())
 }
 
 /// The warnings of a run's report: classes that differ in more than their
@@ -169,21 +226,23 @@ pub fn datasets(cells: &[crate::store::CellRow]) -> Vec<String> {
 /// two cores). The scheduler keeps them apart unless the scenario says
 /// `oversubscribe: true`; this is the check on what happened: the peak
 /// over the cells' own start and end times, per host.
-pub fn oversubscribed(classes: &Json, cells: &[crate::store::CellRow]) -> Vec<String> {
+pub fn oversubscribed(classes: &Classes, cells: &[crate::store::CellRow]) -> Vec<String> {
     use pgfleet_proto::workload::approx_bytes;
     // (time, +1 start / -1 end, class, instances)
     let mut events: std::collections::BTreeMap<&str, Vec<(&str, i8, &str, u64)>> =
         Default::default();
     for c in cells {
-        let class = &classes[c.instance_class.as_str()];
-        let (Some(host), Some(start), Some(end)) = (
-            class["host"]["hostname"].as_str(),
+        let Some(class) = classes.get(&c.instance_class) else {
+            continue;
+        };
+        let (host, Some(start), Some(end)) = (
+            class.env.host.hostname.as_str(),
             c.started_at.as_deref(),
             c.finished_at.as_deref(),
         ) else {
             continue;
         };
-        if class["measured"] != true || class["instance"]["emulated"] != true {
+        if host.is_empty() || !class.measured || !class.env.instance.emulated {
             continue;
         }
         let roles = pgfleet_proto::workload::Params::from_json(&c.workload, &c.params.to_string())
@@ -198,13 +257,8 @@ pub fn oversubscribed(classes: &Json, cells: &[crate::store::CellRow]) -> Vec<St
         ev.sort_by(|a, b| a.0.cmp(b.0).then(a.1.cmp(&b.1)));
         let (cores, host_memory) = ev
             .first()
-            .map(|e| {
-                let h = &classes[e.2]["host"];
-                (
-                    h["cores"].as_u64().unwrap_or(0),
-                    h["memory_bytes"].as_u64().unwrap_or(0),
-                )
-            })
+            .and_then(|e| classes.get(e.2))
+            .map(|c| (c.env.host.cores, c.env.host.memory_bytes))
             .unwrap_or_default();
         let mut running: std::collections::BTreeMap<&str, u64> = Default::default();
         let (mut peak_cpus, mut peak_memory) = (0u64, 0u64);
@@ -218,9 +272,10 @@ pub fn oversubscribed(classes: &Json, cells: &[crate::store::CellRow]) -> Vec<St
             };
             let (mut cpus, mut memory) = (0, 0);
             for (k, n) in &running {
-                let i = &classes[*k]["instance"];
-                cpus += n * i["cpus"].as_u64().unwrap_or(0);
-                memory += n * i["memory_bytes"].as_u64().unwrap_or(0);
+                if let Some(c) = classes.get(*k) {
+                    cpus += n * u64::from(c.env.instance.cpus);
+                    memory += n * c.env.instance.memory_bytes;
+                }
             }
             let which = || {
                 running
@@ -265,37 +320,25 @@ pub const DELIVERED_TOLERANCE: f64 = 0.2;
 /// other classes' cells) set the class's figures and the comparison
 /// measures the host; above it, the throttling did not bind. A probe that
 /// could not run says so.
-pub fn delivered(classes: &Json) -> Vec<String> {
-    let Some(map) = classes.as_object() else {
-        return Vec::new();
-    };
+pub fn delivered(classes: &Classes) -> Vec<String> {
     let mut out = Vec::new();
-    for (name, c) in map {
-        let storage = &c["storage"];
-        let d = &storage["delivered"];
-        if storage["emulated"] != true || d.is_null() {
+    for (name, c) in classes {
+        let storage = &c.env.storage;
+        let Some(d) = storage.delivered.as_ref().filter(|_| storage.emulated) else {
             continue;
-        }
-        let profile = storage["profile"].as_str().unwrap_or("?");
-        if let Some(e) = d["error"].as_str() {
+        };
+        let profile = storage.profile.as_str();
+        if let Some(e) = &d.error {
             out.push(format!(
                 "warning: class `{name}`: what its emulated storage profile `{profile}` delivers was not checked ({e})"
             ));
             continue;
         }
-        for (cap, unit) in [
-            ("read_iops", "read IOPS"),
-            ("write_iops", "write IOPS"),
-            ("read_mbps", "MiB/s of reads"),
-            ("write_mbps", "MiB/s of writes"),
-        ] {
-            let (Some(asked), Some(got)) = (d[cap]["asked"].as_f64(), d[cap]["delivered"].as_f64())
-            else {
+        for (cap, _, unit) in storage.caps.each() {
+            let Some(p) = d.of(cap).filter(|p| p.asked > 0.0) else {
                 continue;
             };
-            if asked <= 0.0 {
-                continue;
-            }
+            let (asked, got) = (p.asked, p.delivered);
             let share = got / asked;
             if share < 1.0 - DELIVERED_TOLERANCE {
                 out.push(format!(
@@ -320,6 +363,10 @@ pub fn delivered(classes: &Json) -> Vec<String> {
 mod tests {
     use super::*;
 
+    fn classes(j: Json) -> Classes {
+        serde_json::from_value(j).unwrap()
+    }
+
     #[test]
     fn profiles_the_host_did_not_deliver_are_warned_about() {
         let class = |emulated: bool, delivered: Json| json!({"storage": {"profile": "custom", "emulated": emulated, "delivered": delivered}});
@@ -331,7 +378,7 @@ mod tests {
             "nofio": class(true, json!({"error": "`fio` was not found on the agent's host"})),
             "host": class(false, json!({"read_iops": {"asked": 3000, "delivered": 10.0}})),
         });
-        let w = delivered(&classes);
+        let w = delivered(&super::tests::classes(classes));
         assert_eq!(w.len(), 3, "{w:#?}");
         assert!(
             w.iter().any(|w| w.contains("class `slow`")
@@ -401,7 +448,7 @@ mod tests {
         json!({"postgres": {"version": version, "settings": {"shared_buffers": sb, "fsync": "on"}},
                "host": {"cores": 2, "memory_bytes": 24u64 << 30},
                "instance": {"emulated": emulated, "memory_bytes": mem, "cpus": 1, "type": ""},
-               "storage": {"profile": "nvme"}})
+               "storage": {"profile": "nvme"}, "measured": true})
     }
 
     #[test]
@@ -428,7 +475,8 @@ mod tests {
             started_at: Some(format!("2026-12-03T08:{start}Z")),
             finished_at: Some(format!("2026-12-03T08:{end}Z")),
         };
-        let one_host = json!({"nvme": c(&["a", "b"], 1, "h"), "gp3": c(&["c", "d"], 1, "h")});
+        let one_host =
+            classes(json!({"nvme": c(&["a", "b"], 1, "h"), "gp3": c(&["c", "d"], 1, "h")}));
         // The storage suite as a user ran it: 2 + 2 cells of 1 CPU at once
         // on 2 cores.
         let crowded = [
@@ -454,8 +502,66 @@ mod tests {
         ];
         assert!(oversubscribed(&one_host, &apart).is_empty());
         // The same at once on two hosts fits.
-        let two_hosts = json!({"nvme": c(&["a", "b"], 1, "h1"), "gp3": c(&["c", "d"], 1, "h2")});
+        let two_hosts =
+            classes(json!({"nvme": c(&["a", "b"], 1, "h1"), "gp3": c(&["c", "d"], 1, "h2")}));
         assert!(oversubscribed(&two_hosts, &crowded).is_empty());
+    }
+
+    /// A class's environment: its agents' registrations until a cell
+    /// reports its cluster's own view; a multi-role cell's (one per role)
+    /// and a cell's dataset are not the class's.
+    #[test]
+    fn a_class_environment_is_its_first_measured_cells() {
+        let agent = |id: &str, class: &str| crate::store::AgentRow {
+            agent_id: id.into(),
+            instance_class: class.into(),
+            info: json!({"postgres_version": "15.18", "cores": 2, "memory_bytes": 1000, "hostname": "h",
+                         "storage": {"profile": "gp3", "emulated": true, "caps": {"read_iops": 3000}}}),
+            lost_at: None,
+        };
+        let cell = |class: &str, env: Option<Json>| crate::store::CellRow {
+            cell_id: "c".into(),
+            workload: "pgbench".into(),
+            instance_class: class.into(),
+            params: Json::Null,
+            state: "succeeded".into(),
+            agent_id: None,
+            error: None,
+            environment: env,
+            started_at: None,
+            finished_at: None,
+        };
+        let full = json!({"postgres": {"version": "15.18 (Debian)", "settings": {"fsync": "on"}},
+                          "host": {"cores": 2, "memory_bytes": 1000, "hostname": "h"},
+                          "storage": {"profile": "gp3", "emulated": true}, "dataset": {"how": "restored"}});
+        let c = class_environments(
+            &[agent("a1", "gp3"), agent("a2", "gp3"), agent("b1", "roles")],
+            &[
+                cell("gp3", None),
+                cell(
+                    "gp3",
+                    Some(json!({"dataset": {"how": "already published"}})),
+                ),
+                cell("gp3", Some(full.clone())),
+                cell(
+                    "roles",
+                    Some(json!({"publisher": full, "subscriber": full})),
+                ),
+            ],
+        );
+        let gp3 = &c["gp3"];
+        assert!(gp3.measured);
+        assert_eq!(gp3.agents, ["a1", "a2"]);
+        assert_eq!(gp3.env.postgres.version, "15.18 (Debian)");
+        assert_eq!(gp3.env.postgres.settings["fsync"], "on");
+        assert_eq!(gp3.env.dataset, None);
+        let roles = &c["roles"];
+        assert!(!roles.measured, "{roles:?}");
+        assert_eq!(roles.env.postgres.version, "15.18");
+        assert_eq!(roles.env.storage.caps.read_iops, 3000);
+        let json = serde_json::to_value(&c).unwrap();
+        assert_eq!(json["gp3"]["postgres"]["version"], "15.18 (Debian)");
+        assert_eq!(json["roles"]["measured"], false);
     }
 
     #[test]
@@ -466,7 +572,7 @@ mod tests {
         slow["measured"] = json!(false);
         let mut fast = class("15.18 (Debian 15.18-0+deb12u1)", "128MB", 96 << 20, true);
         fast["measured"] = json!(true);
-        let d = differences(&json!({"fast": fast, "slow": slow}));
+        let d = differences(&classes(json!({"fast": fast, "slow": slow})));
         assert_eq!(d[0]["differs"], json!([]));
         let w = warnings(&d, &[], &["slow"]);
         assert_eq!(w.len(), 1, "{w:?}");
@@ -481,11 +587,11 @@ mod tests {
     fn differences_besides_storage_are_named() {
         // Classes are compared with the first (in name order).
         let same = json!({"a": class("15.18", "128MB", 96 << 20, true), "b": class("15.18", "128MB", 96 << 20, true)});
-        let d = differences(&same);
+        let d = differences(&classes(same));
         assert_eq!(d[0]["differs"], json!([]));
         assert!(warnings(&d, &[], &["b"]).is_empty());
         let other = json!({"a": class("15.18", "128MB", 96 << 20, true), "b": class("16.4", "1GB", 0, false)});
-        let d = differences(&other);
+        let d = differences(&classes(other));
         let list: Vec<&str> = d[0]["differs"]
             .as_array()
             .unwrap()

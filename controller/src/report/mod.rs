@@ -67,40 +67,7 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
     let agents = store.agents(run_id)?;
     let results = store.results(run_id)?;
 
-    let mut classes: BTreeMap<String, Json> = BTreeMap::new();
-    for a in &agents {
-        let e = classes.entry(a.instance_class.clone()).or_insert_with(|| {
-            json!({
-                "postgres": {"version": a.info["postgres_version"], "settings": {}},
-                "storage": {"profile": a.info["storage"]["profile"], "emulated": a.info["storage"]["emulated"],
-                            "caps": a.info["storage"]["caps"]},
-                "host": {"cores": a.info["cores"], "memory_bytes": a.info["memory_bytes"], "hostname": a.info["hostname"]},
-                "agents": [],
-                // Until a cell reports the cluster's own view: the
-                // registration's, which the guards do not compare.
-                "measured": false,
-            })
-        });
-        if let Some(list) = e["agents"].as_array_mut() {
-            list.push(json!(a.agent_id));
-        }
-    }
-    // The cluster's own view (settings as the server reports them) wins.
-    for c in &cells {
-        if let (Some(env), Some(class)) = (&c.environment, classes.get_mut(&c.instance_class))
-            && class["postgres"]["settings"]
-                .as_object()
-                .is_some_and(|m| m.is_empty())
-            && env.get("postgres").is_some()
-        {
-            class["postgres"] = env["postgres"].clone();
-            class["storage"] = env["storage"].clone();
-            class["host"] = env["host"].clone();
-            class["instance"] = env["instance"].clone();
-            class["roles"] = env["roles"].clone();
-            class["measured"] = json!(true);
-        }
-    }
+    let classes = guards::class_environments(&agents, &cells);
     let by_id: BTreeMap<&str, &crate::store::CellRow> =
         cells.iter().map(|c| (c.cell_id.as_str(), c)).collect();
     let results: Vec<Json> = results
@@ -122,10 +89,11 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
     let entry_comparisons = entries::comparisons(&summaries);
     // The scenario as it was run (stored with the run): its checks, and
     // its plan's warnings with the memory the clusters really had.
-    let env_classes = Json::Object(classes.clone().into_iter().collect());
+    let env_classes = serde_json::to_value(&classes).unwrap_or_default();
     let host_memory = classes
         .values()
-        .filter_map(|c| c["host"]["memory_bytes"].as_u64())
+        .map(|c| c.env.host.memory_bytes)
+        .filter(|m| *m > 0)
         .min()
         .unwrap_or(0);
     let (checks, check_error, plan_warnings) = match store.scenario_yaml(run_id)? {
@@ -142,14 +110,14 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
         },
         None => (Vec::new(), None, Vec::new()),
     };
-    let differences = guards::differences(&env_classes);
+    let differences = guards::differences(&classes);
     let compared: Vec<&str> = comparisons
         .iter()
         .filter_map(|c| c["class"].as_str())
         .collect();
     let mut warnings = guards::warnings(&differences, &plan_warnings, &compared);
-    warnings.extend(guards::oversubscribed(&env_classes, &cells));
-    warnings.extend(guards::delivered(&env_classes));
+    warnings.extend(guards::oversubscribed(&classes, &cells));
+    warnings.extend(guards::delivered(&classes));
     warnings.extend(guards::datasets(&cells));
     let mut timeseries = serde_json::Map::new();
     for (cell, data) in store.samples(run_id, "second")? {
