@@ -691,21 +691,36 @@ async fn readyz(State(s): State<Shared>) -> Response {
     responses((status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain", body = String)),
     tag = "health")]
 async fn metrics(State(s): State<Shared>) -> Response {
-    tokio::task::spawn_blocking(move || metrics_response(&s.service))
-        .await
-        .unwrap_or_else(|e| store_error(crate::Error::Store(format!("rendering metrics: {e}"))))
+    let service = &s.service;
+    scrape(
+        service.metrics.clone(),
+        service.hub.clone(),
+        service.store.clone(),
+    )
+    .await
 }
 
-pub fn metrics_response(service: &crate::service::Service) -> Response {
-    service.metrics.refresh(&service.hub, &service.store);
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        service.metrics.render(),
-    )
-        .into_response()
+/// A scrape of `/metrics`, for the API and `pgfleet run --metrics-addr`
+/// alike: the fleet gauges refreshed from the hub and the store, off the
+/// runtime's threads.
+async fn scrape(
+    metrics: Arc<crate::metrics::Metrics>,
+    hub: crate::hub::Hub,
+    store: crate::store::Store,
+) -> Response {
+    tokio::task::spawn_blocking(move || {
+        metrics.refresh(&hub, &store);
+        (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            metrics.render(),
+        )
+            .into_response()
+    })
+    .await
+    .unwrap_or_else(|e| store_error(crate::Error::Store(format!("rendering metrics: {e}"))))
 }
 
 /// The OpenAPI document of this API.
@@ -844,15 +859,9 @@ pub async fn listen_metrics(bind: SocketAddr, src: MetricsSource) -> Result<Http
         .route(
             "/metrics",
             get(|State(m): State<MetricsSource>| async move {
-                m.metrics.refresh(&m.hub, &m.store);
+                let response = scrape(m.metrics, m.hub, m.store).await;
                 m.scrapes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                (
-                    [(
-                        header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
-                    m.metrics.render(),
-                )
+                response
             }),
         )
         .route(

@@ -121,7 +121,12 @@ fn the_controllers_modules_form_no_circle() {
 #[test]
 fn a_circle_is_found_and_named() {
     let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (m, uses) in [("a", vec!["b"]), ("b", vec!["c"]), ("c", vec!["a"]), ("d", vec!["a"])] {
+    for (m, uses) in [
+        ("a", vec!["b"]),
+        ("b", vec!["c"]),
+        ("c", vec!["a"]),
+        ("d", vec!["a"]),
+    ] {
         g.insert(m.into(), uses.into_iter().map(String::from).collect());
     }
     assert_eq!(circle(&g, "a").unwrap(), ["a", "b", "c", "a"]);
