@@ -17,6 +17,15 @@
 //!
 //! LIVE_SCALE multiplies each live second's transactions (678 per agent):
 //! 24 makes ~16,000 per agent-second, the seeds' NVMe rate.
+//!
+//! Every 5 s it also renders the running run's report (`GET
+//! /v1/runs/{id}/report.md`: 200 cells and their live samples, read from the
+//! store and rendered while the agents stream), and times it.
+//!
+//! `SERVE_LOAD_STORE_WRITE_IOPS=N` (root): the store on a slow disk, a loop
+//! device with ext4 whose writes `serve`'s block-I/O cgroup holds to N per
+//! second (cgroup v1 throttles the writes fsync submits, i.e. every
+//! commit's; this kernel has no device-mapper for dm-delay). Removed after.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -277,9 +286,28 @@ async fn main() {
         .parent()
         .unwrap()
         .join("pgfleet");
-    let mut serve = Command::new(&bin)
+    let slow = std::env::var("SERVE_LOAD_STORE_WRITE_IOPS")
+        .ok()
+        .and_then(|x| x.parse::<u64>().ok())
+        .map(|iops| SlowDisk::new(&dir, iops));
+    let store_dir = slow.as_ref().map_or(dir.clone(), |s| s.mount.clone());
+    // In the slow disk's cgroup from its first write on.
+    let mut launcher = match &slow {
+        Some(s) => {
+            let mut c = Command::new("sh");
+            c.arg("-c")
+                .arg(format!(
+                    "echo $$ > {}/cgroup.procs && exec \"$0\" \"$@\"",
+                    s.cgroup.display()
+                ))
+                .arg(&bin);
+            c
+        }
+        None => Command::new(&bin),
+    };
+    let mut serve = launcher
         .arg("--store")
-        .arg(dir.join("store.db"))
+        .arg(store_dir.join("store.db"))
         .args(["serve", "--bind", "127.0.0.1:0", "--http", "127.0.0.1:0"])
         .arg("--api-token-file")
         .arg(dir.join("api.token"))
@@ -405,6 +433,8 @@ async fn main() {
     let mut api_ms = Vec::new();
     let mut scrape_ms = Vec::new();
     let mut scrape_bytes = 0usize;
+    let mut report_ms = Vec::new();
+    let mut report_bytes = 0usize;
     let mut last_scrape = Instant::now() - Duration::from_secs(60);
     while t0.elapsed() < Duration::from_secs(secs.saturating_sub(5)) {
         // Prometheus' view: a scrape of /metrics every 5 s.
@@ -417,6 +447,17 @@ async fn main() {
             assert_eq!(code, 200);
             scrape_ms.push(last_scrape.elapsed().as_secs_f64() * 1000.0);
             scrape_bytes = body.split_once("\r\n\r\n").map_or(0, |(_, b)| b.len());
+            // A large run's report, rendered from the store meanwhile.
+            let (a, r, tk) = (api.clone(), run.clone(), token.clone());
+            let q = Instant::now();
+            let (code, body) = tokio::task::spawn_blocking(move || {
+                get(&a, &format!("/v1/runs/{r}/report.md"), &tk)
+            })
+            .await
+            .unwrap();
+            assert_eq!(code, 200, "{body}");
+            report_ms.push(q.elapsed().as_secs_f64() * 1000.0);
+            report_bytes = body.len();
         }
         let (a, r, tk) = (api.clone(), run.clone(), token.clone());
         let q = Instant::now();
@@ -486,7 +527,79 @@ async fn main() {
         scrape_ms.len(),
         scrape_bytes as f64 / 1024.0
     );
+    println!(
+        "GET report.md:     p50 {:.0} ms, max {:.0} ms ({} renders of the running run), {:.0} KiB",
+        quantile(&mut report_ms, 0.5),
+        quantile(&mut report_ms, 1.0),
+        report_ms.len(),
+        report_bytes as f64 / 1024.0
+    );
+    if let Some(s) = &slow {
+        println!(
+            "store disk:        a loop device held to {} write IOPS (block-I/O cgroup)",
+            s.iops
+        );
+    }
     println!("agents lost:       {lost}");
     println!("run:               {status}");
+    drop(slow);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The store's slow disk: a loop device with ext4 mounted under the
+/// benchmark's directory, and a block-I/O cgroup holding writes to it to
+/// `iops` a second. Unmounted, detached and removed when dropped.
+struct SlowDisk {
+    iops: u64,
+    device: String,
+    mount: PathBuf,
+    cgroup: PathBuf,
+}
+
+impl SlowDisk {
+    fn new(dir: &Path, iops: u64) -> SlowDisk {
+        let run = |cmd: &mut Command| {
+            let out = cmd.output().expect("run a setup command");
+            assert!(
+                out.status.success(),
+                "{cmd:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        };
+        let image = dir.join("store.img");
+        run(Command::new("truncate").arg("-s").arg("1G").arg(&image));
+        let device = run(Command::new("losetup").args(["-f", "--show"]).arg(&image));
+        run(Command::new("mkfs.ext4")
+            .args(["-q", "-E", "lazy_itable_init=0,lazy_journal_init=0"])
+            .arg(&device));
+        let mount = dir.join("store");
+        std::fs::create_dir_all(&mount).unwrap();
+        run(Command::new("mount").arg(&device).arg(&mount));
+        let majmin = run(Command::new("lsblk").args(["-dno", "MAJ:MIN"]).arg(&device));
+        let cgroup = PathBuf::from(format!(
+            "/sys/fs/cgroup/blkio/pgfleet-serve-load-{}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&cgroup).unwrap();
+        std::fs::write(
+            cgroup.join("blkio.throttle.write_iops_device"),
+            format!("{} {iops}", majmin.replace(' ', "")),
+        )
+        .unwrap();
+        SlowDisk {
+            iops,
+            device,
+            mount,
+            cgroup,
+        }
+    }
+}
+
+impl Drop for SlowDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mount).status();
+        let _ = Command::new("losetup").args(["-d", &self.device]).status();
+        let _ = std::fs::remove_dir(&self.cgroup);
+    }
 }
