@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::agents::kubernetes::KubeOptions;
 use crate::scheduler::RunEvent;
 use crate::service::{Service, fleet_needs};
-use crate::store::{Owner, RunStatus};
+use crate::store::{NewRun, Owner, RunStatus};
 use crate::{Error, Result, report, scenario};
 
 /// The cluster runs' agents are launched on.
@@ -95,14 +95,15 @@ impl Served {
         let run_id = crate::service::new_run_id();
         let store = &self.service.store;
         store
-            .create_run(
-                &run_id,
-                &sc.name.value,
-                name,
+            .create_run(&NewRun {
+                id: &run_id,
+                name: &sc.name.value,
+                path: name,
                 yaml,
-                Owner::Serve,
+                owner: Owner::Serve,
                 idempotency_key,
-            )
+                cells: &cells,
+            })
             .map_err(|e| {
                 match idempotency_key.and_then(|k| store.run_by_idempotency_key(k).ok().flatten()) {
                     // Two submissions with one key raced: the other won.
@@ -112,9 +113,6 @@ impl Served {
                     None => Rejected::Store(e),
                 }
             })?;
-        for (i, c) in cells.iter().enumerate() {
-            store.insert_cell(&run_id, i, c).map_err(Rejected::Store)?;
-        }
         self.enqueue(&run_id, &sc);
         tracing::info!(run = %run_id, scenario = %sc.name.value, cells = cells.len(), "run queued");
         Ok((run_id, true))

@@ -8,8 +8,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agents::local::{self, LocalOptions};
 use crate::service::{Agents, RunSpec, Service, ServiceConfig};
-use crate::store::{Owner, RunStatus};
-use crate::{Result, report, scenario};
+use crate::store::{NewRun, Owner, RunStatus};
+use crate::{Result, scenario};
 
 /// How long `--metrics-addr` stays up after the run for a last scrape.
 const METRICS_LINGER: std::time::Duration = std::time::Duration::from_secs(30);
@@ -104,18 +104,16 @@ pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunS
         eprintln!("cleaned up what interrupted run {id} left in the data dir");
     }
     let run_id = crate::service::new_run_id();
-    store.create_run(
-        &run_id,
-        &sc.name.value,
-        &opts.scenario.display().to_string(),
-        &yaml,
-        Owner::Run,
-        None,
-    )?;
+    store.create_run(&NewRun {
+        id: &run_id,
+        name: &sc.name.value,
+        path: &opts.scenario.display().to_string(),
+        yaml: &yaml,
+        owner: Owner::Run,
+        idempotency_key: None,
+        cells: &cells,
+    })?;
     store.start_run(&run_id)?;
-    for (i, c) in cells.iter().enumerate() {
-        store.insert_cell(&run_id, i, c)?;
-    }
     let estimate = scenario::plan::estimate(&sc, &cells);
     for w in scenario::plan::warnings(&sc, &cells, scenario::plan::host_memory()) {
         eprintln!("{w}");
@@ -157,12 +155,12 @@ pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunS
     let status = match status {
         Ok(s) => s,
         Err(e) => {
-            store.finish_run(&run_id, RunStatus::Failed)?;
+            // Its agents could not start: stored failed, with a report.
+            let _ = crate::service::conclude(&store, &run_id, RunStatus::Failed, &opts.out);
             return Err(e);
         }
     };
-    store.finish_run(&run_id, status)?;
-    let report = report::write(&store, &run_id, &opts.out)?;
+    let report = crate::service::conclude(&store, &run_id, status, &opts.out)?;
     Ok(RunSummary {
         run_id,
         status,

@@ -29,7 +29,7 @@ use crate::queue::{Kube, Served};
 use crate::scheduler::{self, RunEvent, Scheduler};
 use crate::service::{Agents, RunSpec, Service, ServiceConfig};
 use crate::store::RunStatus;
-use crate::{Error, Result, report, scenario};
+use crate::{Error, Result, scenario};
 
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
@@ -301,11 +301,9 @@ async fn execute(
         tracing::error!(run = %run_id, "the run could not start: {e}");
         RunStatus::Failed
     });
-    if let Err(e) = store.finish_run(&run_id, status) {
-        tracing::error!(run = %run_id, "storing the run's end: {e}");
-    }
-    if let Err(e) = report::write(&store, &run_id, &served.reports.join(&run_id)) {
-        tracing::error!(run = %run_id, "writing the report: {e}");
+    if let Err(e) = crate::service::conclude(&store, &run_id, status, &served.reports.join(&run_id))
+    {
+        tracing::error!(run = %run_id, "storing the run's end and its report: {e}");
     }
     eprintln!("run {run_id} {}", status.as_str());
     served

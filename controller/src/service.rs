@@ -140,6 +140,18 @@ pub fn random_hex(n: usize) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// Ends a run the one way for `run` and `serve`: its status stored, then
+/// its report written into `report_dir` from the store (returned).
+pub fn conclude(
+    store: &Store,
+    run_id: &str,
+    status: RunStatus,
+    report_dir: &Path,
+) -> Result<serde_json::Value> {
+    store.finish_run(run_id, status)?;
+    crate::report::write(store, run_id, report_dir)
+}
+
 /// A new run id: UTC time plus random bits, sortable and unique enough.
 pub fn new_run_id() -> String {
     format!(

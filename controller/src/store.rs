@@ -189,6 +189,18 @@ pub enum Entry {
     },
 }
 
+/// A run to store (`Store::create_run`).
+pub struct NewRun<'a> {
+    pub id: &'a str,
+    pub name: &'a str,
+    /// The scenario's file (or submitted name).
+    pub path: &'a str,
+    pub yaml: &'a str,
+    pub owner: Owner,
+    pub idempotency_key: Option<&'a str>,
+    pub cells: &'a [crate::scenario::PlannedCell],
+}
+
 /// A handle to the store; cheap to clone. Calls are short and synchronous.
 ///
 /// One thread, the store's writer, owns the write connection: every write
@@ -478,35 +490,51 @@ impl Store {
         Ok(f(&mut c)?)
     }
 
-    /// Stores a new run, `queued`; `start_run` makes it `running`. A key
-    /// already used gives a store error (the API looks it up first).
-    pub fn create_run(
-        &self,
-        id: &str,
-        name: &str,
-        path: &str,
-        yaml: &str,
-        owner: Owner,
-        idempotency_key: Option<&str>,
-    ) -> Result<()> {
-        let owner = match owner {
+    /// Stores a new run, `queued`, with its cells (`pending`), in one
+    /// transaction: a run is never stored without its cells. `start_run`
+    /// makes it `running`. A key already used gives a store error (the API
+    /// looks it up first).
+    pub fn create_run(&self, run: &NewRun) -> Result<()> {
+        let owner = match run.owner {
             Owner::Run => "run",
             Owner::Serve => "serve",
         };
         let (id, name, path, yaml) = (
-            id.to_string(),
-            name.to_string(),
-            path.to_string(),
-            yaml.to_string(),
+            run.id.to_string(),
+            run.name.to_string(),
+            run.path.to_string(),
+            run.yaml.to_string(),
         );
-        let key = idempotency_key.map(str::to_string);
+        let key = run.idempotency_key.map(str::to_string);
+        let cells: Vec<_> = run
+            .cells
+            .iter()
+            .enumerate()
+            .map(|(idx, cell)| {
+                (
+                    cell.cell_id.clone(),
+                    idx as i64,
+                    cell.workload().name(),
+                    cell.instance_class.clone(),
+                    cell.params.to_json(),
+                    serde_json::to_string(&cell.settings).unwrap_or_default(),
+                )
+            })
+            .collect();
         self.with(move |c| {
-            c.execute(
+            let tx = c.transaction()?;
+            tx.execute(
                 "INSERT INTO runs (id, scenario_name, scenario_path, scenario_yaml, status, started_at, controller_pid, owner, idempotency_key) \
                  VALUES (?1, ?2, ?3, ?4, 'queued', ?5, ?6, ?7, ?8)",
                 params![id, name, path, yaml, now(), std::process::id(), owner, key],
-            )
-            .map(|_| ())
+            )?;
+            for c in &cells {
+                tx.execute(
+                    "INSERT INTO cells (run_id, cell_id, idx, workload, instance_class, params, settings, state) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending')",
+                    params![id, c.0, c.1, c.2, c.3, c.4, c.5],
+                )?;
+            }
+            tx.commit()
         })
     }
 
@@ -528,30 +556,6 @@ impl Store {
             c.execute(
                 "UPDATE runs SET status = ?2, finished_at = ?3 WHERE id = ?1",
                 params![id, status.as_str(), now()],
-            )
-            .map(|_| ())
-        })
-    }
-
-    pub fn insert_cell(
-        &self,
-        run: &str,
-        idx: usize,
-        cell: &crate::scenario::PlannedCell,
-    ) -> Result<()> {
-        let row = (
-            run.to_string(),
-            cell.cell_id.clone(),
-            idx as i64,
-            cell.workload().name(),
-            cell.instance_class.clone(),
-            cell.params.to_json(),
-            serde_json::to_string(&cell.settings).unwrap_or_default(),
-        );
-        self.with(move |c| {
-            c.execute(
-                "INSERT INTO cells (run_id, cell_id, idx, workload, instance_class, params, settings, state) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending')",
-                params![row.0, row.1, row.2, row.3, row.4, row.5, row.6],
             )
             .map(|_| ())
         })
@@ -842,9 +846,7 @@ mod tests {
         let store = Store::open(&path).unwrap();
         // This process is a live pgfleet process: its run stays running.
         for id in ["live", "gone", "old"] {
-            store
-                .create_run(id, "s", "s.yaml", "", Owner::Run, None)
-                .unwrap();
+            store.create_run(&NewRun::test(id, Owner::Run)).unwrap();
             store.start_run(id).unwrap();
         }
         // A run whose controller exited (a pid that is gone), with a
@@ -895,6 +897,48 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    impl<'a> NewRun<'a> {
+        pub fn test(id: &'a str, owner: Owner) -> NewRun<'a> {
+            NewRun {
+                id,
+                name: "s",
+                path: "s.yaml",
+                yaml: "",
+                owner,
+                idempotency_key: None,
+                cells: &[],
+            }
+        }
+    }
+
+    /// A run and its cells are one write: when a cell cannot be stored,
+    /// neither is the run (a crash between the two cannot leave a run
+    /// without cells for the next `serve` to start).
+    #[test]
+    fn a_run_is_stored_with_its_cells_or_not_at_all() {
+        let dir = std::env::temp_dir().join(format!("pgfleet-newrun-{}", std::process::id()));
+        let store = Store::open(&dir.join("s.db")).unwrap();
+        let yaml = "name: t\nfleet: [{name: a, count: 1}]\nworkloads: [{kind: pgbench-init, scale: 1, replicas: 2}]\n";
+        let sc = crate::scenario::parse(std::path::Path::new("t.yaml"), yaml).unwrap();
+        let cells = crate::scenario::plan(&sc);
+        assert_eq!(cells.len(), 2);
+        let run = |id, cells| NewRun {
+            cells,
+            ..NewRun::test(id, Owner::Serve)
+        };
+        store.create_run(&run("ok", &cells)).unwrap();
+        assert_eq!(store.cells("ok").unwrap().len(), 2);
+        let twice = [cells[0].clone(), cells[0].clone()];
+        assert!(store.create_run(&run("bad", &twice)).is_err());
+        assert!(
+            store.run("bad").unwrap().is_none(),
+            "the run without its cells"
+        );
+        assert!(store.cells("bad").unwrap().is_empty());
+        drop(store);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// Every write goes through the one writer thread: writes from many
     /// threads at once all commit, each is visible to readers when its call
     /// returns, and a job that panics fails only its own caller.
@@ -908,9 +952,7 @@ mod tests {
                 std::thread::spawn(move || {
                     for i in 0..25 {
                         let id = format!("r{t}-{i}");
-                        store
-                            .create_run(&id, "s", "s.yaml", "", Owner::Serve, None)
-                            .unwrap();
+                        store.create_run(&NewRun::test(&id, Owner::Serve)).unwrap();
                         // Committed when the call returned: the reader sees it.
                         assert_eq!(store.run(&id).unwrap().unwrap().status, "queued");
                         store.start_run(&id).unwrap();

@@ -201,7 +201,15 @@ mod tests {
         let path = dir.join("s.db");
         let store = Store::open(&path).unwrap();
         store
-            .create_run("r", "s", "s.yaml", "", crate::store::Owner::Run, None)
+            .create_run(&crate::store::NewRun {
+                id: "r",
+                name: "s",
+                path: "s.yaml",
+                yaml: "",
+                owner: crate::store::Owner::Run,
+                idempotency_key: None,
+                cells: &[],
+            })
             .unwrap();
         (store, path)
     }

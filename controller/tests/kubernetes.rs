@@ -849,7 +849,7 @@ async fn reap_deletes_the_objects_of_runs_that_are_not_running() {
 #[tokio::test]
 async fn the_run_fails_with_the_reason_when_its_pods_stay_pending() {
     use pgfleet_controller::service::{Agents, RunSpec, Service, ServiceConfig};
-    use pgfleet_controller::store::{Owner, RunStatus};
+    use pgfleet_controller::store::{NewRun, Owner, RunStatus};
     let s = Scratch::new("k8s-pending");
     let (client, fake) = FakeApi::start();
     let cfg = ServiceConfig {
@@ -873,19 +873,17 @@ async fn the_run_fails_with_the_reason_when_its_pods_stay_pending() {
     let run_id = "20261201-120000-000001";
     service
         .store
-        .create_run(
-            run_id,
-            "k8s-test",
-            "k8s-test.yaml",
-            SCENARIO,
-            Owner::Serve,
-            None,
-        )
+        .create_run(&NewRun {
+            id: run_id,
+            name: "k8s-test",
+            path: "k8s-test.yaml",
+            yaml: SCENARIO,
+            owner: Owner::Serve,
+            idempotency_key: None,
+            cells: &cells,
+        })
         .unwrap();
     service.store.start_run(run_id).unwrap();
-    for (i, c) in cells.iter().enumerate() {
-        service.store.insert_cell(run_id, i, c).unwrap();
-    }
     let opts = KubeOptions {
         pending_timeout: Duration::from_secs(2),
         ..options()
