@@ -605,12 +605,7 @@ async fn collect_environment(
             profile: env.storage_profile.clone(),
             emulated: env.emulated,
             data_root: Some(env.data_root.display().to_string()),
-            caps: environment::Caps {
-                read_iops: env.caps.read_iops,
-                write_iops: env.caps.write_iops,
-                read_mbps: env.caps.read_mbps,
-                write_mbps: env.caps.write_mbps,
-            },
+            caps: env.caps,
             cgroup: cgroups
                 .first()
                 .filter(|_| env.emulated && env.caps.is_capped())

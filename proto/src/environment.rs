@@ -65,6 +65,10 @@ pub struct Caps {
 }
 
 impl Caps {
+    pub fn is_capped(&self) -> bool {
+        *self != Caps::default()
+    }
+
     /// (cap, its value, the unit a report names it in), in a fixed order.
     pub fn each(&self) -> [(&'static str, u64, &'static str); 4] {
         [

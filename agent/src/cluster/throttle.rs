@@ -25,28 +25,8 @@ use std::time::Duration;
 use super::RunAs;
 use crate::{Error, Result};
 
-/// I/O caps; 0 means uncapped.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Caps {
-    pub read_iops: u64,
-    pub write_iops: u64,
-    pub read_mbps: u64,
-    pub write_mbps: u64,
-}
-
-impl Caps {
-    /// EBS gp3's baseline, as in seeds/002.
-    pub const GP3: Caps = Caps {
-        read_iops: 3000,
-        write_iops: 3000,
-        read_mbps: 125,
-        write_mbps: 125,
-    };
-
-    pub fn is_capped(&self) -> bool {
-        *self != Caps::default()
-    }
-}
+/// I/O caps; 0 means uncapped (the type the environment reports).
+pub use pgfleet_proto::environment::Caps;
 
 /// What to emulate; zero / empty fields are not limited.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

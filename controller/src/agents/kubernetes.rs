@@ -286,7 +286,7 @@ pub fn plan(sc: &Scenario, run_id: &str, opts: &KubeOptions) -> Result<RunObject
 fn refuse_emulation(i: usize, f: &FleetEntry) -> Result<(), Invalid> {
     if let Some(st) = &f.storage
         && f.emulate()
-        && f.caps() != Default::default()
+        && f.caps().is_capped()
     {
         return Err(Invalid {
             at: st.profile.referenced,

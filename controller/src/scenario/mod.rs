@@ -350,9 +350,9 @@ impl FleetEntry {
             .unwrap_or_else(|| "nvme".into())
     }
     /// The caps of this class's storage profile.
-    pub fn caps(&self) -> StorageCaps {
+    pub fn caps(&self) -> Caps {
         let Some(s) = &self.storage else {
-            return StorageCaps::default();
+            return Caps::default();
         };
         let v = |x: &Option<Spanned<u64>>| x.as_ref().map(|x| x.value).unwrap_or(0);
         let scale = s.scale.as_ref().map(|x| x.value).unwrap_or(1.0);
@@ -362,7 +362,7 @@ impl FleetEntry {
             "gp3" => {
                 let iops = s.iops.as_ref().map_or(GP3_BASELINE_IOPS, |x| x.value);
                 let mbps = s.mbps.as_ref().map_or(GP3_BASELINE_MIBPS, |x| x.value);
-                StorageCaps {
+                Caps {
                     read_iops: scaled(iops),
                     write_iops: scaled(iops),
                     read_mbps: mbps,
@@ -375,21 +375,21 @@ impl FleetEntry {
                 .and_then(|t| instance_store(&t.value))
             {
                 // AWS publishes these volumes' IOPS, not their throughput.
-                Some((_, read, write)) => StorageCaps {
+                Some((_, read, write)) => Caps {
                     read_iops: scaled(read),
                     write_iops: scaled(write),
                     read_mbps: 0,
                     write_mbps: 0,
                 },
-                None => StorageCaps::default(),
+                None => Caps::default(),
             },
-            "custom" => StorageCaps {
+            "custom" => Caps {
                 read_iops: v(&s.read_iops),
                 write_iops: v(&s.write_iops),
                 read_mbps: v(&s.read_mbps),
                 write_mbps: v(&s.write_mbps),
             },
-            _ => StorageCaps::default(),
+            _ => Caps::default(),
         }
     }
     /// The class's machine (validated: sizes parse).
@@ -506,14 +506,9 @@ pub fn instance_store(instance_type: &str) -> Option<(&'static str, u64, u64)> {
         .find(|(t, _, _)| *t == instance_type)
 }
 
-/// A storage profile's caps (0 = uncapped), resolved from the scenario.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StorageCaps {
-    pub read_iops: u64,
-    pub write_iops: u64,
-    pub read_mbps: u64,
-    pub write_mbps: u64,
-}
+/// A storage profile's caps (0 = uncapped), resolved from the scenario:
+/// the type agents report in their environment.
+pub use pgfleet_proto::environment::Caps;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -988,7 +983,7 @@ workloads:
             (gp3.read_iops, gp3.write_iops, gp3.read_mbps),
             (375, 375, 125)
         );
-        assert_eq!(caps("profile: nvme }"), StorageCaps::default());
+        assert_eq!(caps("profile: nvme }"), Caps::default());
         let e = err(&with(
             "profile: nvme }",
             "profile: nvme, instance_store: m6i.4xlarge }",
