@@ -66,7 +66,7 @@ pub fn class_environments(
         let Some(env) = cell
             .environment
             .as_ref()
-            .and_then(|e| serde_json::from_value::<Environment>(e.clone()).ok())
+            .and_then(|e| Environment::deserialize(e).ok())
             .filter(|e| !e.postgres.version.is_empty())
         else {
             continue;
@@ -370,7 +370,7 @@ mod tests {
     #[test]
     fn profiles_the_host_did_not_deliver_are_warned_about() {
         let class = |emulated: bool, delivered: Json| json!({"storage": {"profile": "custom", "emulated": emulated, "delivered": delivered}});
-        let classes = json!({
+        let env = json!({
             "fine": class(true, json!({"read_iops": {"asked": 3000, "delivered": 2950.0},
                                        "write_mbps": {"asked": 125, "delivered": 131.0}})),
             "slow": class(true, json!({"read_iops": {"asked": 10_000_000, "delivered": 41_000.0}})),
@@ -378,7 +378,7 @@ mod tests {
             "nofio": class(true, json!({"error": "`fio` was not found on the agent's host"})),
             "host": class(false, json!({"read_iops": {"asked": 3000, "delivered": 10.0}})),
         });
-        let w = delivered(&super::tests::classes(classes));
+        let w = delivered(&classes(env));
         assert_eq!(w.len(), 3, "{w:#?}");
         assert!(
             w.iter().any(|w| w.contains("class `slow`")
