@@ -107,7 +107,7 @@ async fn commit(run_id: &str, store: &Store, entries: &[Entry]) -> bool {
     let mut pause = FIRST_PAUSE;
     for attempt in 1..=TRIES {
         let (st, run, batch) = (store.clone(), run_id.to_string(), entries.to_vec());
-        let r = tokio::task::spawn_blocking(move || st.commit(&run, &batch)).await;
+        let r = tokio::task::spawn_blocking(move || st.commit_owned(run, batch)).await;
         match r.map_err(|e| crate::Error::Store(e.to_string())) {
             Ok(Ok(())) => return true,
             Ok(Err(e)) | Err(e) if attempt < TRIES => {
