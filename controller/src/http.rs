@@ -766,7 +766,8 @@ async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    match s.api_tokens.check(given) {
+    // No tokens, no access (the API is mounted only with them).
+    match s.api_tokens.as_ref().and_then(|t| t.check(given)) {
         Some(crate::tokens::Access::Full) => return next.run(req).await,
         Some(crate::tokens::Access::ReadOnly)
             if matches!(

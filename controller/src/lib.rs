@@ -12,6 +12,7 @@ pub mod agents;
 pub mod cli;
 pub mod client;
 pub mod compare;
+pub mod controller;
 pub mod datasets;
 pub mod events;
 pub mod grpc;

@@ -1,19 +1,23 @@
-//! The run queue `serve` and its HTTP API share (`Served`): submission
-//! (validated, stored `queued`, idempotent by key), the live runs' cancel
-//! tokens and event streams, cancel, and report rendering. `serve.rs`
-//! starts queued runs from it; `http.rs` serves it.
+//! The run queue (`Served`) of the controller `run` and `serve` both build
+//! (`controller.rs`): submission (validated, stored `queued`, idempotent by
+//! key), the live runs' cells, cancel tokens and event streams, cancel, and
+//! report rendering. `controller.rs` starts queued runs from it; `http.rs`
+//! serves it as serve's API.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 
 use crate::agents::kubernetes::KubeOptions;
+use crate::agents::local::LocalOptions;
+use crate::scenario::PlannedCell;
 use crate::scheduler::RunEvent;
-use crate::service::{Service, fleet_needs};
+use crate::service::{Agents, Service, fleet_needs};
 use crate::store::{NewRun, Owner, RunStatus};
 use crate::{Error, Result, report, scenario};
 
@@ -23,8 +27,40 @@ pub(crate) struct Kube {
     pub(crate) opts: KubeOptions,
 }
 
+/// Where this controller's runs get their agents.
+pub(crate) enum Source {
+    /// Child processes launched for each run (`pgfleet run`); their logs
+    /// go to `<report dir>/logs`.
+    Local(LocalOptions),
+    /// Agents that joined the controller (`serve`).
+    Pool,
+    /// Pods created for each run (`serve --agents kubernetes`).
+    Kubernetes(Kube),
+}
+
+impl Source {
+    /// The run's agents, as `Service::execute` takes them.
+    pub(crate) fn agents<'a>(&'a self, log_dir: &'a Path) -> Agents<'a> {
+        match self {
+            Source::Local(opts) => Agents::Local { opts, log_dir },
+            Source::Pool => Agents::Pool,
+            Source::Kubernetes(k) => Agents::Kubernetes {
+                client: &k.client,
+                opts: &k.opts,
+            },
+        }
+    }
+}
+
 /// A run this process is executing or has queued.
 pub(crate) struct Live {
+    /// Its place in the queue: runs start in this order.
+    pub(crate) seq: u64,
+    pub(crate) scenario: Arc<scenario::Scenario>,
+    /// The cells it runs (planned when it was queued).
+    pub(crate) cells: Vec<PlannedCell>,
+    /// Where its report (and local agents' logs) go.
+    pub(crate) report_dir: PathBuf,
     pub(crate) cancel: CancellationToken,
     pub(crate) events: broadcast::Sender<RunEvent>,
     pub(crate) classes: BTreeSet<String>,
@@ -34,7 +70,8 @@ pub(crate) struct Live {
 /// What the HTTP API and the queue share.
 pub struct Served {
     pub service: Service,
-    pub api_tokens: crate::tokens::ApiTokens,
+    /// The bearer tokens of the HTTP API (none: no API, as for `run`).
+    pub api_tokens: Option<crate::tokens::ApiTokens>,
     pub reports: PathBuf,
     pub max_scenario_bytes: usize,
     /// Accept scenarios with `allow_shell` (`--allow-shell-scenarios`).
@@ -43,9 +80,24 @@ pub struct Served {
     /// (429) until one starts or ends.
     pub max_queued_runs: usize,
     pub(crate) metrics_retention: Duration,
-    pub(crate) kube: Option<Kube>,
+    pub(crate) source: Source,
     pub(crate) live: Mutex<HashMap<String, Live>>,
+    /// The next run's place in the queue.
+    pub(crate) next_seq: AtomicU64,
     pub(crate) wake: Notify,
+}
+
+/// A validated run to store and queue.
+pub(crate) struct Queued<'a> {
+    pub(crate) scenario: &'a scenario::Scenario,
+    /// The scenario's file name (as given).
+    pub(crate) path: &'a str,
+    pub(crate) yaml: &'a str,
+    pub(crate) owner: Owner,
+    pub(crate) idempotency_key: Option<&'a str>,
+    pub(crate) cells: Vec<PlannedCell>,
+    /// Where its report goes (default: `<reports>/<run-id>`).
+    pub(crate) report_dir: Option<PathBuf>,
 }
 
 /// A submission that was not accepted.
@@ -57,6 +109,16 @@ pub enum Rejected {
     /// The queue is full: this many runs wait.
     Busy(usize),
     Store(Error),
+}
+
+impl From<Rejected> for Error {
+    fn from(r: Rejected) -> Error {
+        match r {
+            Rejected::Invalid(e) | Rejected::Forbidden(e) => e.into(),
+            Rejected::Busy(n) => Error::Usage(format!("{n} runs wait in the queue: retry later")),
+            Rejected::Store(e) => e,
+        }
+    }
 }
 
 impl Served {
@@ -92,20 +154,37 @@ impl Served {
             return Err(Rejected::Busy(queued));
         }
         let cells = scenario::plan(&sc);
+        let run_id = self.queue_run(Queued {
+            scenario: &sc,
+            path: name,
+            yaml,
+            owner: Owner::Serve,
+            idempotency_key,
+            cells,
+            report_dir: None,
+        })?;
+        Ok((run_id, true))
+    }
+
+    /// Stores a validated run, queued, with its cells, and queues it.
+    pub(crate) fn queue_run(&self, q: Queued<'_>) -> Result<String, Rejected> {
         let run_id = crate::service::new_run_id();
         let store = &self.service.store;
         store
             .create_run(&NewRun {
                 id: &run_id,
-                name: &sc.name.value,
-                path: name,
-                yaml,
-                owner: Owner::Serve,
-                idempotency_key,
-                cells: &cells,
+                name: &q.scenario.name.value,
+                path: q.path,
+                yaml: q.yaml,
+                owner: q.owner,
+                idempotency_key: q.idempotency_key,
+                cells: &q.cells,
             })
             .map_err(|e| {
-                match idempotency_key.and_then(|k| store.run_by_idempotency_key(k).ok().flatten()) {
+                match q
+                    .idempotency_key
+                    .and_then(|k| store.run_by_idempotency_key(k).ok().flatten())
+                {
                     // Two submissions with one key raced: the other won.
                     Some(_) => Rejected::Store(Error::Store(
                         "a submission with this idempotency key is being stored; retry".into(),
@@ -113,16 +192,27 @@ impl Served {
                     None => Rejected::Store(e),
                 }
             })?;
-        self.enqueue(&run_id, &sc);
-        tracing::info!(run = %run_id, scenario = %sc.name.value, cells = cells.len(), "run queued");
-        Ok((run_id, true))
+        let report_dir = q.report_dir.unwrap_or_else(|| self.reports.join(&run_id));
+        tracing::info!(run = %run_id, scenario = %q.scenario.name.value, cells = q.cells.len(), "run queued");
+        self.enqueue(&run_id, q.scenario, q.cells, report_dir);
+        Ok(run_id)
     }
 
-    pub(crate) fn enqueue(&self, run_id: &str, sc: &scenario::Scenario) {
+    pub(crate) fn enqueue(
+        &self,
+        run_id: &str,
+        sc: &scenario::Scenario,
+        cells: Vec<PlannedCell>,
+        report_dir: PathBuf,
+    ) {
         let (events, _) = broadcast::channel(1024);
         self.lock().insert(
             run_id.to_string(),
             Live {
+                seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
+                scenario: Arc::new(sc.clone()),
+                cells,
+                report_dir,
                 cancel: CancellationToken::new(),
                 events,
                 classes: fleet_needs(sc).into_keys().collect(),

@@ -1,14 +1,16 @@
-//! `pgfleet run`: validate, store, build the controller's service on
-//! loopback, launch local agents, schedule, report. The one place that
-//! advances a local run's status.
+//! `pgfleet run`: validate, build the controller (`controller`) with local
+//! agents on loopback, queue the scenario, drive the controller until the
+//! run ends (Ctrl-C cancels it), and hand back its report.
 
 use std::path::{Path, PathBuf};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::agents::local::{self, LocalOptions};
-use crate::service::{Agents, RunSpec, Service, ServiceConfig};
-use crate::store::{NewRun, Owner, RunStatus};
+use crate::agents::local::LocalOptions;
+use crate::controller::{Agents, Controller, ControllerConfig, Http};
+use crate::queue::Queued;
+use crate::service::ServiceConfig;
+use crate::store::{Owner, RunStatus};
 use crate::{Result, scenario};
 
 /// How long `--metrics-addr` stays up after the run for a last scrape.
@@ -79,93 +81,83 @@ pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunS
             )));
         }
     }
-    let mut service = Service::build(&opts.service)?;
-    service.listen().await?;
-    let scrapes = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let metrics = match opts.metrics_addr {
-        Some(addr) => {
-            let m = crate::http::listen_metrics(
-                addr,
-                crate::http::MetricsSource {
-                    metrics: service.metrics.clone(),
-                    hub: service.hub.clone(),
-                    store: service.store.clone(),
-                    scrapes: scrapes.clone(),
-                },
-            )
-            .await?;
-            eprintln!("metrics: http://{}/metrics", m.addr);
-            Some(m)
-        }
-        None => None,
-    };
-    let store = service.store.clone();
-    for id in local::reap_finished_runs(&opts.local, &store).await {
-        eprintln!("cleaned up what interrupted run {id} left in the data dir");
+    let mut controller = Controller::build(&ControllerConfig {
+        service: opts.service.clone(),
+        agents: Agents::Local(opts.local.clone()),
+        http: opts.metrics_addr.map(|bind| Http::Metrics { bind }),
+        reports: opts.out.clone(),
+        max_scenario_bytes: usize::MAX,
+        max_queued_runs: 1,
+        allow_shell_scenarios: true,
+        metrics_retention: 2 * METRICS_LINGER,
+    })
+    .await?;
+    if let Some((addr, _)) = controller.http() {
+        eprintln!("metrics: http://{addr}/metrics");
     }
-    let run_id = crate::service::new_run_id();
-    store.create_run(&NewRun {
-        id: &run_id,
-        name: &sc.name.value,
-        path: &opts.scenario.display().to_string(),
-        yaml: &yaml,
-        owner: Owner::Run,
-        idempotency_key: None,
-        cells: &cells,
-    })?;
-    store.start_run(&run_id)?;
     let estimate = scenario::plan::estimate(&sc, &cells);
     for w in scenario::plan::warnings(&sc, &cells, scenario::plan::host_memory()) {
         eprintln!("{w}");
     }
+    let planned = cells.len();
+    let queued = controller.served.queue_run(Queued {
+        scenario: &sc,
+        path: &opts.scenario.display().to_string(),
+        yaml: &yaml,
+        owner: Owner::Run,
+        idempotency_key: None,
+        cells,
+        report_dir: Some(opts.out.clone()),
+    });
+    let run_id = match queued {
+        Ok(id) => id,
+        Err(r) => {
+            controller.shutdown().await;
+            return Err(r.into());
+        }
+    };
     eprintln!(
-        "run {run_id}: scenario {} ({} cells on {} agents, about {} estimated), store {}",
+        "run {run_id}: scenario {} ({planned} cells on {} agents, about {} estimated), store {}",
         sc.name.value,
-        cells.len(),
         sc.fleet.value.iter().map(|f| f.count()).sum::<u32>(),
         pgfleet_proto::workload::approx_seconds(estimate.wall_seconds),
         opts.service.store.display()
     );
-    let log_dir = opts.out.join("logs");
-    let spec = RunSpec {
-        run_id: &run_id,
-        scenario: &sc,
-        cells,
-        estimated_wall: estimate.wall_seconds,
-    };
-    let agents = Agents::Local {
-        opts: &opts.local,
-        log_dir: &log_dir,
-    };
-    let status = service.execute(spec, agents, cancel, None).await;
-    service.shutdown().await;
-    if let Some(m) = metrics {
+    // Ctrl-C cancels the run (its cells stop, it ends `cancelled` with a
+    // report), it does not stop the controller under it.
+    let served = controller.served.clone();
+    let id = run_id.clone();
+    let cancelling = tokio::spawn(async move {
+        cancel.cancelled().await;
+        served.cancel(&id);
+    });
+    let finished = controller
+        .drive(Some(&run_id), &CancellationToken::new())
+        .await;
+    cancelling.abort();
+    if controller.http().is_some() {
         // Let the scraper see the end (cells finished, durations) once:
         // wait for one more scrape, for at most METRICS_LINGER.
-        let seen = scrapes.load(std::sync::atomic::Ordering::Relaxed);
+        let seen = controller.scrapes();
         let until = std::time::Instant::now() + METRICS_LINGER;
-        while seen > 0
-            && scrapes.load(std::sync::atomic::Ordering::Relaxed) <= seen + 1
-            && std::time::Instant::now() < until
-        {
+        while seen > 0 && controller.scrapes() <= seen + 1 && std::time::Instant::now() < until {
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
-        m.shutdown().await;
     }
-    let status = match status {
-        Ok(s) => s,
-        Err(e) => {
-            // Its agents could not start: stored failed, with a report.
-            let _ = crate::service::conclude(&store, &run_id, RunStatus::Failed, &opts.out);
-            return Err(e);
-        }
+    controller.shutdown().await;
+    let Some(f) = finished else {
+        return Err(crate::Error::Store(format!(
+            "run {run_id} ended without its end"
+        )));
     };
-    let report = crate::service::conclude(&store, &run_id, status, &opts.out)?;
+    if let Some(e) = f.error {
+        return Err(e);
+    }
     Ok(RunSummary {
         run_id,
-        status,
+        status: f.status,
         report_dir: opts.out,
-        report,
+        report: f.report.unwrap_or_default(),
     })
 }
 
