@@ -301,6 +301,55 @@ fn a_killed_controller_leaves_an_interrupted_run_and_the_next_run_cleans_up() {
     s.assert_clean(&[]);
 }
 
+/// Ctrl-C on `pgfleet run` cancels the run, not the controller under it:
+/// the measuring cell stops, the run ends `cancelled` (exit 130) with its
+/// report written, and nothing it started is left: no process, cluster,
+/// data dir or port.
+#[test]
+fn ctrl_c_cancels_the_run_writes_its_report_and_leaves_nothing() {
+    let s = Scratch::new("ctrlc");
+    let sc = s.write("long.yaml", &toast_scenario(1, 60.0, 3));
+    let child = s.run_cmd(&sc, &[]).stderr(Stdio::piped()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "the cell never started measuring"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        let Ok(store) = Store::open(&s.store()) else {
+            continue;
+        };
+        let Some(run) = store.runs().unwrap().pop() else {
+            continue;
+        };
+        if !store.samples(&run.id, "explain").unwrap().is_empty() {
+            break;
+        }
+    }
+    let asked = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    eprintln!("ended {:?} after Ctrl-C", asked.elapsed());
+    assert_eq!(out.status.code(), Some(130), "{}", show(&out));
+    let r = s.report();
+    assert_eq!(r["status"], "cancelled", "{}", show(&out));
+    let cells = r["cells"].as_array().unwrap();
+    assert!(cells.iter().all(|c| c["state"] == "cancelled"), "{cells:?}");
+    // Well before the cell's 3 x 60 s would have ended.
+    assert!(asked.elapsed() < Duration::from_secs(60), "{}", show(&out));
+    assert!(
+        processes_mentioning(&s.data()).is_empty(),
+        "left running: {:?}",
+        processes_mentioning(&s.data())
+    );
+    s.assert_clean(&ports(&r));
+}
+
 /// A TCP proxy on a port of its own to `to` that can hold back what the
 /// controller sends (`mute`) and cut every connection while refusing new
 /// ones (`outage`): network trouble between agent and controller, with both
