@@ -69,7 +69,12 @@ pub enum Command {
     /// List stored runs with their status: queued, running, succeeded,
     /// failed, cancelled, or interrupted (its controller exited without
     /// finishing it; its unfinished cells are marked cancelled).
-    List,
+    List {
+        /// Only runs with this label (repeatable: runs with all of them),
+        /// e.g. --label branch=main.
+        #[arg(long = "label", value_name = "KEY=VALUE", value_parser = label_arg)]
+        labels: Vec<String>,
+    },
     /// Check a scenario file and show the cells it plans, without running.
     /// With --kubernetes, print the objects a run of it would create on a
     /// cluster instead (a dry run: nothing is sent), e.g.
@@ -92,6 +97,16 @@ pub enum Command {
     ///
     /// pgfleet compare baseline/report.json RUN_ID --fail-if 'tps < -5%' --fail-if 'latency_ms_p99 > 10%' --junit compare.xml
     Compare(CompareArgs),
+    /// A scenario's figures over its stored runs, with the change points
+    /// in each series (E-divisive means with a permutation test; no
+    /// segment shorter than 3 runs, so one spike is not a change) and the
+    /// latest run against the runs since the last change. Only runs
+    /// comparable with the latest (same scenario text, PostgreSQL version
+    /// and settings, storage, instance, host and datasets) are compared;
+    /// the others are listed with why. E.g.
+    ///
+    /// pgfleet history random-update --metric tps --class gp3 --label branch=main --last 30 --out hist/
+    History(HistoryArgs),
     /// Run the controller as a service: the agents' gRPC endpoint, the HTTP
     /// API CI submits runs to (OpenAPI at /openapi.json), health endpoints
     /// and the store, until SIGTERM or Ctrl-C. Runs execute in submission
@@ -177,6 +192,12 @@ pub struct SubmitArgs {
     /// id (e.g. "$CI_JOB_ID") so a retried job does not start a second run.
     #[arg(long, env = "PGFLEET_IDEMPOTENCY_KEY")]
     pub idempotency_key: Option<String>,
+    /// Label the run KEY=VALUE (repeatable), e.g. --label commit=$SHA
+    /// --label branch=main: stored with the run, shown in its report and
+    /// `pgfleet list`, and what `list --label` and the API's
+    /// `GET /v1/runs?label=` pick runs by.
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = label_arg)]
+    pub labels: Vec<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -203,6 +224,37 @@ pub struct CompareArgs {
     /// Write the gates as JUnit XML (one test case per gate and point).
     #[arg(long)]
     pub junit: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct HistoryArgs {
+    /// The scenario: its name, or its file (its `name` is used).
+    pub scenario: String,
+    /// Only this metric (repeatable), e.g. tps, latency_ms_p99.
+    #[arg(long = "metric")]
+    pub metrics: Vec<String>,
+    /// Only this instance class.
+    #[arg(long)]
+    pub class: Option<String>,
+    /// Only points whose workload, label or parameters contain this text.
+    #[arg(long)]
+    pub point: Option<String>,
+    /// Only runs with this label (repeatable: all of them).
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = label_arg)]
+    pub labels: Vec<String>,
+    /// The last N comparable runs (0: all).
+    #[arg(long, default_value_t = 30)]
+    pub last: usize,
+    /// The confidence level of each run's interval.
+    #[arg(long, default_value_t = 0.95)]
+    pub confidence: f64,
+    /// Output: markdown or json.
+    #[arg(long, value_enum, default_value_t = CompareFormat::Markdown)]
+    pub format: CompareFormat,
+    /// Write history.md (or history.json) and one SVG plot per series here
+    /// instead of printing.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -398,6 +450,12 @@ pub struct RunArgs {
     /// for CI test tabs.
     #[arg(long)]
     pub junit: Option<PathBuf>,
+    /// Label the run KEY=VALUE (repeatable), e.g. --label commit=$SHA
+    /// --label branch=main: stored with the run, shown in its report and
+    /// `pgfleet list`, and what `list --label` and the API's
+    /// `GET /v1/runs?label=` pick runs by.
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = label_arg)]
+    pub labels: Vec<String>,
     #[command(flatten)]
     pub session: SessionArgs,
     /// The agent binary. Default: pgfleet-agent next to pgfleet, else PATH.
@@ -428,4 +486,9 @@ pub struct RunArgs {
     /// remove with `pgfleet datasets`. Default: <data-dir>/datasets.
     #[arg(long, env = "PGFLEET_DATASET_DIR")]
     pub dataset_dir: Option<PathBuf>,
+}
+
+/// A `--label`'s text, checked (the duplicates are checked together).
+fn label_arg(text: &str) -> Result<String, String> {
+    crate::labels::parse_one(text).map(|_| text.to_string())
 }

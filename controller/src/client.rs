@@ -239,8 +239,12 @@ impl Client {
         name: &str,
         yaml: String,
         idempotency_key: &str,
+        labels: &crate::labels::Labels,
     ) -> Result<(String, bool), ClientError> {
-        let path = format!("/v1/runs?name={}", urlencode(name));
+        let mut path = format!("/v1/runs?name={}", urlencode(name));
+        for (k, v) in &labels.0 {
+            path.push_str(&format!("&label={}", urlencode(&format!("{k}={v}"))));
+        }
         let a = self
             .request(
                 Method::POST,

@@ -96,6 +96,9 @@ pub struct RunSummary {
     pub status: String,
     pub submitted_at: String,
     pub finished_at: Option<String>,
+    /// The run's labels (`--label`, `?label=`).
+    #[schema(value_type = std::collections::BTreeMap<String, String>)]
+    pub labels: crate::labels::Labels,
 }
 
 /// How far a run is.
@@ -185,11 +188,12 @@ fn not_found(id: &str) -> Response {
     request_body(content = String, content_type = "application/yaml", description = "The scenario file"),
     params(
         SubmitQuery,
+        ("label" = Option<Vec<String>>, Query, description = "KEY=VALUE: a label of the run (repeatable; keys of 1-63 letters, digits, `_-./`, values up to 256 characters)"),
         ("Idempotency-Key" = Option<String>, Header, description = "A retried submission with the same key returns the same run (at most 200 characters)"),
     ),
     responses(
         (status = 202, description = "Queued (or, by idempotency key, found)", body = Submitted),
-        (status = 400, description = "Not UTF-8, or a bad header", body = ApiError),
+        (status = 400, description = "Not UTF-8, a bad header or a malformed label", body = ApiError),
         (status = 401, description = "Missing or wrong token", body = ApiError),
         (status = 403, description = "Valid, but refused by this server (allow_shell without --allow-shell-scenarios; a read-only token), located", body = ApiError),
         (status = 413, description = "Scenario too large", body = ApiError),
@@ -201,9 +205,14 @@ fn not_found(id: &str) -> Response {
 async fn submit(
     State(s): State<Shared>,
     Query(q): Query<SubmitQuery>,
+    Query(pairs): QueryPairs,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    let labels = match query_labels(&pairs) {
+        Ok(l) => l,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
     let key = match headers.get("idempotency-key").map(|v| v.to_str()) {
         None => None,
         Some(Ok(k)) if !k.is_empty() && k.len() <= 200 => Some(k.to_string()),
@@ -231,7 +240,7 @@ async fn submit(
         .name
         .filter(|n| !n.is_empty() && n.len() <= 200)
         .unwrap_or_else(|| "scenario.yaml".into());
-    match s.submit(&name, &yaml, key.as_deref()) {
+    match s.submit(&name, &yaml, key.as_deref(), labels) {
         Ok((id, created)) => {
             let status = s
                 .service
@@ -296,21 +305,50 @@ fn summary(r: crate::store::RunRow) -> RunSummary {
         status: r.status,
         submitted_at: r.started_at,
         finished_at: r.finished_at,
+        labels: r.labels,
     }
 }
 
-/// List runs, newest first.
+/// The `label=KEY=VALUE` parameters of a query (repeatable).
+type QueryPairs = Query<Vec<(String, String)>>;
+
+/// The labels among a query's parameters; a bad one is an error saying
+/// why (a 400).
+fn query_labels(pairs: &[(String, String)]) -> std::result::Result<crate::labels::Labels, String> {
+    let given: Vec<&str> = pairs
+        .iter()
+        .filter(|(k, _)| k == "label")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    crate::labels::Labels::parse(&given)
+}
+
+/// List runs, newest first; with `label=KEY=VALUE` (repeatable), only the
+/// runs carrying every one of those labels.
 #[utoipa::path(get, path = "/v1/runs",
+    params(
+        ("label" = Option<Vec<String>>, Query, description = "KEY=VALUE: only runs with this label (repeatable: all of them)"),
+    ),
     responses(
         (status = 200, body = Vec<RunSummary>),
+        (status = 400, description = "A malformed label", body = ApiError),
         (status = 401, body = ApiError),
         (status = 503, body = ApiError),
     ),
     security(("bearer" = [])), tag = "runs")]
-async fn list_runs(State(s): State<Shared>) -> Response {
+async fn list_runs(State(s): State<Shared>, Query(pairs): QueryPairs) -> Response {
+    let filter = match query_labels(&pairs) {
+        Ok(l) => l,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
     match s.service.store.runs() {
         Ok(runs) => {
-            let v: Vec<RunSummary> = runs.into_iter().rev().map(summary).collect();
+            let v: Vec<RunSummary> = runs
+                .into_iter()
+                .rev()
+                .filter(|r| r.labels.matches(&filter))
+                .map(summary)
+                .collect();
             json(StatusCode::OK, &v)
         }
         Err(e) => store_error(e),
@@ -505,6 +543,79 @@ fn report_file_now(s: &Served, id: &str, file: &str, content_type: &'static str)
             StatusCode::NOT_FOUND,
             format!("run `{id}` has no `{file}`: GET /v1/runs/{id}/plots lists its plots"),
         ),
+    }
+}
+
+/// A scenario's figures over its comparable runs, with the change points
+/// of each series and the latest run's standing: `pgfleet history
+/// --format json`'s document.
+#[utoipa::path(get, path = "/v1/history",
+    params(
+        ("scenario" = String, Query, description = "The scenario's name"),
+        ("metric" = Option<Vec<String>>, Query, description = "Only this metric (repeatable)"),
+        ("class" = Option<String>, Query, description = "Only this instance class"),
+        ("point" = Option<String>, Query, description = "Only points whose workload, label or parameters contain this"),
+        ("label" = Option<Vec<String>>, Query, description = "KEY=VALUE: only runs with this label (repeatable)"),
+        ("last" = Option<usize>, Query, description = "The last N comparable runs (default 30; 0: all)"),
+    ),
+    responses(
+        (status = 200, description = "The history", body = Object),
+        (status = 400, description = "A missing scenario, a malformed label or number", body = ApiError),
+        (status = 401, body = ApiError),
+        (status = 404, description = "No (successful) run of the scenario", body = ApiError),
+        (status = 503, body = ApiError),
+    ),
+    security(("bearer" = [])), tag = "reports")]
+async fn history(State(s): State<Shared>, Query(pairs): QueryPairs) -> Response {
+    let one = |k: &str| {
+        pairs
+            .iter()
+            .rev()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+    };
+    let Some(scenario) = one("scenario").filter(|n| !n.is_empty()) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "say which scenario: ?scenario=NAME (its `name`)",
+        );
+    };
+    let labels = match query_labels(&pairs) {
+        Ok(l) => l,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let last = match one("last").map(|v| v.parse::<usize>()) {
+        None => 30,
+        Some(Ok(n)) => n,
+        Some(Err(_)) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "last must be a whole number of runs",
+            );
+        }
+    };
+    let q = crate::history::Query {
+        scenario,
+        metrics: pairs
+            .iter()
+            .filter(|(k, _)| k == "metric")
+            .map(|(_, v)| v.clone())
+            .collect(),
+        class: one("class"),
+        point: one("point"),
+        labels,
+        last,
+        level: 0.95,
+        options: Default::default(),
+    };
+    // It reads every run it compares: off the runtime's threads.
+    let done =
+        tokio::task::spawn_blocking(move || crate::history::history(&s.service.store, &q)).await;
+    match done {
+        Ok(Ok(h)) => json(StatusCode::OK, &h),
+        Ok(Err(crate::Error::Usage(e))) => error(StatusCode::NOT_FOUND, e),
+        Ok(Err(e)) => store_error(e),
+        Err(e) => store_error(crate::Error::Store(format!("reading the history: {e}"))),
     }
 }
 
@@ -753,7 +864,7 @@ impl Modify for BearerAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "pgfleet", description = "Submit PostgreSQL storage experiments to a pgfleet controller, follow them, and fetch their reports."),
-    paths(submit, list_runs, get_run, cancel_run, events, report_json, report_md, plots, plot, agents, datasets, healthz, readyz, metrics, sd_agents, openapi_json),
+    paths(submit, list_runs, get_run, cancel_run, events, history, report_json, report_md, plots, plot, agents, datasets, healthz, readyz, metrics, sd_agents, openapi_json),
     components(schemas(ApiError, StreamEvent, Location, Links, Submitted, RunSummary, Progress, CellView, RunDetail, AgentView, SdTargets, crate::datasets::DatasetView, crate::datasets::DatasetUse)),
     modifiers(&BearerAuth),
 )]
@@ -809,6 +920,7 @@ pub fn router(s: Shared) -> Router {
         .route("/v1/runs/{id}/plots/{name}", get(plot))
         .route("/v1/agents", get(agents))
         .route("/v1/datasets", get(datasets))
+        .route("/v1/history", get(history))
         .route("/openapi.json", get(openapi_json))
         .route_layer(middleware::from_fn_with_state(s.clone(), auth));
     Router::new()

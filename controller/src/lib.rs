@@ -9,6 +9,7 @@
 //!   start them; they register over the same gRPC session either way.
 
 pub mod agents;
+pub mod changepoint;
 pub mod cli;
 pub mod client;
 pub mod compare;
@@ -16,8 +17,10 @@ pub mod controller;
 pub mod datasets;
 pub mod events;
 pub mod grpc;
+pub mod history;
 pub mod http;
 pub mod hub;
+pub mod labels;
 pub mod metrics;
 pub mod queue;
 pub mod report;

@@ -9,10 +9,11 @@ use tokio_util::sync::CancellationToken;
 use pgfleet_controller::agents::kubernetes;
 use pgfleet_controller::agents::local::{LocalOptions, default_agent_bin};
 use pgfleet_controller::cli::{
-    AgentsFrom, Cli, Command, CompareArgs, CompareFormat, DatasetsAction, KubeArgs, Remote,
-    RunArgs, SessionArgs,
+    AgentsFrom, Cli, Command, CompareArgs, CompareFormat, DatasetsAction, HistoryArgs, KubeArgs,
+    Remote, RunArgs, SessionArgs,
 };
 use pgfleet_controller::client::{Client, ClientError};
+use pgfleet_controller::labels::Labels;
 use pgfleet_controller::run::{RunOptions, execute};
 use pgfleet_controller::serve::ServeOptions;
 use pgfleet_controller::service::{ServiceConfig, read_token};
@@ -265,6 +266,7 @@ fn compare(args: CompareArgs, store: &std::path::Path) -> Result<u8, Failure> {
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
         Command::Compare(args) => compare(args, &cli.store),
+        Command::History(args) => history(args, &cli.store),
         Command::Validate {
             scenario: path,
             kubernetes,
@@ -307,20 +309,26 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             }
             Ok(exit::OK)
         }
-        Command::List => {
+        Command::List { labels } => {
+            let filter = Labels::parse(&labels).map_err(Error::Usage)?;
             let store = Store::open(&cli.store)?;
             println!(
-                "{:<24} {:<20} {:<11} {:<26} finished",
-                "run", "scenario", "status", "started"
+                "{:<24} {:<20} {:<11} {:<26} {:<26} labels",
+                "run", "scenario", "status", "started", "finished"
             );
-            for r in store.runs()? {
+            for r in store
+                .runs()?
+                .into_iter()
+                .filter(|r| r.labels.matches(&filter))
+            {
                 println!(
-                    "{:<24} {:<20} {:<11} {:<26} {}",
+                    "{:<24} {:<20} {:<11} {:<26} {:<26} {}",
                     r.id,
                     r.scenario_name,
                     r.status,
                     r.started_at,
-                    r.finished_at.unwrap_or_default()
+                    r.finished_at.unwrap_or_default(),
+                    r.labels
                 );
             }
             Ok(exit::OK)
@@ -466,7 +474,8 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                 .file_name()
                 .map(|n| n.to_string_lossy().to_string())
                 .unwrap_or_else(|| "scenario.yaml".into());
-            let (id, created) = c.submit(&name, yaml, &key).await?;
+            let labels = Labels::parse(&args.labels).map_err(Error::Usage)?;
+            let (id, created) = c.submit(&name, yaml, &key, &labels).await?;
             if created {
                 eprintln!("submitted run {id} to {}", args.remote.server);
             } else {
@@ -547,6 +556,7 @@ fn run_options(args: RunArgs, store: std::path::PathBuf, datasets_only: bool) ->
         .data_dir
         .unwrap_or_else(|| std::env::temp_dir().join("pgfleet"));
     RunOptions {
+        labels: args.labels,
         scenario: args.scenario,
         out,
         service: service_config(store, args.bind, args.session, false),
@@ -565,4 +575,61 @@ fn run_options(args: RunArgs, store: std::path::PathBuf, datasets_only: bool) ->
         metrics_addr: args.metrics_addr,
         datasets_only,
     }
+}
+
+fn history(args: HistoryArgs, store: &std::path::Path) -> Result<u8, Failure> {
+    use pgfleet_controller::history;
+    if !(0.5..=0.999).contains(&args.confidence) {
+        return Err(Error::Usage(format!(
+            "--confidence {} is out of range: allowed 0.5..=0.999",
+            args.confidence
+        ))
+        .into());
+    }
+    let q = history::Query {
+        scenario: history::scenario_name(&args.scenario)?,
+        metrics: args.metrics,
+        class: args.class,
+        point: args.point,
+        labels: Labels::parse(&args.labels).map_err(Error::Usage)?,
+        last: args.last,
+        level: args.confidence,
+        options: Default::default(),
+    };
+    let store = Store::open(store)?;
+    let h = history::history(&store, &q)?;
+    if h.series.is_empty() {
+        eprintln!(
+            "no series matches --metric/--class/--point in {} comparable runs",
+            h.runs.len()
+        );
+    }
+    let (text, plots, file) = match args.format {
+        CompareFormat::Json => (
+            serde_json::to_string_pretty(&h).unwrap_or_default() + "\n",
+            Vec::new(),
+            "history.json",
+        ),
+        CompareFormat::Markdown => {
+            let (md, plots) = history::markdown(&h);
+            (md, plots, "history.md")
+        }
+    };
+    match args.out {
+        Some(dir) => {
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| Error::Usage(format!("creating {}: {e}", dir.display())))?;
+            let write = |name: &str, text: &str| {
+                std::fs::write(dir.join(name), text)
+                    .map_err(|e| Error::Usage(format!("writing {}: {e}", dir.join(name).display())))
+            };
+            for (name, svg) in &plots {
+                write(name, svg)?;
+            }
+            write(file, &text)?;
+            println!("{}", dir.join(file).display());
+        }
+        None => print!("{text}"),
+    }
+    Ok(exit::OK)
 }

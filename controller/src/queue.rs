@@ -95,6 +95,7 @@ pub(crate) struct Queued<'a> {
     pub(crate) yaml: &'a str,
     pub(crate) owner: Owner,
     pub(crate) idempotency_key: Option<&'a str>,
+    pub(crate) labels: crate::labels::Labels,
     pub(crate) cells: Vec<PlannedCell>,
     /// Where its report goes (default: `<reports>/<run-id>`).
     pub(crate) report_dir: Option<PathBuf>,
@@ -133,6 +134,7 @@ impl Served {
         name: &str,
         yaml: &str,
         idempotency_key: Option<&str>,
+        labels: crate::labels::Labels,
     ) -> Result<(String, bool), Rejected> {
         if let Some(k) = idempotency_key
             && let Some(id) = self
@@ -160,6 +162,7 @@ impl Served {
             yaml,
             owner: Owner::Serve,
             idempotency_key,
+            labels,
             cells,
             report_dir: None,
         })?;
@@ -178,6 +181,7 @@ impl Served {
                 yaml: q.yaml,
                 owner: q.owner,
                 idempotency_key: q.idempotency_key,
+                labels: &q.labels,
                 cells: &q.cells,
             })
             .map_err(|e| {

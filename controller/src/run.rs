@@ -19,6 +19,8 @@ const METRICS_LINGER: std::time::Duration = std::time::Duration::from_secs(30);
 #[derive(Debug, Clone)]
 pub struct RunOptions {
     pub scenario: PathBuf,
+    /// `--label KEY=VALUE`s, each checked; duplicates are refused here.
+    pub labels: Vec<String>,
     pub out: PathBuf,
     /// The controller's service: store, bind address, lease, TLS, token.
     pub service: ServiceConfig,
@@ -71,6 +73,7 @@ pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunS
     let yaml = scenario::read(&opts.scenario)?;
     let sc = scenario::parse(&opts.scenario, &yaml)?;
     check_local_tools(&opts.scenario, &sc)?;
+    let labels = crate::labels::Labels::parse(&opts.labels).map_err(crate::Error::Usage)?;
     let mut cells = scenario::plan(&sc);
     if opts.datasets_only {
         cells = crate::datasets::builds(cells);
@@ -106,6 +109,7 @@ pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunS
         yaml: &yaml,
         owner: Owner::Run,
         idempotency_key: None,
+        labels,
         cells,
         report_dir: Some(opts.out.clone()),
     });

@@ -101,6 +101,7 @@ pub struct RunRow {
     pub status: String,
     pub started_at: String,
     pub finished_at: Option<String>,
+    pub labels: crate::labels::Labels,
 }
 
 #[derive(Debug, Clone)]
@@ -198,6 +199,7 @@ pub struct NewRun<'a> {
     pub yaml: &'a str,
     pub owner: Owner,
     pub idempotency_key: Option<&'a str>,
+    pub labels: &'a crate::labels::Labels,
     pub cells: &'a [crate::scenario::PlannedCell],
 }
 
@@ -246,7 +248,8 @@ CREATE TABLE IF NOT EXISTS runs (
     finished_at TEXT,
     controller_pid INTEGER,
     owner TEXT,
-    idempotency_key TEXT
+    idempotency_key TEXT,
+    labels TEXT
 );
 CREATE TABLE IF NOT EXISTS agents (
     run_id TEXT NOT NULL REFERENCES runs(id),
@@ -317,6 +320,7 @@ fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
         status: r.get(3)?,
         started_at: r.get(4)?,
         finished_at: r.get(5)?,
+        labels: crate::labels::Labels::from_json(r.get::<_, Option<String>>(6)?.as_deref()),
     })
 }
 
@@ -341,6 +345,7 @@ impl Store {
             ("controller_pid", "INTEGER"),
             ("owner", "TEXT"),
             ("idempotency_key", "TEXT"),
+            ("labels", "TEXT"),
         ] {
             let has: bool = conn.query_row(
                 "SELECT count(*) > 0 FROM pragma_table_info('runs') WHERE name = ?1",
@@ -506,6 +511,7 @@ impl Store {
             run.yaml.to_string(),
         );
         let key = run.idempotency_key.map(str::to_string);
+        let labels = run.labels.to_json();
         let cells: Vec<_> = run
             .cells
             .iter()
@@ -524,9 +530,9 @@ impl Store {
         self.with(move |c| {
             let tx = c.transaction()?;
             tx.execute(
-                "INSERT INTO runs (id, scenario_name, scenario_path, scenario_yaml, status, started_at, controller_pid, owner, idempotency_key) \
-                 VALUES (?1, ?2, ?3, ?4, 'queued', ?5, ?6, ?7, ?8)",
-                params![id, name, path, yaml, now(), std::process::id(), owner, key],
+                "INSERT INTO runs (id, scenario_name, scenario_path, scenario_yaml, status, started_at, controller_pid, owner, idempotency_key, labels) \
+                 VALUES (?1, ?2, ?3, ?4, 'queued', ?5, ?6, ?7, ?8, ?9)",
+                params![id, name, path, yaml, now(), std::process::id(), owner, key, labels],
             )?;
             for c in &cells {
                 tx.execute(
@@ -711,7 +717,7 @@ impl Store {
     pub fn run(&self, id: &str) -> Result<Option<RunRow>> {
         self.read(|c| {
             c.query_row(
-                "SELECT id, scenario_name, scenario_path, status, started_at, finished_at FROM runs WHERE id = ?1",
+                "SELECT id, scenario_name, scenario_path, status, started_at, finished_at, labels FROM runs WHERE id = ?1",
                 params![id],
                 run_row,
             )
@@ -722,7 +728,7 @@ impl Store {
     pub fn runs(&self) -> Result<Vec<RunRow>> {
         self.read(|c| {
             let mut st = c.prepare(
-                "SELECT id, scenario_name, scenario_path, status, started_at, finished_at FROM runs ORDER BY started_at",
+                "SELECT id, scenario_name, scenario_path, status, started_at, finished_at, labels FROM runs ORDER BY started_at",
             )?;
             let rows = st.query_map([], run_row)?;
             rows.collect()
@@ -899,6 +905,8 @@ mod tests {
 
     impl<'a> NewRun<'a> {
         pub fn test(id: &'a str, owner: Owner) -> NewRun<'a> {
+            static NO_LABELS: crate::labels::Labels =
+                crate::labels::Labels(std::collections::BTreeMap::new());
             NewRun {
                 id,
                 name: "s",
@@ -906,6 +914,7 @@ mod tests {
                 yaml: "",
                 owner,
                 idempotency_key: None,
+                labels: &NO_LABELS,
                 cells: &[],
             }
         }
@@ -935,6 +944,44 @@ mod tests {
             "the run without its cells"
         );
         assert!(store.cells("bad").unwrap().is_empty());
+        drop(store);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Labels are stored with the run and read back; a store made before
+    /// runs had labels gains the column, and its runs have none.
+    #[test]
+    fn labels_are_kept_and_old_stores_gain_them() {
+        let dir = std::env::temp_dir().join(format!("pgfleet-labels-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s.db");
+        {
+            // The runs table as stores had it before labels.
+            let c = Connection::open(&path).unwrap();
+            c.execute_batch(
+                "CREATE TABLE runs (id TEXT PRIMARY KEY, scenario_name TEXT NOT NULL, scenario_path TEXT NOT NULL,
+                 scenario_yaml TEXT NOT NULL, status TEXT NOT NULL, started_at TEXT NOT NULL, finished_at TEXT,
+                 controller_pid INTEGER, owner TEXT, idempotency_key TEXT);
+                 INSERT INTO runs VALUES ('old', 's', 's.yaml', '', 'succeeded', '2026-01-01', NULL, 1, 'run', NULL);",
+            )
+            .unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        assert!(store.run("old").unwrap().unwrap().labels.is_empty());
+        let labels = crate::labels::Labels::parse(&["commit=4f2a9c1", "branch=main"]).unwrap();
+        store
+            .create_run(&NewRun {
+                labels: &labels,
+                ..NewRun::test("new", Owner::Run)
+            })
+            .unwrap();
+        assert_eq!(store.run("new").unwrap().unwrap().labels, labels);
+        let listed = store.runs().unwrap();
+        assert_eq!(
+            listed.iter().find(|r| r.id == "new").unwrap().labels,
+            labels
+        );
         drop(store);
         std::fs::remove_dir_all(&dir).unwrap();
     }

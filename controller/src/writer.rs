@@ -201,15 +201,7 @@ mod tests {
         let path = dir.join("s.db");
         let store = Store::open(&path).unwrap();
         store
-            .create_run(&crate::store::NewRun {
-                id: "r",
-                name: "s",
-                path: "s.yaml",
-                yaml: "",
-                owner: crate::store::Owner::Run,
-                idempotency_key: None,
-                cells: &[],
-            })
+            .create_run(&crate::store::NewRun::test("r", crate::store::Owner::Run))
             .unwrap();
         (store, path)
     }

@@ -771,9 +771,48 @@ workloads:
     duration_s: 2
 ",
     );
-    let out = s.run_cmd(&sc, &[]).output().unwrap();
+    let out = s
+        .run_cmd(
+            &sc,
+            &["--label", "commit=4f2a9c1", "--label", "branch=main"],
+        )
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
     let r = s.report();
+    // The run's labels are stored, reported, listed and picked by.
+    assert_eq!(
+        r["labels"],
+        serde_json::json!({"branch": "main", "commit": "4f2a9c1"})
+    );
+    let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
+    assert!(
+        md.contains("| labels | ` branch=main ` ` commit=4f2a9c1 ` |"),
+        "{md}"
+    );
+    let list = |labels: &[&str]| {
+        let mut cmd = std::process::Command::new(common::pgfleet());
+        cmd.arg("--store").arg(s.store()).arg("list");
+        for l in labels {
+            cmd.args(["--label", l]);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let run_id = r["run_id"].as_str().unwrap();
+    let (code, all) = list(&["branch=main"]);
+    assert!(
+        code == Some(0) && all.contains(run_id) && all.contains("branch=main, commit=4f2a9c1"),
+        "{all}"
+    );
+    let (code, none) = list(&["branch=main", "commit=other"]);
+    assert!(code == Some(0) && !none.contains(run_id), "{none}");
+    let (code, bad) = list(&["branch"]);
+    assert!(code == Some(2) && bad.contains("no `=`"), "{bad}");
     // A storage comparison whose data fits in memory: the guard says so,
     // in report.json, report.md and on the terminal.
     let warnings: Vec<&str> = r["warnings"]

@@ -880,6 +880,7 @@ async fn the_run_fails_with_the_reason_when_its_pods_stay_pending() {
             yaml: SCENARIO,
             owner: Owner::Serve,
             idempotency_key: None,
+            labels: &Default::default(),
             cells: &cells,
         })
         .unwrap();

@@ -399,6 +399,7 @@ fn ci_submits_to_serve_and_static_agents_run_the_cells() {
         .arg("--wait")
         .arg("--out")
         .arg(s.out())
+        .args(["--label", "commit=4f2a9c1", "--label", "note=a b&c"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -515,6 +516,73 @@ fn ci_submits_to_serve_and_static_agents_run_the_cells() {
         "{classes:?}"
     );
     assert!(cells.iter().all(|c| c["state"] == "succeeded"), "{cells:?}");
+    // Its labels came through the query, into the report and the API,
+    // which lists by them (`&` and spaces encoded on the way).
+    assert_eq!(
+        report["labels"],
+        serde_json::json!({"commit": "4f2a9c1", "note": "a b&c"})
+    );
+    let (code, _, body) = http(
+        &api,
+        "GET",
+        "/v1/runs?label=commit%3D4f2a9c1&label=note%3Da%20b%26c",
+        Some(&token),
+        &[],
+        "",
+    );
+    assert_eq!(code, 200, "{body}");
+    let picked: Vec<String> = json(&body)
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(picked, std::slice::from_ref(&run_id), "{body}");
+    let (code, _, body) = http(&api, "GET", "/v1/runs?label=commit", Some(&token), &[], "");
+    assert!(code == 400 && body.contains("no `=`"), "{code} {body}");
+    // The scenario's history: this run, the cancelled one left out.
+    let (code, _, body) = http(
+        &api,
+        "GET",
+        "/v1/history?scenario=two-classes&metric=tps",
+        Some(&token),
+        &[],
+        "",
+    );
+    assert_eq!(code, 200, "{body}");
+    let h = json(&body);
+    assert_eq!(h["reference"], run_id.as_str(), "{body}");
+    assert_eq!(h["runs"].as_array().map(Vec::len), Some(1), "{body}");
+    let series = h["series"].as_array().unwrap();
+    assert!(
+        series.len() == 2
+            && series
+                .iter()
+                .all(|s| s["metric"] == "tps" && s["values"].as_array().map(Vec::len) == Some(1)),
+        "one tps series per class: {body}"
+    );
+    assert!(
+        h["excluded"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["run_id"] == queued.as_str() && e["reason"] == "it cancelled"),
+        "{body}"
+    );
+    let (code, _, body) = http(&api, "GET", "/v1/history", Some(&token), &[], "");
+    assert!(code == 400 && body.contains("?scenario="), "{code} {body}");
+    let (code, _, body) = http(
+        &api,
+        "GET",
+        "/v1/history?scenario=nope",
+        Some(&token),
+        &[],
+        "",
+    );
+    assert!(
+        code == 404 && body.contains("no run of scenario `nope`"),
+        "{code} {body}"
+    );
     // Each agent has its own store (its data root's): each built the one
     // dataset; the controller's record says so.
     let (code, _, body) = http(&api, "GET", "/v1/datasets", Some(&token), &[], "");

@@ -186,7 +186,16 @@ pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
     );
     let _ = writeln!(md, "| status | **{}** |", s(&doc["status"]));
     let _ = writeln!(md, "| started | {} |", s(&doc["started_at"]));
-    let _ = writeln!(md, "| finished | {} |\n", s(&doc["finished_at"]));
+    let _ = writeln!(md, "| finished | {} |", s(&doc["finished_at"]));
+    if let Some(labels) = doc["labels"].as_object().filter(|l| !l.is_empty()) {
+        // Labels are the submitter's text: shown as code, never as Markdown.
+        let shown: Vec<String> = labels
+            .iter()
+            .map(|(k, v)| inline_code(&format!("{k}={}", v.as_str().unwrap_or(""))))
+            .collect();
+        let _ = writeln!(md, "| labels | {} |", shown.join(" "));
+    }
+    md.push('\n');
     checks(&mut md, doc);
     for w in doc["warnings"].as_array().into_iter().flatten() {
         let _ = writeln!(
@@ -746,5 +755,39 @@ fn roles(md: &mut String, doc: &Json) {
             "\nClass `{name}`: scenario SQL (scripts, defines, setup_sql) ran as `{sql}` ({how}); pgfleet's own steps (loading, statistics, CHECKPOINT, cache eviction) as `{}`.",
             r["agent_steps"].as_str().unwrap_or("")
         );
+    }
+}
+
+/// `text` as inline code in a table cell: a code span with more backticks
+/// than the text holds, `|` escaped (GitHub splits cells on it even there).
+fn inline_code(text: &str) -> String {
+    let mut longest = 0;
+    let mut run = 0;
+    for c in text.chars() {
+        run = if c == '`' { run + 1 } else { 0 };
+        longest = longest.max(run);
+    }
+    let fence = "`".repeat(longest + 1);
+    let text = text.replace('|', "\\|");
+    format!("{fence} {text} {fence}")
+}
+
+#[cfg(test)]
+mod label_tests {
+    use super::*;
+
+    /// Labels show under the run's header as code: a `|` or a backtick in
+    /// a value neither splits the table nor ends the code span.
+    #[test]
+    fn labels_render_as_code_in_the_header() {
+        let doc = serde_json::json!({"run_id": "r", "status": "succeeded",
+            "labels": {"branch": "main", "note": "a|b`c"}});
+        let (md, _) = render(&doc);
+        assert!(
+            md.contains("| labels | ` branch=main ` `` note=a\\|b`c `` |\n"),
+            "{md}"
+        );
+        let (md, _) = render(&serde_json::json!({"run_id": "r", "labels": {}}));
+        assert!(!md.contains("| labels |"), "{md}");
     }
 }

@@ -56,8 +56,19 @@ mod toast_probe;
 mod toast_slice;
 mod vacuum_bloat;
 
-/// Builds the report document of a run from the store.
-pub fn build(store: &Store, run_id: &str) -> Result<Json> {
+/// What a run measured, without its samples: its cells, classes, results
+/// and summaries (per point, per class, the figures). The report is built
+/// from it; `pgfleet history` reads it of each run it compares.
+pub struct Figures {
+    pub run: crate::store::RunRow,
+    pub cells: Vec<crate::store::CellRow>,
+    pub classes: guards::Classes,
+    pub results: Vec<Json>,
+    pub summaries: Vec<Json>,
+    pub comparisons: Vec<Json>,
+}
+
+pub fn figures(store: &Store, run_id: &str) -> Result<Figures> {
     let run = store.run(run_id)?.ok_or_else(|| {
         Error::Usage(format!(
             "no run `{run_id}` in the store; `pgfleet list` shows the runs"
@@ -86,6 +97,26 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
         .collect();
     let (mut summaries, comparisons) = summarize(&results);
     entries::label(&mut summaries);
+    Ok(Figures {
+        run,
+        cells,
+        classes,
+        results,
+        summaries,
+        comparisons,
+    })
+}
+
+/// Builds the report document of a run from the store.
+pub fn build(store: &Store, run_id: &str) -> Result<Json> {
+    let Figures {
+        run,
+        cells,
+        classes,
+        results,
+        summaries,
+        comparisons,
+    } = figures(store, run_id)?;
     let entry_comparisons = entries::comparisons(&summaries);
     // The scenario as it was run (stored with the run): its checks, and
     // its plan's warnings with the memory the clusters really had.
@@ -153,6 +184,7 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
         "status": run.status,
         "started_at": run.started_at,
         "finished_at": run.finished_at,
+        "labels": run.labels,
         "environment": {"instance_classes": env_classes},
         "differences": differences,
         "warnings": warnings,
