@@ -1033,6 +1033,19 @@ workloads:
     eprintln!(
         "tps nvme {nvme:.0} gp3 {gp3:.0}; page read ms nvme {read_nvme:.3} gp3 {read_gp3:.3}"
     );
+    // Where the test's time goes (kept in the JUnit file of `make test-all`).
+    for c in r["cells"].as_array().unwrap() {
+        eprintln!(
+            "cell {} {} -> {}; dataset {}",
+            c["cell_id"], c["started_at"], c["finished_at"], c["environment"]["dataset"]
+        );
+    }
+    for x in r["results"].as_array().unwrap() {
+        eprintln!(
+            "{}: load {} s, steps {}",
+            x["instance_class"], x["metrics"]["load_seconds"], x["metrics"]["load_step_seconds"]
+        );
+    }
     // The facts the emulation decides: gp3's reads reach its capped device
     // and take several times nvme's; TPS follows, clearly lower (the
     // margin depends on the host's disk and what else it is doing).
