@@ -11,16 +11,8 @@ use std::fmt::Write;
 
 use serde_json::{Value as Json, json};
 
-use crate::report::figure::Figure;
+use crate::report::figure::{Figure, higher_is_better};
 use crate::stats::{self, Verdict};
-
-/// Whether more is better for a metric (throughput) or less (latency,
-/// durations, read times, sizes).
-pub fn higher_is_better(metric: &str) -> bool {
-    ["tps", "per_s", "per_second", "mbps", "mb_per_s", "rows_per"]
-        .iter()
-        .any(|k| metric.contains(k))
-}
 
 /// A gate: fail when `metric` changed by less than (`<`) or more than
 /// (`>`) `percent`.

@@ -2,12 +2,9 @@
 //! points found in them (`changepoint`), compared only across runs that
 //! can be compared.
 //!
-//! Runs are comparable when their **comparability key** is equal: the
-//! scenario's text (parsed and normalized: comments, layout and key order
-//! do not count, nor do its `checks`), each class's environment as the
-//! report's guards read it (PostgreSQL version and settings, storage
-//! profile and caps, instance, host cores and memory), and the datasets
-//! its cells used. The reference is the latest run picked; every other run
+//! Runs are comparable when their comparability key is equal
+//! (`report/comparable.rs`: scenario text, each class's environment,
+//! datasets). The reference is the latest run picked; every other run
 //! whose key differs is left out, and the history says which and why.
 //!
 //! Per point (workload entry and parameters), class and metric, a series
@@ -25,6 +22,7 @@ use serde_json::Value as Json;
 
 use crate::changepoint::{self, ChangePoint};
 use crate::labels::Labels;
+use crate::report::comparable::{key_of, point_key, why_not};
 use crate::report::figure::Figure;
 use crate::store::Store;
 use crate::{Error, Result, report, stats};
@@ -109,122 +107,6 @@ pub struct Standing {
     /// Runs in the segment (the latest excluded).
     pub segment_runs: usize,
     pub change_percent: f64,
-}
-
-/// What makes runs comparable: (what, value) pairs in a fixed order.
-type Key = Vec<(String, String)>;
-
-/// The scenario's text without what does not change what is measured:
-/// parsed (comments, layout and key order gone), `checks` dropped.
-fn normalized_scenario(yaml: &str) -> String {
-    match serde_saphyr::from_str::<Json>(yaml) {
-        Ok(mut v) => {
-            if let Some(m) = v.as_object_mut() {
-                m.remove("checks");
-            }
-            v.to_string()
-        }
-        Err(_) => yaml.to_string(),
-    }
-}
-
-fn key_of(store: &Store, f: &report::Figures) -> Result<Key> {
-    let yaml = store.scenario_yaml(&f.run.id)?.unwrap_or_default();
-    let mut key: Key = vec![(
-        "the scenario's text".into(),
-        format!("{:016x}", stats::seed_of(&normalized_scenario(&yaml))),
-    )];
-    for (class, c) in &f.classes {
-        let e = &c.env;
-        let mut part = |what: &str, v: String| key.push((format!("class `{class}`: {what}"), v));
-        part("PostgreSQL version", e.postgres.version.clone());
-        part(
-            "PostgreSQL settings",
-            e.postgres
-                .settings
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(", "),
-        );
-        let caps = e.storage.caps;
-        part(
-            "storage",
-            format!(
-                "{} (emulated {}; caps r {} w {} IOPS, r {} w {} MiB/s)",
-                e.storage.profile,
-                e.storage.emulated,
-                caps.read_iops,
-                caps.write_iops,
-                caps.read_mbps,
-                caps.write_mbps
-            ),
-        );
-        part(
-            "instance",
-            format!(
-                "{} ({} bytes, {} CPUs, emulated {})",
-                e.instance.instance_type,
-                e.instance.memory_bytes,
-                e.instance.cpus,
-                e.instance.emulated
-            ),
-        );
-        part(
-            "host",
-            format!("{} cores, {} bytes", e.host.cores, e.host.memory_bytes),
-        );
-    }
-    let mut datasets: Vec<String> = f
-        .cells
-        .iter()
-        .filter_map(|c| c.environment.as_ref())
-        .filter_map(|e| e["dataset"]["fingerprint"].as_str().map(str::to_string))
-        .collect();
-    datasets.sort();
-    datasets.dedup();
-    key.push(("datasets".into(), datasets.join(", ")));
-    Ok(key)
-}
-
-/// Why a run with key `theirs` is not comparable with the reference's.
-fn why_not(theirs: &Key, reference: &Key) -> Option<String> {
-    let shorten = |s: &str| {
-        if s.chars().count() > 80 {
-            format!("{}…", s.chars().take(80).collect::<String>())
-        } else if s.is_empty() {
-            "none".into()
-        } else {
-            s.to_string()
-        }
-    };
-    let r: BTreeMap<&str, &str> = reference
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let t: BTreeMap<&str, &str> = theirs
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    for (what, v) in &r {
-        match t.get(what) {
-            None => return Some(format!("{what}: the run has no such class")),
-            Some(tv) if tv != v => {
-                if what.ends_with("the scenario's text") {
-                    return Some("another version of the scenario's text".into());
-                }
-                return Some(format!(
-                    "{what}: {} (the reference: {})",
-                    shorten(tv),
-                    shorten(v)
-                ));
-            }
-            _ => {}
-        }
-    }
-    t.keys()
-        .find(|k| !r.contains_key(*k))
-        .map(|k| format!("{k}: a class the reference does not have"))
 }
 
 /// The scenario name the CLI's argument names: a file's `name`, else the
@@ -337,12 +219,7 @@ fn build_series(runs: &[report::Figures], q: &Query) -> Vec<Series> {
             let Some(classes) = s["classes"].as_object() else {
                 continue;
             };
-            let point_key = format!(
-                "{}|{}|{}",
-                s["entry"],
-                s["workload"].as_str().unwrap_or(""),
-                s["params"]
-            );
+            let point_key = point_key(s);
             for (class, cm) in classes {
                 if q.class.as_ref().is_some_and(|c| c != class) {
                     continue;
@@ -368,7 +245,7 @@ fn build_series(runs: &[report::Figures], q: &Query) -> Vec<Series> {
                             params: s["params"].clone(),
                             class: class.clone(),
                             metric: metric.clone(),
-                            higher_is_better: crate::compare::higher_is_better(metric),
+                            higher_is_better: crate::report::figure::higher_is_better(metric),
                             values: Vec::new(),
                             change_points: Vec::new(),
                             latest: None,
@@ -576,46 +453,6 @@ pub fn markdown(h: &History) -> (String, Vec<(String, String)>) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_scenario_key_ignores_layout_comments_order_and_checks() {
-        let a = "name: s\nfleet: [{name: a}]\nworkloads: [{kind: pgbench, scale: 1}]\n";
-        let b = "# a comment\nworkloads:\n  - scale: 1\n    kind: pgbench\nfleet:\n  - name: a\nname: s\nchecks: [{metric: tps, min: 1}]\n";
-        let c = "name: s\nfleet: [{name: a}]\nworkloads: [{kind: pgbench, scale: 2}]\n";
-        assert_eq!(normalized_scenario(a), normalized_scenario(b));
-        assert_ne!(normalized_scenario(a), normalized_scenario(c));
-    }
-
-    #[test]
-    fn runs_that_differ_say_in_what() {
-        let key = |v: &str, pg: &str| -> Key {
-            vec![
-                ("the scenario's text".into(), v.into()),
-                ("class `gp3`: PostgreSQL version".into(), pg.into()),
-            ]
-        };
-        assert_eq!(why_not(&key("1", "15.18"), &key("1", "15.18")), None);
-        assert_eq!(
-            why_not(&key("1", "17.2"), &key("1", "15.18")).unwrap(),
-            "class `gp3`: PostgreSQL version: 17.2 (the reference: 15.18)"
-        );
-        assert_eq!(
-            why_not(&key("2", "15.18"), &key("1", "15.18")).unwrap(),
-            "another version of the scenario's text"
-        );
-        let mut more = key("1", "15.18");
-        more.push(("class `nvme`: host".into(), "2 cores".into()));
-        assert!(
-            why_not(&more, &key("1", "15.18"))
-                .unwrap()
-                .contains("a class the reference does not have")
-        );
-        assert!(
-            why_not(&key("1", "15.18"), &more)
-                .unwrap()
-                .contains("no such class")
-        );
-    }
-
     /// A store holding a scenario's runs as a CI pipeline would leave
     /// them: a step in TPS at the sixth comparable run, one run on another
     /// PostgreSQL version, one failed run and one of another branch.
@@ -630,42 +467,46 @@ mod tests {
         let sc = crate::scenario::parse(Path::new("h.yaml"), yaml).unwrap();
         let cells = crate::scenario::plan(&sc);
         let mut n = 0;
-        let mut run = |tps: f64, pg: &str, branch: &str, status: RunStatus| -> String {
-            n += 1;
-            let id = format!("r{n:02}");
-            let labels = Labels::parse(&[format!("branch={branch}")]).unwrap();
-            store
-                .create_run(&NewRun {
-                    id: &id,
-                    name: "h",
-                    yaml,
-                    labels: &labels,
-                    cells: &cells,
-                    ..NewRun::test("", Owner::Run)
-                })
-                .unwrap();
-            let info = json!({"postgres_version": pg, "cores": 2, "memory_bytes": 1 << 30});
-            store.register_agent(&id, "a-1", "gp3", &info).unwrap();
-            let env = json!({"postgres": {"version": pg, "settings": {"fsync": "on"}},
-                "storage": {"profile": "gp3"}, "host": {"cores": 2, "memory_bytes": 1 << 30}});
-            for c in &cells {
-                let point = (
-                    json!({"clients": 2}),
-                    json!({"tps": tps, "latency_ms_p99": 1000.0 / tps}),
-                );
-                let state = if status == RunStatus::Succeeded {
-                    CellState::Succeeded
-                } else {
-                    CellState::Failed
-                };
+        let mut run_with =
+            |yaml: &str, tps: f64, pg: &str, branch: &str, status: RunStatus| -> String {
+                n += 1;
+                let id = format!("r{n:02}");
+                let labels = Labels::parse(&[format!("branch={branch}")]).unwrap();
                 store
-                    .finish_cell(&id, &c.cell_id, state, None, Some(&env), &[point])
+                    .create_run(&NewRun {
+                        id: &id,
+                        name: "h",
+                        yaml,
+                        labels: &labels,
+                        cells: &cells,
+                        ..NewRun::test("", Owner::Run)
+                    })
                     .unwrap();
-            }
-            store.finish_run(&id, status).unwrap();
-            // Runs are ordered by when they were stored (milliseconds).
-            std::thread::sleep(std::time::Duration::from_millis(3));
-            id
+                let info = json!({"postgres_version": pg, "cores": 2, "memory_bytes": 1 << 30});
+                store.register_agent(&id, "a-1", "gp3", &info).unwrap();
+                let env = json!({"postgres": {"version": pg, "settings": {"fsync": "on"}},
+                "storage": {"profile": "gp3"}, "host": {"cores": 2, "memory_bytes": 1 << 30}});
+                for c in &cells {
+                    let point = (
+                        json!({"clients": 2}),
+                        json!({"tps": tps, "latency_ms_p99": 1000.0 / tps}),
+                    );
+                    let state = if status == RunStatus::Succeeded {
+                        CellState::Succeeded
+                    } else {
+                        CellState::Failed
+                    };
+                    store
+                        .finish_cell(&id, &c.cell_id, state, None, Some(&env), &[point])
+                        .unwrap();
+                }
+                store.finish_run(&id, status).unwrap();
+                // Runs are ordered by when they were stored (milliseconds).
+                std::thread::sleep(std::time::Duration::from_millis(3));
+                id
+            };
+        let mut run = |tps: f64, pg: &str, branch: &str, status: RunStatus| {
+            run_with(yaml, tps, pg, branch, status)
         };
         let tps = [
             1010.0, 990.0, 1003.0, 997.0, 1008.0, 702.0, 695.0, 705.0, 699.0, 701.0,
@@ -740,6 +581,43 @@ mod tests {
         let (md, plots) = markdown(&h);
         assert!(md.contains("- 6 runs: older than the last 4"), "{md}");
         assert_eq!(plots.len(), h.series.len());
+        // History checks: the same scenario with a check (checks do not
+        // change what is comparable), judged against the runs since the
+        // step (about 700 TPS).
+        let checked = format!(
+            "{yaml}checks:\n  - name: holds\n    history: {{ metric: tps, class: gp3, max_drop: 5%, same_labels: [branch] }}\n"
+        );
+        let verdict = |id: &str| {
+            let doc = report::build(&store, id).unwrap();
+            let c = doc["checks"].as_array().unwrap()[0].clone();
+            (
+                c["verdict"].as_str().unwrap().to_string(),
+                c,
+                doc["check_summary"]["ok"].clone(),
+            )
+        };
+        let ok = run_with(&checked, 698.0, "15.18", "main", RunStatus::Succeeded);
+        let (v, c, summary_ok) = verdict(&ok);
+        assert_eq!(v, "passed", "{c}");
+        assert_eq!(c["history"]["segment_runs"], 5, "{c}");
+        assert_eq!(c["history"]["change_points"], 1, "{c}");
+        assert_eq!(c["min"], 0.95, "{c}");
+        assert_eq!(summary_ok, true);
+        let slow = run_with(&checked, 560.0, "15.18", "main", RunStatus::Succeeded);
+        let (v, c, summary_ok) = verdict(&slow);
+        assert_eq!(v, "failed", "{c}");
+        assert!((c["observed"].as_f64().unwrap() - 0.8).abs() < 0.01, "{c}");
+        assert_eq!(summary_ok, false);
+        let other = run_with(&checked, 700.0, "15.18", "dev2", RunStatus::Succeeded);
+        let (v, c, _) = verdict(&other);
+        assert_eq!(v, "inconclusive", "{c}");
+        let note = c["note"].as_str().unwrap();
+        assert!(
+            note.contains(
+                "0 comparable earlier runs of this scenario with the same branch (3 needed)"
+            ) && note.contains("1 earlier runs differ"),
+            "{note}"
+        );
         // A scenario without runs, or none labelled so, is a clear error.
         let none = Query {
             labels: Labels::parse(&["branch=nope"]).unwrap(),

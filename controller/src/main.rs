@@ -294,10 +294,20 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                         ),
                         None => format!("{} of {}", c.metric, c.class),
                     };
-                    let bound = match (c.min, c.max) {
-                        (Some(lo), Some(hi)) => format!("within {lo}..={hi}"),
-                        (Some(lo), None) => format!("at least {lo}"),
-                        (None, Some(hi)) => format!("at most {hi}"),
+                    let bound = match (c.min, c.max, &c.history) {
+                        (_, _, Some(h)) => format!(
+                            "at most {} % worse than the median of the last {} earlier comparable runs since their last change{}",
+                            h.max_drop * 100.0,
+                            h.window,
+                            if h.same_labels.is_empty() {
+                                String::new()
+                            } else {
+                                format!(" (with the same {})", h.same_labels.join(", "))
+                            }
+                        ),
+                        (Some(lo), Some(hi), _) => format!("within {lo}..={hi}"),
+                        (Some(lo), None, _) => format!("at least {lo}"),
+                        (None, Some(hi), _) => format!("at most {hi}"),
                         _ => String::new(),
                     };
                     println!(

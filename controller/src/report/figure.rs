@@ -20,6 +20,14 @@ fn quantile_of(metric: &str) -> Option<f64> {
     }
 }
 
+/// Whether more is better for a metric (throughput) or less (latency,
+/// durations, read times, sizes).
+pub fn higher_is_better(metric: &str) -> bool {
+    ["tps", "per_s", "per_second", "mbps", "mb_per_s", "rows_per"]
+        .iter()
+        .any(|k| metric.contains(k))
+}
+
 pub struct Figure {
     values: Vec<f64>,
     merged: Option<(Histograms, f64)>,

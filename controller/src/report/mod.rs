@@ -41,6 +41,7 @@ use crate::store::Store;
 use crate::{Error, Result};
 
 pub mod checks;
+pub mod comparable;
 mod compression_analysis;
 pub mod entries;
 pub mod figure;
@@ -54,6 +55,7 @@ pub mod plot;
 mod read_write;
 mod toast_probe;
 mod toast_slice;
+pub mod trend;
 mod vacuum_bloat;
 
 /// What a run measured, without its samples: its cells, classes, results
@@ -109,6 +111,8 @@ pub fn figures(store: &Store, run_id: &str) -> Result<Figures> {
 
 /// Builds the report document of a run from the store.
 pub fn build(store: &Store, run_id: &str) -> Result<Json> {
+    let figures = figures(store, run_id)?;
+    let key = comparable::key_of(store, &figures)?;
     let Figures {
         run,
         cells,
@@ -116,7 +120,7 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
         results,
         summaries,
         comparisons,
-    } = figures(store, run_id)?;
+    } = figures;
     let entry_comparisons = entries::comparisons(&summaries);
     // The scenario as it was run (stored with the run): its checks, and
     // its plan's warnings with the memory the clusters really had.
@@ -131,8 +135,10 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
         Some(yaml) => match crate::scenario::parse(Path::new(&run.scenario_path), &yaml) {
             Ok(sc) => {
                 let cells = crate::scenario::plan(&sc);
+                let mut judged = checks::evaluate(&sc.checks(), &summaries);
+                judged.extend(trend::judge(store, &run, &key, &sc.checks(), &summaries)?);
                 (
-                    checks::evaluate(&sc.checks(), &summaries),
+                    judged,
                     None,
                     crate::scenario::plan::warnings(&sc, &cells, host_memory),
                 )

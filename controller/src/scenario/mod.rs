@@ -125,6 +125,10 @@ pub struct CheckSpec {
     /// A class's figure divided by a baseline class's.
     #[serde(default)]
     pub ratio: Option<RatioRef>,
+    /// A class's figure divided by the median of the earlier comparable
+    /// runs since their last change point (`pgfleet history`).
+    #[serde(default)]
+    pub history: Option<HistoryRef>,
     #[serde(default)]
     pub min: Option<Spanned<f64>>,
     #[serde(default)]
@@ -165,6 +169,41 @@ pub struct RatioRef {
     pub baseline_workload: Option<Spanned<usize>>,
 }
 
+/// `history: {metric, class, workload, window, max_drop, same_labels}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryRef {
+    pub metric: Spanned<String>,
+    pub class: Spanned<String>,
+    #[serde(default)]
+    pub workload: Option<Spanned<usize>>,
+    /// The earlier comparable runs looked at (default 20).
+    #[serde(default)]
+    pub window: Option<Spanned<usize>>,
+    /// How much worse than the last segment the run may be, e.g. `5%`
+    /// (fewer TPS, or a higher latency, by at most 5 %).
+    pub max_drop: Spanned<String>,
+    /// Only earlier runs with the same values of these labels as this run
+    /// (e.g. `[branch]`: main is compared with main).
+    #[serde(default)]
+    pub same_labels: Vec<Spanned<String>>,
+}
+
+/// A history check's bound and the runs it looks at.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistoryBound {
+    pub window: usize,
+    /// As a fraction (0.05 for `5%`).
+    pub max_drop: f64,
+    pub same_labels: Vec<String>,
+}
+
+/// `5%` (or `5`) as 0.05; None unless 0 <= it < 100.
+pub fn parse_percent(text: &str) -> Option<f64> {
+    let n: f64 = text.trim().trim_end_matches('%').trim().parse().ok()?;
+    (n.is_finite() && (0.0..100.0).contains(&n)).then_some(n / 100.0)
+}
+
 /// A validated check, as reports judge it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Check {
@@ -180,6 +219,8 @@ pub struct Check {
     pub max: Option<f64>,
     pub confidence: f64,
     pub inconclusive_passes: bool,
+    /// A history check: judged against earlier runs (`report/trend.rs`).
+    pub history: Option<HistoryBound>,
 }
 
 impl Scenario {
@@ -209,17 +250,23 @@ impl Scenario {
         self.checks
             .iter()
             .filter_map(|c| {
+                let history = c.history.as_ref().map(|h| HistoryBound {
+                    window: h.window.as_ref().map_or(20, |w| w.value),
+                    max_drop: parse_percent(&h.max_drop.value).unwrap_or(0.0),
+                    same_labels: h.same_labels.iter().map(|l| l.value.clone()).collect(),
+                });
                 let (metric, class, baseline, workload, baseline_entry) =
-                    match (&c.metric, &c.ratio) {
-                        (Some(m), _) => (&m.name, &m.class, None, &m.workload, None),
-                        (None, Some(r)) => (
+                    match (&c.metric, &c.ratio, &c.history) {
+                        (Some(m), _, _) => (&m.name, &m.class, None, &m.workload, None),
+                        (None, None, Some(h)) => (&h.metric, &h.class, None, &h.workload, None),
+                        (None, Some(r), _) => (
                             &r.metric,
                             &r.class,
                             Some(r.baseline.as_ref().unwrap_or(&r.class)),
                             &r.workload,
                             r.baseline_workload.as_ref().map(|w| w.value),
                         ),
-                        (None, None) => return None,
+                        (None, None, None) => return None,
                     };
                 Some(Check {
                     name: c.name.value.clone(),
@@ -232,6 +279,7 @@ impl Scenario {
                     max: c.max.as_ref().map(|x| x.value),
                     confidence: c.confidence.as_ref().map(|x| x.value).unwrap_or(0.95),
                     inconclusive_passes: c.inconclusive.as_ref().is_some_and(|x| x.value == "pass"),
+                    history,
                 })
             })
             .collect()
@@ -716,6 +764,45 @@ workloads:
     fn with(from: &str, to: &str) -> String {
         assert!(GOOD.contains(from), "{from}");
         GOOD.replacen(from, to, 1)
+    }
+
+    /// A history check resolves its bound and window; a bad percentage,
+    /// a window out of range or a min beside it is refused where it is.
+    #[test]
+    fn history_checks_resolve_and_bad_ones_are_located() {
+        let check = |body: &str| {
+            format!(
+                "{GOOD}checks:\n  - name: h\n    history: {{ metric: latency_ms_p99, class: local{body} }}\n"
+            )
+        };
+        let s = parse(
+            Path::new("good.yaml"),
+            &check(", max_drop: 5%, same_labels: [branch]"),
+        )
+        .unwrap();
+        let c = &s.checks()[0];
+        assert_eq!(
+            c.history,
+            Some(HistoryBound {
+                window: 20,
+                max_drop: 0.05,
+                same_labels: vec!["branch".into()]
+            })
+        );
+        assert_eq!((c.min, c.max), (None, None));
+        let e = err(&check(", max_drop: lots"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (18, "checks[0].history.max_drop"),
+            "{e}"
+        );
+        assert!(e.message.contains("e.g. `5%`"), "{e}");
+        let e = err(&check(", max_drop: 5%, window: 2"));
+        assert_eq!(e.field, "checks[0].history.window", "{e}");
+        let e = err(&check(", max_drop: 5%, same_labels: [\"a b\"]"));
+        assert_eq!(e.field, "checks[0].history.same_labels", "{e}");
+        let e = err(&format!("{}    min: 1\n", check(", max_drop: 5%")));
+        assert_eq!((e.line, e.field.as_str()), (19, "checks[0].min"), "{e}");
     }
 
     #[test]

@@ -455,9 +455,43 @@ fn validate_checks(s: &Scenario, classes: &BTreeSet<String>) -> Result<(), Inval
                 format!("check `{}` is listed twice", c.name.value),
             );
         }
-        let (metric, class, workload, base) = match (&c.metric, &c.ratio) {
-            (Some(m), None) => (&m.name, &m.class, &m.workload, "metric"),
-            (None, Some(r)) => {
+        let (metric, class, workload, base) = match (&c.metric, &c.ratio, &c.history) {
+            (Some(m), None, None) => (&m.name, &m.class, &m.workload, "metric"),
+            (None, None, Some(h)) => {
+                if crate::scenario::parse_percent(&h.max_drop.value).is_none() {
+                    return err(
+                        h.max_drop.referenced,
+                        at("history.max_drop"),
+                        format!(
+                            "`{}` is not a percentage: write how much worse the run may be than the earlier runs, e.g. `5%` (0 to 99.9)",
+                            h.max_drop.value
+                        ),
+                    );
+                }
+                if let Some(w) = &h.window
+                    && !(3..=1000).contains(&w.value)
+                {
+                    return err(
+                        w.referenced,
+                        at("history.window"),
+                        format!("{} earlier runs: a window is 3 to 1000 runs", w.value),
+                    );
+                }
+                for l in &h.same_labels {
+                    if let Err(e) = crate::labels::parse_one(&format!("{}=", l.value)) {
+                        return err(l.referenced, at("history.same_labels"), e);
+                    }
+                }
+                if let Some(b) = c.min.as_ref().or(c.max.as_ref()) {
+                    return err(
+                        b.referenced,
+                        at(if c.min.is_some() { "min" } else { "max" }),
+                        "a history check's bound is its `max_drop`: leave out min and max",
+                    );
+                }
+                (&h.metric, &h.class, &h.workload, "history")
+            }
+            (None, Some(r), None) => {
                 match (&r.baseline, &r.baseline_workload) {
                     (None, None) => {
                         return err(
@@ -525,7 +559,7 @@ fn validate_checks(s: &Scenario, classes: &BTreeSet<String>) -> Result<(), Inval
                 return err(
                     c.name.referenced,
                     at("name"),
-                    "a check has either `metric: {name, class}` or `ratio: {metric, class, baseline}`",
+                    "a check has one of `metric: {name, class}`, `ratio: {metric, class, baseline}` or `history: {metric, class, max_drop}`",
                 );
             }
         };
@@ -560,10 +594,10 @@ fn validate_checks(s: &Scenario, classes: &BTreeSet<String>) -> Result<(), Inval
             }
         }
         if !allowed.contains(&metric.value.as_str()) {
-            let field = if base == "metric" {
-                "metric.name"
-            } else {
-                "ratio.metric"
+            let field = match base {
+                "metric" => "metric.name",
+                "history" => "history.metric",
+                _ => "ratio.metric",
             };
             return err(
                 metric.referenced,
@@ -575,7 +609,7 @@ fn validate_checks(s: &Scenario, classes: &BTreeSet<String>) -> Result<(), Inval
                 ),
             );
         }
-        if c.min.is_none() && c.max.is_none() {
+        if c.min.is_none() && c.max.is_none() && c.history.is_none() {
             return err(
                 c.name.referenced,
                 at("name"),

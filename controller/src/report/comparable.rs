@@ -1,0 +1,186 @@
+//! When two runs can be compared: their **comparability key**, the
+//! scenario's text (parsed and normalized: comments, layout and key order
+//! do not count, nor do its `checks`), each class's environment as the
+//! guards read it (PostgreSQL version and settings, storage profile and
+//! caps, instance, host cores and memory), and the datasets its cells
+//! used. `pgfleet history` and history checks (`trend.rs`) compare only
+//! runs with equal keys, and say why they left the others out.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value as Json;
+
+use crate::store::Store;
+use crate::{Result, stats};
+
+/// What makes runs comparable: (what, value) pairs in a fixed order.
+pub type Key = Vec<(String, String)>;
+
+/// The scenario's text without what does not change what is measured:
+/// parsed (comments, layout and key order gone), `checks` dropped.
+fn normalized_scenario(yaml: &str) -> String {
+    match serde_saphyr::from_str::<Json>(yaml) {
+        Ok(mut v) => {
+            if let Some(m) = v.as_object_mut() {
+                m.remove("checks");
+            }
+            v.to_string()
+        }
+        Err(_) => yaml.to_string(),
+    }
+}
+
+pub fn key_of(store: &Store, f: &super::Figures) -> Result<Key> {
+    let yaml = store.scenario_yaml(&f.run.id)?.unwrap_or_default();
+    let mut key: Key = vec![(
+        "the scenario's text".into(),
+        format!("{:016x}", stats::seed_of(&normalized_scenario(&yaml))),
+    )];
+    for (class, c) in &f.classes {
+        let e = &c.env;
+        let mut part = |what: &str, v: String| key.push((format!("class `{class}`: {what}"), v));
+        part("PostgreSQL version", e.postgres.version.clone());
+        part(
+            "PostgreSQL settings",
+            e.postgres
+                .settings
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+        let caps = e.storage.caps;
+        part(
+            "storage",
+            format!(
+                "{} (emulated {}; caps r {} w {} IOPS, r {} w {} MiB/s)",
+                e.storage.profile,
+                e.storage.emulated,
+                caps.read_iops,
+                caps.write_iops,
+                caps.read_mbps,
+                caps.write_mbps
+            ),
+        );
+        part(
+            "instance",
+            format!(
+                "{} ({} bytes, {} CPUs, emulated {})",
+                e.instance.instance_type,
+                e.instance.memory_bytes,
+                e.instance.cpus,
+                e.instance.emulated
+            ),
+        );
+        part(
+            "host",
+            format!("{} cores, {} bytes", e.host.cores, e.host.memory_bytes),
+        );
+    }
+    let mut datasets: Vec<String> = f
+        .cells
+        .iter()
+        .filter_map(|c| c.environment.as_ref())
+        .filter_map(|e| e["dataset"]["fingerprint"].as_str().map(str::to_string))
+        .collect();
+    datasets.sort();
+    datasets.dedup();
+    key.push(("datasets".into(), datasets.join(", ")));
+    Ok(key)
+}
+
+/// Why a run with key `theirs` is not comparable with the reference's.
+pub fn why_not(theirs: &Key, reference: &Key) -> Option<String> {
+    let shorten = |s: &str| {
+        if s.chars().count() > 80 {
+            format!("{}…", s.chars().take(80).collect::<String>())
+        } else if s.is_empty() {
+            "none".into()
+        } else {
+            s.to_string()
+        }
+    };
+    let r: BTreeMap<&str, &str> = reference
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let t: BTreeMap<&str, &str> = theirs
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    for (what, v) in &r {
+        match t.get(what) {
+            None => return Some(format!("{what}: the run has no such class")),
+            Some(tv) if tv != v => {
+                if what.ends_with("the scenario's text") {
+                    return Some("another version of the scenario's text".into());
+                }
+                return Some(format!(
+                    "{what}: {} (the reference: {})",
+                    shorten(tv),
+                    shorten(v)
+                ));
+            }
+            _ => {}
+        }
+    }
+    t.keys()
+        .find(|k| !r.contains_key(*k))
+        .map(|k| format!("{k}: a class the reference does not have"))
+}
+
+/// A point of a run's summaries that another run's can match: the
+/// workload entry, its kind and the point's parameters.
+pub fn point_key(s: &Json) -> String {
+    format!(
+        "{}|{}|{}",
+        s["entry"],
+        s["workload"].as_str().unwrap_or(""),
+        s["params"]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scenario_key_ignores_layout_comments_order_and_checks() {
+        let a = "name: s\nfleet: [{name: a}]\nworkloads: [{kind: pgbench, scale: 1}]\n";
+        let b = "# a comment\nworkloads:\n  - scale: 1\n    kind: pgbench\nfleet:\n  - name: a\nname: s\nchecks: [{metric: tps, min: 1}]\n";
+        let c = "name: s\nfleet: [{name: a}]\nworkloads: [{kind: pgbench, scale: 2}]\n";
+        assert_eq!(normalized_scenario(a), normalized_scenario(b));
+        assert_ne!(normalized_scenario(a), normalized_scenario(c));
+    }
+
+    #[test]
+    fn runs_that_differ_say_in_what() {
+        let key = |v: &str, pg: &str| -> Key {
+            vec![
+                ("the scenario's text".into(), v.into()),
+                ("class `gp3`: PostgreSQL version".into(), pg.into()),
+            ]
+        };
+        assert_eq!(why_not(&key("1", "15.18"), &key("1", "15.18")), None);
+        assert_eq!(
+            why_not(&key("1", "17.2"), &key("1", "15.18")).unwrap(),
+            "class `gp3`: PostgreSQL version: 17.2 (the reference: 15.18)"
+        );
+        assert_eq!(
+            why_not(&key("2", "15.18"), &key("1", "15.18")).unwrap(),
+            "another version of the scenario's text"
+        );
+        let mut more = key("1", "15.18");
+        more.push(("class `nvme`: host".into(), "2 cores".into()));
+        assert!(
+            why_not(&more, &key("1", "15.18"))
+                .unwrap()
+                .contains("a class the reference does not have")
+        );
+        assert!(
+            why_not(&key("1", "15.18"), &more)
+                .unwrap()
+                .contains("no such class")
+        );
+    }
+}
