@@ -155,6 +155,42 @@ pub fn judge_gates(rows: &[Json], gates: &[Gate], inconclusive_passes: bool) -> 
 }
 
 /// The comparison as Markdown.
+/// The cost of a million transactions per class on both sides (when both
+/// reports priced their classes in one currency), beside the TPS ratio.
+pub fn costs(baseline: &Json, candidate: &Json) -> Vec<Json> {
+    let (b, c) = (&baseline["costs"], &candidate["costs"]);
+    if b["currency"] != c["currency"] || b["currency"].is_null() {
+        return Vec::new();
+    }
+    let tps = |doc: &Json, class: &str| {
+        doc["summaries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["workload"] == "pgbench" && !s["classes"][class]["tps"].is_null())
+            .and_then(|s| s["classes"][class]["tps"]["value"].as_f64())
+    };
+    let mut out = Vec::new();
+    for (class, bc) in b["classes"].as_object().into_iter().flatten() {
+        let (Some(x), Some(y)) = (
+            bc["per_million_transactions"].as_f64(),
+            c["classes"][class.as_str()]["per_million_transactions"].as_f64(),
+        ) else {
+            continue;
+        };
+        let tps_ratio = match (tps(candidate, class), tps(baseline, class)) {
+            (Some(n), Some(d)) if d > 0.0 => json!(n / d),
+            _ => Json::Null,
+        };
+        out.push(json!({
+            "class": class, "currency": b["currency"],
+            "baseline_per_million_transactions": x, "candidate_per_million_transactions": y,
+            "ratio": if x > 0.0 { json!(y / x) } else { Json::Null }, "tps_ratio": tps_ratio,
+        }));
+    }
+    out
+}
+
 pub fn markdown(baseline: &str, candidate: &str, rows: &[Json], gates: &[Json]) -> String {
     use crate::report::checks::point_label;
     let sig = crate::report::markdown::sig;

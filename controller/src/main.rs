@@ -238,15 +238,44 @@ fn compare(args: CompareArgs, store: &std::path::Path) -> Result<u8, Failure> {
     }
     let judged = compare::judge_gates(&rows, &gates, args.inconclusive_passes);
     match args.format {
-        CompareFormat::Markdown => print!(
-            "{}",
-            compare::markdown(&args.baseline, &args.candidate, &rows, &judged)
-        ),
+        CompareFormat::Markdown => {
+            print!(
+                "{}",
+                compare::markdown(&args.baseline, &args.candidate, &rows, &judged)
+            );
+            let costs = compare::costs(&base, &cand);
+            if !costs.is_empty() {
+                println!(
+                    "\n## Cost per million transactions\n\n| class | baseline | candidate | cost ratio | TPS ratio |\n|---|---|---|---|---|"
+                );
+                for c in &costs {
+                    let r = |v: &serde_json::Value| {
+                        v.as_f64()
+                            .map(|x| format!("{x:.2}x"))
+                            .unwrap_or_else(|| "–".into())
+                    };
+                    println!(
+                        "| {} | {:.4} {cur} | {:.4} {cur} | {} | {} |",
+                        c["class"].as_str().unwrap_or(""),
+                        c["baseline_per_million_transactions"]
+                            .as_f64()
+                            .unwrap_or(0.0),
+                        c["candidate_per_million_transactions"]
+                            .as_f64()
+                            .unwrap_or(0.0),
+                        r(&c["ratio"]),
+                        r(&c["tps_ratio"]),
+                        cur = c["currency"].as_str().unwrap_or("")
+                    );
+                }
+            }
+        }
         CompareFormat::Json => println!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "baseline": args.baseline, "candidate": args.candidate,
                 "confidence": args.confidence, "metrics": rows, "gates": judged,
+                "costs": compare::costs(&base, &cand),
                 "ok": judged.iter().all(|g| g["passes"] == true),
             }))
             .unwrap_or_default()

@@ -755,10 +755,13 @@ fn pgbench_runs_per_class_and_the_report_compares_classes() {
     let sc = s.write(
         "pgb.yaml",
         "name: pgb
+currency: EUR
 fleet:
   - name: a
+    price: { instance_hour: 0.5 }
   - name: b
     storage: { profile: custom, write_iops: 5000, read_mbps: 1000000 }
+    price: { instance_hour: 0.5, iops_month: 0.005, iops: 2000 }
 workloads:
   - kind: pgbench-init
     scale: 1
@@ -788,6 +791,23 @@ workloads:
     let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
     assert!(
         md.contains("| labels | ` branch=main ` ` commit=4f2a9c1 ` |"),
+        "{md}"
+    );
+    // Priced classes: what each cost, and a million transactions on each.
+    let cost = &r["costs"]["classes"];
+    assert_eq!(r["costs"]["currency"], "EUR");
+    let b_hour = cost["b"]["per_hour"].as_f64().unwrap();
+    assert!((b_hour - (0.5 + 10.0 / 730.0)).abs() < 1e-9, "{cost}");
+    for class in ["a", "b"] {
+        let per_m = cost[class]["per_million_transactions"].as_f64().unwrap();
+        let hours = cost[class]["cell_hours"].as_f64().unwrap();
+        assert!(
+            per_m > 0.0 && hours > 0.0 && cost[class]["run"].as_f64().unwrap() > 0.0,
+            "{cost}"
+        );
+    }
+    assert!(
+        md.contains("## Cost (EUR)") && md.contains("| b / a |"),
         "{md}"
     );
     let list = |labels: &[&str]| {

@@ -206,6 +206,7 @@ pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
     }
 
     storage_classes(&mut md, doc);
+    costs(&mut md, doc);
 
     let _ = writeln!(md, "## Environment\n");
     let _ = writeln!(
@@ -436,6 +437,92 @@ fn storage_classes(md: &mut String, doc: &Json) {
         "| **seeds/002: EBS gp3 / NVMe** | {} |\n",
         ratios.join(" | ")
     );
+}
+
+/// The run's cost per class (`report/cost.rs`), and against the first
+/// class: the cost of a million transactions beside the TPS ratio (the
+/// figure that decides between instance NVMe and gp3).
+fn costs(md: &mut String, doc: &Json) {
+    let Some(classes) = doc["costs"]["classes"]
+        .as_object()
+        .filter(|c| !c.is_empty())
+    else {
+        return;
+    };
+    let cur = doc["costs"]["currency"].as_str().unwrap_or("");
+    let money = |v: &Json| match v.as_f64() {
+        Some(x) if x >= 100.0 => format!("{x:.0} {cur}"),
+        Some(x) if x >= 1.0 => format!("{x:.2} {cur}"),
+        Some(x) => format!("{} {cur}", sig(x)),
+        None => "–".into(),
+    };
+    let _ = writeln!(
+        md,
+        "## Cost ({cur})
+
+From the scenario's `price:` per class (a month is 730 hours); a cell costs its wall time on one instance.          Per million transactions: the price per hour over the class's pgbench TPS.
+
+         | class | per hour | this run (cell hours) | per 1M transactions | per VACUUM | per drain |
+|---|---|---|---|---|---|"
+    );
+    for (class, c) in classes {
+        let _ = writeln!(
+            md,
+            "| {class} | {} | {} ({:.2} h) | {} | {} | {} |",
+            money(&c["per_hour"]),
+            money(&c["run"]),
+            c["cell_hours"].as_f64().unwrap_or(0.0),
+            money(&c["per_million_transactions"]),
+            money(&c["per_vacuum"]),
+            money(&c["per_drain"]),
+        );
+    }
+    // Ratios against the comparisons' baseline class (else the first).
+    let baseline = doc["comparisons"]
+        .as_array()
+        .and_then(|c| c.first())
+        .and_then(|c| c["baseline_class"].as_str())
+        .filter(|b| classes.contains_key(*b))
+        .or_else(|| classes.keys().next().map(String::as_str))
+        .unwrap_or("");
+    let tps = |class: &str| {
+        doc["summaries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["workload"] == "pgbench" && !s["classes"][class]["tps"].is_null())
+            .and_then(|s| s["classes"][class]["tps"]["value"].as_f64())
+    };
+    let b = &classes[baseline];
+    let mut rows = Vec::new();
+    for (class, c) in classes.iter().filter(|(k, _)| k.as_str() != baseline) {
+        let ratio = |k: &str| match (c[k].as_f64(), b[k].as_f64()) {
+            (Some(x), Some(y)) if y > 0.0 => format!("{:.2}x", x / y),
+            _ => "–".into(),
+        };
+        let tps_ratio = match (tps(class), tps(baseline)) {
+            (Some(x), Some(y)) if y > 0.0 => format!("{:.2}x", x / y),
+            _ => "–".into(),
+        };
+        rows.push(format!(
+            "| {class} / {baseline} | {} | {tps_ratio} | {} | {} | {} |",
+            ratio("per_hour"),
+            ratio("per_million_transactions"),
+            ratio("per_vacuum"),
+            ratio("per_drain")
+        ));
+    }
+    if !rows.is_empty() {
+        let _ = writeln!(
+            md,
+            "
+| ratio | per hour | TPS | cost per 1M transactions | per VACUUM | per drain |
+|---|---|---|---|---|---|
+{}",
+            rows.join("\n")
+        );
+    }
+    md.push('\n');
 }
 
 /// A point of a plot.
@@ -773,7 +860,7 @@ fn inline_code(text: &str) -> String {
 }
 
 #[cfg(test)]
-mod label_tests {
+mod render_tests {
     use super::*;
 
     /// Labels show under the run's header as code: a `|` or a backtick in
@@ -789,5 +876,30 @@ mod label_tests {
         );
         let (md, _) = render(&serde_json::json!({"run_id": "r", "labels": {}}));
         assert!(!md.contains("| labels |"), "{md}");
+    }
+
+    /// The cost section: per class, and the cost of a million
+    /// transactions against the baseline class beside the TPS ratio.
+    #[test]
+    fn costs_render_per_class_with_ratios() {
+        let doc = serde_json::json!({"run_id": "r",
+            "comparisons": [{"baseline_class": "nvme"}],
+            "summaries": [{"workload": "pgbench", "classes": {
+                "nvme": {"tps": {"value": 10000.0}}, "gp3": {"tps": {"value": 1000.0}}}}],
+            "costs": {"currency": "USD", "classes": {
+                "gp3": {"per_hour": 1.1, "run": 2.2, "cell_hours": 2.0, "per_million_transactions": 0.30556},
+                "nvme": {"per_hour": 1.0, "run": 0.5, "cell_hours": 0.5, "per_million_transactions": 0.027778}}}});
+        let (md, _) = render(&doc);
+        assert!(md.contains("## Cost (USD)"), "{md}");
+        assert!(
+            md.contains("| gp3 | 1.10 USD | 2.20 USD (2.00 h) | 0.306 USD | – | – |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| gp3 / nvme | 1.10x | 0.10x | 11.00x | – | – |"),
+            "{md}"
+        );
+        let (md, _) = render(&serde_json::json!({"run_id": "r"}));
+        assert!(!md.contains("## Cost"), "{md}");
     }
 }

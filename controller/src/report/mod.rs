@@ -18,7 +18,8 @@
 //!   comparisons: [{entry, workload, script, metric, baseline_class, class, ratio}],
 //!   differences, warnings: see `guards.rs`;
 //!   summaries[].label, entry_comparisons: see `entries.rs`;
-//!   checks, check_summary: see `checks.rs`; check_error: the stored
+//!   checks, check_summary: see `checks.rs` (history checks: `trend.rs`);
+//!   costs: see `cost.rs`; check_error: the stored
 //!   scenario no longer parses (no checks judged),
 //!   timeseries: {<cell_id>: [{second, tps, latency_ms_mean, latency_ms_p50, latency_ms_p99}]},
 //!   samples: {<sample kind>: {<cell_id>: [<as the workload sent it>]}}}`
@@ -43,6 +44,7 @@ use crate::{Error, Result};
 pub mod checks;
 pub mod comparable;
 mod compression_analysis;
+pub mod cost;
 pub mod entries;
 pub mod figure;
 mod fio;
@@ -131,21 +133,25 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
         .filter(|m| *m > 0)
         .min()
         .unwrap_or(0);
-    let (checks, check_error, plan_warnings) = match store.scenario_yaml(run_id)? {
+    let (checks, check_error, plan_warnings, costs) = match store.scenario_yaml(run_id)? {
         Some(yaml) => match crate::scenario::parse(Path::new(&run.scenario_path), &yaml) {
             Ok(sc) => {
-                let cells = crate::scenario::plan(&sc);
+                let planned = crate::scenario::plan(&sc);
                 let mut judged = checks::evaluate(&sc.checks(), &summaries);
                 judged.extend(trend::judge(store, &run, &key, &sc.checks(), &summaries)?);
+                let costs = sc
+                    .prices()
+                    .map(|(currency, prices)| cost::costs(&currency, &prices, &summaries, &cells));
                 (
                     judged,
                     None,
-                    crate::scenario::plan::warnings(&sc, &cells, host_memory),
+                    crate::scenario::plan::warnings(&sc, &planned, host_memory),
+                    costs,
                 )
             }
-            Err(e) => (Vec::new(), Some(e.to_string()), Vec::new()),
+            Err(e) => (Vec::new(), Some(e.to_string()), Vec::new(), None),
         },
-        None => (Vec::new(), None, Vec::new()),
+        None => (Vec::new(), None, Vec::new(), None),
     };
     let differences = guards::differences(&classes);
     let compared: Vec<&str> = comparisons
@@ -207,6 +213,7 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
         "check_summary": checks::summary(&checks),
         "checks": checks,
         "check_error": check_error,
+        "costs": costs,
         "timeseries": timeseries,
         "samples": samples,
     }))

@@ -95,6 +95,9 @@ pub struct Scenario {
     pub description: Option<String>,
     /// Instance classes and how many agents of each.
     pub fleet: Spanned<Vec<FleetEntry>>,
+    /// The currency the fleet's `price`s are in (e.g. `USD`).
+    #[serde(default)]
+    pub currency: Option<Spanned<String>>,
     /// Each entry's `kind` picks the keys it takes (`pgfleet_proto::workload`).
     pub workloads: Spanned<Vec<WorkloadEntry>>,
     /// Verdicts on the results: bounds on a class's figure, or on the ratio
@@ -245,6 +248,18 @@ impl Scenario {
         })
     }
 
+    /// Each priced class's price per hour, and the currency.
+    pub fn prices(&self) -> Option<(String, BTreeMap<String, Price>)> {
+        let prices: BTreeMap<String, Price> = self
+            .fleet
+            .value
+            .iter()
+            .filter_map(|f| Some((f.name.value.clone(), f.price.as_ref()?.resolve())))
+            .collect();
+        let currency = self.currency.as_ref()?.value.clone();
+        (!prices.is_empty()).then_some((currency, prices))
+    }
+
     /// The checks, resolved (validated already).
     pub fn checks(&self) -> Vec<Check> {
         self.checks
@@ -311,6 +326,62 @@ pub struct FleetEntry {
     /// Where the class's pods go on Kubernetes (`serve --agents kubernetes`).
     #[serde(default)]
     pub kubernetes: Option<KubeSpec>,
+    /// What the class costs, in the scenario's `currency`: reports add the
+    /// run's cost and the cost per million transactions (`report/cost.rs`).
+    #[serde(default)]
+    pub price: Option<PriceSpec>,
+}
+
+/// A class's list prices: the instance per hour, and the volume's monthly
+/// prices with the quantities billed (storage GB, provisioned IOPS and
+/// MB/s beyond what the volume includes). A month is 730 hours.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriceSpec {
+    #[serde(default)]
+    pub instance_hour: Option<Spanned<f64>>,
+    #[serde(default)]
+    pub storage_gb_month: Option<Spanned<f64>>,
+    #[serde(default)]
+    pub storage_gb: Option<Spanned<f64>>,
+    #[serde(default)]
+    pub iops_month: Option<Spanned<f64>>,
+    #[serde(default)]
+    pub iops: Option<Spanned<f64>>,
+    #[serde(default)]
+    pub throughput_mbps_month: Option<Spanned<f64>>,
+    #[serde(default)]
+    pub throughput_mbps: Option<Spanned<f64>>,
+}
+
+/// Hours in a billing month (AWS's 730).
+pub const HOURS_PER_MONTH: f64 = 730.0;
+
+/// A class's price, resolved: per hour, by what it pays for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Price {
+    pub instance: f64,
+    pub storage: f64,
+    pub iops: f64,
+    pub throughput: f64,
+}
+
+impl Price {
+    pub fn per_hour(&self) -> f64 {
+        self.instance + self.storage + self.iops + self.throughput
+    }
+}
+
+impl PriceSpec {
+    pub fn resolve(&self) -> Price {
+        let v = |x: &Option<Spanned<f64>>| x.as_ref().map_or(0.0, |x| x.value);
+        Price {
+            instance: v(&self.instance_hour),
+            storage: v(&self.storage_gb_month) * v(&self.storage_gb) / HOURS_PER_MONTH,
+            iops: v(&self.iops_month) * v(&self.iops) / HOURS_PER_MONTH,
+            throughput: v(&self.throughput_mbps_month) * v(&self.throughput_mbps) / HOURS_PER_MONTH,
+        }
+    }
 }
 
 /// A class's pods on Kubernetes, beyond `instance.type` (the node pool,
@@ -764,6 +835,51 @@ workloads:
     fn with(from: &str, to: &str) -> String {
         assert!(GOOD.contains(from), "{from}");
         GOOD.replacen(from, to, 1)
+    }
+
+    /// Prices resolve to a price per hour; a monthly price without its
+    /// quantity, a negative one, or prices without a currency are refused
+    /// where they are.
+    #[test]
+    fn prices_resolve_and_bad_ones_are_located() {
+        let priced = |price: &str, currency: &str| {
+            with(
+                "    count: 1\n",
+                &format!("    count: 1\n    price: {price}\n"),
+            )
+            .replacen("fleet:\n", &format!("{currency}fleet:\n"), 1)
+        };
+        let s = parse(
+            Path::new("good.yaml"),
+            &priced("{ instance_hour: 1.0, storage_gb_month: 0.08, storage_gb: 730, iops_month: 0.005, iops: 1460 }", "currency: USD\n"),
+        )
+        .unwrap();
+        let (currency, prices) = s.prices().unwrap();
+        assert_eq!(currency, "USD");
+        let p = prices["local"];
+        assert!(
+            (p.storage - 0.08).abs() < 1e-12 && (p.iops - 0.01).abs() < 1e-12,
+            "{p:?}"
+        );
+        assert!((p.per_hour() - 1.09).abs() < 1e-12);
+        let e = err(&priced("{ instance_hour: 1.0 }", ""));
+        assert_eq!((e.line, e.field.as_str()), (5, "currency"), "{e}");
+        assert!(e.message.contains("currency: USD"), "{e}");
+        let e = err(&priced("{ storage_gb_month: 0.08 }", "currency: USD\n"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (6, "fleet[0].price.storage_gb_month"),
+            "{e}"
+        );
+        assert!(e.message.contains("`storage_gb`"), "{e}");
+        let e = err(&priced("{ instance_hour: -1 }", "currency: USD\n"));
+        assert_eq!(e.field, "fleet[0].price.instance_hour", "{e}");
+        assert!(
+            parse(Path::new("good.yaml"), GOOD)
+                .unwrap()
+                .prices()
+                .is_none()
+        );
     }
 
     /// A history check resolves its bound and window; a bad percentage,

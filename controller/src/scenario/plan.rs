@@ -251,6 +251,21 @@ pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> 
         approx_seconds(t.wall_seconds),
         approx_bytes(t.disk_bytes_per_agent)
     );
+    if let Some((currency, prices)) = s.prices() {
+        // The fleet's instances are held for the whole run.
+        let per_hour: f64 = s
+            .fleet
+            .value
+            .iter()
+            .filter_map(|f| Some(prices.get(&f.name.value)?.per_hour() * f.count() as f64))
+            .sum();
+        out += &format!(
+            "at the scenario's prices: about {:.2} {currency} for the priced instances over {} ({:.2} {currency} an hour)\n",
+            per_hour * t.wall_seconds / 3600.0,
+            approx_seconds(t.wall_seconds),
+            per_hour
+        );
+    }
     let fresh = estimate_fresh(s, cells);
     if fresh != t {
         let datasets: std::collections::BTreeSet<String> = cells

@@ -260,6 +260,9 @@ pub fn validate(s: &Scenario) -> Result<Vec<Vec<(String, Params)>>, Invalid> {
         if let Some(k) = &f.kubernetes {
             validate_kubernetes(k, &at)?;
         }
+        if let Some(p) = &f.price {
+            validate_price(s, p, &at)?;
+        }
     }
     validate_checks(s, &classes)?;
     if s.workloads.value.is_empty() {
@@ -641,6 +644,71 @@ fn validate_checks(s: &Scenario, classes: &BTreeSet<String>) -> Result<(), Inval
         }
     }
     Ok(())
+}
+
+fn validate_price(
+    s: &Scenario,
+    p: &crate::scenario::PriceSpec,
+    at: &dyn Fn(&str) -> String,
+) -> Result<(), Invalid> {
+    let all = [
+        ("instance_hour", &p.instance_hour),
+        ("storage_gb_month", &p.storage_gb_month),
+        ("storage_gb", &p.storage_gb),
+        ("iops_month", &p.iops_month),
+        ("iops", &p.iops),
+        ("throughput_mbps_month", &p.throughput_mbps_month),
+        ("throughput_mbps", &p.throughput_mbps),
+    ];
+    for (key, v) in all {
+        if let Some(x) = v
+            && !(x.value.is_finite() && x.value >= 0.0)
+        {
+            return err(
+                x.referenced,
+                at(&format!("price.{key}")),
+                format!("{} is not a price or quantity: use a number >= 0", x.value),
+            );
+        }
+    }
+    // A monthly price needs the quantity it is billed for, and back.
+    for (rate, qty) in [(1, 2), (3, 4), (5, 6)] {
+        let ((rk, rv), (qk, qv)) = (all[rate], all[qty]);
+        match (rv, qv) {
+            (Some(x), None) => {
+                return err(
+                    x.referenced,
+                    at(&format!("price.{rk}")),
+                    format!("`{rk}` is per unit: give `{qk}`, the quantity billed"),
+                );
+            }
+            (None, Some(x)) => {
+                return err(
+                    x.referenced,
+                    at(&format!("price.{qk}")),
+                    format!("`{qk}` needs its price: give `{rk}`"),
+                );
+            }
+            _ => {}
+        }
+    }
+    match &s.currency {
+        None => {
+            let first = all.iter().find_map(|(_, v)| v.as_ref());
+            let at_ = first.map_or(s.name.referenced, |x| x.referenced);
+            err(
+                at_,
+                "currency".to_string(),
+                "prices need the currency they are in: add `currency: USD` (or EUR, ...) at the scenario's top level",
+            )
+        }
+        Some(c) if c.value.trim().is_empty() || c.value.len() > 8 => err(
+            c.referenced,
+            "currency".to_string(),
+            "a currency is a short name such as USD or EUR (1-8 characters)",
+        ),
+        _ => Ok(()),
+    }
 }
 
 fn known_class(
