@@ -294,7 +294,11 @@ impl Client {
             message: format!("creating {}: {e}", out.display()),
         })?;
         let plots = self.get_json(&format!("/v1/runs/{run}/plots")).await?;
-        let mut files = vec!["report.json".to_string(), "report.md".to_string()];
+        let mut files = vec![
+            "report.json".to_string(),
+            "report.md".to_string(),
+            "report.html".to_string(),
+        ];
         let names = plots.as_array().cloned().unwrap_or_default();
         files.extend(
             names

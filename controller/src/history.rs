@@ -417,10 +417,12 @@ pub fn markdown(h: &History) -> (String, Vec<(String, String)>) {
                         .enumerate()
                         .map(|(i, v)| ((i + 1) as f64, v.value))
                         .collect(),
+                    color: None,
                 },
                 report::plot::Series {
                     name: "segment median".into(),
                     points: segment,
+                    color: None,
                 },
             ],
         );

@@ -538,6 +538,18 @@ fn report_file_now(s: &Served, id: &str, file: &str, content_type: &'static str)
         Err(e) => return store_error(e),
     };
     match std::fs::read(dir.join(file)) {
+        // The page runs nothing and loads nothing: say so to the browser.
+        Ok(b) if file.ends_with(".html") => (
+            [
+                (header::CONTENT_TYPE, content_type),
+                (
+                    header::CONTENT_SECURITY_POLICY,
+                    "default-src 'none'; style-src 'unsafe-inline'",
+                ),
+            ],
+            b,
+        )
+            .into_response(),
         Ok(b) => ([(header::CONTENT_TYPE, content_type)], b).into_response(),
         Err(_) => error(
             StatusCode::NOT_FOUND,
@@ -646,6 +658,20 @@ async fn report_json(State(s): State<Shared>, Path(id): Path<String>) -> Respons
     security(("bearer" = [])), tag = "reports")]
 async fn report_md(State(s): State<Shared>, Path(id): Path<String>) -> Response {
     report_file(s, id, "report.md".into(), "text/markdown; charset=utf-8").await
+}
+
+/// The run's report as one self-contained HTML page (plots inline).
+#[utoipa::path(get, path = "/v1/runs/{id}/report.html",
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 200, description = "report.html", content_type = "text/html", body = String),
+        (status = 401, body = ApiError),
+        (status = 404, body = ApiError),
+        (status = 503, body = ApiError),
+    ),
+    security(("bearer" = [])), tag = "reports")]
+async fn report_html(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    report_file(s, id, "report.html".into(), "text/html; charset=utf-8").await
 }
 
 /// The names of the run's plots (SVG).
@@ -864,7 +890,7 @@ impl Modify for BearerAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "pgfleet", description = "Submit PostgreSQL storage experiments to a pgfleet controller, follow them, and fetch their reports."),
-    paths(submit, list_runs, get_run, cancel_run, events, history, report_json, report_md, plots, plot, agents, datasets, healthz, readyz, metrics, sd_agents, openapi_json),
+    paths(submit, list_runs, get_run, cancel_run, events, history, report_json, report_md, report_html, plots, plot, agents, datasets, healthz, readyz, metrics, sd_agents, openapi_json),
     components(schemas(ApiError, StreamEvent, Location, Links, Submitted, RunSummary, Progress, CellView, RunDetail, AgentView, SdTargets, crate::datasets::DatasetView, crate::datasets::DatasetUse)),
     modifiers(&BearerAuth),
 )]
@@ -916,6 +942,7 @@ pub fn router(s: Shared) -> Router {
         .route("/v1/runs/{id}/events", get(events))
         .route("/v1/runs/{id}/report.json", get(report_json))
         .route("/v1/runs/{id}/report.md", get(report_md))
+        .route("/v1/runs/{id}/report.html", get(report_html))
         .route("/v1/runs/{id}/plots", get(plots))
         .route("/v1/runs/{id}/plots/{name}", get(plot))
         .route("/v1/agents", get(agents))

@@ -266,7 +266,11 @@ impl Served {
             .run(run_id)?
             .and_then(|r| RunStatus::parse(&r.status))
             .is_some_and(RunStatus::is_terminal);
-        if !finished || !dir.join("report.json").exists() {
+        // Reports written by an older version may lack a file: rendered again.
+        let complete = ["report.json", "report.md", "report.html"]
+            .iter()
+            .all(|f| dir.join(f).exists());
+        if !finished || !complete {
             report::write(&self.service.store, run_id, &dir)?;
         }
         Ok(dir)

@@ -134,6 +134,7 @@ pub fn section(
                     Series {
                         name: name.to_string(),
                         points,
+                        color: Some(super::plot::class_color(doc, name)),
                     }
                 })
                 .collect();

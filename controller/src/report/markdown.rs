@@ -569,6 +569,7 @@ pub fn samples_plot<P, M, S: DeserializeOwned>(
             Series {
                 name: format!("{}{replica}", r.class),
                 points,
+                color: Some(super::plot::class_color(doc, r.class)),
             }
         })
         .collect();

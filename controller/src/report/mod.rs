@@ -49,6 +49,7 @@ pub mod entries;
 pub mod figure;
 mod fio;
 pub mod guards;
+pub mod html;
 mod logical_drain;
 pub mod markdown;
 mod pgbench;
@@ -351,5 +352,7 @@ pub fn write(store: &Store, run_id: &str, dir: &Path) -> Result<Json> {
         write(name, svg)?;
     }
     write("report.md", &md)?;
+    let title = format!("pgfleet run {run_id}");
+    write("report.html", &html::render(&title, &md, &plots))?;
     Ok(doc)
 }

@@ -183,6 +183,7 @@ pub fn section(md: &mut String, plots: &mut Plots, doc: &Json, rs: &[Row<PointPa
                             .into_iter()
                             .map(|(s, (t, n))| (s as f64, t / n as f64))
                             .collect(),
+                        color: Some(super::plot::class_color(doc, class)),
                     }
                 })
                 .collect()

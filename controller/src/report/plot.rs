@@ -14,6 +14,19 @@ const COLORS: &[&str] = &[
 pub struct Series {
     pub name: String,
     pub points: Vec<(f64, f64)>,
+    /// Its colour (`class_color`: one per instance class in every plot of
+    /// a report); None: by its place in the chart.
+    pub color: Option<&'static str>,
+}
+
+/// An instance class's colour, the same in every plot of a report: by the
+/// class's place among the report's classes (`environment.instance_classes`).
+pub fn class_color(doc: &serde_json::Value, class: &str) -> &'static str {
+    let i = doc["environment"]["instance_classes"]
+        .as_object()
+        .and_then(|m| m.keys().position(|k| k == class))
+        .unwrap_or_else(|| crate::stats::seed_of(class) as usize);
+    COLORS[i % COLORS.len()]
 }
 
 fn esc(s: &str) -> String {
@@ -116,7 +129,7 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) 
         esc(y_label)
     );
     for (i, se) in series.iter().enumerate() {
-        let c = COLORS[i % COLORS.len()];
+        let c = se.color.unwrap_or(COLORS[i % COLORS.len()]);
         let pts: Vec<String> = se
             .points
             .iter()
@@ -164,16 +177,26 @@ mod tests {
                 Series {
                     name: "one".into(),
                     points: vec![(0.0, 1.0), (50.0, 2.0)],
+                    color: None,
                 },
                 Series {
                     name: "two".into(),
                     points: vec![(0.0, 3.0), (50.0, f64::NAN)],
+                    color: Some("#123456"),
                 },
             ],
         );
         assert_eq!(svg.matches("<polyline").count(), 2);
+        assert!(
+            svg.contains(r##"stroke="#123456""##),
+            "a series' own colour"
+        );
         assert!(svg.contains("a &lt; b"));
         assert_eq!(step(10.0), 2.0);
         assert_eq!(step(0.9), 0.2);
+        // A class keeps its colour in every plot of a report.
+        let doc = serde_json::json!({"environment": {"instance_classes": {"gp3": {}, "nvme": {}}}});
+        assert_eq!(class_color(&doc, "gp3"), COLORS[0]);
+        assert_eq!(class_color(&doc, "nvme"), COLORS[1]);
     }
 }

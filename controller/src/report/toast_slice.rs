@@ -137,6 +137,7 @@ pub fn section(md: &mut String, plots: &mut Plots, _doc: &Json, rows: &[R]) {
                         })
                     })
                     .collect(),
+                color: None,
             })
             .collect();
         let name = format!(

@@ -1,0 +1,117 @@
+//! report.html: the Markdown report as one self-contained page (inline
+//! CSS and SVG plots, no script, nothing fetched), readable on a phone:
+//! wide tables scroll sideways inside the page.
+//!
+//! The Markdown is rendered by pulldown-cmark (tables on). Everything in
+//! it that would be raw HTML is rendered as text instead: a report holds
+//! text from scenarios, agents and PostgreSQL (cell errors, names,
+//! settings), and none of it may become markup. Images naming one of the
+//! report's plots become that SVG inline.
+
+use std::collections::BTreeMap;
+
+use pulldown_cmark::{CowStr, Event, Options, Parser, Tag, TagEnd, html};
+
+const CSS: &str = r#"
+:root { color-scheme: light; }
+body { font: 15px/1.45 -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif;
+       margin: 0 auto; padding: 12px 16px 48px; max-width: 1100px; color: #1b1f24; background: #fff; }
+h1 { font-size: 1.5em; margin: 0.4em 0; word-break: break-word; }
+h2 { font-size: 1.2em; margin: 1.6em 0 0.5em; padding-bottom: 0.2em; border-bottom: 1px solid #d8dee4; }
+h3 { font-size: 1.05em; }
+.scroll { overflow-x: auto; -webkit-overflow-scrolling: touch; margin: 0.6em 0; }
+table { border-collapse: collapse; font-size: 0.92em; }
+th, td { border: 1px solid #d8dee4; padding: 4px 8px; text-align: left; vertical-align: top; }
+th { background: #f6f8fa; }
+tr:nth-child(even) td { background: #fbfcfd; }
+code { font: 0.9em ui-monospace, SFMono-Regular, Menlo, monospace; background: #f3f4f6; padding: 0 3px; border-radius: 3px; }
+blockquote { margin: 0.6em 0; padding: 0.3em 0.9em; border-left: 4px solid #e3b341; background: #fff8e6; }
+svg { max-width: 100%; height: auto; display: block; margin: 0.6em 0; }
+@media (max-width: 600px) { body { font-size: 14px; padding: 8px; } th, td { padding: 3px 5px; } }
+"#;
+
+/// The page for `md`, with `plots` (file name, SVG) inlined where the
+/// Markdown shows them.
+pub fn render(title: &str, md: &str, plots: &[(String, String)]) -> String {
+    let svgs: BTreeMap<&str, &str> = plots
+        .iter()
+        .map(|(n, s)| (n.as_str(), s.as_str()))
+        .collect();
+    let mut events = Vec::new();
+    let mut in_image: Option<bool> = None;
+    for e in Parser::new_ext(md, Options::ENABLE_TABLES | Options::ENABLE_STRIKETHROUGH) {
+        match e {
+            Event::Start(Tag::Image { dest_url, .. }) => {
+                match svgs.get(dest_url.as_ref()) {
+                    Some(svg) => {
+                        events.push(Event::Html(CowStr::from(svg.to_string())));
+                        in_image = Some(true);
+                    }
+                    // Not one of the report's plots: its alt text only.
+                    None => in_image = Some(false),
+                }
+            }
+            Event::End(TagEnd::Image) => in_image = None,
+            Event::Text(t) if in_image == Some(false) => events.push(Event::Text(t)),
+            _ if in_image.is_some() => {}
+            // Markup in the text is shown, never interpreted.
+            Event::Html(t) | Event::InlineHtml(t) => events.push(Event::Text(t)),
+            Event::Start(Tag::Table(a)) => {
+                events.push(Event::Html(CowStr::from("<div class=\"scroll\">")));
+                events.push(Event::Start(Tag::Table(a)));
+            }
+            Event::End(TagEnd::Table) => {
+                events.push(Event::End(TagEnd::Table));
+                events.push(Event::Html(CowStr::from("</div>")));
+            }
+            e => events.push(e),
+        }
+    }
+    let mut body = String::new();
+    html::push_html(&mut body, events.into_iter());
+    format!(
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
+         <title>{}</title>\n<style>{CSS}</style>\n</head>\n<body>\n{body}</body>\n</html>\n",
+        escape(title)
+    )
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plots_are_inlined_tables_scroll_and_markup_in_text_stays_text() {
+        let md = "# pgfleet run r\n\n| a | b |\n|---|---|\n| <script>alert(1)</script> | `x<y` |\n\n\
+                  ![tps](tps.svg)\n\n![gone](missing.svg)\n\n<img src=http://example.com/x.png>\n";
+        let svg = "<svg xmlns=\"http://www.w3.org/2000/svg\"><text>TPS</text></svg>";
+        let page = render("run <r>", md, &[("tps.svg".into(), svg.into())]);
+        assert!(page.starts_with("<!DOCTYPE html>"));
+        assert!(page.contains("<title>run &lt;r&gt;</title>"));
+        assert!(page.contains(svg), "{page}");
+        assert!(page.contains("<div class=\"scroll\"><table>"), "{page}");
+        assert!(!page.contains("<script"), "{page}");
+        assert!(
+            page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+            "{page}"
+        );
+        assert!(!page.contains("<img"), "{page}");
+        assert!(
+            page.contains("gone"),
+            "an unknown image keeps its alt text: {page}"
+        );
+        assert!(!page.contains("missing.svg"), "{page}");
+        // Nothing is fetched: no src or href leaves the page.
+        for needle in ["<img", " src=\"", " href=\"http", "@import", "url("] {
+            assert!(!page.contains(needle), "{needle}: {page}");
+        }
+    }
+}
