@@ -605,6 +605,17 @@ mod tests {
         assert_eq!(c["history"]["change_points"], 1, "{c}");
         assert_eq!(c["min"], 0.95, "{c}");
         assert_eq!(summary_ok, true);
+        let (md, plots) = report::markdown::render(&report::build(&store, &ok).unwrap());
+        assert!(
+            md.contains("## History checks")
+                && md.contains("**holds** (10 earlier comparable runs, 1 change point(s)"),
+            "{md}"
+        );
+        assert!(
+            plots
+                .iter()
+                .any(|(n, svg)| n == "history-check-0.svg" && svg.contains("this run"))
+        );
         let slow = run_with(&checked, 560.0, "15.18", "main", RunStatus::Succeeded);
         let (v, c, summary_ok) = verdict(&slow);
         assert_eq!(v, "failed", "{c}");

@@ -1347,3 +1347,84 @@ workloads:
     let list = datasets(&["list"]);
     assert!(String::from_utf8_lossy(&list.stdout).contains("1 dataset(s)"));
 }
+
+/// report.html renders in a real browser (Debian's headless Chromium) as a
+/// phone would show it: a screenshot of the page, no console message (the
+/// page's own Content-Security-Policy makes any fetch a logged refusal),
+/// the plots inline.
+#[test]
+fn the_html_report_renders_in_chromium_without_console_errors() {
+    let chromium = ["chromium", "chromium-browser"]
+        .into_iter()
+        .find(|c| {
+            std::process::Command::new(c)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .expect("chromium is missing: apt-get install chromium (.ci/run installs it)");
+    let s = Scratch::new("html");
+    let sc = s.write(
+        "html.yaml",
+        "name: html
+fleet:
+  - name: nvme
+  - name: gp3
+    storage: { profile: custom, write_iops: 3000 }
+workloads:
+  - kind: pgbench
+    scale: 1
+    script: random-update
+    clients: 2
+    threads: 1
+    duration_s: 2
+",
+    );
+    let out = s
+        .run_cmd(&sc, &["--label", "note=<b>not bold</b>"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let page = s.out().join("report.html");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        html.contains("<svg") && html.contains("&lt;b&gt;not bold"),
+        "{html}"
+    );
+    let shot = s.dir.join("report.png");
+    let out = std::process::Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--window-size=390,2400",
+        ])
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg(format!("file://{}", page.display()))
+        .env("HOME", &s.dir)
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    let console: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            l.contains("CONSOLE") || l.contains("Refused to") || l.contains("Failed to load")
+        })
+        .collect();
+    assert!(console.is_empty(), "console: {console:#?}");
+    // A PNG of the window's size, with something drawn on it.
+    let png = std::fs::read(&shot).unwrap();
+    assert_eq!(&png[1..4], b"PNG");
+    let dim = |at: usize| u32::from_be_bytes(png[at..at + 4].try_into().unwrap());
+    assert_eq!((dim(16), dim(20)), (390, 2400));
+    assert!(
+        png.len() > 20_000,
+        "a near-blank screenshot: {} bytes",
+        png.len()
+    );
+    s.assert_clean(&[]);
+}

@@ -205,6 +205,7 @@ pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
         );
     }
 
+    history_checks(&mut md, &mut plots, doc);
     storage_classes(&mut md, doc);
     costs(&mut md, doc);
 
@@ -439,6 +440,85 @@ fn storage_classes(md: &mut String, doc: &Json) {
     );
 }
 
+/// Each judged history check's series: the earlier comparable runs'
+/// figures, the median of the runs since their last change, and this run.
+fn history_checks(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json) {
+    let judged: Vec<&Json> = doc["checks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["history"]["values"].is_array())
+        .collect();
+    if judged.is_empty() {
+        return;
+    }
+    let _ = writeln!(md, "## History checks\n");
+    for (i, c) in judged.iter().enumerate() {
+        let h = &c["history"];
+        let values: Vec<f64> = h["values"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Json::as_f64)
+            .collect();
+        let start = h["segment_start"].as_u64().unwrap_or(0) as usize;
+        let median = h["segment_median"].as_f64().unwrap_or(f64::NAN);
+        let this = c["observed"].as_f64().map(|r| r * median);
+        let n = values.len() as f64;
+        let mut series = vec![
+            super::plot::Series {
+                name: "earlier runs".into(),
+                points: values
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| ((i + 1) as f64, *v))
+                    .collect(),
+                color: None,
+            },
+            super::plot::Series {
+                name: "since the last change".into(),
+                points: vec![((start + 1) as f64, median), (n + 1.0, median)],
+                color: None,
+            },
+        ];
+        if let Some(y) = this {
+            series.push(super::plot::Series {
+                name: "this run".into(),
+                points: vec![(n + 1.0, y)],
+                color: None,
+            });
+        }
+        let metric = c["metric"].as_str().unwrap_or("");
+        let class = c["class"].as_str().unwrap_or("");
+        let name = format!("history-check-{i}.svg");
+        plots.push((
+            name.clone(),
+            super::plot::line_chart(
+                &format!(
+                    "{}: {metric} of {class} over runs",
+                    c["name"].as_str().unwrap_or("")
+                ),
+                "run (oldest first; the last is this one)",
+                metric,
+                &series,
+            ),
+        ));
+        let _ = writeln!(
+            md,
+            "**{}** ({} earlier comparable runs, {} change point(s); the whole series: `pgfleet history {} --metric {metric} --class {class}`, or `GET /v1/history?scenario={}&metric={metric}&class={class}` on serve)\n\n![{metric} over runs]({name})\n",
+            c["name"].as_str().unwrap_or(""),
+            values.len(),
+            h["change_points"],
+            s_of(&doc["scenario"]),
+            s_of(&doc["scenario"]),
+        );
+    }
+}
+
+fn s_of(v: &Json) -> String {
+    v.as_str().unwrap_or("").to_string()
+}
+
 /// The run's cost per class (`report/cost.rs`), and against the first
 /// class: the cost of a million transactions beside the TPS ratio (the
 /// figure that decides between instance NVMe and gp3).
@@ -458,12 +538,9 @@ fn costs(md: &mut String, doc: &Json) {
     };
     let _ = writeln!(
         md,
-        "## Cost ({cur})
-
-From the scenario's `price:` per class (a month is 730 hours); a cell costs its wall time on one instance.          Per million transactions: the price per hour over the class's pgbench TPS.
-
-         | class | per hour | this run (cell hours) | per 1M transactions | per VACUUM | per drain |
-|---|---|---|---|---|---|"
+        "## Cost ({cur})\n\nFrom the scenario's `price:` per class (a month is 730 hours); a cell costs its wall time on one instance. \
+         Per million transactions: the price per hour over the class's pgbench TPS.\n\n\
+         | class | per hour | this run (cell hours) | per 1M transactions | per VACUUM | per drain |\n|---|---|---|---|---|---|"
     );
     for (class, c) in classes {
         let _ = writeln!(
@@ -515,10 +592,7 @@ From the scenario's `price:` per class (a month is 730 hours); a cell costs its 
     if !rows.is_empty() {
         let _ = writeln!(
             md,
-            "
-| ratio | per hour | TPS | cost per 1M transactions | per VACUUM | per drain |
-|---|---|---|---|---|---|
-{}",
+            "\n| ratio | per hour | TPS | cost per 1M transactions | per VACUUM | per drain |\n|---|---|---|---|---|---|\n{}",
             rows.join("\n")
         );
     }
@@ -892,6 +966,9 @@ mod render_tests {
                 "nvme": {"per_hour": 1.0, "run": 0.5, "cell_hours": 0.5, "per_million_transactions": 0.027778}}}});
         let (md, _) = render(&doc);
         assert!(md.contains("## Cost (USD)"), "{md}");
+        // Both tables start at the line's start (an indented one is code).
+        assert!(md.contains("\n| class | per hour |"), "{md}");
+        assert!(md.contains("\n| ratio | per hour |"), "{md}");
         assert!(
             md.contains("| gp3 | 1.10 USD | 2.20 USD (2.00 h) | 0.306 USD | – | – |"),
             "{md}"

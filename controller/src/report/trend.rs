@@ -15,8 +15,9 @@
 //!
 //! report.json: history checks are `checks[]` entries like the others
 //! (`baseline: "earlier runs"`, `min` or `max` the bound), with
-//! `history: {window, max_drop, same_labels, earlier_runs, segment_runs,
-//! segment_median, change_points, not_comparable}`.
+//! `history: {window, max_drop, same_labels, earlier_runs, not_comparable,
+//! values (the earlier runs' figures, oldest first), segment_start,
+//! segment_runs, segment_median, change_points}`; report.md plots each.
 
 use serde_json::{Value as Json, json};
 
@@ -160,6 +161,8 @@ pub fn judge(
             let segment_median = stats::median(segment);
             let observed = mine.value() / segment_median;
             let verdict = stats::judge(interval, min, max);
+            about["values"] = json!(prev);
+            about["segment_start"] = json!(prev.len() - segment.len());
             about["segment_runs"] = json!(segment.len());
             about["segment_median"] = json!(segment_median);
             about["change_points"] = json!(cps.len());
