@@ -174,7 +174,7 @@ fn two_agents_reproduce_the_articles_deterministic_facts() {
 #[test]
 fn sigkill_of_an_agent_fails_its_cell_within_the_lease_and_the_rest_completes() {
     let s = Scratch::new("loss");
-    let sc = s.write("loss.yaml", &toast_scenario(2, 4.0, 2));
+    let sc = s.write("loss.yaml", &toast_scenario(2, 1.5, 2));
     let lease = 3.0;
     let child = s
         .run_cmd(&sc, &["--lease-s", &lease.to_string()])
