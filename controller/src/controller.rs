@@ -306,7 +306,7 @@ fn resume_runs(served: &Arc<Served>, inboxes: &mut Inboxes, done: &mpsc::Sender<
             if let Some(l) = served.lock().get_mut(&id) {
                 l.started = true;
             }
-            tokio::spawn(execute(served.clone(), id, Some(inbox), done.clone()));
+            spawn_execute(served.clone(), id, Some(inbox), done.clone());
         } else {
             eprintln!("run {id} queued again");
         }
@@ -343,8 +343,37 @@ fn start_next(served: &Arc<Served>, done: &mpsc::Sender<Finished>) {
         }
     }
     for id in start {
-        tokio::spawn(execute(served.clone(), id, None, done.clone()));
+        spawn_execute(served.clone(), id, None, done.clone());
     }
+}
+
+/// Runs `execute` on its own task; should it panic, the run still ends
+/// (failed, with the panic as its error) instead of leaving its driver
+/// waiting forever.
+fn spawn_execute(
+    served: Arc<Served>,
+    run_id: String,
+    resume: Option<Inbox>,
+    done: mpsc::Sender<Finished>,
+) {
+    tokio::spawn(async move {
+        let task = tokio::spawn(execute(served.clone(), run_id.clone(), resume, done.clone()));
+        if let Err(e) = task.await {
+            let why = format!("the run's task failed: {e}");
+            tracing::error!(run = %run_id, "{why}");
+            let store = &served.service.store;
+            let _ = store.interrupt(&run_id, &why);
+            let _ = store.finish_run(&run_id, RunStatus::Failed);
+            let _ = done
+                .send(Finished {
+                    run_id,
+                    status: RunStatus::Failed,
+                    report: None,
+                    error: Some(Error::Store(why)),
+                })
+                .await;
+        }
+    });
 }
 
 /// Executes (or resumes) one run, stores its end and writes its report.

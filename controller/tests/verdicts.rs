@@ -223,7 +223,7 @@ fn invalid_checks_are_located_scenario_errors() {
             16,
             "`min`, `max` or both",
         ),
-        ("  - name: x\n    max: 1\n", 16, "either `metric"),
+        ("  - name: x\n    max: 1\n", 16, "one of `metric"),
         (
             "  - name: x\n    ratio: { metric: tps, class: a }\n    max: 1\n",
             17,
