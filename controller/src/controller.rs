@@ -357,7 +357,12 @@ fn spawn_execute(
     done: mpsc::Sender<Finished>,
 ) {
     tokio::spawn(async move {
-        let task = tokio::spawn(execute(served.clone(), run_id.clone(), resume, done.clone()));
+        let task = tokio::spawn(execute(
+            served.clone(),
+            run_id.clone(),
+            resume,
+            done.clone(),
+        ));
         if let Err(e) = task.await {
             let why = format!("the run's task failed: {e}");
             tracing::error!(run = %run_id, "{why}");
