@@ -163,12 +163,12 @@ pub fn costs(baseline: &Json, candidate: &Json) -> Vec<Json> {
         return Vec::new();
     }
     let tps = |doc: &Json, class: &str| {
-        doc["summaries"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|s| s["workload"] == "pgbench" && !s["classes"][class]["tps"].is_null())
-            .and_then(|s| s["classes"][class]["tps"]["value"].as_f64())
+        crate::report::figure::first_value(
+            crate::report::figure::summaries(doc),
+            "pgbench",
+            class,
+            "tps",
+        )
     };
     let mut out = Vec::new();
     for (class, bc) in b["classes"].as_object().into_iter().flatten() {

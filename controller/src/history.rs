@@ -306,18 +306,6 @@ fn percent(new: f64, old: f64) -> f64 {
     }
 }
 
-fn num(v: f64) -> String {
-    if !v.is_finite() {
-        "–".into()
-    } else if v.abs() >= 100.0 {
-        format!("{v:.0}")
-    } else if v.abs() >= 1.0 {
-        format!("{v:.2}")
-    } else {
-        format!("{v:.4}")
-    }
-}
-
 /// history.md's text and its plots (file name, SVG).
 pub fn markdown(h: &History) -> (String, Vec<(String, String)>) {
     let mut md = String::new();
@@ -356,8 +344,8 @@ pub fn markdown(h: &History) -> (String, Vec<(String, String)>) {
                 md,
                 "Latest run {}: {} against {} (median of the {} run{} since the last change): **{:+.1} %**{}.\n",
                 l.run_id,
-                num(l.value),
-                num(l.segment_median),
+                report::markdown::sig(l.value),
+                report::markdown::sig(l.segment_median),
                 l.segment_runs,
                 if l.segment_runs == 1 { "" } else { "s" },
                 l.change_percent,
@@ -380,8 +368,8 @@ pub fn markdown(h: &History) -> (String, Vec<(String, String)>) {
                     md,
                     "| {} | {} | {} | {:+.1} % | {:.3} |",
                     c.run_id,
-                    num(c.at.before),
-                    num(c.at.after),
+                    report::markdown::sig(c.at.before),
+                    report::markdown::sig(c.at.after),
                     c.change_percent,
                     c.at.p_value
                 );
@@ -441,9 +429,9 @@ pub fn markdown(h: &History) -> (String, Vec<(String, String)>) {
                 "| {} | {} | {} | {} – {} |",
                 v.run_id,
                 labels.replace('|', "\\|").replace('`', "'"),
-                num(v.value),
-                num(v.interval[0]),
-                num(v.interval[1])
+                report::markdown::sig(v.value),
+                report::markdown::sig(v.interval[0]),
+                report::markdown::sig(v.interval[1])
             );
         }
         plots.push((name, svg));

@@ -34,6 +34,28 @@ workloads:
     )
 }
 
+/// Waits until the scratch's latest run has a cell measuring on a running
+/// cluster (its first `explain` sample); returns the run's id.
+fn wait_until_measuring(s: &Scratch) -> String {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "the cell never started measuring"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        let Ok(store) = Store::open(&s.store()) else {
+            continue;
+        };
+        let Some(run) = store.runs().unwrap().pop() else {
+            continue;
+        };
+        if !store.samples(&run.id, "explain").unwrap().is_empty() {
+            return run.id;
+        }
+    }
+}
+
 #[test]
 fn two_agents_reproduce_the_articles_deterministic_facts() {
     let s = Scratch::new("facts");
@@ -240,24 +262,7 @@ fn a_killed_controller_leaves_an_interrupted_run_and_the_next_run_cleans_up() {
     let s = Scratch::new("ctlkill");
     let sc = s.write("long.yaml", &toast_scenario(1, 30.0, 3));
     let mut child = s.run_cmd(&sc, &[]).stderr(Stdio::null()).spawn().unwrap();
-    // Wait until the cell measures on a running cluster.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let run_id = loop {
-        assert!(
-            Instant::now() < deadline,
-            "the cell never started measuring"
-        );
-        std::thread::sleep(Duration::from_millis(300));
-        let Ok(store) = Store::open(&s.store()) else {
-            continue;
-        };
-        let Some(run) = store.runs().unwrap().pop() else {
-            continue;
-        };
-        if !store.samples(&run.id, "explain").unwrap().is_empty() {
-            break run.id;
-        }
-    };
+    let run_id = wait_until_measuring(&s);
     child.kill().unwrap(); // SIGKILL: no chance to clean up
     child.wait().unwrap();
     // The agent gets SIGTERM (parent-death signal) and stops its cluster.
@@ -310,23 +315,7 @@ fn ctrl_c_cancels_the_run_writes_its_report_and_leaves_nothing() {
     let s = Scratch::new("ctrlc");
     let sc = s.write("long.yaml", &toast_scenario(1, 60.0, 3));
     let child = s.run_cmd(&sc, &[]).stderr(Stdio::piped()).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        assert!(
-            Instant::now() < deadline,
-            "the cell never started measuring"
-        );
-        std::thread::sleep(Duration::from_millis(300));
-        let Ok(store) = Store::open(&s.store()) else {
-            continue;
-        };
-        let Some(run) = store.runs().unwrap().pop() else {
-            continue;
-        };
-        if !store.samples(&run.id, "explain").unwrap().is_empty() {
-            break;
-        }
-    }
+    wait_until_measuring(&s);
     let asked = Instant::now();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),

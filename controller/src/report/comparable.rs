@@ -30,13 +30,19 @@ fn normalized_scenario(yaml: &str) -> String {
     }
 }
 
+/// A stored run's key (its scenario text read from the store).
 pub fn key_of(store: &Store, f: &super::Figures) -> Result<Key> {
     let yaml = store.scenario_yaml(&f.run.id)?.unwrap_or_default();
+    Ok(key(&yaml, &f.classes, &f.cells))
+}
+
+/// The key of a run of scenario `yaml` with these classes and cells.
+pub fn key(yaml: &str, classes: &super::guards::Classes, cells: &[crate::store::CellRow]) -> Key {
     let mut key: Key = vec![(
         "the scenario's text".into(),
-        format!("{:016x}", stats::seed_of(&normalized_scenario(&yaml))),
+        format!("{:016x}", stats::seed_of(&normalized_scenario(yaml))),
     )];
-    for (class, c) in &f.classes {
+    for (class, c) in classes {
         let e = &c.env;
         let mut part = |what: &str, v: String| key.push((format!("class `{class}`: {what}"), v));
         part("PostgreSQL version", e.postgres.version.clone());
@@ -77,8 +83,7 @@ pub fn key_of(store: &Store, f: &super::Figures) -> Result<Key> {
             format!("{} cores, {} bytes", e.host.cores, e.host.memory_bytes),
         );
     }
-    let mut datasets: Vec<String> = f
-        .cells
+    let mut datasets: Vec<String> = cells
         .iter()
         .filter_map(|c| c.environment.as_ref())
         .filter_map(|e| e["dataset"]["fingerprint"].as_str().map(str::to_string))
@@ -86,7 +91,7 @@ pub fn key_of(store: &Store, f: &super::Figures) -> Result<Key> {
     datasets.sort();
     datasets.dedup();
     key.push(("datasets".into(), datasets.join(", ")));
-    Ok(key)
+    key
 }
 
 /// Why a run with key `theirs` is not comparable with the reference's.

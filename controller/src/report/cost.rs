@@ -16,13 +16,10 @@ use serde_json::{Value as Json, json};
 use crate::scenario::Price;
 use crate::store::CellRow;
 
-/// The first summary of `kind`'s figure for `class`.
+/// The first summary of `kind`'s figure for `class`, when it is one a
+/// price can be divided by.
 fn figure(summaries: &[Json], kind: &str, class: &str, metric: &str) -> Option<f64> {
-    summaries
-        .iter()
-        .find(|s| s["workload"] == kind && !s["classes"][class][metric].is_null())
-        .and_then(|s| s["classes"][class][metric]["value"].as_f64())
-        .filter(|v| v.is_finite() && *v > 0.0)
+    super::figure::first_value(summaries, kind, class, metric).filter(|v| v.is_finite() && *v > 0.0)
 }
 
 fn hours(c: &CellRow) -> Option<f64> {

@@ -28,6 +28,26 @@ pub fn higher_is_better(metric: &str) -> bool {
         .any(|k| metric.contains(k))
 }
 
+/// The class's figure for `metric` in the first summary of `kind` that
+/// has one (e.g. a class's pgbench TPS), from report.json's `summaries`.
+pub fn first_value(summaries: &[Json], kind: &str, class: &str, metric: &str) -> Option<f64> {
+    summaries
+        .iter()
+        .find(|s| s["workload"] == kind && !s["classes"][class][metric].is_null())
+        .and_then(|s| s["classes"][class][metric]["value"].as_f64())
+}
+
+/// A report's `summaries`.
+pub fn summaries(doc: &Json) -> &[Json] {
+    doc["summaries"].as_array().map_or(&[], Vec::as_slice)
+}
+
+/// The class the report compares the others with (the comparisons'
+/// baseline: the fleet's first class that has results).
+pub fn baseline_class(doc: &Json) -> Option<&str> {
+    doc["comparisons"].as_array()?.first()?["baseline_class"].as_str()
+}
+
 pub struct Figure {
     values: Vec<f64>,
     merged: Option<(Histograms, f64)>,

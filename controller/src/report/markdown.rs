@@ -370,11 +370,7 @@ fn storage_classes(md: &mut String, doc: &Json) {
         }
     }
     // The baseline is the first class of the fleet, as in the comparisons.
-    let baseline = doc["comparisons"]
-        .as_array()
-        .and_then(|c| c.first())
-        .and_then(|c| c["baseline_class"].as_str())
-        .map(str::to_string);
+    let baseline = super::figure::baseline_class(doc).map(str::to_string);
     if let Some(b) = &baseline {
         classes.retain(|c| c != b);
         classes.insert(0, b.clone());
@@ -555,20 +551,12 @@ fn costs(md: &mut String, doc: &Json) {
         );
     }
     // Ratios against the comparisons' baseline class (else the first).
-    let baseline = doc["comparisons"]
-        .as_array()
-        .and_then(|c| c.first())
-        .and_then(|c| c["baseline_class"].as_str())
+    let baseline = super::figure::baseline_class(doc)
         .filter(|b| classes.contains_key(*b))
         .or_else(|| classes.keys().next().map(String::as_str))
         .unwrap_or("");
     let tps = |class: &str| {
-        doc["summaries"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|s| s["workload"] == "pgbench" && !s["classes"][class]["tps"].is_null())
-            .and_then(|s| s["classes"][class]["tps"]["value"].as_f64())
+        super::figure::first_value(super::figure::summaries(doc), "pgbench", class, "tps")
     };
     let b = &classes[baseline];
     let mut rows = Vec::new();

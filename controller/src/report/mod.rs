@@ -114,8 +114,6 @@ pub fn figures(store: &Store, run_id: &str) -> Result<Figures> {
 
 /// Builds the report document of a run from the store.
 pub fn build(store: &Store, run_id: &str) -> Result<Json> {
-    let figures = figures(store, run_id)?;
-    let key = comparable::key_of(store, &figures)?;
     let Figures {
         run,
         cells,
@@ -123,7 +121,7 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
         results,
         summaries,
         comparisons,
-    } = figures;
+    } = figures(store, run_id)?;
     let entry_comparisons = entries::comparisons(&summaries);
     // The scenario as it was run (stored with the run): its checks, and
     // its plan's warnings with the memory the clusters really had.
@@ -138,8 +136,14 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
         Some(yaml) => match crate::scenario::parse(Path::new(&run.scenario_path), &yaml) {
             Ok(sc) => {
                 let planned = crate::scenario::plan(&sc);
-                let mut judged = checks::evaluate(&sc.checks(), &summaries);
-                judged.extend(trend::judge(store, &run, &key, &sc.checks(), &summaries)?);
+                let all = sc.checks();
+                let mut judged = checks::evaluate(&all, &summaries);
+                // Only history checks need the run's comparability key
+                // (and the earlier runs): not computed on every render.
+                if all.iter().any(|c| c.history.is_some()) {
+                    let key = comparable::key(&yaml, &classes, &cells);
+                    judged.extend(trend::judge(store, &run, &key, &all, &summaries)?);
+                }
                 let costs = sc
                     .prices()
                     .map(|(currency, prices)| cost::costs(&currency, &prices, &summaries, &cells));
