@@ -54,8 +54,11 @@ pub fn render(title: &str, md: &str, plots: &[(String, String)]) -> String {
             Event::End(TagEnd::Image) => in_image = None,
             Event::Text(t) if in_image == Some(false) => events.push(Event::Text(t)),
             _ if in_image.is_some() => {}
-            // Markup in the text is shown, never interpreted.
+            // Markup in the text is shown, never interpreted; a link (the
+            // report makes none: one would come from some text in it) is
+            // its text only.
             Event::Html(t) | Event::InlineHtml(t) => events.push(Event::Text(t)),
+            Event::Start(Tag::Link { .. }) | Event::End(TagEnd::Link) => {}
             Event::Start(Tag::Table(a)) => {
                 events.push(Event::Html(CowStr::from("<div class=\"scroll\">")));
                 events.push(Event::Start(Tag::Table(a)));
@@ -92,7 +95,8 @@ mod tests {
     #[test]
     fn plots_are_inlined_tables_scroll_and_markup_in_text_stays_text() {
         let md = "# pgfleet run r\n\n| a | b |\n|---|---|\n| <script>alert(1)</script> | `x<y` |\n\n\
-                  ![tps](tps.svg)\n\n![gone](missing.svg)\n\n<img src=http://example.com/x.png>\n";
+                  ![tps](tps.svg)\n\n![gone](missing.svg)\n\n<img src=http://example.com/x.png>\n\n\
+                  see [here](http://example.com/x) or <http://example.com/y>\n";
         let svg = "<svg xmlns=\"http://www.w3.org/2000/svg\"><text>TPS</text></svg>";
         let page = render("run <r>", md, &[("tps.svg".into(), svg.into())]);
         assert!(page.starts_with("<!DOCTYPE html>"));
@@ -110,6 +114,10 @@ mod tests {
             "an unknown image keeps its alt text: {page}"
         );
         assert!(!page.contains("missing.svg"), "{page}");
+        assert!(
+            page.contains("see here or http://example.com/y") && !page.contains("<a "),
+            "{page}"
+        );
         // Nothing is fetched: no src or href leaves the page.
         for needle in ["<img", " src=\"", " href=\"http", "@import", "url("] {
             assert!(!page.contains(needle), "{needle}: {page}");
