@@ -323,6 +323,13 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                         ),
                         None => format!("{} of {}", c.metric, c.class),
                     };
+                    let figure = if c.at.is_empty() {
+                        figure
+                    } else {
+                        let at: Vec<String> =
+                            c.at.iter().map(|(k, v)| format!("{k} {v}")).collect();
+                        format!("{figure} at {}", at.join(", "))
+                    };
                     let bound = match (c.min, c.max, &c.history) {
                         (_, _, Some(h)) => format!(
                             "at most {} % worse than the median of the last {} earlier comparable runs since their last change{}",

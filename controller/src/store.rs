@@ -116,6 +116,9 @@ pub struct CellRow {
     pub environment: Option<Json>,
     pub started_at: Option<String>,
     pub finished_at: Option<String>,
+    /// Its point in its entry's sweep (`{"clients": 16}`); empty when the
+    /// entry sweeps nothing.
+    pub point: serde_json::Map<String, Json>,
 }
 
 /// A cell's dataset provenance (its environment's `dataset`).
@@ -340,35 +343,26 @@ impl Store {
             "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA busy_timeout=5000;",
         )?;
         conn.execute_batch(SCHEMA)?;
-        // Stores made before runs recorded these columns.
-        for (col, ty) in [
-            ("controller_pid", "INTEGER"),
-            ("owner", "TEXT"),
-            ("idempotency_key", "TEXT"),
-            ("labels", "TEXT"),
+        // Columns later than the first stores: an old store gains them.
+        for (table, col, ty) in [
+            ("runs", "controller_pid", "INTEGER"),
+            ("runs", "owner", "TEXT"),
+            ("runs", "idempotency_key", "TEXT"),
+            ("runs", "labels", "TEXT"),
+            // Samples numbered by their agent (replays are kept once).
+            ("samples", "agent_id", "TEXT"),
+            ("samples", "seq", "INTEGER"),
+            // A cell's point in its entry's sweep.
+            ("cells", "point", "TEXT"),
         ] {
             let has: bool = conn.query_row(
-                "SELECT count(*) > 0 FROM pragma_table_info('runs') WHERE name = ?1",
-                [col],
+                "SELECT count(*) > 0 FROM pragma_table_info(?1) WHERE name = ?2",
+                [table, col],
                 |r| r.get(0),
             )?;
             if !has {
                 // Another process opening the same old store may add it first.
-                match conn.execute_batch(&format!("ALTER TABLE runs ADD COLUMN {col} {ty}")) {
-                    Err(e) if e.to_string().contains("duplicate column name") => {}
-                    r => r?,
-                }
-            }
-        }
-        // Samples numbered by their agent (replays are kept once).
-        for (col, ty) in [("agent_id", "TEXT"), ("seq", "INTEGER")] {
-            let has: bool = conn.query_row(
-                "SELECT count(*) > 0 FROM pragma_table_info('samples') WHERE name = ?1",
-                [col],
-                |r| r.get(0),
-            )?;
-            if !has {
-                match conn.execute_batch(&format!("ALTER TABLE samples ADD COLUMN {col} {ty}")) {
+                match conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {col} {ty}")) {
                     Err(e) if e.to_string().contains("duplicate column name") => {}
                     r => r?,
                 }
@@ -524,6 +518,7 @@ impl Store {
                     cell.instance_class.clone(),
                     cell.params.to_json(),
                     serde_json::to_string(&cell.settings).unwrap_or_default(),
+                    crate::scenario::sweep::point_json(&cell.point).to_string(),
                 )
             })
             .collect();
@@ -536,8 +531,8 @@ impl Store {
             )?;
             for c in &cells {
                 tx.execute(
-                    "INSERT INTO cells (run_id, cell_id, idx, workload, instance_class, params, settings, state) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending')",
-                    params![id, c.0, c.1, c.2, c.3, c.4, c.5],
+                    "INSERT INTO cells (run_id, cell_id, idx, workload, instance_class, params, settings, state, point) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', ?8)",
+                    params![id, c.0, c.1, c.2, c.3, c.4, c.5, c.6],
                 )?;
             }
             tx.commit()
@@ -738,7 +733,7 @@ impl Store {
     pub fn cells(&self, run: &str) -> Result<Vec<CellRow>> {
         self.read(|c| {
             let mut st = c.prepare(
-                "SELECT cell_id, workload, instance_class, params, state, agent_id, error, environment, started_at, finished_at
+                "SELECT cell_id, workload, instance_class, params, state, agent_id, error, environment, started_at, finished_at, point
                  FROM cells WHERE run_id = ?1 ORDER BY idx",
             )?;
             let rows = st.query_map(params![run], |r| {
@@ -753,6 +748,9 @@ impl Store {
                     environment: parse(r.get(7)?),
                     started_at: r.get(8)?,
                     finished_at: r.get(9)?,
+                    point: parse(r.get(10)?)
+                        .and_then(|p| p.as_object().cloned())
+                        .unwrap_or_default(),
                 })
             })?;
             rows.collect()

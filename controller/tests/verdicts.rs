@@ -330,6 +330,81 @@ checks:
     assert_eq!(r["checks"].as_array().unwrap().len(), 1);
 }
 
+/// A sweep end to end: `clients: [1, 2]` runs one cell per point on real
+/// clusters, the report plots tps against clients, and a check with
+/// `at` judges only its point.
+#[test]
+fn a_sweep_runs_each_point_plots_curves_and_checks_one_point() {
+    let s = Scratch::new("sweep");
+    let sc = s.write(
+        "sweep.yaml",
+        "name: sweep
+fleet:
+  - name: a
+workloads:
+  - kind: pgbench
+    scale: 1
+    script: select-only
+    clients: [1, 2]
+    duration_s: 1
+checks:
+  - name: two clients answer
+    metric: { name: tps, class: a }
+    min: 1
+    at: { clients: 2 }
+",
+    );
+    let out = Command::new(pgfleet())
+        .arg("validate")
+        .arg(&sc)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("workloads[0] sweeps clients [1, 2]: 2 points, 2 cells"),
+        "{}",
+        show(&out)
+    );
+    let out = s.run_cmd(&sc, &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let r = s.report();
+    let cells: Vec<&str> = r["cells"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["cell_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        cells,
+        ["w0-a-select-only-clients1", "w0-a-select-only-clients2"]
+    );
+    let points: Vec<&serde_json::Value> = r["summaries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| &x["point"]["clients"])
+        .collect();
+    assert_eq!(points, [1, 2]);
+    let checks = r["checks"].as_array().unwrap();
+    assert_eq!(checks.len(), 1, "only the point at clients 2: {checks:?}");
+    assert_eq!(checks[0]["sweep"]["clients"], 2);
+    assert_eq!(checks[0]["verdict"], "passed", "{}", checks[0]);
+    let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
+    assert!(md.contains("## Sweeps"), "{md}");
+    assert!(
+        md.contains("![tps against clients](sweep-w0-tps.svg)"),
+        "{md}"
+    );
+    let svg = std::fs::read_to_string(s.out().join("sweep-w0-tps.svg")).unwrap();
+    assert_eq!(
+        svg.matches("<polyline").count(),
+        1,
+        "one class, one line: {svg}"
+    );
+    let html = std::fs::read_to_string(s.out().join("report.html")).unwrap();
+    assert!(html.contains("tps against clients"));
+}
+
 /// `cache: cold`: the cluster restarts and its files leave the page cache
 /// before the measurement (without failing the cell), so the measured
 /// window reads from the storage what the warm run finds in memory; the

@@ -24,7 +24,7 @@ pub fn evaluate(checks: &[Check], summaries: &[Json]) -> Vec<Json> {
     for c in checks.iter().filter(|c| c.history.is_none()) {
         let points: Vec<&Json> = summaries
             .iter()
-            .filter(|s| c.workload.is_none_or(|w| s["entry"] == w))
+            .filter(|s| c.applies_to(s))
             .filter(|s| {
                 let base = match c.baseline_entry {
                     Some(e) => super::entries::baseline_of(summaries, s, Some(e)),
@@ -102,6 +102,7 @@ pub fn evaluate(checks: &[Check], summaries: &[Json]) -> Vec<Json> {
             let mut e = base.clone();
             e["entry"] = s["entry"].clone();
             e["point"] = s["params"].clone();
+            e["sweep"] = s["point"].clone();
             e["observed"] = finite(observed);
             e["interval"] = json!([finite(interval.lo), finite(interval.hi)]);
             e["clusters"] = clusters;
@@ -151,8 +152,9 @@ pub fn point_label(e: &Json) -> String {
     let keys = [
         "script", "size", "storage", "offset", "length", "mode", "clients",
     ];
+    let swept = e["sweep"].as_object();
     p.iter()
-        .filter(|(k, _)| keys.contains(&k.as_str()))
+        .filter(|(k, _)| keys.contains(&k.as_str()) || swept.is_some_and(|s| s.contains_key(*k)))
         .map(|(k, v)| {
             format!(
                 "{k} {}",
@@ -281,6 +283,7 @@ mod tests {
             confidence: 0.95,
             inconclusive_passes: false,
             history: None,
+            at: Vec::new(),
         }
     }
 

@@ -94,6 +94,7 @@ mod tests {
                 "nvme": {"vacuum_seconds": {"value": 36.0}}}}),
         ];
         let cell = |class: &str, from: &str, to: &str| CellRow {
+            point: Default::default(),
             cell_id: "c".into(),
             workload: "pgbench".into(),
             instance_class: class.into(),

@@ -402,6 +402,7 @@ mod tests {
     #[test]
     fn datasets_that_misbehaved_are_warned_about() {
         let cell = |id: &str, d: Json| crate::store::CellRow {
+            point: Default::default(),
             cell_id: id.into(),
             workload: "pgbench".into(),
             instance_class: "local".into(),
@@ -464,6 +465,7 @@ mod tests {
             .1
             .to_json();
         let cell = |id: &str, class: &str, start: &str, end: &str| crate::store::CellRow {
+            point: Default::default(),
             cell_id: id.into(),
             workload: "pgbench".into(),
             instance_class: class.into(),
@@ -520,6 +522,7 @@ mod tests {
             lost_at: None,
         };
         let cell = |class: &str, env: Option<Json>| crate::store::CellRow {
+            point: Default::default(),
             cell_id: "c".into(),
             workload: "pgbench".into(),
             instance_class: class.into(),

@@ -313,6 +313,7 @@ pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
     }
 
     datasets(&mut md, doc);
+    super::curves::render(&mut md, &mut plots, doc);
 
     for kind in Kind::ALL {
         let results: Vec<&Json> = doc["results"]

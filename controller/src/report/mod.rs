@@ -45,6 +45,7 @@ pub mod checks;
 pub mod comparable;
 mod compression_analysis;
 pub mod cost;
+mod curves;
 pub mod entries;
 pub mod figure;
 mod fio;
@@ -90,12 +91,22 @@ pub fn figures(store: &Store, run_id: &str) -> Result<Figures> {
         .iter()
         .map(|r| {
             let c = by_id.get(r.cell_id.as_str());
+            // A swept key the kind's point does not report (say pgbench's
+            // fillfactor) still sets its points apart.
+            let point = c.map(|c| c.point.clone()).unwrap_or_default();
+            let mut params = r.params.clone();
+            if let Some(p) = params.as_object_mut() {
+                for (k, v) in &point {
+                    p.entry(k.clone()).or_insert_with(|| v.clone());
+                }
+            }
             json!({
                 "workload": c.map(|c| c.workload.clone()),
                 "instance_class": c.map(|c| c.instance_class.clone()),
                 "agent": c.and_then(|c| c.agent_id.clone()),
                 "cell_id": r.cell_id,
-                "params": r.params,
+                "params": params,
+                "point": point,
                 "metrics": r.metrics,
             })
         })
@@ -313,6 +324,7 @@ fn summarize(results: &[Json]) -> (Vec<Json>, Vec<Json>) {
             "workload": first["workload"],
             "script": first["params"]["script"],
             "params": first["params"],
+            "point": first["point"],
             "classes": per_class,
         }));
         let Some(base) = classes.first() else {

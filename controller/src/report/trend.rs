@@ -85,7 +85,7 @@ pub fn judge(
         });
         let points: Vec<&Json> = summaries
             .iter()
-            .filter(|s| c.workload.is_none_or(|w| s["entry"] == w))
+            .filter(|s| c.applies_to(s))
             .filter(|s| Figure::of(&s["classes"][c.class.as_str()], &c.metric).is_some())
             .collect();
         if points.is_empty() {
@@ -115,6 +115,7 @@ pub fn judge(
             let mut e = base.clone();
             e["entry"] = s["entry"].clone();
             e["point"] = s["params"].clone();
+            e["sweep"] = s["point"].clone();
             let mut about = json!({
                 "window": h.window, "max_drop": h.max_drop, "same_labels": h.same_labels,
                 "earlier_runs": prev.len(), "not_comparable": not_comparable,

@@ -16,6 +16,7 @@ use serde_saphyr::Spanned;
 use pgfleet_proto::workload::{self, KindOnly, Params};
 
 pub mod plan;
+pub mod sweep;
 pub mod validate;
 
 pub use pgfleet_proto::workload::Entry as WorkloadEntry;
@@ -110,10 +111,26 @@ pub struct Scenario {
     /// so each instance gets what it emulates.
     #[serde(default)]
     pub oversubscribe: Option<Spanned<bool>>,
-    /// Per workload entry, its cells' (id stem, parameters), from
-    /// validation (`validate` fills it; `plan` reads it).
+    /// Per workload entry, its cells' (id stem, parameters, sweep point),
+    /// from validation (`validate` fills it; `plan` reads it).
     #[serde(skip)]
-    pub units: Vec<Vec<(String, Params)>>,
+    pub units: Vec<Vec<Unit>>,
+    /// Per workload entry, its sweep (no axes: one point).
+    #[serde(skip)]
+    pub sweeps: Vec<sweep::Sweep>,
+    /// Per workload entry, the entry at each point of its sweep (the entry
+    /// itself when it sweeps nothing); `workloads` holds the first point's.
+    #[serde(skip)]
+    pub points: Vec<Vec<WorkloadEntry>>,
+}
+
+/// One cell's worth of an entry: its id stem, parameters and, in a sweep,
+/// its point as (key, value as written).
+#[derive(Debug, Clone)]
+pub struct Unit {
+    pub stem: String,
+    pub params: Params,
+    pub point: Vec<(String, String)>,
 }
 
 /// One check as written:
@@ -143,6 +160,9 @@ pub struct CheckSpec {
     /// or `pass`.
     #[serde(default)]
     pub inconclusive: Option<Spanned<String>>,
+    /// Only the points of a sweep with these values (`at: {clients: 64}`).
+    #[serde(default)]
+    pub at: BTreeMap<String, Spanned<SettingValue>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -224,6 +244,19 @@ pub struct Check {
     pub inconclusive_passes: bool,
     /// A history check: judged against earlier runs (`report/trend.rs`).
     pub history: Option<HistoryBound>,
+    /// The sweep's point(s) it judges: swept key -> value (`at`).
+    pub at: Vec<(String, serde_json::Value)>,
+}
+
+impl Check {
+    /// Whether the check judges summary `s` (its entry and sweep point).
+    pub fn applies_to(&self, s: &serde_json::Value) -> bool {
+        self.workload.is_none_or(|w| s["entry"] == w)
+            && self
+                .at
+                .iter()
+                .all(|(k, v)| sweep::same_value(&s["point"][k.as_str()], v))
+    }
 }
 
 impl Scenario {
@@ -233,7 +266,7 @@ impl Scenario {
         let i = self
             .units
             .iter()
-            .position(|cells| cells.iter().any(|(_, p)| p.allow_shell()))?;
+            .position(|cells| cells.iter().any(|u| u.params.allow_shell()))?;
         let at = match &self.workloads.value[i].spec {
             workload::Spec::Pgbench(p) => p.allow_shell.as_ref().map(|a| a.referenced),
             _ => None,
@@ -295,6 +328,11 @@ impl Scenario {
                     confidence: c.confidence.as_ref().map(|x| x.value).unwrap_or(0.95),
                     inconclusive_passes: c.inconclusive.as_ref().is_some_and(|x| x.value == "pass"),
                     history,
+                    at: c
+                        .at
+                        .iter()
+                        .map(|(k, v)| (k.clone(), sweep::value_json(&v.value.to_string())))
+                        .collect(),
                 })
             })
             .collect()
@@ -704,18 +742,68 @@ pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
         referenced: serde_saphyr::Location::UNKNOWN,
         defined: serde_saphyr::Location::UNKNOWN,
     };
-    workload::set_kinds_ahead(
-        kinds
-            .into_iter()
-            .map(|k| k.unwrap_or_else(|| missing.clone()))
-            .collect(),
-    );
-    let parsed = deserialize::<Scenario>(path, text);
-    workload::set_kinds_ahead(Vec::new());
-    let mut scenario = parsed?;
+    let sweep::Sweeps {
+        entries: sweeps,
+        other_lists,
+    } = sweep::sweeps(path, text, &kinds)?;
+    let kinds: Vec<Spanned<String>> = kinds
+        .into_iter()
+        .map(|k| k.unwrap_or_else(|| missing.clone()))
+        .collect();
+    // One pass per point of the widest sweep; each entry keeps the passes
+    // up to its own points (an entry without sweeps: the first).
+    let passes = sweeps.iter().map(sweep::Sweep::points).max().unwrap_or(1);
+    let mut first: Option<Scenario> = None;
+    let mut points: Vec<Vec<WorkloadEntry>> = vec![Vec::new(); sweeps.len()];
+    for n in 0..passes {
+        workload::set_kinds_ahead(kinds.clone());
+        workload::set_picks_ahead(
+            sweeps
+                .iter()
+                .map(|s| s.picks(n.min(s.points() - 1)))
+                .collect(),
+        );
+        let parsed = deserialize::<Scenario>(path, text);
+        workload::set_kinds_ahead(Vec::new());
+        workload::set_picks_ahead(Vec::new());
+        let parsed = parsed.map_err(|e| unswept_list_hint(e, &kinds, &other_lists))?;
+        for ((w, sweep), out) in parsed.workloads.value.iter().zip(&sweeps).zip(&mut points) {
+            if n < sweep.points() {
+                out.push(w.clone());
+            }
+        }
+        first.get_or_insert(parsed);
+    }
+    let mut scenario = first.expect("at least one pass");
+    scenario.sweeps = sweeps;
+    scenario.points = points;
     scenario.units =
         validate::validate(&scenario).map_err(|e| ScenarioError::located(path, text, e))?;
     Ok(scenario)
+}
+
+/// A list where a workload takes one value: say which keys do take lists.
+fn unswept_list_hint(
+    mut e: ScenarioError,
+    kinds: &[Spanned<String>],
+    lists: &[(usize, String)],
+) -> ScenarioError {
+    let entry = e
+        .field
+        .strip_prefix("workloads[")
+        .and_then(|r| r.split_once(']'))
+        .and_then(|(i, rest)| Some((i.parse::<usize>().ok()?, rest.strip_prefix('.')?)));
+    if let Some((i, key)) = entry
+        && lists.iter().any(|(j, k)| *j == i && k == key)
+        && let Some(info) = kinds.get(i).and_then(|k| workload::info(&k.value))
+    {
+        e.message = format!(
+            "`{key}` takes one value, not a list; the keys a {} entry sweeps with a list are {}",
+            info.name,
+            info.swept.join(", ")
+        );
+    }
+    e
 }
 
 /// serde-saphyr with the field path of the first error.
@@ -1313,6 +1401,125 @@ workloads:
         assert_eq!(
             Params::from_json("pgbench", &json).unwrap(),
             cells[0].params
+        );
+    }
+
+    /// A list sweeps a key: one cell per point, the first key outermost,
+    /// each point checked by the kind with errors at the element.
+    #[test]
+    fn sweeps_expand_into_points_checked_one_by_one() {
+        let swept = PGBENCH
+            .replace("    scale: 2\n", "    scale: [2, 3]\n")
+            .replace("    clients: 4\n", "    clients:\n      - 2\n      - 8\n")
+            .replace("    replicas: 2\n", "");
+        let s = parse(Path::new("p.yaml"), &swept).unwrap();
+        assert_eq!(s.sweeps[0].to_string(), "scale [2, 3] × clients [2, 8]");
+        let cells = plan(&s);
+        let got: Vec<(&str, u64, u32)> = cells
+            .iter()
+            .map(|c| {
+                let Params::Pgbench(p) = &c.params else {
+                    panic!()
+                };
+                (c.cell_id.as_str(), p.init.scale, p.drive.clients)
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("w0-local-random-update-scale2-clients2", 2, 2),
+                ("w0-local-random-update-scale2-clients8", 2, 8),
+                ("w0-local-random-update-scale3-clients2", 3, 2),
+                ("w0-local-random-update-scale3-clients8", 3, 8),
+            ]
+        );
+        assert_eq!(
+            cells[3].point,
+            [("scale".into(), "3".into()), ("clients".into(), "8".into())]
+        );
+        let describe = plan::describe(&s, &cells, Path::new("p.yaml"));
+        assert!(
+            describe
+                .contains("workloads[0] sweeps scale [2, 3] × clients [2, 8]: 4 points, 4 cells"),
+            "{describe}"
+        );
+
+        // A point the kind refuses: located at its element (threads 2 > clients 1).
+        let e = err(&swept.replace("      - 2\n", "      - 1\n"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (12, "workloads[0].threads"),
+            "{e}"
+        );
+        assert!(
+            e.message
+                .ends_with("(at the sweep's point scale 2, clients 1)"),
+            "{e}"
+        );
+        let e = err(&swept.replace("      - 8\n", "      - 0\n"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (11, "workloads[0].clients"),
+            "{e}"
+        );
+        assert!(e.message.contains("out of range"), "{e}");
+        let e = err(&swept.replace("[2, 3]", "[2, 2]"));
+        assert_eq!(e.field, "workloads[0].scale");
+        assert!(e.message.contains("`2` is listed twice"), "{e}");
+        let e = err(&swept.replace("[2, 3]", "[]"));
+        assert!(e.message.contains("an empty list sweeps nothing"), "{e}");
+        let e = err(&swept.replace(
+            "    duration_s: 10\n",
+            "    duration_s: 10\n    warmup_s: [1, 2]\n",
+        ));
+        assert_eq!(e.field, "workloads[0].warmup_s");
+        assert!(
+            e.message.contains("`warmup_s` takes one value, not a list")
+                && e.message.contains("scale, fillfactor, partitions, clients"),
+            "{e}"
+        );
+        let big = format!(
+            "[{}]",
+            (1..=200)
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let e = err(&swept.replace("[2, 3]", &big));
+        assert!(
+            e.message
+                .contains("400 points (200 scale × 2 clients): at most 256"),
+            "{e}"
+        );
+
+        // Checks pick a point with `at`; a key or value not swept is refused.
+        let check = |at: &str| {
+            format!(
+                "{swept}checks:\n  - name: c\n    metric: {{name: tps, class: local}}\n    min: 1\n    at: {at}\n"
+            )
+        };
+        let s = parse(Path::new("p.yaml"), &check("{clients: 8}")).unwrap();
+        let c = &s.checks()[0];
+        assert_eq!(c.at, [("clients".to_string(), serde_json::json!(8))]);
+        assert!(
+            c.applies_to(&serde_json::json!({"entry": 0, "point": {"clients": 8, "scale": 2}}))
+        );
+        assert!(
+            !c.applies_to(&serde_json::json!({"entry": 0, "point": {"clients": 2, "scale": 2}}))
+        );
+        let e = err(&check("{clients: 64}"));
+        assert_eq!(e.field, "checks[0].at.clients");
+        assert!(
+            e.message
+                .contains("64 is not a point of the sweep: workloads[0] sweeps clients over 2, 8"),
+            "{e}"
+        );
+        let e = err(&check("{threads: 2}"));
+        assert!(
+            e.message.contains(
+                "`threads` is not swept by the entries checked: they sweep clients, scale"
+            ),
+            "{e}"
         );
     }
 

@@ -28,6 +28,9 @@ pub struct PlannedCell {
     /// The cell's estimate in this plan: with `reuse`, the first cell of a
     /// dataset builds and publishes it, later ones restore it.
     pub estimate: Estimate,
+    /// Its point in its entry's sweep: (key, value as written); empty when
+    /// the entry sweeps nothing.
+    pub point: Vec<(String, String)>,
 }
 
 impl PlannedCell {
@@ -80,7 +83,12 @@ pub fn plan(s: &Scenario) -> Vec<PlannedCell> {
         });
         let replicas = w.replicas();
         for class in classes {
-            for (stem, params) in units {
+            for super::Unit {
+                stem,
+                params,
+                point,
+            } in units
+            {
                 for r in 1..=replicas {
                     let suffix = if replicas > 1 {
                         format!("-r{r}")
@@ -109,6 +117,7 @@ pub fn plan(s: &Scenario) -> Vec<PlannedCell> {
                             .and_then(|d| pgfleet_proto::dataset::Mode::parse(&d.value))
                             .unwrap_or_default(),
                         estimate: params.estimate(),
+                        point: point.clone(),
                     });
                 }
             }
@@ -217,9 +226,11 @@ pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> 
         w(|c| c.instance_class.len(), 5),
     );
     let mut out = format!(
-        "{}: valid; {} cells on {agents} agents:\n  {:<wc$}  {:<wk$}  {:<wl$}  {:>10}  {:>10}  {:>10}\n",
+        "{}: valid; {} cell{} on {agents} agent{}:\n  {:<wc$}  {:<wk$}  {:<wl$}  {:>10}  {:>10}  {:>10}\n",
         path.display(),
         cells.len(),
+        if cells.len() == 1 { "" } else { "s" },
+        if agents == 1 { "" } else { "s" },
         "cell",
         "kind",
         "class",
@@ -237,6 +248,24 @@ pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> 
             approx_seconds(e.seconds),
             approx_seconds(e.measured_seconds),
             approx_bytes(e.disk_bytes)
+        );
+    }
+    for (i, sweep) in s.sweeps.iter().enumerate() {
+        if sweep.axes.is_empty() {
+            continue;
+        }
+        let mine: Vec<&PlannedCell> = cells
+            .iter()
+            .filter(|c| c.cell_id.starts_with(&format!("w{i}-")))
+            .collect();
+        let e = estimate(s, &mine.iter().map(|c| (*c).clone()).collect::<Vec<_>>());
+        out += &format!(
+            "workloads[{i}] sweeps {sweep}: {} point{}, {} cell{}, {} of cells\n",
+            sweep.points(),
+            if sweep.points() == 1 { "" } else { "s" },
+            mine.len(),
+            if mine.len() == 1 { "" } else { "s" },
+            approx_seconds(e.cell_seconds)
         );
     }
     for w in warnings(s, cells, host_memory()) {

@@ -8,7 +8,7 @@ use serde_saphyr::{Location, Spanned};
 
 use pgfleet_proto::workload::{Field, Invalid, Params};
 
-use super::{Scenario, WorkloadEntry};
+use super::{Scenario, Unit, WorkloadEntry};
 
 pub const STORAGE_PROFILES: &[&str] = &["nvme", "gp3", "custom"];
 
@@ -35,7 +35,7 @@ fn is_name(s: &str) -> bool {
 
 /// Checks the fleet and every workload entry; returns each entry's cells
 /// (id stem, parameters), defaults applied.
-pub fn validate(s: &Scenario) -> Result<Vec<Vec<(String, Params)>>, Invalid> {
+pub fn validate(s: &Scenario) -> Result<Vec<Vec<Unit>>, Invalid> {
     if !is_name(&s.name.value) {
         return err(
             s.name.referenced,
@@ -277,7 +277,7 @@ pub fn validate(s: &Scenario) -> Result<Vec<Vec<(String, Params)>>, Invalid> {
         .value
         .iter()
         .enumerate()
-        .map(|(i, w)| validate_workload(i, w, &counts))
+        .map(|(i, w)| validate_workload(i, w, s, &counts))
         .collect::<Result<Vec<_>, _>>()?;
     validate_settings(s, &entries)?;
     Ok(entries)
@@ -286,7 +286,7 @@ pub fn validate(s: &Scenario) -> Result<Vec<Vec<(String, Params)>>, Invalid> {
 /// A class's PostgreSQL settings: names, values, and the ones pgfleet
 /// refuses (`pgfleet_proto::settings`: reserved ones always; those that act
 /// on the agent's host unless every workload on the class has allow_shell).
-fn validate_settings(s: &Scenario, entries: &[Vec<(String, Params)>]) -> Result<(), Invalid> {
+fn validate_settings(s: &Scenario, entries: &[Vec<Unit>]) -> Result<(), Invalid> {
     for (i, f) in s.fleet.value.iter().enumerate() {
         let Some(pg) = &f.postgres else { continue };
         let class = &f.name.value;
@@ -303,7 +303,7 @@ fn validate_settings(s: &Scenario, entries: &[Vec<(String, Params)>]) -> Result<
             .iter()
             .zip(entries)
             .filter(|(w, _)| runs_here(w))
-            .all(|(_, cells)| cells.iter().all(|(_, p)| p.allow_shell()));
+            .all(|(_, cells)| cells.iter().all(|u| u.params.allow_shell()));
         for (k, v) in &pg.settings {
             pgfleet_proto::settings::check(k, &v.value.to_string(), allow_shell).or_else(
                 |why| {
@@ -612,6 +612,9 @@ fn validate_checks(s: &Scenario, classes: &BTreeSet<String>) -> Result<(), Inval
                 ),
             );
         }
+        for (key, v) in &c.at {
+            check_at(s, &entries, key, v, at(&format!("at.{key}")))?;
+        }
         if c.min.is_none() && c.max.is_none() && c.history.is_none() {
             return err(
                 c.name.referenced,
@@ -764,12 +767,71 @@ fn in_range<T: PartialOrd + std::fmt::Display + Copy>(
     }
 }
 
-/// The keys every kind takes, then the kind's own checks and cells.
+/// A check's `at: {key: value}` names a point of the sweep of one of the
+/// entries it checks.
+fn check_at(
+    s: &Scenario,
+    entries: &[(usize, &WorkloadEntry)],
+    key: &str,
+    v: &Spanned<super::SettingValue>,
+    field: String,
+) -> Result<(), Invalid> {
+    use super::sweep::{same_value, value_json};
+    let want = value_json(&v.value.to_string());
+    let axes: Vec<(usize, &super::sweep::Axis)> = entries
+        .iter()
+        .filter_map(|(i, _)| {
+            let a = s.sweeps.get(*i)?.axes.iter().find(|a| a.key == key)?;
+            Some((*i, a))
+        })
+        .collect();
+    if axes.is_empty() {
+        let swept: BTreeSet<&str> = entries
+            .iter()
+            .filter_map(|(i, _)| s.sweeps.get(*i))
+            .flat_map(|w| w.axes.iter().map(|a| a.key.as_str()))
+            .collect();
+        return err(
+            v.referenced,
+            field,
+            if swept.is_empty() {
+                format!(
+                    "`{key}` is not swept: `at` picks a point of a sweep, and the entries checked sweep nothing (give a key a list, e.g. `clients: [1, 4, 16]`)"
+                )
+            } else {
+                format!(
+                    "`{key}` is not swept by the entries checked: they sweep {}",
+                    swept.into_iter().collect::<Vec<_>>().join(", ")
+                )
+            },
+        );
+    }
+    if !axes
+        .iter()
+        .any(|(_, a)| a.values.iter().any(|x| same_value(&value_json(x), &want)))
+    {
+        let (i, a) = axes[0];
+        return err(
+            v.referenced,
+            field,
+            format!(
+                "{} is not a point of the sweep: workloads[{i}] sweeps {key} over {}",
+                v.value,
+                a.values.join(", ")
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// The keys every kind takes, then the kind's own checks and cells: each
+/// point of the entry's sweep is checked by the kind as an entry of its own.
 fn validate_workload(
     i: usize,
     w: &WorkloadEntry,
+    s: &Scenario,
     counts: &BTreeMap<String, u32>,
-) -> Result<Vec<(String, Params)>, Invalid> {
+) -> Result<Vec<Unit>, Invalid> {
     let classes: BTreeSet<String> = counts.keys().cloned().collect();
     let f = Field::new(format!("workloads[{i}]"), w.kind.referenced);
     if let Some(on) = &w.on {
@@ -788,8 +850,33 @@ fn validate_workload(
         }
     }
     in_range(&w.replicas, f.at("replicas"), 1, 64, "")?;
-    let units = w.spec.plan(&f)?;
-    let Some((_, params)) = units.first() else {
+    let sweep = s.sweeps.get(i).cloned().unwrap_or_default();
+    let mut units = Vec::new();
+    let points = match s.points.get(i) {
+        Some(p) if !p.is_empty() => p.as_slice(),
+        _ => std::slice::from_ref(w),
+    };
+    for (n, point) in points.iter().enumerate() {
+        let planned = point.spec.plan(&f).map_err(|mut e| {
+            if !sweep.axes.is_empty() {
+                let at: Vec<String> = sweep
+                    .at(n)
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect();
+                e.message = format!("{} (at the sweep's point {})", e.message, at.join(", "));
+            }
+            e
+        })?;
+        for (stem, params) in planned {
+            units.push(Unit {
+                stem: format!("{stem}{}", sweep.id_suffix(n)),
+                params,
+                point: sweep.at(n),
+            });
+        }
+    }
+    let Some(Unit { params, .. }) = units.first() else {
         return Ok(units);
     };
     check_roles(&f, w, params, counts)?;

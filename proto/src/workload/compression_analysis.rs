@@ -36,6 +36,8 @@ use super::{
 pub const DESCRIPTION: &str = "compress a deterministic sample of each relation's 8 KiB pages with zstd / lz4 / pglz: average size, overflow of 1/2/4 KiB slots, projected size, CPU per page (seeds/004)";
 /// Summarized per class and compared between classes in reports.
 pub const COMPARED: &[&str] = &["avg_compressed_bytes", "cpu_us_per_page"];
+/// Keys a scenario may sweep: a list of values is one point per value.
+pub const SWEPT: &[&str] = &["scale", "fillfactor", "json_documents"];
 
 pub const DATASETS: &[&str] = &["pgbench", "json", "sql"];
 pub const ALGORITHMS: &[&str] = &["zstd", "lz4", "pglz"];

@@ -24,6 +24,8 @@ use super::{
 
 pub const DESCRIPTION: &str = "the storage itself, measured by fio on the class's data volume in the cluster's cgroups: 8 KiB random reads and writes per queue depth, 1 MiB sequential reads and writes, fdatasync latency of WAL-like writes";
 pub const COMPARED: &[&str] = &["iops", "mib_per_s", "latency_ms_p99"];
+/// Keys a scenario may sweep: a list of values is one point per value.
+pub const SWEPT: &[&str] = &["size"];
 
 pub const JOBS: &[&str] = &[
     "rand-read",

@@ -17,6 +17,8 @@ use super::{
 pub const DESCRIPTION: &str = "publisher and subscriber on two agents: build a logical-replication backlog, time its drain: seconds, MB/s, rows match";
 /// Summarized per class and compared between classes in reports.
 pub const COMPARED: &[&str] = &["drain_seconds", "drain_mb_per_s", "backlog_bytes"];
+/// Keys a scenario may sweep: a list of values is one point per value.
+pub const SWEPT: &[&str] = &["backlog_bytes", "clients", "threads"];
 
 /// The roles, the lead first: the subscriber's agent drives the measurement
 /// (over the network to the publisher's cluster, as a replication client

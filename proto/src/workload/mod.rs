@@ -487,6 +487,7 @@ macro_rules! kinds {
             name: $name,
             description: $module::DESCRIPTION,
             compared: $module::COMPARED,
+            swept: $module::SWEPT,
         },)*];
 
         impl Spec {
@@ -610,6 +611,9 @@ pub struct KindInfo {
     /// Metrics the report summarizes per instance class (median, min, max)
     /// and compares between classes (ratio to the first class).
     pub compared: &'static [&'static str],
+    /// Scalar keys a scenario may give a list of values (`clients: [1, 4,
+    /// 16]`): the entry then has one point per combination (a sweep).
+    pub swept: &'static [&'static str],
 }
 
 pub fn names() -> Vec<&'static str> {
@@ -685,6 +689,55 @@ pub fn set_kinds_ahead(kinds: Vec<Spanned<String>>) {
     KINDS_AHEAD.with(|k| *k.borrow_mut() = kinds.into());
 }
 
+// A swept key's value is a list; the entry is deserialized once per
+// combination, each time taking one element of each swept list (`Pick`),
+// so every point's keys keep their own locations.
+thread_local! {
+    static PICKS_AHEAD: std::cell::RefCell<std::collections::VecDeque<Picks>> =
+        const { std::cell::RefCell::new(std::collections::VecDeque::new()) };
+}
+
+/// Per swept key of an entry, the index of the element to take.
+pub type Picks = Vec<(String, usize)>;
+
+/// The picks of the entries under `workloads`, in order, for the next
+/// pass (as `set_kinds_ahead`); an entry without sweeps takes an empty list.
+pub fn set_picks_ahead(picks: Vec<Picks>) {
+    PICKS_AHEAD.with(|p| *p.borrow_mut() = picks.into());
+}
+
+/// Deserializes element `n` of a sequence with `seed`, skipping the others.
+struct Pick<S> {
+    n: usize,
+    seed: S,
+}
+
+impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for Pick<S> {
+    type Value = S::Value;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<S::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de, S: DeserializeSeed<'de>> Visitor<'de> for Pick<S> {
+    type Value = S::Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "a list of values to sweep")
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<S::Value, A::Error> {
+        for _ in 0..self.n {
+            seq.next_element::<IgnoredAny>()?;
+        }
+        let v = seq
+            .next_element_seed(self.seed)?
+            .ok_or_else(|| de::Error::custom("the sweep's list is shorter than planned"))?;
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(v)
+    }
+}
+
 /// The first pass's view of an entry: only its kind.
 #[derive(Debug, Deserialize)]
 pub struct KindOnly {
@@ -695,12 +748,16 @@ pub struct KindOnly {
 impl<'de> Deserialize<'de> for Entry {
     fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let kind = KINDS_AHEAD.with(|k| k.borrow_mut().pop_front());
-        d.deserialize_map(EntryVisitor { kind })
+        let picks = PICKS_AHEAD
+            .with(|p| p.borrow_mut().pop_front())
+            .unwrap_or_default();
+        d.deserialize_map(EntryVisitor { kind, picks })
     }
 }
 
 struct EntryVisitor {
     kind: Option<Spanned<String>>,
+    picks: Picks,
 }
 
 impl<'de> Visitor<'de> for EntryVisitor {
@@ -718,7 +775,13 @@ impl<'de> Visitor<'de> for EntryVisitor {
             )));
         };
         let mut common = Common::default();
-        let spec = Spec::deserialize_kind(&kind.value, Common::filter(map, &mut common))?;
+        let filter = Filter {
+            inner: map,
+            common: &mut common,
+            picks: self.picks,
+            pick: None,
+        };
+        let spec = Spec::deserialize_kind(&kind.value, filter)?;
         Ok(Entry {
             kind,
             on: common.on,
@@ -740,15 +803,14 @@ struct Common {
     data: Option<Spanned<String>>,
 }
 
-impl Common {
-    fn filter<A>(inner: A, common: &mut Common) -> Filter<'_, A> {
-        Filter { inner, common }
-    }
-}
-
+/// The entry's map as its kind's `Spec` sees it: without the common keys,
+/// and a swept key's list replaced by the element this pass picks.
 struct Filter<'c, A> {
     inner: A,
     common: &'c mut Common,
+    picks: Picks,
+    /// The element of the key just read, when it is swept.
+    pick: Option<usize>,
 }
 
 impl<'de, A: MapAccess<'de>> MapAccess<'de> for Filter<'_, A> {
@@ -770,13 +832,19 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for Filter<'_, A> {
                 "replicas" => self.common.replicas = Some(self.inner.next_value()?),
                 "roles" => self.common.roles = Some(self.inner.next_value()?),
                 "data" => self.common.data = Some(self.inner.next_value()?),
-                _ => return seed.deserialize(key.into_deserializer()).map(Some),
+                _ => {
+                    self.pick = self.picks.iter().find(|(k, _)| *k == key).map(|p| p.1);
+                    return seed.deserialize(key.into_deserializer()).map(Some);
+                }
             }
         }
     }
 
     fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, A::Error> {
-        self.inner.next_value_seed(seed)
+        match self.pick.take() {
+            Some(n) => self.inner.next_value_seed(Pick { n, seed }),
+            None => self.inner.next_value_seed(seed),
+        }
     }
 }
 

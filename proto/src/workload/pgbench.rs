@@ -22,6 +22,16 @@ pub const COMPARED: &[&str] = &[
     "page_read_ms_avg",
     "wal_sync_ms_avg",
 ];
+/// Keys a scenario may sweep: a list of values is one point per value.
+pub const SWEPT: &[&str] = &[
+    "scale",
+    "fillfactor",
+    "partitions",
+    "clients",
+    "threads",
+    "rate",
+    "duration_s",
+];
 pub const DRIVERS: &[&str] = &["pgfleet", "pgbench"];
 /// Transactions per second per client assumed when a cell is given a
 /// transaction count instead of a duration (estimates only).

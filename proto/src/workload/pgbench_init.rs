@@ -14,6 +14,8 @@ pub const DESCRIPTION: &str =
     "load the pgbench schema at a scale, in parallel: rows, seconds, rows/s";
 /// Summarized per class and compared between classes in reports.
 pub const COMPARED: &[&str] = &["load_seconds", "rows_per_second"];
+/// Keys a scenario may sweep: a list of values is one point per value.
+pub const SWEPT: &[&str] = &["scale", "fillfactor", "partitions", "load_connections"];
 
 /// pgbench's SCALE_32BIT_THRESHOLD: `aid` is bigint from this scale up.
 pub const SCALE_BIGINT_THRESHOLD: u64 = 20_000;

@@ -29,6 +29,8 @@ use super::{
 
 pub const DESCRIPTION: &str = "cold and OS-cache sequential scans, random reads from disk, UPDATE-all + CHECKPOINT with the device bytes written (seeds/004)";
 pub const COMPARED: &[&str] = &["execution_ms", "tps", "write_amplification"];
+/// Keys a scenario may sweep: a list of values is one point per value.
+pub const SWEPT: &[&str] = &["rows", "random_clients"];
 
 pub const TESTS: &[&str] = &["seq-cold", "seq-os-cache", "random-read", "write"];
 pub const IO_METHODS: &[&str] = &["sync", "worker", "io_uring"];

@@ -30,6 +30,13 @@ use super::{
 pub const DESCRIPTION: &str = "what gets TOASTed: threshold, placement, compression window, JSON documents, prefix and mid reads per storage mode (seeds/003)";
 /// Summarized per class and compared between classes in reports.
 pub const COMPARED: &[&str] = &["stored_bytes", "load_seconds", "latency_ms_p50"];
+/// Keys a scenario may sweep: a list of values is one point per value.
+pub const SWEPT: &[&str] = &[
+    "json_documents",
+    "read_values",
+    "read_value_bytes",
+    "prefix_chars",
+];
 
 pub const PROBES: &[&str] = &["threshold", "placement", "window", "json", "reads"];
 

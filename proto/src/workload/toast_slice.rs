@@ -16,6 +16,8 @@ pub const DESCRIPTION: &str =
     "substring() of a large bytea value stored EXTERNAL / pglz / lz4: storage, buffers, latency";
 /// Summarized per class and compared between classes in reports.
 pub const COMPARED: &[&str] = &["latency_ms_p50", "latency_ms_p99", "buffers_shared_hit"];
+/// Keys a scenario may sweep: a list of values is one point per value.
+pub const SWEPT: &[&str] = &["value_bytes", "slice_bytes"];
 
 pub const STORAGE_MODES: &[&str] = &["external", "pglz", "lz4"];
 pub const DATASETS: &[&str] = &["abcd", "mixed", "incompressible"];

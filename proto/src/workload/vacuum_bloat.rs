@@ -22,6 +22,8 @@ pub const COMPARED: &[&str] = &[
     "page_read_ms_avg",
     "wal_sync_ms_avg",
 ];
+/// Keys a scenario may sweep: a list of values is one point per value.
+pub const SWEPT: &[&str] = &["scale", "fillfactor", "bloat_bytes", "parallel"];
 pub const INDEX_CLEANUP: &[&str] = &["auto", "on", "off"];
 
 with_load_keys! {
