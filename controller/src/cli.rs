@@ -245,6 +245,11 @@ pub struct HistoryArgs {
     /// The last N comparable runs (0: all).
     #[arg(long, default_value_t = 30)]
     pub last: usize,
+    /// A PostgreSQL setting the history follows (repeatable): runs that
+    /// differ in it stay comparable, so changing it shows as a step in the
+    /// series (e.g. --vary synchronous_commit).
+    #[arg(long = "vary", value_name = "SETTING")]
+    pub vary: Vec<String>,
     /// The confidence level of each run's interval.
     #[arg(long, default_value_t = 0.95)]
     pub confidence: f64,

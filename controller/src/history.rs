@@ -40,6 +40,9 @@ pub struct Query {
     pub labels: Labels,
     /// The last this many comparable runs.
     pub last: usize,
+    /// PostgreSQL settings left out of the comparability key: runs that
+    /// differ in them are compared (the change is what is followed).
+    pub vary: Vec<String>,
     pub level: f64,
     pub options: changepoint::Options,
 }
@@ -52,6 +55,8 @@ pub struct History {
     pub runs: Vec<RunRef>,
     /// Runs of the scenario left out, each with why.
     pub excluded: Vec<Excluded>,
+    /// The settings followed (`--vary`): runs differing in them compared.
+    pub vary: Vec<String>,
     pub series: Vec<Series>,
 }
 
@@ -148,7 +153,7 @@ pub fn history(store: &Store, q: &Query) -> Result<History> {
             continue;
         }
         let f = report::figures(store, &r.id)?;
-        let key = key_of(store, &f)?;
+        let key = key_of(store, &f, &q.vary)?;
         measured.push((f, key));
     }
     let Some((reference, ref_key)) = measured.last().map(|(f, k)| (f.run.id.clone(), k.clone()))
@@ -191,6 +196,7 @@ pub fn history(store: &Store, q: &Query) -> Result<History> {
             })
             .collect(),
         excluded,
+        vary: q.vary.clone(),
         series,
     })
 }
@@ -317,6 +323,18 @@ pub fn markdown(h: &History) -> (String, Vec<(String, String)>) {
         h.runs.len(),
         h.reference
     );
+    if !h.vary.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nFollowing {}: runs that differ in {} are compared, so a change shows as a step in the series.",
+            h.vary
+                .iter()
+                .map(|v| format!("`{v}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            if h.vary.len() == 1 { "it" } else { "them" }
+        );
+    }
     if !h.excluded.is_empty() {
         let mut by_reason: BTreeMap<&str, usize> = BTreeMap::new();
         for e in &h.excluded {

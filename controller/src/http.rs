@@ -617,6 +617,11 @@ async fn history(State(s): State<Shared>, Query(pairs): QueryPairs) -> Response 
         point: one("point"),
         labels,
         last,
+        vary: pairs
+            .iter()
+            .filter(|(k, _)| k == "vary")
+            .map(|(_, v)| v.clone())
+            .collect(),
         level: 0.95,
         options: Default::default(),
     };

@@ -639,6 +639,7 @@ fn history(args: HistoryArgs, store: &std::path::Path) -> Result<u8, Failure> {
         point: args.point,
         labels: Labels::parse(&args.labels).map_err(Error::Usage)?,
         last: args.last,
+        vary: args.vary,
         level: args.confidence,
         options: Default::default(),
     };

@@ -405,6 +405,99 @@ checks:
     assert!(html.contains("tps against clients"));
 }
 
+/// History on real runs: five runs with `synchronous_commit: off`, then
+/// five with `on` (every commit waits for its WAL fsync: far fewer TPS).
+/// The history check that follows the setting passes on the steady runs
+/// and fails on the first slow one; `pgfleet history --vary
+/// synchronous_commit` finds the change at that run; without `--vary` the
+/// runs on the other setting are left out, saying so.
+#[test]
+fn a_setting_change_is_a_step_that_history_finds_and_checks_catch() {
+    let s = Scratch::new("step");
+    let yaml = |sc: &str| {
+        format!(
+            "name: step
+fleet:
+  - name: a
+    postgres: {{ settings: {{ synchronous_commit: {sc} }} }}
+workloads:
+  - kind: pgbench
+    scale: 1
+    script: random-update
+    clients: 1
+    duration_s: 1.5
+checks:
+  - name: tps holds
+    history: {{ metric: tps, class: a, max_drop: 30%, vary: [synchronous_commit] }}
+    inconclusive: pass
+"
+        )
+    };
+    let mut runs = Vec::new();
+    for i in 0..10 {
+        let sc = if i < 5 { "off" } else { "on" };
+        let file = s.write("step.yaml", &yaml(sc));
+        let out = s
+            .run_cmd(&file, &["--label", &format!("sc={sc}")])
+            .output()
+            .unwrap();
+        let r = s.report();
+        let check = &r["checks"][0];
+        let tps = r["summaries"][0]["classes"]["a"]["tps"]["value"].clone();
+        eprintln!(
+            "run {i} ({sc}): exit {:?}, tps {tps}, check {}",
+            out.status.code(),
+            check["verdict"]
+        );
+        match i {
+            0..=2 => assert_eq!(check["verdict"], "inconclusive", "{check}"),
+            // Steady: passed (or, on a noisy host, an interval straddling
+            // the bound, which this check lets pass).
+            3 | 4 => assert_eq!(check["passes"], true, "{check}"),
+            5 => {
+                assert_eq!(check["verdict"], "failed", "{check}");
+                assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+            }
+            _ => {}
+        }
+        if i < 5 {
+            assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+        }
+        runs.push(r["run_id"].as_str().unwrap().to_string());
+    }
+    let history = |extra: &[&str]| -> serde_json::Value {
+        let out = Command::new(pgfleet())
+            .arg("--store")
+            .arg(s.store())
+            .args(["history", "step", "--metric", "tps", "--format", "json"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let h = history(&["--vary", "synchronous_commit"]);
+    assert_eq!(h["runs"].as_array().unwrap().len(), 10, "{h}");
+    let series = &h["series"][0];
+    let changes = series["change_points"].as_array().unwrap();
+    assert_eq!(changes.len(), 1, "{series}");
+    assert_eq!(changes[0]["run_id"], runs[5].as_str(), "{series}");
+    assert!(
+        changes[0]["change_percent"].as_f64().unwrap() < -50.0,
+        "{series}"
+    );
+
+    let h = history(&[]);
+    assert_eq!(h["runs"].as_array().unwrap().len(), 5, "{h}");
+    let excluded = h["excluded"].as_array().unwrap();
+    assert_eq!(excluded.len(), 5, "{h}");
+    let reason = excluded[0]["reason"].as_str().unwrap();
+    assert_eq!(
+        reason,
+        "class `a`: PostgreSQL settings: synchronous_commit=off (the reference: synchronous_commit=on)"
+    );
+}
+
 /// `cache: cold`: the cluster restarts and its files leave the page cache
 /// before the measurement (without failing the cell), so the measured
 /// window reads from the storage what the warm run finds in memory; the

@@ -4,7 +4,10 @@
 //! guards read it (PostgreSQL version and settings, storage profile and
 //! caps, instance, host cores and memory), and the datasets its cells
 //! used. `pgfleet history` and history checks (`trend.rs`) compare only
-//! runs with equal keys, and say why they left the others out.
+//! runs with equal keys, and say why they left the others out. A history
+//! may name PostgreSQL settings it follows (`vary`): they are left out of
+//! the key, in the scenario's text and in the classes' environments, so a
+//! change of them is a step in the series instead of a new series.
 
 use std::collections::BTreeMap;
 
@@ -17,12 +20,18 @@ use crate::{Result, stats};
 pub type Key = Vec<(String, String)>;
 
 /// The scenario's text without what does not change what is measured:
-/// parsed (comments, layout and key order gone), `checks` dropped.
-fn normalized_scenario(yaml: &str) -> String {
+/// parsed (comments, layout and key order gone), `checks` dropped, and the
+/// classes' settings named in `vary`.
+fn normalized_scenario(yaml: &str, vary: &[String]) -> String {
     match serde_saphyr::from_str::<Json>(yaml) {
         Ok(mut v) => {
             if let Some(m) = v.as_object_mut() {
                 m.remove("checks");
+            }
+            for class in v["fleet"].as_array_mut().into_iter().flatten() {
+                if let Some(settings) = class["postgres"]["settings"].as_object_mut() {
+                    settings.retain(|k, _| !vary.contains(k));
+                }
             }
             v.to_string()
         }
@@ -30,17 +39,24 @@ fn normalized_scenario(yaml: &str) -> String {
     }
 }
 
-/// A stored run's key (its scenario text read from the store).
-pub fn key_of(store: &Store, f: &super::Figures) -> Result<Key> {
+/// A stored run's key (its scenario text read from the store), without
+/// the settings in `vary`.
+pub fn key_of(store: &Store, f: &super::Figures, vary: &[String]) -> Result<Key> {
     let yaml = store.scenario_yaml(&f.run.id)?.unwrap_or_default();
-    Ok(key(&yaml, &f.classes, &f.cells))
+    Ok(key(&yaml, &f.classes, &f.cells, vary))
 }
 
-/// The key of a run of scenario `yaml` with these classes and cells.
-pub fn key(yaml: &str, classes: &super::guards::Classes, cells: &[crate::store::CellRow]) -> Key {
+/// The key of a run of scenario `yaml` with these classes and cells,
+/// without the settings in `vary`.
+pub fn key(
+    yaml: &str,
+    classes: &super::guards::Classes,
+    cells: &[crate::store::CellRow],
+    vary: &[String],
+) -> Key {
     let mut key: Key = vec![(
         "the scenario's text".into(),
-        format!("{:016x}", stats::seed_of(&normalized_scenario(yaml))),
+        format!("{:016x}", stats::seed_of(&normalized_scenario(yaml, vary))),
     )];
     for (class, c) in classes {
         let e = &c.env;
@@ -51,6 +67,7 @@ pub fn key(yaml: &str, classes: &super::guards::Classes, cells: &[crate::store::
             e.postgres
                 .settings
                 .iter()
+                .filter(|(k, _)| !vary.contains(k))
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect::<Vec<_>>()
                 .join(", "),
@@ -94,6 +111,15 @@ pub fn key(yaml: &str, classes: &super::guards::Classes, cells: &[crate::store::
     key
 }
 
+/// The items of list `a` (`k=v, k=v`) that are not in list `b`.
+fn only_in(a: &str, b: &str) -> String {
+    let b: Vec<&str> = b.split(", ").collect();
+    a.split(", ")
+        .filter(|x| !b.contains(x))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Why a run with key `theirs` is not comparable with the reference's.
 pub fn why_not(theirs: &Key, reference: &Key) -> Option<String> {
     let shorten = |s: &str| {
@@ -120,10 +146,12 @@ pub fn why_not(theirs: &Key, reference: &Key) -> Option<String> {
                 if what.ends_with("the scenario's text") {
                     return Some("another version of the scenario's text".into());
                 }
+                // A list (settings, datasets): only what differs.
+                let (mine, theirs) = (only_in(tv, v), only_in(v, tv));
                 return Some(format!(
                     "{what}: {} (the reference: {})",
-                    shorten(tv),
-                    shorten(v)
+                    shorten(&mine),
+                    shorten(&theirs)
                 ));
             }
             _ => {}
@@ -154,8 +182,21 @@ mod tests {
         let a = "name: s\nfleet: [{name: a}]\nworkloads: [{kind: pgbench, scale: 1}]\n";
         let b = "# a comment\nworkloads:\n  - scale: 1\n    kind: pgbench\nfleet:\n  - name: a\nname: s\nchecks: [{metric: tps, min: 1}]\n";
         let c = "name: s\nfleet: [{name: a}]\nworkloads: [{kind: pgbench, scale: 2}]\n";
-        assert_eq!(normalized_scenario(a), normalized_scenario(b));
-        assert_ne!(normalized_scenario(a), normalized_scenario(c));
+        assert_eq!(normalized_scenario(a, &[]), normalized_scenario(b, &[]));
+        assert_ne!(normalized_scenario(a, &[]), normalized_scenario(c, &[]));
+        // A followed setting is not part of the key; the others are.
+        let on = "name: s\nfleet: [{name: a, postgres: {settings: {synchronous_commit: on, work_mem: 4MB}}}]\n";
+        let off = on.replace("synchronous_commit: on", "synchronous_commit: off");
+        let vary = ["synchronous_commit".to_string()];
+        assert_ne!(normalized_scenario(on, &[]), normalized_scenario(&off, &[]));
+        assert_eq!(
+            normalized_scenario(on, &vary),
+            normalized_scenario(&off, &vary)
+        );
+        assert_ne!(
+            normalized_scenario(on, &vary),
+            normalized_scenario(&on.replace("4MB", "8MB"), &vary)
+        );
     }
 
     #[test]
@@ -174,6 +215,19 @@ mod tests {
         assert_eq!(
             why_not(&key("2", "15.18"), &key("1", "15.18")).unwrap(),
             "another version of the scenario's text"
+        );
+        // Of a long list, only what differs.
+        let settings = |sc: &str| -> Key {
+            vec![(
+                "class `a`: PostgreSQL settings".into(),
+                format!(
+                    "block_size=8192, effective_cache_size=4GB, fsync=on, shared_buffers=128MB, synchronous_commit={sc}, work_mem=4MB"
+                ),
+            )]
+        };
+        assert_eq!(
+            why_not(&settings("off"), &settings("on")).unwrap(),
+            "class `a`: PostgreSQL settings: synchronous_commit=off (the reference: synchronous_commit=on)"
         );
         let mut more = key("1", "15.18");
         more.push(("class `nvme`: host".into(), "2 cores".into()));

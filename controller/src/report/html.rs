@@ -6,11 +6,13 @@
 //! it that would be raw HTML is rendered as text instead: a report holds
 //! text from scenarios, agents and PostgreSQL (cell errors, names,
 //! settings), and none of it may become markup. Images naming one of the
-//! report's plots become that SVG inline.
+//! report's plots become that SVG inline. Each `##` section is a
+//! `<section>`; the verdicts (Checks, History checks) are panels that stand
+//! out from the figures below them.
 
 use std::collections::BTreeMap;
 
-use pulldown_cmark::{CowStr, Event, Options, Parser, Tag, TagEnd, html};
+use pulldown_cmark::{CowStr, Event, HeadingLevel, Options, Parser, Tag, TagEnd, html};
 
 const CSS: &str = r#"
 :root { color-scheme: light; }
@@ -27,6 +29,8 @@ tr:nth-child(even) td { background: #fbfcfd; }
 code { font: 0.9em ui-monospace, SFMono-Regular, Menlo, monospace; background: #f3f4f6; padding: 0 3px; border-radius: 3px; }
 blockquote { margin: 0.6em 0; padding: 0.3em 0.9em; border-left: 4px solid #e3b341; background: #fff8e6; }
 svg { max-width: 100%; height: auto; display: block; margin: 0.6em 0; }
+section.panel { border: 1px solid #d8dee4; border-radius: 6px; padding: 0 14px 8px; margin: 1.2em 0; background: #f8fafc; }
+section.panel h2 { margin-top: 0.7em; }
 @media (max-width: 600px) { body { font-size: 14px; padding: 8px; } th, td { padding: 3px 5px; } }
 "#;
 
@@ -39,8 +43,28 @@ pub fn render(title: &str, md: &str, plots: &[(String, String)]) -> String {
         .collect();
     let mut events = Vec::new();
     let mut in_image: Option<bool> = None;
-    for e in Parser::new_ext(md, Options::ENABLE_TABLES | Options::ENABLE_STRIKETHROUGH) {
+    let mut in_section = false;
+    let parsed: Vec<Event> =
+        Parser::new_ext(md, Options::ENABLE_TABLES | Options::ENABLE_STRIKETHROUGH).collect();
+    for (i, e) in parsed.iter().cloned().enumerate() {
         match e {
+            Event::Start(Tag::Heading {
+                level: HeadingLevel::H2,
+                ..
+            }) => {
+                if in_section {
+                    events.push(Event::Html(CowStr::from("</section>")));
+                }
+                let verdicts = matches!(parsed.get(i + 1), Some(Event::Text(t))
+                    if t.starts_with("Checks") || t.starts_with("History checks"));
+                events.push(Event::Html(CowStr::from(if verdicts {
+                    "<section class=\"panel\">"
+                } else {
+                    "<section>"
+                })));
+                in_section = true;
+                events.push(e);
+            }
             Event::Start(Tag::Image { dest_url, .. }) => {
                 match svgs.get(dest_url.as_ref()) {
                     Some(svg) => {
@@ -69,6 +93,9 @@ pub fn render(title: &str, md: &str, plots: &[(String, String)]) -> String {
             }
             e => events.push(e),
         }
+    }
+    if in_section {
+        events.push(Event::Html(CowStr::from("</section>")));
     }
     let mut body = String::new();
     html::push_html(&mut body, events.into_iter());
@@ -118,6 +145,19 @@ mod tests {
             page.contains("see here or http://example.com/y") && !page.contains("<a "),
             "{page}"
         );
+        // Sections; the verdicts stand out as panels.
+        let sections = render(
+            "r",
+            "# run\n\n## Checks: 1 failed\n\nx\n\n## History checks\n\ny\n\n## Environment\n\nz\n",
+            &[],
+        );
+        assert_eq!(
+            sections.matches("<section class=\"panel\">").count(),
+            2,
+            "{sections}"
+        );
+        assert_eq!(sections.matches("<section>").count(), 1, "{sections}");
+        assert_eq!(sections.matches("</section>").count(), 3, "{sections}");
         // Nothing is fetched: no src or href leaves the page.
         for needle in ["<img", " src=\"", " href=\"http", "@import", "url("] {
             assert!(!page.contains(needle), "{needle}: {page}");

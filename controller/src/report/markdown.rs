@@ -376,12 +376,23 @@ fn storage_classes(md: &mut String, doc: &Json) {
         classes.retain(|c| c != b);
         classes.insert(0, b.clone());
     }
+    // With prices: what a million transactions cost per class, beside TPS
+    // (the figure that decides between instance storage and gp3).
+    let cost = |class: &str| doc["costs"]["classes"][class]["per_million_transactions"].as_f64();
+    let currency = doc["costs"]["currency"].as_str().unwrap_or("");
+    let priced = classes.iter().any(|c| cost(c).is_some());
     let _ = writeln!(
         md,
         "## Storage classes at a glance (seeds/002's table)\n\n\
          Median over each class's clusters (min–max). Latency is the mean transaction latency of the \
          random UPDATE, as the talk reports it.\n\n\
-         | class | TPS | latency ms | VACUUM s | drain s |\n|---|---|---|---|---|"
+         | class | TPS | latency ms | VACUUM s | drain s |{}\n|---|---|---|---|---|{}",
+        if priced {
+            format!(" {currency} per 1M transactions |")
+        } else {
+            String::new()
+        },
+        if priced { "---|" } else { "" }
     );
     let figure = |class: &str, kind: &str, metric: &str, d: usize| -> (String, Option<f64>) {
         let Some(x) = first(kind).map(|s| &s["classes"][class][metric]) else {
@@ -402,11 +413,14 @@ fn storage_classes(md: &mut String, doc: &Json) {
     };
     let mut medians: Vec<Vec<Option<f64>>> = Vec::new();
     for c in &classes {
-        let cells: Vec<(String, Option<f64>)> = kinds
+        let mut cells: Vec<(String, Option<f64>)> = kinds
             .iter()
             .zip([0, 3, 1, 1])
             .map(|((k, m), d)| figure(c, k, m, d))
             .collect();
+        if priced {
+            cells.push((cost(c).map(sig).unwrap_or_else(|| "–".into()), cost(c)));
+        }
         let _ = writeln!(
             md,
             "| {c} | {} |",
@@ -419,7 +433,7 @@ fn storage_classes(md: &mut String, doc: &Json) {
         medians.push(cells.iter().map(|x| x.1).collect());
     }
     for (i, c) in classes.iter().enumerate().skip(1) {
-        let ratios: Vec<String> = (0..kinds.len())
+        let ratios: Vec<String> = (0..medians[0].len())
             .map(|k| match (medians[0][k], medians[i][k]) {
                 (Some(b), Some(x)) if b != 0.0 => format!("{:.2}x", x / b),
                 _ => "–".into(),
@@ -427,8 +441,12 @@ fn storage_classes(md: &mut String, doc: &Json) {
             .collect();
         let _ = writeln!(md, "| **{c} / {}** | {} |", classes[0], ratios.join(" | "));
     }
-    let seeds: Vec<String> = SEEDS.iter().map(|s| format!("{} / {}", s.2, s.3)).collect();
-    let ratios: Vec<String> = SEEDS.iter().map(|s| format!("{:.2}x", s.3 / s.2)).collect();
+    let mut seeds: Vec<String> = SEEDS.iter().map(|s| format!("{} / {}", s.2, s.3)).collect();
+    let mut ratios: Vec<String> = SEEDS.iter().map(|s| format!("{:.2}x", s.3 / s.2)).collect();
+    if priced {
+        seeds.push("–".into());
+        ratios.push("–".into());
+    }
     let _ = writeln!(md, "| seeds/002: NVMe / EBS gp3 | {} |", seeds.join(" | "));
     let _ = writeln!(
         md,
@@ -968,5 +986,34 @@ mod render_tests {
         );
         let (md, _) = render(&serde_json::json!({"run_id": "r"}));
         assert!(!md.contains("## Cost"), "{md}");
+    }
+
+    /// The storage-suite table carries the cost of a million transactions
+    /// when the classes are priced, and its ratio beside the TPS ratio.
+    #[test]
+    fn the_storage_table_shows_cost_beside_tps() {
+        let class = |tps: f64, vac: f64| {
+            serde_json::json!({
+            "tps": {"value": tps, "min": tps, "max": tps},
+            "vacuum_seconds": {"value": vac, "min": vac, "max": vac}})
+        };
+        let mut doc = serde_json::json!({"run_id": "r",
+            "comparisons": [{"baseline_class": "nvme"}],
+            "summaries": [
+                {"workload": "pgbench", "classes": {"nvme": class(10000.0, 0.0), "gp3": class(1000.0, 0.0)}},
+                {"workload": "vacuum-bloat", "classes": {"nvme": class(0.0, 10.0), "gp3": class(0.0, 26.0)}}],
+            "costs": {"currency": "USD", "classes": {
+                "gp3": {"per_million_transactions": 0.30556},
+                "nvme": {"per_million_transactions": 0.027778}}}});
+        let (md, _) = render(&doc);
+        assert!(
+            md.contains("| drain s | USD per 1M transactions |\n|---|---|---|---|---|---|"),
+            "{md}"
+        );
+        assert!(md.contains("| **gp3 / nvme** | 0.10x |"), "{md}");
+        assert!(md.contains(" | 11.00x |\n"), "{md}");
+        doc["costs"] = serde_json::json!(null);
+        let (md, _) = render(&doc);
+        assert!(md.contains("| drain s |\n|---|---|---|---|---|\n"), "{md}");
     }
 }

@@ -152,7 +152,7 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
                 // Only history checks need the run's comparability key
                 // (and the earlier runs): not computed on every render.
                 if all.iter().any(|c| c.history.is_some()) {
-                    let key = comparable::key(&yaml, &classes, &cells);
+                    let key = |vary: &[String]| comparable::key(&yaml, &classes, &cells, vary);
                     judged.extend(trend::judge(store, &run, &key, &all, &summaries)?);
                 }
                 let costs = sc

@@ -36,7 +36,7 @@ pub const MIN_RUNS: usize = 3;
 pub fn judge(
     store: &Store,
     run: &RunRow,
-    key: &Key,
+    key: &dyn Fn(&[String]) -> Key,
     checks: &[Check],
     summaries: &[Json],
 ) -> Result<Vec<Json>> {
@@ -44,10 +44,8 @@ pub fn judge(
     if checks.is_empty() {
         return Ok(Vec::new());
     }
-    // The scenario's earlier successful runs, oldest first, and how many
-    // of them could not be compared.
-    let mut earlier = Vec::new();
-    let mut not_comparable = 0;
+    // The scenario's earlier successful runs, oldest first.
+    let mut before = Vec::new();
     for r in store.runs()? {
         if r.id == run.id
             || r.scenario_name != run.scenario_name
@@ -56,22 +54,29 @@ pub fn judge(
         {
             continue;
         }
-        let f = super::figures(store, &r.id)?;
-        if key_of(store, &f)? == *key {
-            earlier.push(f);
-        } else {
-            not_comparable += 1;
-        }
+        before.push(super::figures(store, &r.id)?);
     }
     let mut out = Vec::new();
     for c in checks {
         let Some(h) = &c.history else { continue };
+        // The comparable ones (without the settings the check follows),
+        // and how many could not be compared.
+        let mine = key(&h.vary);
+        let mut earlier = Vec::new();
+        let mut not_comparable = 0;
+        for f in &before {
+            if key_of(store, f, &h.vary)? == mine {
+                earlier.push(f);
+            } else {
+                not_comparable += 1;
+            }
+        }
         let same = |f: &&super::Figures| {
             h.same_labels
                 .iter()
                 .all(|l| f.run.labels.0.get(l) == run.labels.0.get(l))
         };
-        let pool: Vec<&super::Figures> = earlier.iter().filter(same).collect();
+        let pool: Vec<&super::Figures> = earlier.into_iter().filter(same).collect();
         let pool = &pool[pool.len().saturating_sub(h.window)..];
         let higher = crate::report::figure::higher_is_better(&c.metric);
         let (min, max) = if higher {

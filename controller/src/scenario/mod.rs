@@ -210,6 +210,10 @@ pub struct HistoryRef {
     /// (e.g. `[branch]`: main is compared with main).
     #[serde(default)]
     pub same_labels: Vec<Spanned<String>>,
+    /// PostgreSQL settings the check follows: earlier runs that differ in
+    /// them stay comparable (`pgfleet history --vary`).
+    #[serde(default)]
+    pub vary: Vec<Spanned<String>>,
 }
 
 /// A history check's bound and the runs it looks at.
@@ -219,6 +223,7 @@ pub struct HistoryBound {
     /// As a fraction (0.05 for `5%`).
     pub max_drop: f64,
     pub same_labels: Vec<String>,
+    pub vary: Vec<String>,
 }
 
 /// `5%` (or `5`) as 0.05; None unless 0 <= it < 100.
@@ -302,6 +307,7 @@ impl Scenario {
                     window: h.window.as_ref().map_or(20, |w| w.value),
                     max_drop: parse_percent(&h.max_drop.value).unwrap_or(0.0),
                     same_labels: h.same_labels.iter().map(|l| l.value.clone()).collect(),
+                    vary: h.vary.iter().map(|l| l.value.clone()).collect(),
                 });
                 let (metric, class, baseline, workload, baseline_entry) =
                     match (&c.metric, &c.ratio, &c.history) {
@@ -981,7 +987,7 @@ workloads:
         };
         let s = parse(
             Path::new("good.yaml"),
-            &check(", max_drop: 5%, same_labels: [branch]"),
+            &check(", max_drop: 5%, same_labels: [branch], vary: [synchronous_commit]"),
         )
         .unwrap();
         let c = &s.checks()[0];
@@ -990,8 +996,15 @@ workloads:
             Some(HistoryBound {
                 window: 20,
                 max_drop: 0.05,
-                same_labels: vec!["branch".into()]
+                same_labels: vec!["branch".into()],
+                vary: vec!["synchronous_commit".into()],
             })
+        );
+        let e = err(&check(", max_drop: 5%, vary: [\"Sync Commit\"]"));
+        assert_eq!(e.field, "checks[0].history.vary", "{e}");
+        assert!(
+            e.message.contains("is not a PostgreSQL setting name"),
+            "{e}"
         );
         assert_eq!((c.min, c.max), (None, None));
         let e = err(&check(", max_drop: lots"));

@@ -485,6 +485,23 @@ fn validate_checks(s: &Scenario, classes: &BTreeSet<String>) -> Result<(), Inval
                         return err(l.referenced, at("history.same_labels"), e);
                     }
                 }
+                for v in &h.vary {
+                    let name_ok = !v.value.is_empty()
+                        && v.value.len() <= 63
+                        && v.value.chars().all(|c| {
+                            c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '.'
+                        });
+                    if !name_ok {
+                        return err(
+                            v.referenced,
+                            at("history.vary"),
+                            format!(
+                                "`{}` is not a PostgreSQL setting name (e.g. synchronous_commit)",
+                                v.value
+                            ),
+                        );
+                    }
+                }
                 if let Some(b) = c.min.as_ref().or(c.max.as_ref()) {
                     return err(
                         b.referenced,
