@@ -29,6 +29,9 @@ pub struct AgentEnv {
     pub data_root: PathBuf,
     /// Where datasets are published and restored from.
     pub datasets: pgfleet_proto::dataset::LocalStore,
+    /// The object store behind it (`--dataset-remote`): datasets missing
+    /// locally are downloaded from it, built ones uploaded to it.
+    pub remote: Option<std::sync::Arc<crate::remote::Remote>>,
     pub storage_profile: String,
     /// The profile's caps (uncapped for `nvme`).
     pub caps: Caps,
@@ -357,7 +360,15 @@ async fn provision_with_dataset(
     let fp = &w.fingerprint;
     prov.fingerprint = fp.clone();
     prov.store = env.datasets.dir.display().to_string();
+    prov.remote = env
+        .remote
+        .as_ref()
+        .map(|r| r.url.clone())
+        .unwrap_or_default();
     prov.cache = "evicted";
+    // The remote store is asked once per cell: a dataset it gave that then
+    // fails its restore is built here, not fetched again.
+    let mut remote_tried = false;
     loop {
         let waited = std::time::Instant::now();
         let ticket = dataset::acquire(&env.datasets, fp, cancel, |s| {
@@ -371,6 +382,14 @@ async fn provision_with_dataset(
         prov.wait_seconds += waited.elapsed().as_secs_f64();
         match ticket {
             Ticket::Build(lock) => {
+                if let Some(remote) = env.remote.as_deref().filter(|_| !remote_tried) {
+                    remote_tried = true;
+                    if fetch(remote, env, fp, prov, events, cell, cancel).await? {
+                        // Published locally now: restore it (the next ticket).
+                        drop(lock);
+                        continue;
+                    }
+                }
                 let _ = events.try_send(progress(cell, "provision", "initdb and start"));
                 prov.how = "built";
                 return Ok((Cluster::provision(spec).await?, Source::Build(lock)));
@@ -439,6 +458,131 @@ async fn provision_with_dataset(
     }
 }
 
+/// Uploads the dataset just published locally to the remote store, before
+/// the measurement (it would compete for the disk and the network). A
+/// failed upload is noted; the cell goes on.
+async fn upload(
+    remote: &crate::remote::Remote,
+    env: &AgentEnv,
+    fp: &str,
+    prov: &mut crate::dataset::Provenance,
+    ctx: &CellContext<'_>,
+) -> Result<()> {
+    ctx.progress(
+        "dataset",
+        0,
+        0,
+        format!("uploading dataset {fp} to {}", remote.url),
+    );
+    // Under the shared lock: no one replaces it while it is read.
+    let lock = loop {
+        match env.datasets.try_lock(fp, false) {
+            Ok(Some(l)) => break l,
+            Ok(None) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+            Err(e) => {
+                return Err(Error::io(
+                    format!("dataset store {}", env.datasets.dir.display()),
+                    e,
+                ));
+            }
+        }
+    };
+    let manifest = env
+        .datasets
+        .find(fp)
+        .map_err(|e| Error::io(format!("dataset store {}", env.datasets.dir.display()), e))?;
+    let Some(m) = manifest else {
+        return Ok(());
+    };
+    match remote.upload(&env.datasets, &m, &ctx.cancel).await {
+        Ok(t) => {
+            prov.upload_seconds = t.seconds;
+            prov.uploaded_bytes = t.compressed_bytes;
+        }
+        Err(e @ Error::Cancelled(_)) => return Err(e),
+        Err(e) => {
+            tracing::warn!(dataset = %fp, "uploading to the remote dataset store: {e}");
+            prov.remote_error = Some(format!("upload: {e}"));
+        }
+    }
+    drop(lock);
+    Ok(())
+}
+
+/// Downloads dataset `fp` from the remote store into the local one (the
+/// caller holds its exclusive lock): true when it is published locally. A
+/// remote copy that does not match its manifest is removed from the remote
+/// store (the cell then builds it, and uploads the new one); a remote store
+/// that cannot be reached is noted and the cell builds it.
+async fn fetch(
+    remote: &crate::remote::Remote,
+    env: &AgentEnv,
+    fp: &str,
+    prov: &mut crate::dataset::Provenance,
+    events: &mpsc::Sender<AgentMessage>,
+    cell: &str,
+    cancel: &CancellationToken,
+) -> Result<bool> {
+    let found = match remote.find(fp).await {
+        Ok(Some(rm)) => rm,
+        Ok(None) => return Ok(false),
+        Err(e) => {
+            tracing::warn!(dataset = %fp, "remote dataset store: {e}; building it here");
+            prov.remote_error = Some(e.to_string());
+            return Ok(false);
+        }
+    };
+    let _ = events.try_send(progress(
+        cell,
+        "dataset",
+        &format!(
+            "downloading dataset {fp} ({}, {} compressed) from {}",
+            approx_bytes(found.manifest.bytes),
+            approx_bytes(found.compressed_bytes),
+            remote.url
+        ),
+    ));
+    let downloaded = remote
+        .download(
+            &found,
+            &env.datasets,
+            |done, total| {
+                let _ = events.try_send(AgentMessage {
+                    msg: Some(Msg::Progress(CellProgress {
+                        cell_id: cell.to_string(),
+                        phase: "download".into(),
+                        done,
+                        total,
+                        message: format!("downloading dataset {fp}"),
+                    })),
+                });
+            },
+            cancel,
+        )
+        .await;
+    match downloaded {
+        Ok(t) => {
+            prov.download_seconds = t.seconds;
+            prov.download_mb_per_s = t.raw_bytes as f64 / 1e6 / t.seconds.max(1e-9);
+            Ok(true)
+        }
+        Err(Error::DatasetCorrupt { detail, .. }) => {
+            tracing::warn!(dataset = %fp, %detail, "discarding a corrupt remote dataset; building it again");
+            if let Err(e) = remote.discard(fp).await {
+                tracing::warn!(dataset = %fp, "removing the corrupt remote dataset: {e}");
+            }
+            prov.discarded = Some(format!("the copy in {}: {detail}", remote.url));
+            Ok(false)
+        }
+        Err(e @ Error::Cancelled(_)) => Err(e),
+        Err(e) => {
+            tracing::warn!(dataset = %fp, "downloading from the remote dataset store: {e}; building it here");
+            prov.remote_error = Some(e.to_string());
+            Ok(false)
+        }
+    }
+}
+
 /// Loads the cell's data (or takes a restored dataset's figures) and, for
 /// a build, publishes it.
 async fn load_dataset(
@@ -489,6 +633,9 @@ async fn load_dataset(
                 Ok(copied) => {
                     prov.publish_seconds = copied.seconds;
                     prov.bytes = copied.bytes;
+                    if let Some(remote) = env.remote.as_deref() {
+                        upload(remote, env, fp, prov, ctx).await?;
+                    }
                 }
                 Err(why) => {
                     tracing::warn!(dataset = %fp, %why, "dataset not published");

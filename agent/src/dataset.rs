@@ -61,12 +61,38 @@ pub struct Provenance {
     #[serde(skip_serializing_if = "String::is_empty")]
     pub built_by: String,
     pub built_at: u64,
+    /// The remote store (`--dataset-remote`), when there is one.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub remote: String,
+    /// Seconds and MB/s (of the data, uncompressed) of downloading it from the remote
+    /// store into the local one, when it came from there.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub download_seconds: f64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub download_mb_per_s: f64,
+    /// Seconds and compressed bytes of uploading a built dataset.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub upload_seconds: f64,
+    #[serde(skip_serializing_if = "is_zero_u64")]
+    pub uploaded_bytes: u64,
+    /// Why the remote store was not used (unreachable, a failed upload):
+    /// the cell went on without it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote_error: Option<String>,
     /// `rewarmed`: the server freshly started and the data read back into
     /// the page cache through it (`rewarm`); `evicted`: left out of it
     /// (no pg_prewarm); `as loaded`: `data: fresh` cells.
     pub cache: &'static str,
     pub rewarm_bytes: u64,
     pub rewarm_seconds: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
+}
+
+fn is_zero_u64(x: &u64) -> bool {
+    *x == 0
 }
 
 /// The build's on-disk format, from the binaries (`pg_config --configure`;

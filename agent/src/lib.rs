@@ -14,6 +14,7 @@ pub mod host;
 pub mod metrics;
 pub mod pgbin;
 pub mod pglz;
+pub mod remote;
 pub mod sampler;
 pub mod session;
 pub mod workload;
@@ -49,6 +50,9 @@ pub enum Error {
     /// discarded and built again.
     #[error("dataset {fingerprint} does not match its manifest: {detail}")]
     DatasetCorrupt { fingerprint: String, detail: String },
+    /// The remote dataset store (`remote.rs`) could not be reached or used.
+    #[error("remote dataset store: {0}")]
+    Remote(String),
     #[error("session with the controller: {0}")]
     Session(String),
     /// The controller will not take this agent (token, identity, TLS

@@ -106,6 +106,15 @@ struct RunArgs {
     /// <data-root>/datasets, or $TMPDIR/pgfleet/datasets without --data-root.
     #[arg(long, env = "PGFLEET_DATASET_DIR")]
     dataset_dir: Option<PathBuf>,
+    /// An object store behind the local dataset store, e.g.
+    /// s3://bucket/pgfleet-datasets: a dataset missing locally is
+    /// downloaded from it (zstd parts, each checked against its SHA-256)
+    /// instead of loaded, and one built here is uploaded to it, so agents on
+    /// other hosts reuse it. Credentials, region and endpoint from the
+    /// environment: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,
+    /// AWS_ENDPOINT_URL (an S3-compatible server).
+    #[arg(long, env = "PGFLEET_DATASET_REMOTE")]
+    dataset_remote: Option<String>,
     /// Directory with initdb and postgres. Default: `pg_config --bindir`,
     /// then the newest /usr/lib/postgresql/*/bin.
     #[arg(long, env = "PGFLEET_PG_BIN")]
@@ -217,11 +226,16 @@ async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         read_mbps: args.read_mbps,
         write_mbps: args.write_mbps,
     };
+    let remote = match &args.dataset_remote {
+        Some(url) => Some(Arc::new(pgfleet_agent::remote::Remote::open(url)?)),
+        None => None,
+    };
     let env = Arc::new(AgentEnv {
         pg: PgBin::find(args.pg_bin.as_deref()).map_err(|e| e.to_string()),
         run_as: RunAs::resolve(&args.pg_user).map_err(|e| e.to_string()),
         data_root: data_root.clone(),
         datasets,
+        remote,
         storage_profile: args.storage_profile.clone(),
         caps,
         emulated: caps.is_capped() && !args.no_emulate,

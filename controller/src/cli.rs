@@ -351,6 +351,17 @@ pub struct KubeArgs {
     /// image not pulled, volume not bound); the reason goes to the report.
     #[arg(long, default_value_t = 600.0)]
     pub pending_timeout_s: f64,
+    /// An object store behind each agent pod's dataset store, e.g.
+    /// s3://bucket/pgfleet-datasets: pods download datasets other pods
+    /// built (and upload the ones they build) instead of loading them. The
+    /// only dataset store that outlives an instance-store NVMe node.
+    #[arg(long, env = "PGFLEET_DATASET_REMOTE")]
+    pub dataset_remote: Option<String>,
+    /// The Secret whose keys become the agent pods' environment for the
+    /// object store: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,
+    /// AWS_ENDPOINT_URL (leave it out with IAM roles for service accounts).
+    #[arg(long, requires = "dataset_remote")]
+    pub dataset_remote_secret: Option<String>,
 }
 
 /// The agents' session: lease, TLS and join token (run and serve).
@@ -491,6 +502,14 @@ pub struct RunArgs {
     /// remove with `pgfleet datasets`. Default: <data-dir>/datasets.
     #[arg(long, env = "PGFLEET_DATASET_DIR")]
     pub dataset_dir: Option<PathBuf>,
+    /// An object store behind the agents' dataset store, e.g.
+    /// s3://bucket/pgfleet-datasets (the agents' --dataset-remote): datasets
+    /// missing locally are downloaded from it, built ones uploaded, so
+    /// other hosts reuse them. The agents read AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY, AWS_REGION and AWS_ENDPOINT_URL from this
+    /// process's environment.
+    #[arg(long, env = "PGFLEET_DATASET_REMOTE")]
+    pub dataset_remote: Option<String>,
 }
 
 /// A `--label`'s text, checked (the duplicates are checked together).

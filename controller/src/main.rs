@@ -181,6 +181,8 @@ fn kube_options(k: &KubeArgs, controller_url: Option<String>) -> kubernetes::Kub
         ca_secret: k.agent_ca_secret.clone(),
         pending_timeout: Duration::from_secs_f64(k.pending_timeout_s.max(1.0)),
         exit_grace: d.exit_grace,
+        dataset_remote: k.dataset_remote.clone(),
+        dataset_remote_secret: k.dataset_remote_secret.clone(),
     }
 }
 
@@ -613,6 +615,7 @@ fn run_options(args: RunArgs, store: std::path::PathBuf, datasets_only: bool) ->
             dataset_dir: args
                 .dataset_dir
                 .unwrap_or_else(|| data_dir.join("datasets")),
+            dataset_remote: args.dataset_remote,
             data_dir,
             netns: args.agent_netns,
             // With --metrics-addr, the agents serve theirs too.

@@ -73,6 +73,10 @@ pub struct KubeOptions {
     /// How long the end of a run waits for agents to exit on their own
     /// before it deletes their pods.
     pub exit_grace: Duration,
+    /// The agents' object store for datasets (`--dataset-remote`), and the
+    /// Secret whose keys are its credentials in the pods' environment.
+    pub dataset_remote: Option<String>,
+    pub dataset_remote_secret: Option<String>,
 }
 
 impl Default for KubeOptions {
@@ -86,6 +90,8 @@ impl Default for KubeOptions {
             ca_secret: None,
             pending_timeout: Duration::from_secs(600),
             exit_grace: Duration::from_secs(60),
+            dataset_remote: None,
+            dataset_remote_secret: None,
         }
     }
 }
@@ -403,6 +409,9 @@ fn agent_objects(
         json!({"name": "PGFLEET_ADVERTISE_ADDRESS",
                "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}),
     ];
+    if let Some(url) = &opts.dataset_remote {
+        env.push(json!({"name": "PGFLEET_DATASET_REMOTE", "value": url}));
+    }
     let mut mounts = vec![
         json!({"name": "data", "mountPath": DATA_ROOT}),
         json!({"name": "join-token", "mountPath": TOKEN_DIR, "readOnly": true}),
@@ -465,6 +474,9 @@ fn agent_objects(
         }],
         "volumes": volumes,
     });
+    if let Some(secret) = &opts.dataset_remote_secret {
+        spec["containers"][0]["envFrom"] = json!([{"secretRef": {"name": secret}}]);
+    }
     if !node_selector.is_empty() {
         spec["nodeSelector"] = json!(node_selector);
     }
@@ -915,5 +927,39 @@ async fn pending_reason(p: Option<&Pod>, kube_events: &Api<KubeEvent>, name: &st
         "no condition or event says why".into()
     } else {
         why.join("; ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--dataset-remote` reaches each agent pod, with its credentials from
+    /// the named Secret as environment; without it, the pods carry neither.
+    #[test]
+    fn the_dataset_remote_and_its_secret_reach_the_pods() {
+        let sc = crate::scenario::parse(
+            std::path::Path::new("k.yaml"),
+            "name: k\nfleet: [{name: a}]\nworkloads: [{kind: pgbench, scale: 1}]\n",
+        )
+        .unwrap();
+        let container = |opts: &KubeOptions| {
+            let objects = plan(&sc, "r1", opts).unwrap();
+            serde_json::to_value(&objects.agents[0].pod).unwrap()["spec"]["containers"][0].clone()
+        };
+        let plain = container(&KubeOptions::default());
+        assert!(plain["envFrom"].is_null(), "{plain}");
+        assert!(!plain["env"].to_string().contains("PGFLEET_DATASET_REMOTE"));
+        let c = container(&KubeOptions {
+            dataset_remote: Some("s3://b/p".into()),
+            dataset_remote_secret: Some("pgfleet-s3".into()),
+            ..KubeOptions::default()
+        });
+        assert_eq!(c["envFrom"], json!([{"secretRef": {"name": "pgfleet-s3"}}]));
+        let env = c["env"].as_array().unwrap();
+        assert!(
+            env.contains(&json!({"name": "PGFLEET_DATASET_REMOTE", "value": "s3://b/p"})),
+            "{env:?}"
+        );
     }
 }

@@ -33,6 +33,8 @@ pub struct LocalOptions {
     pub data_dir: PathBuf,
     /// The agents' dataset store (shared by them: a lock per dataset).
     pub dataset_dir: PathBuf,
+    /// The object store behind it (`--dataset-remote`).
+    pub dataset_remote: Option<String>,
     /// Network namespaces (made by the user) to start agents in, one after
     /// the other; each agent advertises its namespace's address, so the
     /// clusters of multi-role cells talk over real interfaces. Empty: every
@@ -162,6 +164,12 @@ impl LocalAgents {
                     .arg(&data_root)
                     .arg("--dataset-dir")
                     .arg(&me.opts.dataset_dir)
+                    .args(
+                        me.opts
+                            .dataset_remote
+                            .iter()
+                            .flat_map(|r| ["--dataset-remote", r.as_str()]),
+                    )
                     .stdin(Stdio::null())
                     .stdout(log.try_clone().map_err(|e| Error::Agents(e.to_string()))?)
                     .stderr(log)

@@ -869,6 +869,24 @@ fn datasets(md: &mut String, doc: &Json) {
         if let Some(why) = d["not_published"].as_str() {
             note.push(format!("not published: {why}"));
         }
+        // The object store behind the agents' stores (`--dataset-remote`).
+        if let Some(x) = d["download_seconds"].as_f64().filter(|x| *x > 0.0) {
+            note.push(format!(
+                "downloaded from {} in {x:.1} s ({:.0} MB/s)",
+                s(&d["remote"]),
+                d["download_mb_per_s"].as_f64().unwrap_or(0.0)
+            ));
+        }
+        if let Some(x) = d["upload_seconds"].as_f64().filter(|x| *x > 0.0) {
+            note.push(format!(
+                "uploaded to {} in {x:.1} s ({} compressed)",
+                s(&d["remote"]),
+                pgfleet_proto::workload::approx_bytes(d["uploaded_bytes"].as_u64().unwrap_or(0))
+            ));
+        }
+        if let Some(why) = d["remote_error"].as_str() {
+            note.push(format!("the remote store was not used: {why}"));
+        }
         let _ = writeln!(
             md,
             "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} |",
