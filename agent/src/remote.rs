@@ -5,7 +5,7 @@
 //! it into the local store, then restores it as any local dataset; a cell
 //! that built and published one locally uploads it.
 //!
-//! Layout under `s3://BUCKET/PREFIX/<fingerprint>/`: `parts/NNNNN.zst`,
+//! Layout under `s3://BUCKET/PREFIX/<fingerprint>/`: `parts/<upload>/NNNNN.zst`,
 //! PGDATA's files cut into parts of up to 64 MiB, each zstd-compressed,
 //! then `manifest.json`, written last (a build killed half-way leaves no
 //! manifest, so nothing uses it): the local store's manifest (every file's
@@ -187,8 +187,19 @@ impl Remote {
         let started = Instant::now();
         let data = local.path(&m.fingerprint).join("data");
         let files = Arc::new(m.files.clone());
+        // This upload's own part names: two hosts uploading one dataset at
+        // once never overwrite each other's parts (the last manifest wins,
+        // and refers to its own).
+        let upload = hex(&Sha256::digest(format!(
+            "{} {} {} {}",
+            m.built_by,
+            m.host,
+            m.created_at,
+            std::process::id()
+        )))[..12]
+            .to_string();
         // Each part's future owns what it uses (spawned work needs 'static).
-        let jobs: Vec<_> = plan(m)
+        let jobs: Vec<_> = plan(m, &upload)
             .into_iter()
             .map(|p| {
                 let (data, files, cancel) = (data.clone(), files.clone(), cancel.clone());
@@ -447,7 +458,7 @@ impl Remote {
 
 /// Cuts the dataset's files into parts of at most `PART_BYTES` (their
 /// compressed sizes and SHA-256 are filled in by the upload).
-fn plan(m: &Manifest) -> Vec<Part> {
+fn plan(m: &Manifest, upload: &str) -> Vec<Part> {
     let mut parts: Vec<Part> = Vec::new();
     let mut current: Vec<Chunk> = Vec::new();
     let mut size = 0u64;
@@ -456,7 +467,7 @@ fn plan(m: &Manifest) -> Vec<Part> {
             return;
         }
         parts.push(Part {
-            name: format!("{:05}.zst", parts.len()),
+            name: format!("{upload}/{:05}.zst", parts.len()),
             raw_bytes: *size,
             bytes: 0,
             sha256: String::new(),
@@ -566,8 +577,9 @@ mod tests {
     #[test]
     fn files_are_cut_into_parts_that_cover_them_exactly() {
         let m = manifest(&[10, PART_BYTES + 5, 0, 3]);
-        let parts = plan(&m);
+        let parts = plan(&m, "u1");
         assert_eq!(parts.len(), 2);
+        assert_eq!(parts[1].name, "u1/00001.zst");
         assert_eq!(parts[0].raw_bytes, PART_BYTES);
         assert_eq!(parts[1].raw_bytes, 5 + 10 + 3);
         assert_eq!(parts[0].chunks[1].len, PART_BYTES - 10);
@@ -591,7 +603,7 @@ mod tests {
         let m = manifest(&[10]);
         let good = RemoteManifest {
             remote_format: REMOTE_FORMAT,
-            parts: plan(&m),
+            parts: plan(&m, "u1"),
             manifest: m,
             compressed_bytes: 0,
         };

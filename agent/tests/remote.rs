@@ -119,9 +119,12 @@ fn parts(s3_root: &Path, fingerprint: &str) -> Vec<PathBuf> {
         .join("pgfleet")
         .join(fingerprint)
         .join("parts");
+    // parts/<upload>/NNNNN.zst
     let mut parts: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flat_map(|upload| std::fs::read_dir(upload.unwrap().path()).unwrap())
         .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "zst"))
         .collect();
     parts.sort_by_key(|p| std::cmp::Reverse(std::fs::metadata(p).unwrap().len()));
     parts
@@ -196,6 +199,8 @@ async fn a_dataset_crosses_hosts_through_the_object_store_and_a_bad_part_is_caug
     );
     let again = r.find(&fp).await.unwrap().expect("a new remote manifest");
     assert_eq!(again.manifest.built_by, "w0-c");
+    assert!(!part.exists(), "the corrupt copy's parts are removed");
+    assert_eq!(parts(&s3_root, &fp).len(), again.parts.len());
     // Nothing half-written is left in C's store.
     let leftovers: Vec<String> = std::fs::read_dir(dir.join("c-store"))
         .unwrap()
