@@ -144,6 +144,62 @@ async fn emulated_caps_bind_fio() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
+/// A write cap binds everything written to the emulated volume, not only
+/// what the server's processes write themselves: a load and the checkpoint
+/// after it are written back by the kernel's flusher threads, which a cgroup
+/// v1 block-I/O cgroup never sees. The cluster's own loop device carries
+/// the cap for every writer, so the device's bytes over the time they took
+/// stay at the cap.
+#[tokio::test]
+async fn a_write_cap_binds_a_load_and_its_checkpoint() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: block-I/O throttling needs root");
+        return;
+    }
+    let root = common::scratch("fio-load-capped");
+    let caps = Caps {
+        read_iops: 0,
+        write_iops: 0,
+        read_mbps: 0,
+        write_mbps: 20,
+    };
+    // An emulated instance's memory: its dirty pages are written back by
+    // the flushers when it reclaims them.
+    let mut s = common::spec(&root, "c", "16MB", caps);
+    s.account_io = true;
+    s.memory_bytes = 96 << 20;
+    let c = Cluster::provision(&s).await.unwrap();
+    let (_, written0) = c.io_bytes().expect("the cluster's own device");
+    let started = std::time::Instant::now();
+    common::run(&c, &common::params("{kind: pgbench-init, scale: 5}"))
+        .await
+        .unwrap();
+    c.connect()
+        .await
+        .unwrap()
+        .batch_execute("CHECKPOINT")
+        .await
+        .unwrap();
+    let seconds = started.elapsed().as_secs_f64();
+    let (_, written1) = c.io_bytes().unwrap();
+    let mib = (written1 - written0) as f64 / (1 << 20) as f64;
+    eprintln!(
+        "wrote {mib:.0} MiB in {seconds:.1} s: {:.1} MiB/s",
+        mib / seconds
+    );
+    assert!(
+        mib > 60.0,
+        "the load and checkpoint reached the device: {mib:.0} MiB"
+    );
+    assert!(
+        mib / seconds <= 20.0 * 1.2,
+        "{mib:.0} MiB in {seconds:.1} s is {:.1} MiB/s, above the 20 MiB/s cap",
+        mib / seconds
+    );
+    c.teardown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 /// A cancelled cell kills fio at once and leaves no file.
 #[tokio::test]
 async fn a_cancelled_fio_is_killed_and_its_file_removed() {

@@ -329,7 +329,11 @@ impl Cluster {
             )?;
             check_reachable(&cluster.dir, u)?;
         }
-        if spec.account_io && volume::available() {
+        // Its own volume where its device bytes must be exact, and where
+        // capped storage must cap everything written to it: on cgroup v1 a
+        // blkio cgroup does not see buffered writeback (loads,
+        // checkpoints), the volume's device-wide caps do (`boot`).
+        if (spec.account_io || (spec.caps.is_capped() && throttle::v1())) && volume::available() {
             // Sparse: it takes the disk the data takes, up to what is free.
             let size = (crate::host::free_bytes(&cluster.dir).unwrap_or(0) / 10 * 9).max(1 << 30);
             let owner = spec.run_as.as_ref().map(|u| (u.uid, u.gid));
@@ -351,12 +355,23 @@ impl Cluster {
     /// the superuser password in a restored data directory.
     async fn boot(&mut self, restored: Option<String>) -> Result<()> {
         let spec = self.spec.clone();
-        let limits = throttle::Limits {
+        let mut limits = throttle::Limits {
             caps: spec.caps,
             memory_bytes: spec.memory_bytes,
             cpus: spec.cpus,
             account_io: spec.account_io,
         };
+        if let Some(v) = &self.volume
+            && limits.caps.is_capped()
+            && throttle::v1()
+        {
+            // The caps on the cluster's own device, for every writer; its
+            // processes stay in the root blkio cgroup (v1 limits are not
+            // hierarchical) and its bytes come from the device.
+            throttle::cap_device(&v.dev_number()?, limits.caps)?;
+            limits.caps = Caps::default();
+            limits.account_io = false;
+        }
         if limits.any() {
             let name = format!("{}-{:016x}", spec.name, path_hash(&self.dir));
             // The device under the data: the cluster's own volume's when it

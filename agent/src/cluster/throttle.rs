@@ -379,6 +379,52 @@ fn write(p: &Path, v: &str) -> Result<()> {
         .map_err(|e| Error::Provision(format!("writing `{v}` to {}: {e}", p.display())))
 }
 
+/// Whether block I/O is throttled through cgroup v1's blkio hierarchy.
+pub fn v1() -> bool {
+    Path::new(V1_ROOT)
+        .join("blkio.throttle.read_iops_device")
+        .exists()
+}
+
+/// Caps device `dev` (`major:minor`, a cluster's own loop device) for
+/// everything that reaches it from cgroup v1's root blkio cgroup: the
+/// kernel's writeback as well as processes that stay in the root (v1
+/// limits are not hierarchical, so the cluster's processes must not join a
+/// blkio cgroup of their own). The device then behaves as the emulated
+/// volume, whoever writes to it. `uncap_device` undoes it.
+pub fn cap_device(dev: &str, caps: Caps) -> Result<()> {
+    let root = Path::new(V1_ROOT);
+    for (file, v) in [
+        ("blkio.throttle.read_iops_device", caps.read_iops),
+        ("blkio.throttle.write_iops_device", caps.write_iops),
+        ("blkio.throttle.read_bps_device", caps.read_mbps << 20),
+        ("blkio.throttle.write_bps_device", caps.write_mbps << 20),
+    ] {
+        if v > 0 {
+            write(&root.join(file), &format!("{dev} {v}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes `cap_device`'s rules on `dev` (best effort: a rule that is not
+/// there is nothing to remove).
+pub fn uncap_device(dev: &str) {
+    let root = Path::new(V1_ROOT);
+    for file in [
+        "blkio.throttle.read_iops_device",
+        "blkio.throttle.write_iops_device",
+        "blkio.throttle.read_bps_device",
+        "blkio.throttle.write_bps_device",
+    ] {
+        let has = std::fs::read_to_string(root.join(file))
+            .is_ok_and(|t| t.lines().any(|l| l.split_whitespace().next() == Some(dev)));
+        if has {
+            let _ = write(&root.join(file), &format!("{dev} 0"));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

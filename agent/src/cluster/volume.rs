@@ -144,6 +144,14 @@ impl Volume {
         self.device.trim_start_matches("/dev/")
     }
 
+    /// The device's `major:minor` (what throttling rules name).
+    pub fn dev_number(&self) -> Result<String> {
+        let path = format!("/sys/block/{}/dev", self.name());
+        std::fs::read_to_string(&path)
+            .map(|s| s.trim().to_string())
+            .map_err(|e| Error::io(format!("reading {path}"), e))
+    }
+
     /// Bytes (read, written) the device completed since it was attached:
     /// `/sys/block/loopN/stat`'s sectors read and written (512 bytes each).
     pub fn io_bytes(&self) -> Option<(u64, u64)> {
@@ -198,6 +206,11 @@ fn release(dir: &Path, device: &str) -> Result<()> {
     let backing =
         std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).unwrap_or_default();
     if !name.is_empty() && Path::new(backing.trim()) == image {
+        // Its caps go with it: the next user of this loop device starts
+        // uncapped.
+        if let Ok(dev) = std::fs::read_to_string(format!("/sys/block/{name}/dev")) {
+            super::throttle::uncap_device(dev.trim());
+        }
         run(tool("losetup").arg("-d").arg(device), "losetup -d")?;
     }
     for f in [image, dir.join(RECORD)] {
