@@ -446,18 +446,40 @@ async fn a_low_iops_cap_clearly_lowers_tps() {
         write_mbps: 0,
     };
     let (capped, root2) = capped_cluster("capped", caps).await;
-    let cg = capped
-        .cgroups()
-        .first()
-        .expect("a throttling cgroup")
-        .to_path_buf();
-    // Every server process is in it, from the postmaster down.
-    let procs = throttle::pids(&cg);
-    assert!(procs.contains(&capped.pid().unwrap()), "{procs:?}");
-    assert!(procs.len() >= 4, "postmaster and its children: {procs:?}");
-    let limited = run(&capped, "pgbench", params).await.unwrap();
-    capped.teardown().await.unwrap();
-    assert!(!cg.exists(), "cgroup {} left behind", cg.display());
+    let rules = "/sys/fs/cgroup/blkio/blkio.throttle.write_iops_device";
+    let limited = match capped.capped_device().map(str::to_string) {
+        // cgroup v1 as root: the cap is on the cluster's own device, for
+        // every writer, and goes with it.
+        Some(dev) => {
+            let rule = format!("{dev} 300");
+            let has = || {
+                std::fs::read_to_string(rules)
+                    .unwrap()
+                    .lines()
+                    .any(|l| l == rule)
+            };
+            assert!(has(), "no `{rule}` in {rules}");
+            let limited = run(&capped, "pgbench", params).await.unwrap();
+            capped.teardown().await.unwrap();
+            assert!(!has(), "`{rule}` left in {rules}");
+            limited
+        }
+        None => {
+            let cg = capped
+                .cgroups()
+                .first()
+                .expect("a throttling cgroup")
+                .to_path_buf();
+            // Every server process is in it, from the postmaster down.
+            let procs = throttle::pids(&cg);
+            assert!(procs.contains(&capped.pid().unwrap()), "{procs:?}");
+            assert!(procs.len() >= 4, "postmaster and its children: {procs:?}");
+            let limited = run(&capped, "pgbench", params).await.unwrap();
+            capped.teardown().await.unwrap();
+            assert!(!cg.exists(), "cgroup {} left behind", cg.display());
+            limited
+        }
+    };
 
     let (a, b) = (tps(&uncapped), tps(&limited));
     eprintln!("uncapped {a:.0} tps, capped at 300 IOPS {b:.0} tps");

@@ -197,6 +197,9 @@ pub struct Cluster {
     /// Its own block device (`ClusterSpec::account_io` as root, where the
     /// host has the tools): PGDATA lives in it and its bytes are exact.
     volume: Option<volume::Volume>,
+    /// The cluster's own device (`major:minor`) when its caps are
+    /// device-wide (`throttle::cap_device`).
+    capped_device: Option<String>,
     pub pg: PgBin,
 }
 
@@ -236,6 +239,11 @@ impl Cluster {
         self.cgroups
             .iter()
             .find_map(|c| throttle::io_bytes(&c.path))
+    }
+    /// The cluster's own device (`major:minor`) when its storage caps hold
+    /// device-wide, for every writer (cgroup v1 with its own volume).
+    pub fn capped_device(&self) -> Option<&str> {
+        self.capped_device.as_deref()
     }
     /// Where `io_bytes` comes from, for reports.
     pub fn device_source(&self) -> Option<&'static str> {
@@ -313,6 +321,7 @@ impl Cluster {
             cgroups: Vec::new(),
             memory_bytes: spec.memory_bytes,
             volume: None,
+            capped_device: None,
             pg: spec.pg.clone(),
         };
         std::fs::set_permissions(&cluster.dir, std::fs::Permissions::from_mode(0o700))
@@ -368,7 +377,9 @@ impl Cluster {
             // The caps on the cluster's own device, for every writer; its
             // processes stay in the root blkio cgroup (v1 limits are not
             // hierarchical) and its bytes come from the device.
-            throttle::cap_device(&v.dev_number()?, limits.caps)?;
+            let dev = v.dev_number()?;
+            throttle::cap_device(&dev, limits.caps)?;
+            self.capped_device = Some(dev);
             limits.caps = Caps::default();
             limits.account_io = false;
         }
