@@ -753,10 +753,14 @@ async fn collect_environment(
             emulated: env.emulated,
             data_root: Some(env.data_root.display().to_string()),
             caps: env.caps,
+            // The caps hold on the cluster's own device, or else on its
+            // block-I/O cgroup (the first it joined).
             cgroup: cgroups
                 .first()
                 .filter(|_| env.emulated && env.caps.is_capped())
+                .filter(|_| cluster.capped_device().is_none())
                 .cloned(),
+            device: cluster.capped_device().map(str::to_string),
             delivered: None,
         },
         instance: environment::Instance {

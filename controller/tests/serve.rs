@@ -319,7 +319,7 @@ fn ci_submits_to_serve_and_static_agents_run_the_cells() {
     // An invalid scenario: 422 with the CLI's located message.
     let bad = s.write(
         "bad.yaml",
-        "name: bad\nfleet:\n  - name: a\nworkloads:\n  - kind: pgbench\n    scale: 2\n    clients: [2]\n",
+        "name: bad\nfleet:\n  - name: a\nworkloads:\n  - kind: pgbench\n    scale: 2\n    clients: 0\n",
     );
     let cli = Command::new(pgfleet())
         .arg("validate")

@@ -49,6 +49,10 @@ pub struct Storage {
     pub caps: Caps,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<String>,
+    /// Or the cluster's own device (`major:minor`) the caps hold on for
+    /// every writer, the kernel's writeback included (cgroup v1 as root).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
     /// What a short fio probe in the cluster's cgroups got against each cap.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delivered: Option<Delivered>,
