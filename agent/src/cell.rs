@@ -410,15 +410,9 @@ async fn provision_with_dataset(
                             &data,
                             spec.run_as.as_ref(),
                             |done, total| {
-                                let _ = events.try_send(AgentMessage {
-                                    msg: Some(Msg::Progress(CellProgress {
-                                        cell_id: cell.clone(),
-                                        phase: "restore".into(),
-                                        done,
-                                        total,
-                                        message: format!("restoring dataset {}", m.fingerprint),
-                                    })),
-                                });
+                                let message = format!("restoring dataset {}", m.fingerprint);
+                                let _ = events
+                                    .try_send(transfer(cell, "restore", done, total, message));
                             },
                             cancel,
                         )
@@ -547,15 +541,8 @@ async fn fetch(
             &found,
             &env.datasets,
             |done, total| {
-                let _ = events.try_send(AgentMessage {
-                    msg: Some(Msg::Progress(CellProgress {
-                        cell_id: cell.to_string(),
-                        phase: "download".into(),
-                        done,
-                        total,
-                        message: format!("downloading dataset {fp}"),
-                    })),
-                });
+                let message = format!("downloading dataset {fp}");
+                let _ = events.try_send(transfer(cell, "download", done, total, message));
             },
             cancel,
         )
@@ -691,13 +678,18 @@ fn check_disk(dir: &std::path::Path, params: &Params) -> Result<()> {
 }
 
 fn progress(cell_id: &str, phase: &str, message: &str) -> AgentMessage {
+    transfer(cell_id, phase, 0, 0, message.to_string())
+}
+
+/// Progress of a phase that moves bytes (a restore, a download).
+fn transfer(cell_id: &str, phase: &str, done: u64, total: u64, message: String) -> AgentMessage {
     AgentMessage {
         msg: Some(Msg::Progress(CellProgress {
             cell_id: cell_id.to_string(),
             phase: phase.to_string(),
-            done: 0,
-            total: 0,
-            message: message.to_string(),
+            done,
+            total,
+            message,
         })),
     }
 }

@@ -8,15 +8,14 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pgfleet_agent::cell::{self, AgentEnv};
+use pgfleet_agent::cell::AgentEnv;
 use pgfleet_agent::cluster::Cluster;
 use pgfleet_agent::dataset;
 use pgfleet_proto::dataset::LocalStore;
-use pgfleet_proto::v1::{Assign, CellResult, CellStatus};
 use serde_json::Value as Json;
 use tokio_util::sync::CancellationToken;
 
-use common::{params, scratch};
+use common::{run_cell, scratch, succeeded};
 
 fn env(root: &Path, store: &Path) -> AgentEnv {
     common::agent_env(root, store)
@@ -37,36 +36,6 @@ async fn restore_into(
         }
     })
     .await
-}
-
-async fn run_cell(env: &AgentEnv, cell: &str, entry: &str, mode: &str) -> CellResult {
-    let p = params(entry);
-    let assign = Assign {
-        cell_id: cell.into(),
-        run_id: "r".into(),
-        workload: p.kind().name().into(),
-        params_json: p.to_json(),
-        settings: [("shared_buffers".to_string(), "32MB".to_string())].into(),
-        role: String::new(),
-        peers: Vec::new(),
-        traceparent: String::new(),
-        dataset: mode.into(),
-    };
-    let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
-    tokio::spawn(async move { while rx.recv().await.is_some() {} });
-    let control = cell::Control {
-        cancel: CancellationToken::new(),
-        release: CancellationToken::new(),
-        peers: tokio::sync::watch::channel(Default::default()).1,
-    };
-    cell::run(env, assign, tx, control).await
-}
-
-fn succeeded(r: &CellResult) -> (Json, Json) {
-    assert_eq!(r.status, CellStatus::Succeeded as i32, "{}", r.error);
-    let env: Json = serde_json::from_str(&r.environment_json).unwrap();
-    let metrics: Json = serde_json::from_str(&r.points[0].metrics_json).unwrap();
-    (env["dataset"].clone(), metrics)
 }
 
 const VACUUM: &str = "{kind: vacuum-bloat, scale: 2, bloat_bytes: 8MiB}";

@@ -15,13 +15,11 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use pgfleet_agent::cell::{self, AgentEnv};
+use pgfleet_agent::cell::AgentEnv;
 use pgfleet_agent::remote::Remote;
-use pgfleet_proto::v1::{Assign, CellResult, CellStatus};
 use serde_json::Value as Json;
-use tokio_util::sync::CancellationToken;
 
-use common::{params, scratch};
+use common::{run_cell, scratch, succeeded};
 
 const ACCESS_KEY: &str = "pgfleet-test";
 const SECRET_KEY: &str = "pgfleet-test-secret";
@@ -72,36 +70,6 @@ fn env(root: &Path, store: &Path, remote: Option<Arc<Remote>>) -> AgentEnv {
     }
 }
 
-async fn run_cell(env: &AgentEnv, cell: &str, entry: &str) -> CellResult {
-    let p = params(entry);
-    let assign = Assign {
-        cell_id: cell.into(),
-        run_id: "r".into(),
-        workload: p.kind().name().into(),
-        params_json: p.to_json(),
-        settings: [("shared_buffers".to_string(), "32MB".to_string())].into(),
-        role: String::new(),
-        peers: Vec::new(),
-        traceparent: String::new(),
-        dataset: "reuse".into(),
-    };
-    let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
-    tokio::spawn(async move { while rx.recv().await.is_some() {} });
-    let control = cell::Control {
-        cancel: CancellationToken::new(),
-        release: CancellationToken::new(),
-        peers: tokio::sync::watch::channel(Default::default()).1,
-    };
-    cell::run(env, assign, tx, control).await
-}
-
-fn succeeded(r: &CellResult) -> (Json, Json) {
-    assert_eq!(r.status, CellStatus::Succeeded as i32, "{}", r.error);
-    let env: Json = serde_json::from_str(&r.environment_json).unwrap();
-    let metrics: Json = serde_json::from_str(&r.points[0].metrics_json).unwrap();
-    (env["dataset"].clone(), metrics)
-}
-
 const VACUUM: &str = "{kind: vacuum-bloat, scale: 2, bloat_bytes: 8MiB}";
 
 /// The vacuum cell's figures that depend only on its starting data.
@@ -139,7 +107,7 @@ async fn a_dataset_crosses_hosts_through_the_object_store_and_a_bad_part_is_caug
 
     // Host A builds it and uploads it.
     let a = env(&dir.join("a"), &dir.join("a-store"), Some(r.clone()));
-    let (built, built_metrics) = succeeded(&run_cell(&a, "w0-a", VACUUM).await);
+    let (built, built_metrics) = succeeded(&run_cell(&a, "w0-a", VACUUM, "reuse").await);
     assert_eq!(built["how"], "built", "{built}");
     assert!(built["upload_seconds"].as_f64().unwrap() > 0.0, "{built}");
     let uploaded = built["uploaded_bytes"].as_u64().unwrap();
@@ -159,7 +127,7 @@ async fn a_dataset_crosses_hosts_through_the_object_store_and_a_bad_part_is_caug
 
     // Host B (its own, empty store) downloads and restores it: same data.
     let b = env(&dir.join("b"), &dir.join("b-store"), Some(r.clone()));
-    let (restored, restored_metrics) = succeeded(&run_cell(&b, "w0-b", VACUUM).await);
+    let (restored, restored_metrics) = succeeded(&run_cell(&b, "w0-b", VACUUM, "reuse").await);
     assert_eq!(restored["how"], "restored", "{restored}");
     assert!(
         restored["download_seconds"].as_f64().unwrap() > 0.0,
@@ -186,7 +154,7 @@ async fn a_dataset_crosses_hosts_through_the_object_store_and_a_bad_part_is_caug
     bytes[mid] ^= 0xff;
     std::fs::write(&part, &bytes).unwrap();
     let c = env(&dir.join("c"), &dir.join("c-store"), Some(r.clone()));
-    let (rebuilt, _) = succeeded(&run_cell(&c, "w0-c", VACUUM).await);
+    let (rebuilt, _) = succeeded(&run_cell(&c, "w0-c", VACUUM, "reuse").await);
     assert_eq!(rebuilt["how"], "built", "{rebuilt}");
     let why = rebuilt["discarded"].as_str().unwrap_or_default();
     assert!(
@@ -217,7 +185,7 @@ async fn a_dataset_crosses_hosts_through_the_object_store_and_a_bad_part_is_caug
         remote(&format!("http://{a}"))
     };
     let d = env(&dir.join("d"), &dir.join("d-store"), Some(dead));
-    let (local, _) = succeeded(&run_cell(&d, "w0-d", VACUUM).await);
+    let (local, _) = succeeded(&run_cell(&d, "w0-d", VACUUM, "reuse").await);
     assert_eq!(local["how"], "built", "{local}");
     assert!(
         local["remote_error"]

@@ -95,3 +95,47 @@ pub fn typed_points<P: serde::de::DeserializeOwned, M: serde::de::DeserializeOwn
         })
         .collect()
 }
+
+/// Runs one cell of `entry` through the agent's real cell path
+/// (`cell::run`: provisioning, datasets, the workload, teardown) with
+/// dataset mode `mode`; events discarded.
+pub async fn run_cell(
+    env: &pgfleet_agent::cell::AgentEnv,
+    cell: &str,
+    entry: &str,
+    mode: &str,
+) -> pgfleet_proto::v1::CellResult {
+    let p = params(entry);
+    let assign = pgfleet_proto::v1::Assign {
+        cell_id: cell.into(),
+        run_id: "r".into(),
+        workload: p.kind().name().into(),
+        params_json: p.to_json(),
+        settings: [("shared_buffers".to_string(), "32MB".to_string())].into(),
+        role: String::new(),
+        peers: Vec::new(),
+        traceparent: String::new(),
+        dataset: mode.into(),
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
+    tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    let control = pgfleet_agent::cell::Control {
+        cancel: CancellationToken::new(),
+        release: CancellationToken::new(),
+        peers: tokio::sync::watch::channel(Default::default()).1,
+    };
+    pgfleet_agent::cell::run(env, assign, tx, control).await
+}
+
+/// A succeeded cell's dataset provenance and its first point's metrics.
+pub fn succeeded(r: &pgfleet_proto::v1::CellResult) -> (serde_json::Value, serde_json::Value) {
+    assert_eq!(
+        r.status,
+        pgfleet_proto::v1::CellStatus::Succeeded as i32,
+        "{}",
+        r.error
+    );
+    let env: serde_json::Value = serde_json::from_str(&r.environment_json).unwrap();
+    let metrics: serde_json::Value = serde_json::from_str(&r.points[0].metrics_json).unwrap();
+    (env["dataset"].clone(), metrics)
+}
