@@ -11,6 +11,9 @@
 //!   AWS_SECRET_ACCESS_KEY=SECRET_KEY AWS_REGION=us-east-1 \
 //!   pgfleet run SCENARIO --dataset-remote s3://datasets/pgfleet
 
+#[path = "../tests/common/s3.rs"]
+mod s3;
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -18,30 +21,13 @@ async fn main() {
         eprintln!("usage: s3_server DIR PORT ACCESS_KEY SECRET_KEY");
         std::process::exit(2);
     };
-    let fs = s3s_fs::FileSystem::new(root).expect("the root directory");
-    let mut b = s3s::service::S3ServiceBuilder::new(fs);
-    b.set_auth(s3s::auth::SimpleAuth::from_single(
-        access.as_str(),
-        secret.as_str(),
-    ));
-    let service = b.build().into_shared();
-    let listener =
-        tokio::net::TcpListener::bind(("127.0.0.1", port.parse::<u16>().expect("a port")))
-            .await
-            .expect("binding the port");
+    let port: u16 = port.parse().expect("a port");
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .expect("binding the port");
     eprintln!(
         "s3s-fs on http://{}, objects under {root}",
         listener.local_addr().unwrap()
     );
-    loop {
-        let Ok((socket, _)) = listener.accept().await else {
-            continue;
-        };
-        let service = service.clone();
-        tokio::spawn(async move {
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(hyper_util::rt::TokioIo::new(socket), service)
-                .await;
-        });
-    }
+    s3::serve(std::path::Path::new(root), listener, access, secret).await;
 }

@@ -28,25 +28,10 @@ const BUCKET: &str = "datasets";
 /// s3s-fs on a free loopback port, its objects under `root`; the address.
 async fn s3_server(root: &Path) -> String {
     std::fs::create_dir_all(root.join(BUCKET)).unwrap();
-    let fs = s3s_fs::FileSystem::new(root).unwrap();
-    let mut b = s3s::service::S3ServiceBuilder::new(fs);
-    b.set_auth(s3s::auth::SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
-    let service = b.build().into_shared();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((socket, _)) = listener.accept().await else {
-                continue;
-            };
-            let service = service.clone();
-            tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(socket), service)
-                    .await;
-            });
-        }
-    });
+    let root = root.to_path_buf();
+    tokio::spawn(async move { common::s3::serve(&root, listener, ACCESS_KEY, SECRET_KEY).await });
     format!("http://{addr}")
 }
 

@@ -2,6 +2,8 @@
 //! can reach, a cluster spec in it, and running a kind in a cluster.
 #![allow(dead_code)]
 
+pub mod s3;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
