@@ -482,8 +482,9 @@ checks:
     let changes = series["change_points"].as_array().unwrap();
     assert_eq!(changes.len(), 1, "{series}");
     assert_eq!(changes[0]["run_id"], runs[5].as_str(), "{series}");
+    // The check's bound: synchronous_commit=on costs this host 30-60 %.
     assert!(
-        changes[0]["change_percent"].as_f64().unwrap() < -50.0,
+        changes[0]["change_percent"].as_f64().unwrap() < -30.0,
         "{series}"
     );
 
