@@ -116,6 +116,10 @@ pub enum Command {
     ///
     /// Example: pgfleet serve --store /var/lib/pgfleet/pgfleet.db --api-token-file api.token --join-token-file join.token --tls-cert c.pem --tls-key k.pem
     Serve(Box<ServeArgs>),
+    /// Print the PgfleetRun CustomResourceDefinition (the YAML of
+    /// deploy/base/crd.yaml), generated from the scenario's types: a
+    /// PgfleetRun's `spec` is a scenario. Install: pgfleet crd | kubectl apply -f -
+    Crd,
     /// Submit a scenario to a server (CI): validates it locally first, then
     /// submits it; with --wait follows it to the end, downloads its report
     /// into --out and exits with the run's code (see below).
@@ -318,6 +322,16 @@ pub struct ServeArgs {
     pub agents: AgentsFrom,
     #[command(flatten)]
     pub kube: KubeArgs,
+    /// With --agents kubernetes, also run the PgfleetRuns of --namespace
+    /// (`kubectl apply -f run.yaml`; the CRD is deploy/base/crd.yaml, or
+    /// `pgfleet crd`). Off: only the HTTP API takes runs.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub watch_resources: bool,
+    /// serve's API as clients reach it: the report URL a PgfleetRun's
+    /// status gives. Default: http://pgfleet-controller.NAMESPACE.svc:8080
+    /// (deploy/base's Service).
+    #[arg(long)]
+    pub api_url: Option<String>,
     #[command(flatten)]
     pub session: SessionArgs,
 }

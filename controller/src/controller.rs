@@ -40,7 +40,7 @@ use crate::store::RunStatus;
 use crate::{Error, Result, scenario};
 
 /// Where the controller's runs get their agents.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub enum Agents {
     /// Child processes on this host, launched per run (`pgfleet run`).
     Local(LocalOptions),
@@ -48,6 +48,9 @@ pub enum Agents {
     Pool,
     /// Pods created per run on the cluster the controller can reach.
     Kubernetes(KubeOptions),
+    /// Pods, through this client rather than the in-cluster or kubeconfig
+    /// one (the tests' fake API server).
+    KubernetesClient(KubeOptions, kube::Client),
 }
 
 /// The controller's HTTP side.
@@ -64,7 +67,7 @@ pub enum Http {
     Metrics { bind: SocketAddr },
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ControllerConfig {
     pub service: ServiceConfig,
     pub agents: Agents,
@@ -129,7 +132,12 @@ impl Controller {
                 Source::Local(opts.clone())
             }
             Agents::Pool => Source::Pool,
-            Agents::Kubernetes(k) => Source::Kubernetes(connect_kube(k, &service.store).await?),
+            Agents::Kubernetes(k) => {
+                Source::Kubernetes(connect_kube(k, None, &service.store).await?)
+            }
+            Agents::KubernetesClient(k, client) => {
+                Source::Kubernetes(connect_kube(k, Some(client.clone()), &service.store).await?)
+            }
         };
         service.listen().await?;
         let served = Arc::new(Served {
@@ -232,12 +240,19 @@ impl Controller {
 
 /// The Kubernetes client (in-cluster, else the kubeconfig), checked by
 /// deleting what runs that are not running left on the cluster.
-async fn connect_kube(opts: &KubeOptions, store: &crate::store::Store) -> Result<Kube> {
-    let client = kube::Client::try_default().await.map_err(|e| {
-        Error::Usage(format!(
-            "--agents kubernetes: no Kubernetes API to talk to ({e}); run in a pod with a ServiceAccount (deploy/base) or set KUBECONFIG"
-        ))
-    })?;
+async fn connect_kube(
+    opts: &KubeOptions,
+    client: Option<kube::Client>,
+    store: &crate::store::Store,
+) -> Result<Kube> {
+    let client = match client {
+        Some(c) => c,
+        None => kube::Client::try_default().await.map_err(|e| {
+            Error::Usage(format!(
+                "--agents kubernetes: no Kubernetes API to talk to ({e}); run in a pod with a ServiceAccount (deploy/base) or set KUBECONFIG"
+            ))
+        })?,
+    };
     let running = |run: &str| matches!(store.run(run), Ok(Some(r)) if r.status == "running" || r.status == "queued");
     for run in kubernetes::reap(&client, &opts.namespace, running).await? {
         eprintln!("deleted the pods and volumes that interrupted run {run} left on the cluster");

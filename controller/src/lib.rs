@@ -24,6 +24,7 @@ pub mod labels;
 pub mod metrics;
 pub mod queue;
 pub mod report;
+pub mod resource;
 pub mod run;
 pub mod scenario;
 pub mod scheduler;

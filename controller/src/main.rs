@@ -504,8 +504,19 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                         Some(kube_options(&args.kube, Some(url)))
                     }
                 },
+                resources: (args.agents == AgentsFrom::Kubernetes && args.watch_resources).then(
+                    || {
+                        args.api_url.clone().unwrap_or_else(|| {
+                            format!("http://pgfleet-controller.{}.svc:8080", args.kube.namespace)
+                        })
+                    },
+                ),
             };
             pgfleet_controller::serve::serve(opts, shutdown).await?;
+            Ok(exit::OK)
+        }
+        Command::Crd => {
+            print!("{}", pgfleet_controller::resource::crd_yaml());
             Ok(exit::OK)
         }
         Command::Submit(args) => {

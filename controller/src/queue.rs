@@ -151,6 +151,13 @@ impl Served {
         {
             return Err(Rejected::Forbidden(e));
         }
+        // What a pod cannot do (emulated caps, instance cgroups) is refused
+        // now, not when the run's turn comes.
+        if let Source::Kubernetes(k) = &self.source {
+            crate::agents::kubernetes::plan(&sc, "submitted", &k.opts).map_err(|e| {
+                Rejected::Invalid(scenario::ScenarioError::located(Path::new(name), yaml, e))
+            })?;
+        }
         let queued = self.lock().values().filter(|l| !l.started).count();
         if queued >= self.max_queued_runs {
             return Err(Rejected::Busy(queued));

@@ -10,14 +10,16 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::Result;
 use crate::agents::kubernetes::KubeOptions;
 use crate::controller::{Agents, Controller, ControllerConfig, Http};
+use crate::queue::Source;
 use crate::service::ServiceConfig;
+use crate::{Result, resource};
 
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
@@ -41,6 +43,9 @@ pub struct ServeOptions {
     /// Launch each run's agents as pods (`--agents kubernetes`) rather
     /// than take them from the pool.
     pub kubernetes: Option<KubeOptions>,
+    /// With `kubernetes`: run the namespace's PgfleetRuns too; the value
+    /// is serve's API URL as clients reach it (for the report's URL).
+    pub resources: Option<String>,
 }
 
 /// Runs the server until `shutdown`; then stops taking work and cancels
@@ -77,7 +82,27 @@ pub async fn serve(opts: ServeOptions, shutdown: CancellationToken) -> Result<()
             .unwrap_or_default(),
         opts.service.store.display()
     );
+    let resources = match (&controller.served.source, opts.resources) {
+        (Source::Kubernetes(k), Some(api_url)) => {
+            let ctx = Arc::new(resource::Ctx {
+                client: k.client.clone(),
+                namespace: k.opts.namespace.clone(),
+                served: controller.served.clone(),
+                api_url,
+                refresh: Duration::from_secs(3),
+            });
+            eprintln!(
+                "pgfleet serve: running the PgfleetRuns of namespace {}",
+                k.opts.namespace
+            );
+            Some(tokio::spawn(resource::run(ctx, shutdown.clone())))
+        }
+        _ => None,
+    };
     controller.drive(None, &shutdown).await;
+    if let Some(r) = resources {
+        let _ = r.await;
+    }
     eprintln!("pgfleet serve: stopping; running runs resume when it starts again on this store");
     controller.shutdown().await;
     Ok(())

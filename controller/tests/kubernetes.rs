@@ -19,7 +19,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -57,7 +57,8 @@ struct State {
     /// (resource, name) -> object
     objects: BTreeMap<(String, String), Value>,
     requests: Vec<Recorded>,
-    watchers: Vec<mpsc::UnboundedSender<Chunk>>,
+    /// (resource, stream) of each watch.
+    watchers: Vec<(String, mpsc::UnboundedSender<Chunk>)>,
     /// core/v1 Events, answered to `involvedObject.name=` field selectors.
     events: Vec<Value>,
     /// resource -> status code: creating one of these fails.
@@ -123,8 +124,8 @@ impl FakeApi {
         }
         let name = obj["metadata"]["name"].as_str().unwrap().to_string();
         st.objects.insert((resource.into(), name), obj.clone());
-        if resource == "pods" {
-            broadcast(&mut st, "ADDED", &obj);
+        if matches!(resource, "pods" | "pgfleetruns") {
+            broadcast(&mut st, resource, "ADDED", &obj);
         }
     }
 
@@ -140,14 +141,14 @@ impl FakeApi {
         change(pod);
         pod["metadata"]["resourceVersion"] = json!(v);
         let pod = pod.clone();
-        broadcast(&mut st, "MODIFIED", &pod);
+        broadcast(&mut st, "pods", "MODIFIED", &pod);
     }
 
     /// Someone deletes a pod (kubectl delete, a node drain).
     fn delete_pod(&self, name: &str) {
         let mut st = self.lock();
         if let Some(pod) = st.objects.remove(&("pods".to_string(), name.to_string())) {
-            broadcast(&mut st, "DELETED", &pod);
+            broadcast(&mut st, "pods", "DELETED", &pod);
         }
     }
 
@@ -174,28 +175,92 @@ impl FakeApi {
             body: body.clone(),
         });
         let q: BTreeMap<String, String> = url_pairs(&query);
-        // /api/v1/namespaces/{ns}/{resource}[/{name}]
-        let parts: Vec<&str> = path
-            .trim_start_matches("/api/v1/namespaces/")
-            .split('/')
-            .collect();
-        if !path.starts_with("/api/v1/namespaces/") || parts[0] != NS || parts.len() < 2 {
+        // /api/v1/namespaces/{ns}/{resource}[/{name}[/{subresource}]], or
+        // /apis/pgfleet.io/v1alpha1/namespaces/... for the PgfleetRuns.
+        let Some(ApiPath {
+            resource,
+            name,
+            subresource,
+            ..
+        }) = api_path(&path)
+        else {
             return status(404, "NotFound", &format!("no route {method} {path}"));
-        }
-        let resource = parts[1].to_string();
-        let name = parts.get(2).map(|s| s.to_string());
+        };
         match (method.as_str(), name) {
             ("POST", None) => self.create(&resource, body),
             ("GET", None) if q.get("watch").is_some_and(|w| w == "true" || w == "1") => {
                 let (tx, rx) = mpsc::unbounded_channel();
-                self.lock().watchers.push(tx);
+                self.lock().watchers.push((resource, tx));
                 let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
                 Response::new(StreamBody::new(stream).boxed())
             }
             ("GET", None) => self.list(&resource, &q),
+            ("GET", Some(name)) => match self.object(&resource, &name) {
+                Some(o) => json_response(200, &o),
+                None => status(404, "NotFound", &format!("{resource} \"{name}\" not found")),
+            },
+            ("PATCH", Some(name)) => self.patch(&resource, &name, subresource.as_deref(), &body),
             ("DELETE", Some(name)) => self.delete(&resource, &name, &body),
             _ => status(405, "MethodNotAllowed", &format!("{method} {path}")),
         }
+    }
+
+    /// A JSON merge patch (RFC 7386), as kube's `Patch::Merge` sends:
+    /// refused with 409 when it names a resourceVersion that is not the
+    /// object's; on the status subresource only `status` changes, on the
+    /// object everything but `status`. An object being deleted goes when
+    /// its last finalizer does.
+    fn patch(&self, resource: &str, name: &str, sub: Option<&str>, p: &Value) -> Response<Body> {
+        let mut st = self.lock();
+        st.version += 1;
+        let version = st.version.to_string();
+        let key = (resource.to_string(), name.to_string());
+        let Some(obj) = st.objects.get_mut(&key) else {
+            return status(404, "NotFound", &format!("{resource} \"{name}\" not found"));
+        };
+        if let Some(rv) = p["metadata"]["resourceVersion"].as_str()
+            && obj["metadata"]["resourceVersion"] != rv
+        {
+            return status(
+                409,
+                "Conflict",
+                &format!("the object has been modified; resourceVersion {rv} is stale"),
+            );
+        }
+        let mut p = p.clone();
+        if let Some(m) = p["metadata"].as_object_mut() {
+            m.remove("resourceVersion");
+        }
+        let p = match sub {
+            Some("status") => json!({"status": p["status"]}),
+            Some(other) => return status(404, "NotFound", &format!("no subresource {other}")),
+            None => {
+                let mut p = p;
+                if let Some(o) = p.as_object_mut() {
+                    o.remove("status");
+                }
+                p
+            }
+        };
+        let spec_before = obj["spec"].clone();
+        merge(obj, &p);
+        if obj["spec"] != spec_before {
+            let g = obj["metadata"]["generation"].as_i64().unwrap_or(1);
+            obj["metadata"]["generation"] = json!(g + 1);
+        }
+        obj["metadata"]["resourceVersion"] = json!(version);
+        let obj = obj.clone();
+        let finalized = !obj["metadata"]["deletionTimestamp"].is_null()
+            && obj["metadata"]["finalizers"]
+                .as_array()
+                .is_none_or(|f| f.is_empty());
+        if finalized {
+            st.objects.remove(&key);
+            broadcast(&mut st, resource, "DELETED", &obj);
+        } else {
+            broadcast(&mut st, resource, "MODIFIED", &obj);
+        }
+        json_response(200, &obj)
     }
 
     fn create(&self, resource: &str, mut obj: Value) -> Response<Body> {
@@ -229,7 +294,12 @@ impl FakeApi {
         obj["metadata"]["creationTimestamp"] = json!("2026-12-01T10:00:00Z");
         if resource == "pods" {
             obj["status"] = json!({"phase": "Pending"});
-            broadcast(&mut st, "ADDED", &obj);
+        }
+        if resource == "pgfleetruns" {
+            obj["metadata"]["generation"] = json!(1);
+        }
+        if matches!(resource, "pods" | "pgfleetruns") {
+            broadcast(&mut st, resource, "ADDED", &obj);
         }
         st.objects.insert((resource.to_string(), name), obj.clone());
         json_response(201, &obj)
@@ -266,9 +336,25 @@ impl FakeApi {
     /// object whose owner reference names its uid.
     fn delete(&self, resource: &str, name: &str, _opts: &Value) -> Response<Body> {
         let mut st = self.lock();
-        let Some(obj) = st.objects.remove(&(resource.to_string(), name.to_string())) else {
+        let key = (resource.to_string(), name.to_string());
+        // Finalizers hold an object: it is only marked for deletion.
+        if let Some(obj) = st.objects.get_mut(&key)
+            && obj["metadata"]["finalizers"]
+                .as_array()
+                .is_some_and(|f| !f.is_empty())
+        {
+            obj["metadata"]["deletionTimestamp"] = json!("2026-12-01T10:05:00Z");
+            let obj = obj.clone();
+            st.version += 1;
+            broadcast(&mut st, resource, "MODIFIED", &obj);
+            return json_response(200, &obj);
+        }
+        let Some(obj) = st.objects.remove(&key) else {
             return status(404, "NotFound", &format!("{resource} \"{name}\" not found"));
         };
+        if resource == "pgfleetruns" {
+            broadcast(&mut st, resource, "DELETED", &obj);
+        }
         let uid = obj["metadata"]["uid"].clone();
         let owned: Vec<(String, String)> = st
             .objects
@@ -284,17 +370,69 @@ impl FakeApi {
             if let Some(o) = st.objects.remove(&k)
                 && k.0 == "pods"
             {
-                broadcast(&mut st, "DELETED", &o);
+                broadcast(&mut st, "pods", "DELETED", &o);
             }
         }
         json_response(200, &obj)
     }
 }
 
-fn broadcast(st: &mut State, kind: &str, obj: &Value) {
+/// A change, to the watches of its resource.
+fn broadcast(st: &mut State, resource: &str, kind: &str, obj: &Value) {
     let line = format!("{}\n", json!({"type": kind, "object": obj}));
-    st.watchers
-        .retain(|w| w.send(Ok(Frame::data(Bytes::from(line.clone())))).is_ok());
+    st.watchers.retain(|(r, w)| {
+        r != resource || w.send(Ok(Frame::data(Bytes::from(line.clone())))).is_ok()
+    });
+}
+
+/// RFC 7386: objects merge key by key, null removes, the rest replaces.
+fn merge(target: &mut Value, patch: &Value) {
+    match patch.as_object() {
+        Some(p) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            let t = target.as_object_mut().unwrap();
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        None => *target = patch.clone(),
+    }
+}
+
+/// A request path's parts.
+struct ApiPath {
+    /// "" (core) or "pgfleet.io".
+    group: String,
+    resource: String,
+    name: Option<String>,
+    subresource: Option<String>,
+}
+
+fn api_path(path: &str) -> Option<ApiPath> {
+    let (group, rest) = if let Some(r) = path.strip_prefix("/api/v1/namespaces/") {
+        ("", r)
+    } else {
+        (
+            "pgfleet.io",
+            path.strip_prefix("/apis/pgfleet.io/v1alpha1/namespaces/")?,
+        )
+    };
+    let parts: Vec<&str> = rest.split('/').collect();
+    if parts[0] != NS || parts.len() < 2 {
+        return None;
+    }
+    Some(ApiPath {
+        group: group.into(),
+        resource: parts[1].into(),
+        name: parts.get(2).map(|s| s.to_string()),
+        subresource: parts.get(3).map(|s| s.to_string()),
+    })
 }
 
 /// `a=b,c=d` label selectors (equality only, as the source writes them).
@@ -968,35 +1106,21 @@ async fn every_request_is_allowed_by_the_role_and_the_role_grants_no_more() {
     );
     kubernetes::reap(&client, NS, |_| false).await.unwrap();
 
-    let used: std::collections::BTreeSet<(String, String)> = fake
-        .requests()
-        .iter()
-        .map(|r| {
-            let parts: Vec<&str> = r
-                .path
-                .trim_start_matches("/api/v1/namespaces/")
-                .split('/')
-                .collect();
-            let named = parts.len() > 2;
-            let verb = match (r.method.as_str(), named) {
-                ("POST", _) => "create",
-                ("GET", false)
-                    if url_pairs(&r.query)
-                        .get("watch")
-                        .is_some_and(|w| w == "true") =>
-                {
-                    "watch"
-                }
-                ("GET", false) => "list",
-                ("GET", true) => "get",
-                ("DELETE", _) => "delete",
-                ("PATCH", _) => "patch",
-                ("PUT", _) => "update",
-                (m, _) => panic!("unexpected method {m}"),
-            };
-            (parts[1].to_string(), verb.to_string())
-        })
-        .collect();
+    let mut used = rbac_uses(&fake.requests());
+    // The PgfleetRuns' reconciler: a resource accepted, rejected, deleted.
+    let op = Operator::start(&Scratch::new("k8s-rbac")).await;
+    op.fake.put(
+        "pgfleetruns",
+        pgfleetrun(
+            "bad",
+            json!({"fleet": [{"name": "a"}],
+        "workloads": [{"kind": "pgbench", "scale": 0}]}),
+        ),
+    );
+    op.until_phase("bad", "Rejected").await;
+    op.delete("bad").await;
+    used.extend(rbac_uses(&op.fake.requests()));
+    op.stop().await;
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let text = std::fs::read_to_string(repo.join("deploy/base/rbac.yaml")).unwrap();
     let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
@@ -1006,10 +1130,16 @@ async fn every_request_is_allowed_by_the_role_and_the_role_grants_no_more() {
         .expect("a Role in deploy/base/rbac.yaml");
     let mut granted = std::collections::BTreeSet::new();
     for rule in role["rules"].as_array().unwrap() {
-        assert_eq!(rule["apiGroups"], json!([""]), "core resources only");
+        let group = rule["apiGroups"][0].as_str().unwrap().to_string();
+        assert!(
+            rule["apiGroups"].as_array().unwrap().len() == 1
+                && (group.is_empty() || group == "pgfleet.io"),
+            "core resources and pgfleet's own only: {rule}"
+        );
         for res in rule["resources"].as_array().unwrap() {
             for verb in rule["verbs"].as_array().unwrap() {
                 granted.insert((
+                    group.clone(),
                     res.as_str().unwrap().to_string(),
                     verb.as_str().unwrap().to_string(),
                 ));
@@ -1026,6 +1156,38 @@ async fn every_request_is_allowed_by_the_role_and_the_role_grants_no_more() {
         unused.is_empty(),
         "the Role grants what the source never uses: {unused:?}"
     );
+}
+
+/// (API group, resource[/subresource], verb) of each request, as RBAC
+/// names them.
+fn rbac_uses(requests: &[Recorded]) -> std::collections::BTreeSet<(String, String, String)> {
+    requests
+        .iter()
+        .map(|r| {
+            let p = api_path(&r.path).unwrap_or_else(|| panic!("no route {}", r.path));
+            let verb = match (r.method.as_str(), p.name.is_some()) {
+                ("POST", _) => "create",
+                ("GET", false)
+                    if url_pairs(&r.query)
+                        .get("watch")
+                        .is_some_and(|w| w == "true") =>
+                {
+                    "watch"
+                }
+                ("GET", false) => "list",
+                ("GET", true) => "get",
+                ("DELETE", _) => "delete",
+                ("PATCH", _) => "patch",
+                ("PUT", _) => "update",
+                (m, _) => panic!("unexpected method {m}"),
+            };
+            let resource = match p.subresource {
+                Some(sub) => format!("{}/{sub}", p.resource),
+                None => p.resource,
+            };
+            (p.group, resource, verb.to_string())
+        })
+        .collect()
 }
 
 fn kubernetes_validate() -> std::path::PathBuf {
@@ -1140,9 +1302,13 @@ fn every_overlay_renders_to_valid_objects_that_name_the_images_deploy_builds() {
                 "deploy/images/build.sh does not build {repo_name}"
             );
         }
-        // Every object in the namespace the controller creates runs in.
+        // Every namespaced object in the namespace the controller creates
+        // runs in.
         for d in &docs {
-            if !matches!(d["kind"].as_str(), Some("Namespace" | "StorageClass")) {
+            if !matches!(
+                d["kind"].as_str(),
+                Some("Namespace" | "StorageClass" | "CustomResourceDefinition")
+            ) {
                 assert_eq!(d["metadata"]["namespace"], "pgfleet", "{}", d["metadata"]);
             }
         }
@@ -1206,6 +1372,19 @@ fn the_at_scale_scenario_plans_eight_agents_on_two_node_pools() {
     assert!(summary.contains("8 agents on 2 node pools"), "{summary}");
     validate_objects(&yaml, "the dry run");
     let docs: Vec<Value> = serde_saphyr::from_multiple(&yaml).unwrap();
+    // `kubectl apply --dry-run=server` refuses an owner reference without
+    // a uid, and the owner has none before it exists: none are shown.
+    assert!(
+        docs.iter()
+            .all(|d| d["metadata"]["ownerReferences"].is_null()),
+        "{yaml}"
+    );
+    assert_eq!(
+        yaml.matches("# pgfleet sets ownerReferences to ConfigMap")
+            .count(),
+        16,
+        "a note on each volume and pod"
+    );
     let pods: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "Pod").collect();
     let pvcs: Vec<&Value> = docs
         .iter()
@@ -1315,4 +1494,479 @@ fn kubernetes_keys_get_located_errors() {
         err.contains("gp3.yaml:4:") && err.contains("emulate: false"),
         "{err}"
     );
+}
+
+// ------------------------------------------------------------ PgfleetRuns
+//
+// The reconciler of `serve --agents kubernetes` over PgfleetRuns, on the
+// fake API server (the one fake these tests accept: no API server can run
+// here). The runs themselves are real: a controller with local agents runs
+// them on real PostgreSQL clusters, as `pgfleet run` does. That the run's
+// pods and volumes go when a run ends or is cancelled is the Kubernetes
+// source's part, tested above.
+
+use pgfleet_controller::queue::Served;
+use pgfleet_controller::resource;
+use tokio_util::sync::CancellationToken;
+
+/// A PgfleetRun as `kubectl apply` would create it.
+fn pgfleetrun(name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "pgfleet.io/v1alpha1", "kind": "PgfleetRun",
+           "metadata": {"name": name, "namespace": NS, "generation": 1,
+                        "creationTimestamp": "2026-12-01T10:00:00Z"},
+           "spec": spec})
+}
+
+/// A controller with local agents, and the reconciler on a fake API.
+struct Operator {
+    fake: FakeApi,
+    client: kube::Client,
+    served: Arc<Served>,
+    stop: CancellationToken,
+    drive: tokio::task::JoinHandle<()>,
+    reconciler: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
+}
+
+impl Operator {
+    async fn start(s: &Scratch) -> Operator {
+        use pgfleet_controller::agents::local::LocalOptions;
+        use pgfleet_controller::controller::{Agents, Controller, ControllerConfig};
+        use pgfleet_controller::service::ServiceConfig;
+        std::fs::create_dir_all(s.store().parent().unwrap()).unwrap();
+        let mut controller = Controller::build(&ControllerConfig {
+            service: ServiceConfig {
+                store: s.store(),
+                bind: "127.0.0.1:0".parse().unwrap(),
+                advertise_url: None,
+                lease: Duration::from_secs(10),
+                registration_timeout: Duration::from_secs(120),
+                tls_cert: None,
+                tls_key: None,
+                tls_ca: None,
+                join_token_file: None,
+                pool: false,
+                interactive: false,
+            },
+            agents: Agents::Local(LocalOptions {
+                agent_bin: common::agent_bin(),
+                pg_bin: None,
+                pg_user: None,
+                data_dir: s.data(),
+                dataset_dir: s.data().join("datasets"),
+                dataset_remote: None,
+                netns: vec![],
+                agent_metrics: false,
+            }),
+            http: None,
+            reports: s.out(),
+            max_scenario_bytes: 1 << 20,
+            max_queued_runs: 10,
+            allow_shell_scenarios: false,
+            metrics_retention: Duration::from_secs(1),
+        })
+        .await
+        .unwrap();
+        let served = controller.served.clone();
+        let stop = CancellationToken::new();
+        let st = stop.clone();
+        let drive = tokio::spawn(async move {
+            controller.drive(None, &st).await;
+            controller.shutdown().await;
+        });
+        let (client, fake) = FakeApi::start();
+        let mut op = Operator {
+            fake,
+            client,
+            served,
+            stop,
+            drive,
+            reconciler: None,
+        };
+        op.start_reconciler();
+        op
+    }
+
+    fn start_reconciler(&mut self) {
+        let ctx = Arc::new(resource::Ctx {
+            client: self.client.clone(),
+            namespace: NS.into(),
+            served: self.served.clone(),
+            api_url: "http://pgfleet-controller.bench.svc:8080".into(),
+            refresh: Duration::from_millis(300),
+        });
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(resource::run(ctx, stop.clone()));
+        self.reconciler = Some((stop, task));
+    }
+
+    /// The reconciler stops and another starts (serve restarted).
+    async fn restart_reconciler(&mut self) {
+        if let Some((stop, task)) = self.reconciler.take() {
+            stop.cancel();
+            task.await.unwrap();
+        }
+        self.start_reconciler();
+    }
+
+    fn status(&self, name: &str) -> Value {
+        self.fake
+            .object("pgfleetruns", name)
+            .map(|o| o["status"].clone())
+            .unwrap_or(Value::Null)
+    }
+
+    /// Waits for the resource's phase; panics on another terminal one.
+    async fn until_phase(&self, name: &str, phase: &str) -> Value {
+        let deadline = std::time::Instant::now() + Duration::from_secs(180);
+        loop {
+            let st = self.status(name);
+            if st["phase"] == phase {
+                return st;
+            }
+            let terminal = [
+                "Rejected",
+                "Succeeded",
+                "Failed",
+                "Cancelled",
+                "Interrupted",
+            ];
+            if terminal.contains(&st["phase"].as_str().unwrap_or("")) {
+                panic!(
+                    "{name} ended {} while waiting for {phase}: {st}",
+                    st["phase"]
+                );
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name} not {phase} within 180 s: {st}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `kubectl delete pgfleetrun NAME`, waiting until it is gone.
+    async fn delete(&self, name: &str) {
+        self.fake.delete("pgfleetruns", name, &Value::Null);
+        for _ in 0..1200 {
+            if self.fake.object("pgfleetruns", name).is_none() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!(
+            "{name} still there 120 s after its deletion: {:?}",
+            self.fake.object("pgfleetruns", name)
+        );
+    }
+
+    async fn stop(mut self) {
+        if let Some((stop, task)) = self.reconciler.take() {
+            stop.cancel();
+            task.await.unwrap();
+        }
+        self.stop.cancel();
+        self.drive.await.unwrap();
+    }
+
+    /// Each status patch the reconciler sent, in order.
+    fn status_patches(&self, name: &str) -> Vec<Value> {
+        self.fake
+            .requests()
+            .into_iter()
+            .filter(|r| r.method == "PATCH" && r.path.ends_with(&format!("/{name}/status")))
+            .map(|r| r.body["status"].clone())
+            .collect()
+    }
+}
+
+fn condition(status: &Value, t: &str) -> Value {
+    status["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == t).cloned())
+        .unwrap_or(Value::Null)
+}
+
+const QUICK: &str = r#"{
+    "fleet": [{"name": "a"}],
+    "workloads": [{"kind": "pgbench", "scale": 1, "clients": 1, "duration_s": 2}],
+    "checks": [{"name": "some tps", "metric": {"name": "tps", "class": "a"}, "min": 1}]
+}"#;
+
+/// Create → Accepted → Running → Succeeded, in that order of status
+/// patches, the finalizer first; the reconciler restarted mid-run (serve
+/// restarted) finds the same run by the resource's uid and follows it;
+/// `kubectl wait --for=condition=Succeeded` would return.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pgfleetrun_is_accepted_runs_and_succeeds_and_a_restarted_reconciler_follows_it() {
+    let s = Scratch::new("k8s-pfr-ok");
+    let mut op = Operator::start(&s).await;
+    let spec: Value = serde_json::from_str(QUICK).unwrap();
+    op.fake.put("pgfleetruns", pgfleetrun("quick", spec));
+    let running = op.until_phase("quick", "Running").await;
+    let run_id = running["runId"].as_str().unwrap().to_string();
+    op.restart_reconciler().await;
+    let done = op.until_phase("quick", "Succeeded").await;
+    assert_eq!(done["runId"], run_id.as_str(), "{done}");
+    assert_eq!(done["verdict"], "passed", "{done}");
+    assert_eq!(done["cells"], "1/1", "{done}");
+    assert_eq!(done["checks"]["passed"], 1, "{done}");
+    assert_eq!(done["observedGeneration"], 1, "{done}");
+    assert_eq!(
+        done["reportUrl"],
+        format!("http://pgfleet-controller.bench.svc:8080/v1/runs/{run_id}/report.html")
+    );
+    assert_eq!(condition(&done, "Accepted")["status"], "True");
+    assert_eq!(condition(&done, "Succeeded")["status"], "True", "{done}");
+    assert_eq!(condition(&done, "Failed")["status"], "False", "{done}");
+    assert_eq!(condition(&done, "Running")["reason"], "Finished", "{done}");
+
+    // One run, labelled with its resource.
+    let runs = op.served.service.store.runs().unwrap();
+    assert_eq!(
+        runs.len(),
+        1,
+        "the restarted reconciler started no other run"
+    );
+    let labels = &runs[0].labels;
+    assert_eq!(
+        labels.0.get("pgfleetrun").map(String::as_str),
+        Some("quick")
+    );
+    // The finalizer came before the first status, and the phases went
+    // forward only.
+    let requests = op.fake.requests();
+    let first = |f: &dyn Fn(&Recorded) -> bool| requests.iter().position(f).unwrap();
+    let finalizer = first(&|r| {
+        r.method == "PATCH" && r.body["metadata"]["finalizers"] == json!(["pgfleet.io/run"])
+    });
+    let status = first(&|r| r.path.ends_with("/status"));
+    assert!(finalizer < status, "the finalizer is added first");
+    let order = ["Queued", "Running", "Succeeded"];
+    let phases: Vec<usize> = op
+        .status_patches("quick")
+        .iter()
+        .map(|p| {
+            order
+                .iter()
+                .position(|o| p["phase"] == *o)
+                .unwrap_or_else(|| panic!("unexpected phase in {p}"))
+        })
+        .collect();
+    assert!(phases.windows(2).all(|w| w[0] <= w[1]), "{phases:?}");
+    assert_eq!(phases.last(), Some(&2));
+    // Finished: no more status patches while nothing changes.
+    let n = op.status_patches("quick").len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(op.status_patches("quick").len(), n);
+    op.stop().await;
+    s.assert_clean(&[]);
+}
+
+/// A spec the scenario's validation refuses: `Accepted=False`, phase
+/// Rejected, the message with the field path in place of file:line, no
+/// run; a spec a pod could not run (emulated caps) is refused the same way
+/// under `--agents kubernetes` (the submission check, tested on serve).
+#[tokio::test]
+async fn a_resource_that_cannot_run_is_not_accepted_and_says_which_field() {
+    let s = Scratch::new("k8s-pfr-bad");
+    let op = Operator::start(&s).await;
+    op.fake.put(
+        "pgfleetruns",
+        pgfleetrun(
+            "bad",
+            json!({"fleet": [{"name": "a"}],
+                   "workloads": [{"kind": "pgbench", "scale": 0}]}),
+        ),
+    );
+    let st = op.until_phase("bad", "Rejected").await;
+    let accepted = condition(&st, "Accepted");
+    assert_eq!(accepted["status"], "False", "{st}");
+    assert_eq!(accepted["reason"], "InvalidScenario", "{st}");
+    let m = accepted["message"].as_str().unwrap();
+    assert!(m.starts_with("spec.workloads[0].scale: "), "{m}");
+    assert_eq!(condition(&st, "Failed")["status"], "True", "{st}");
+    assert!(op.served.service.store.runs().unwrap().is_empty());
+    // Deleting it releases the finalizer at once (no run to cancel).
+    op.delete("bad").await;
+    op.stop().await;
+}
+
+/// `kubectl delete` mid-run: the run is cancelled, its clusters and agents
+/// are gone, and only then the finalizer is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_pgfleetrun_mid_run_cancels_its_run_then_releases_the_finalizer() {
+    let s = Scratch::new("k8s-pfr-del");
+    let op = Operator::start(&s).await;
+    op.fake.put(
+        "pgfleetruns",
+        pgfleetrun(
+            "long",
+            json!({"fleet": [{"name": "a"}],
+                   "workloads": [{"kind": "pgbench", "scale": 1, "clients": 1, "duration_s": 120}]}),
+        ),
+    );
+    let st = op.until_phase("long", "Running").await;
+    let run_id = st["runId"].as_str().unwrap().to_string();
+    // Until its cell runs (a cluster exists).
+    let store = op.served.service.store.clone();
+    for _ in 0..600 {
+        if store
+            .cells(&run_id)
+            .unwrap()
+            .iter()
+            .any(|c| c.state == "running")
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let asked = std::time::Instant::now();
+    op.delete("long").await;
+    assert!(
+        asked.elapsed() < Duration::from_secs(60),
+        "a 120 s run is cancelled, not waited for"
+    );
+    let run = store.run(&run_id).unwrap().unwrap();
+    assert_eq!(
+        run.status, "cancelled",
+        "the run ended before the finalizer went"
+    );
+    op.stop().await;
+    s.assert_clean(&[]);
+}
+
+/// deploy/base/crd.yaml is what `pgfleet crd` generates from the scenario's
+/// types; it is a valid CRD (kubernetes-validate); the example resource
+/// (deploy/ci/pgfleetrun.yaml) follows its schema with unknown keys
+/// refused, as `kubectl apply`'s strict field validation does, and is a
+/// valid scenario for Kubernetes (`pgfleet validate --kubernetes`).
+#[test]
+fn the_pgfleetrun_crd_is_generated_valid_and_the_example_follows_it() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let committed = std::fs::read_to_string(repo.join("deploy/base/crd.yaml")).unwrap();
+    let out = Command::new(pgfleet()).arg("crd").output().unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    assert_eq!(
+        committed,
+        String::from_utf8(out.stdout).unwrap(),
+        "deploy/base/crd.yaml is stale: pgfleet crd > deploy/base/crd.yaml"
+    );
+    validate_objects(&committed, "deploy/base/crd.yaml");
+
+    // The schema, strict: an object with properties takes no others.
+    fn strict(v: &mut Value) {
+        if let Some(o) = v.as_object_mut() {
+            if o.contains_key("properties")
+                && !o.contains_key("x-kubernetes-preserve-unknown-fields")
+            {
+                o.insert("additionalProperties".into(), json!(false));
+            }
+            for (_, c) in o.iter_mut() {
+                strict(c);
+            }
+        }
+    }
+    let mut schema = resource::crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone();
+    strict(&mut schema);
+    let example_path = repo.join("deploy/ci/pgfleetrun.yaml");
+    let example: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(&example_path).unwrap()).unwrap();
+    let s = Scratch::new("k8s-crd");
+    let check = |doc: &Value| -> Output {
+        let d = s.write("doc.json", &doc.to_string());
+        let sc = s.write("schema.json", &schema.to_string());
+        Command::new("/opt/pgfleet-venv/bin/python")
+            .args([
+                "-c",
+                "import json, sys, jsonschema; jsonschema.validate(json.load(open(sys.argv[1])), json.load(open(sys.argv[2])))",
+            ])
+            .arg(d)
+            .arg(sc)
+            .output()
+            .unwrap()
+    };
+    let ok = check(&example);
+    assert!(ok.status.success(), "the example: {}", show(&ok));
+    let mut typo = example.clone();
+    typo["spec"]["fleet"][0]["storge"] = json!({"profile": "gp3"});
+    let bad = check(&typo);
+    assert!(!bad.status.success(), "an unknown key is refused");
+    assert!(show(&bad).contains("storge"), "{}", show(&bad));
+    let mut typo = example.clone();
+    typo["spec"]["workloads"][0]["kind"] = json!("pgbnech");
+    assert!(!check(&typo).status.success(), "an unknown kind is refused");
+
+    // Its spec is a scenario Kubernetes can run.
+    let mut spec = example["spec"].clone();
+    spec["name"] = example["metadata"]["name"].clone();
+    let file = s.write("example.yaml", &spec.to_string());
+    let out = Command::new(pgfleet())
+        .args(["validate", "--kubernetes", "--namespace", NS])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+}
+
+/// Under `--agents kubernetes`, a scenario a pod cannot run (emulated
+/// storage caps) is refused when it is submitted (422 on the API, located
+/// like any invalid scenario), not when its turn comes; the same scenario
+/// with `emulate: false` is queued.
+#[tokio::test]
+async fn under_kubernetes_what_a_pod_cannot_run_is_refused_at_submission() {
+    use pgfleet_controller::controller::{Agents, Controller, ControllerConfig};
+    use pgfleet_controller::queue::Rejected;
+    use pgfleet_controller::service::ServiceConfig;
+    let s = Scratch::new("k8s-submit");
+    std::fs::create_dir_all(s.store().parent().unwrap()).unwrap();
+    let (client, fake) = FakeApi::start();
+    let controller = Controller::build(&ControllerConfig {
+        service: ServiceConfig {
+            store: s.store(),
+            bind: "127.0.0.1:0".parse().unwrap(),
+            advertise_url: None,
+            lease: Duration::from_secs(10),
+            registration_timeout: Duration::from_secs(120),
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
+            join_token_file: None,
+            pool: true,
+            interactive: false,
+        },
+        agents: Agents::KubernetesClient(options(), client),
+        http: None,
+        reports: s.out(),
+        max_scenario_bytes: 1 << 20,
+        max_queued_runs: 10,
+        allow_shell_scenarios: false,
+        metrics_retention: Duration::from_secs(1),
+    })
+    .await
+    .unwrap();
+    let yaml = |emulate: bool| {
+        format!(
+            "name: caps\nfleet:\n  - name: gp3\n    storage: {{ profile: gp3, emulate: {emulate}, storage_class: gp3 }}\nworkloads:\n  - kind: pgbench\n    scale: 1\n"
+        )
+    };
+    match controller
+        .served
+        .submit("caps.yaml", &yaml(true), None, Default::default())
+    {
+        Err(Rejected::Invalid(e)) => {
+            assert_eq!(e.field, "fleet[0].storage.emulate", "{e}");
+            assert_eq!(e.line, 4, "{e}");
+        }
+        Err(_) => panic!("refused, but not as an invalid scenario"),
+        Ok((id, _)) => panic!("queued as run {id}"),
+    }
+    assert!(controller.served.service.store.runs().unwrap().is_empty());
+    let (id, created) = controller
+        .served
+        .submit("caps.yaml", &yaml(false), None, Default::default())
+        .ok()
+        .expect("emulate: false is queued");
+    assert!(created && !id.is_empty());
+    assert!(fake.names("pods").is_empty(), "nothing started: no drive");
+    controller.shutdown().await;
 }

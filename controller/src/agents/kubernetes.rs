@@ -112,16 +112,30 @@ pub struct RunObjects {
 }
 
 impl RunObjects {
-    /// The objects as `kubectl apply` would take them (the owner references
-    /// carry no uid until the owner exists).
+    /// The objects as `kubectl apply` (and `--dry-run=server`) takes them.
+    /// An owner reference needs its owner's uid, which exists only once
+    /// the owner is created: the volumes and pods are shown without theirs,
+    /// and a comment says what pgfleet adds.
     pub fn to_yaml(&self) -> String {
         let mut docs = vec![to_value(&self.owner)];
         for a in &self.agents {
             docs.push(to_value(&a.pvc));
             docs.push(to_value(&a.pod));
         }
-        docs.iter()
-            .map(|d| format!("---\n{}", serde_saphyr::to_string(d).unwrap_or_default()))
+        let owner = self.owner.metadata.name.clone().unwrap_or_default();
+        docs.iter_mut()
+            .map(|d| {
+                let owned = d["metadata"]
+                    .as_object_mut()
+                    .and_then(|m| m.remove("ownerReferences"))
+                    .is_some();
+                let note = if owned {
+                    format!("# pgfleet sets ownerReferences to ConfigMap {owner}'s uid when it creates this\n")
+                } else {
+                    String::new()
+                };
+                format!("---\n{note}{}", serde_saphyr::to_string(d).unwrap_or_default())
+            })
             .collect()
     }
 }

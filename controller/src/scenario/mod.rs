@@ -837,7 +837,10 @@ fn deserialize<T: serde::de::DeserializeOwned>(
         {
             field = format!("{field}.{key}");
             if let Some(list) = expected.strip_prefix(", expected one of ") {
-                message = format!("unknown field `{key}`: this kind's keys are {list}");
+                message = format!(
+                    "unknown field `{key}`: this kind's keys are {list} (and every kind's: kind, {})",
+                    workload::COMMON_KEYS.join(", ")
+                );
             }
         }
         ScenarioError {

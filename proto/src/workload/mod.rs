@@ -793,6 +793,10 @@ impl<'de> Visitor<'de> for EntryVisitor {
     }
 }
 
+/// The keys every kind takes besides `kind` (`Common`'s, which `Filter`
+/// takes out of the map before the kind's `Spec` sees the rest).
+pub const COMMON_KEYS: &[&str] = &["on", "replicas", "roles", "data"];
+
 /// The keys every kind takes, taken out of the map before the kind's `Spec`
 /// sees the rest.
 #[derive(Default)]
