@@ -1970,3 +1970,196 @@ async fn under_kubernetes_what_a_pod_cannot_run_is_refused_at_submission() {
     assert!(fake.names("pods").is_empty(), "nothing started: no drive");
     controller.shutdown().await;
 }
+
+/// deploy/overlays/eks/karpenter.yaml uses only fields the Karpenter v1 API
+/// documents (karpenter.sh/docs/concepts/nodepools and nodeclasses, v1.x;
+/// no Karpenter can run here to validate it), with their documented enum
+/// values, and its pools label and taint nodes as the eksctl node groups
+/// do, which the at-scale scenarios select and tolerate.
+#[test]
+fn the_karpenter_pools_use_documented_v1_fields_and_match_the_node_groups() {
+    const NODEPOOL: &[&str] = &[
+        "apiVersion",
+        "kind",
+        "metadata.name",
+        "metadata.labels.*",
+        "spec.template.metadata.labels.*",
+        "spec.template.metadata.annotations.*",
+        "spec.template.spec.nodeClassRef.group",
+        "spec.template.spec.nodeClassRef.kind",
+        "spec.template.spec.nodeClassRef.name",
+        "spec.template.spec.requirements[].key",
+        "spec.template.spec.requirements[].operator",
+        "spec.template.spec.requirements[].values[]",
+        "spec.template.spec.requirements[].minValues",
+        "spec.template.spec.taints[].key",
+        "spec.template.spec.taints[].value",
+        "spec.template.spec.taints[].effect",
+        "spec.template.spec.startupTaints[].key",
+        "spec.template.spec.startupTaints[].value",
+        "spec.template.spec.startupTaints[].effect",
+        "spec.template.spec.expireAfter",
+        "spec.template.spec.terminationGracePeriod",
+        "spec.disruption.consolidationPolicy",
+        "spec.disruption.consolidateAfter",
+        "spec.disruption.budgets[].nodes",
+        "spec.disruption.budgets[].schedule",
+        "spec.disruption.budgets[].duration",
+        "spec.disruption.budgets[].reasons[]",
+        "spec.limits.*",
+        "spec.weight",
+    ];
+    const NODECLASS: &[&str] = &[
+        "apiVersion",
+        "kind",
+        "metadata.name",
+        "metadata.labels.*",
+        "spec.role",
+        "spec.instanceProfile",
+        "spec.amiFamily",
+        "spec.amiSelectorTerms[].alias",
+        "spec.amiSelectorTerms[].id",
+        "spec.amiSelectorTerms[].name",
+        "spec.amiSelectorTerms[].owner",
+        "spec.amiSelectorTerms[].tags.*",
+        "spec.subnetSelectorTerms[].id",
+        "spec.subnetSelectorTerms[].tags.*",
+        "spec.securityGroupSelectorTerms[].id",
+        "spec.securityGroupSelectorTerms[].name",
+        "spec.securityGroupSelectorTerms[].tags.*",
+        "spec.userData",
+        "spec.tags.*",
+        "spec.instanceStorePolicy",
+        "spec.detailedMonitoring",
+        "spec.associatePublicIPAddress",
+    ];
+    fn paths(v: &Value, at: &str, out: &mut Vec<(String, Value)>) {
+        let open = ["labels", "annotations", "tags", "limits"];
+        match v {
+            Value::Object(o) => {
+                for (k, c) in o {
+                    let last = at.rsplit('.').next().unwrap_or("");
+                    let key = if open.contains(&last) {
+                        "*"
+                    } else {
+                        k.as_str()
+                    };
+                    let p = if at.is_empty() {
+                        key.to_string()
+                    } else {
+                        format!("{at}.{key}")
+                    };
+                    paths(c, &p, out);
+                }
+            }
+            Value::Array(a) => {
+                for c in a {
+                    paths(c, &format!("{at}[]"), out);
+                }
+            }
+            _ => out.push((at.to_string(), v.clone())),
+        }
+    }
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let eks = repo.join("deploy/overlays/eks");
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(&std::fs::read_to_string(eks.join("karpenter.yaml")).unwrap())
+            .unwrap();
+    let mut pools = BTreeMap::new();
+    let mut classes = std::collections::BTreeSet::new();
+    for d in &docs {
+        let (api, allowed) = match d["kind"].as_str() {
+            Some("NodePool") => ("karpenter.sh/v1", NODEPOOL),
+            Some("EC2NodeClass") => ("karpenter.k8s.aws/v1", NODECLASS),
+            k => panic!("unexpected kind {k:?}"),
+        };
+        assert_eq!(d["apiVersion"], api);
+        let mut found = Vec::new();
+        paths(d, "", &mut found);
+        for (p, v) in &found {
+            assert!(
+                allowed.contains(&p.as_str()),
+                "{}: `{p}` is not a Karpenter v1 field",
+                d["metadata"]["name"]
+            );
+            let one_of = |ok: &[&str]| assert!(ok.contains(&v.as_str().unwrap_or("")), "{p}: {v}");
+            match p.as_str() {
+                "spec.disruption.consolidationPolicy" => {
+                    one_of(&["WhenEmpty", "WhenEmptyOrUnderutilized"])
+                }
+                "spec.template.spec.taints[].effect" => {
+                    one_of(&["NoSchedule", "PreferNoSchedule", "NoExecute"])
+                }
+                "spec.template.spec.requirements[].operator" => {
+                    one_of(&["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"])
+                }
+                _ => {}
+            }
+        }
+        if d["kind"] == "EC2NodeClass" {
+            classes.insert(d["metadata"]["name"].as_str().unwrap().to_string());
+        } else {
+            let t = &d["spec"]["template"];
+            assert_eq!(t["spec"]["nodeClassRef"]["kind"], "EC2NodeClass");
+            // Never consolidate a node a benchmark runs on.
+            assert_eq!(d["spec"]["disruption"]["consolidationPolicy"], "WhenEmpty");
+            pools.insert(
+                t["metadata"]["labels"]["pgfleet.io/pool"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+                (
+                    t["spec"]["nodeClassRef"]["name"]
+                        .as_str()
+                        .unwrap()
+                        .to_string(),
+                    t["spec"]["taints"].clone(),
+                    t["spec"]["requirements"].clone(),
+                ),
+            );
+        }
+    }
+    for (class, _, _) in pools.values() {
+        assert!(
+            classes.contains(class),
+            "NodePool names EC2NodeClass {class}, which is not there"
+        );
+    }
+    // The same pools, labels and taints as the node groups.
+    let groups: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(eks.join("eksctl-nodegroups.yaml")).unwrap(),
+    )
+    .unwrap();
+    let mut benchmark_groups = 0;
+    for g in groups["managedNodeGroups"].as_array().unwrap() {
+        let pool = g["labels"]["pgfleet.io/pool"].as_str().unwrap();
+        if pool == "system" {
+            continue;
+        }
+        benchmark_groups += 1;
+        let (_, taints, requirements) = pools
+            .get(pool)
+            .unwrap_or_else(|| panic!("no NodePool for pool {pool}"));
+        assert_eq!(taints, &g["taints"], "pool {pool}'s taints");
+        assert_eq!(
+            requirements[0]["values"],
+            json!([g["instanceType"]]),
+            "pool {pool}'s instance type"
+        );
+    }
+    assert_eq!(pools.len(), benchmark_groups);
+
+    // The agent pods ask not to be disrupted.
+    let objects = kubernetes::plan(&scenario(), RUN, &options()).unwrap();
+    for a in &objects.agents {
+        assert_eq!(
+            a.pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|m| m.get("karpenter.sh/do-not-disrupt"))
+                .map(String::as_str),
+            Some("true")
+        );
+    }
+}

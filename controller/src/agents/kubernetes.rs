@@ -506,6 +506,9 @@ fn agent_objects(
             "name": name,
             "namespace": opts.namespace,
             "labels": pod_labels,
+            // A node autoscaler (Karpenter) must not consolidate a node
+            // away from under a benchmark.
+            "annotations": {"karpenter.sh/do-not-disrupt": "true"},
             "ownerReferences": owner_ref,
         },
         "spec": spec,
