@@ -29,7 +29,6 @@ use std::time::Duration;
 use tokio::sync::{Notify, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::agents::AgentSource;
 use crate::agents::kubernetes::{self, KubeAgents, KubeOptions};
 use crate::agents::local::{self, LocalOptions};
 use crate::http::HttpServer;
@@ -501,6 +500,7 @@ async fn resume_run(
                 &k.opts,
                 launched,
                 tx,
+                spec.scenario.cleanup(),
             ))
         }
         _ => None,
@@ -527,7 +527,8 @@ async fn resume_run(
     let status = sched.run(rx, cancel).await;
     service.hub.release(run_id, source.is_some()).await;
     if let Some(s) = source.as_mut() {
-        s.shutdown().await;
+        let kept = s.end(status == RunStatus::Succeeded).await;
+        service.record_kept(run_id, kept);
     }
     Ok(status)
 }

@@ -99,11 +99,49 @@ pub async fn serve(opts: ServeOptions, shutdown: CancellationToken) -> Result<()
         }
         _ => None,
     };
+    // Kept runs' objects (`cleanup: keep`) go when their time is up.
+    let reaper = match &controller.served.source {
+        Source::Kubernetes(k) => Some(tokio::spawn(reap_kept(
+            k.client.clone(),
+            k.opts.namespace.clone(),
+            controller.served.service.store.clone(),
+            shutdown.clone(),
+        ))),
+        _ => None,
+    };
     controller.drive(None, &shutdown).await;
     if let Some(r) = resources {
+        let _ = r.await;
+    }
+    if let Some(r) = reaper {
         let _ = r.await;
     }
     eprintln!("pgfleet serve: stopping; running runs resume when it starts again on this store");
     controller.shutdown().await;
     Ok(())
+}
+
+/// Every minute, deletes the objects of runs that are not running and not
+/// kept (or kept past their `cleanup.ttl`).
+async fn reap_kept(
+    client: kube::Client,
+    namespace: String,
+    store: crate::store::Store,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+            _ = shutdown.cancelled() => return,
+        }
+        let running = |run: &str| matches!(store.run(run), Ok(Some(r)) if r.status == "running" || r.status == "queued");
+        match crate::agents::kubernetes::reap(&client, &namespace, running).await {
+            Ok(runs) => {
+                for run in runs {
+                    tracing::info!(run = %run, "deleted the objects run {run} kept (cleanup.ttl is up)");
+                }
+            }
+            Err(e) => tracing::warn!("reaping kept runs' objects: {e}"),
+        }
+    }
 }

@@ -328,9 +328,19 @@ impl Service {
         let status = sched.run(rx, cancel).await;
         self.hub.release(run_id, owns_agents).await;
         if let Some(mut s) = source {
-            s.shutdown().await;
+            let kept = s.finish(status == RunStatus::Succeeded).await;
+            self.record_kept(run_id, kept);
         }
         Ok(status)
+    }
+
+    /// Stores what a run's source kept for debugging (`cleanup: keep`).
+    pub fn record_kept(&self, run_id: &str, kept: Option<serde_json::Value>) {
+        if let Some(k) = kept
+            && let Err(e) = self.store.set_kept(run_id, &k)
+        {
+            tracing::error!(run = run_id, "storing what the run kept ({k}): {e}");
+        }
     }
 
     /// Takes the run's agents from the pool, waiting up to the registration

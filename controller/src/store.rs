@@ -102,6 +102,9 @@ pub struct RunRow {
     pub started_at: String,
     pub finished_at: Option<String>,
     pub labels: crate::labels::Labels,
+    /// What a Kubernetes run kept for debugging (`cleanup: keep`):
+    /// `{"until": RFC 3339, "namespace": …, "objects": ["pod/…", …]}`.
+    pub kept: Option<Json>,
 }
 
 #[derive(Debug, Clone)]
@@ -324,6 +327,7 @@ fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
         started_at: r.get(4)?,
         finished_at: r.get(5)?,
         labels: crate::labels::Labels::from_json(r.get::<_, Option<String>>(6)?.as_deref()),
+        kept: parse(r.get(7)?),
     })
 }
 
@@ -354,6 +358,8 @@ impl Store {
             ("samples", "seq", "INTEGER"),
             // A cell's point in its entry's sweep.
             ("cells", "point", "TEXT"),
+            // What a Kubernetes run kept (`cleanup: keep`).
+            ("runs", "kept", "TEXT"),
         ] {
             let has: bool = conn.query_row(
                 "SELECT count(*) > 0 FROM pragma_table_info(?1) WHERE name = ?2",
@@ -562,6 +568,15 @@ impl Store {
         })
     }
 
+    /// Records what a run's agent source kept for debugging.
+    pub fn set_kept(&self, id: &str, kept: &Json) -> Result<()> {
+        let (id, kept) = (id.to_string(), kept.to_string());
+        self.with(move |c| {
+            c.execute("UPDATE runs SET kept = ?2 WHERE id = ?1", params![id, kept])
+                .map(|_| ())
+        })
+    }
+
     /// Back to pending: its assignment never reached the agent.
     pub fn requeue_cell(&self, run: &str, cell: &str) -> Result<()> {
         self.commit(
@@ -712,7 +727,7 @@ impl Store {
     pub fn run(&self, id: &str) -> Result<Option<RunRow>> {
         self.read(|c| {
             c.query_row(
-                "SELECT id, scenario_name, scenario_path, status, started_at, finished_at, labels FROM runs WHERE id = ?1",
+                "SELECT id, scenario_name, scenario_path, status, started_at, finished_at, labels, kept FROM runs WHERE id = ?1",
                 params![id],
                 run_row,
             )
@@ -723,7 +738,7 @@ impl Store {
     pub fn runs(&self) -> Result<Vec<RunRow>> {
         self.read(|c| {
             let mut st = c.prepare(
-                "SELECT id, scenario_name, scenario_path, status, started_at, finished_at, labels FROM runs ORDER BY started_at",
+                "SELECT id, scenario_name, scenario_path, status, started_at, finished_at, labels, kept FROM runs ORDER BY started_at",
             )?;
             let rows = st.query_map([], run_row)?;
             rows.collect()

@@ -1105,6 +1105,20 @@ async fn every_request_is_allowed_by_the_role_and_the_role_grants_no_more() {
             "labels": {"app.kubernetes.io/managed-by": "pgfleet", "app.kubernetes.io/component": "run", "pgfleet.io/run": "old"}}}),
     );
     kubernetes::reap(&client, NS, |_| false).await.unwrap();
+    // A failed run kept by `cleanup: {on_failure: keep}`.
+    let keep = format!("{SCENARIO}cleanup: {{ on_failure: keep }}\n");
+    let sc = scenario::parse(Path::new("keep.yaml"), &keep).unwrap();
+    let (tx, _rx2) = mpsc::channel(64);
+    let mut kept = KubeAgents::launch(
+        client.clone(),
+        &sc,
+        "20261201-100001-keep00",
+        &options(),
+        tx,
+    )
+    .await
+    .unwrap();
+    assert!(kept.end(false).await.is_some());
 
     let mut used = rbac_uses(&fake.requests());
     // The PgfleetRuns' reconciler: a resource accepted, rejected, deleted.
@@ -2160,6 +2174,101 @@ fn the_karpenter_pools_use_documented_v1_fields_and_match_the_node_groups() {
                 .and_then(|m| m.get("karpenter.sh/do-not-disrupt"))
                 .map(String::as_str),
             Some("true")
+        );
+    }
+}
+
+/// `cleanup: {on_failure: keep, ttl}`: a failed run's pods, volumes and
+/// owner stay, the owner annotated with when they go; the reaper leaves
+/// them until then and deletes them after; a succeeded run's objects are
+/// deleted as always. Bad values are located scenario errors.
+#[tokio::test]
+async fn kept_objects_stay_until_their_ttl_and_the_reaper_then_deletes_them() {
+    let yaml = format!("{SCENARIO}cleanup: {{ on_failure: keep, ttl: 2h }}\n");
+    let sc = scenario::parse(Path::new("keep.yaml"), &yaml).unwrap();
+    let (client, fake) = FakeApi::start();
+    let (tx, _rx) = mpsc::channel(64);
+    let opts = KubeOptions {
+        exit_grace: Duration::from_millis(100),
+        ..options()
+    };
+    let mut agents = KubeAgents::launch(client.clone(), &sc, RUN, &opts, tx.clone())
+        .await
+        .unwrap();
+    let kept = agents.end(false).await.expect("a failed run keeps");
+    let objects = kept["objects"].as_array().unwrap();
+    assert_eq!(objects.len(), 1 + 2 * 3, "{kept}");
+    assert_eq!(fake.names("pods").len(), 3);
+    assert_eq!(fake.names("persistentvolumeclaims").len(), 3);
+    let owner = kubernetes::owner_name(RUN);
+    let until = fake.object("configmaps", &owner).unwrap()["metadata"]["annotations"]
+        [kubernetes::KEEP_UNTIL]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(kept["until"], until.as_str());
+    let left = chrono::DateTime::parse_from_rfc3339(&until)
+        .unwrap()
+        .with_timezone(&chrono::Utc)
+        - chrono::Utc::now();
+    assert!(
+        (7100..=7200).contains(&left.num_seconds()),
+        "{left:?} left of a 2 h ttl"
+    );
+    // Not running, but kept: the reaper leaves it.
+    assert!(
+        kubernetes::reap(&client, NS, |_| false)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(fake.names("pods").len(), 3);
+    // Its time is up: deleted, with its pods and volumes.
+    {
+        let mut st = fake.lock();
+        let cm = st
+            .objects
+            .get_mut(&("configmaps".to_string(), owner.clone()))
+            .unwrap();
+        cm["metadata"]["annotations"][kubernetes::KEEP_UNTIL] = json!("2026-01-01T00:00:00Z");
+    }
+    assert_eq!(
+        kubernetes::reap(&client, NS, |_| false).await.unwrap(),
+        vec![RUN.to_string()]
+    );
+    assert!(fake.names("pods").is_empty() && fake.names("persistentvolumeclaims").is_empty());
+
+    // A succeeded run with the same scenario: on_success defaults to delete.
+    let mut agents = KubeAgents::launch(client.clone(), &sc, RUN, &opts, tx)
+        .await
+        .unwrap();
+    assert!(agents.end(true).await.is_none());
+    assert!(fake.names("pods").is_empty() && fake.names("configmaps").is_empty());
+
+    let s = Scratch::new("k8s-cleanup");
+    for (cleanup, want) in [
+        (
+            "{ on_failure: maybe }",
+            "unknown cleanup `maybe`: allowed delete, keep",
+        ),
+        ("{ ttl: 5 }", "not a duration"),
+        ("{ ttl: 90d }", "allowed 1m to 30d"),
+        ("{ on_error: keep }", "unknown field `on_error`"),
+    ] {
+        let p = s.write(
+            "c.yaml",
+            &format!("name: t\nfleet:\n  - name: a\ncleanup: {cleanup}\nworkloads:\n  - kind: pgbench\n    scale: 1\n"),
+        );
+        let out = Command::new(pgfleet())
+            .arg("validate")
+            .arg(&p)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cleanup}: {err}");
+        assert!(
+            err.contains("c.yaml:4:") && err.contains(want),
+            "{cleanup}: {err}"
         );
     }
 }

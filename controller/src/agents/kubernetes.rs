@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Event as KubeEvent, PersistentVolumeClaim, Pod};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::runtime::{WatchStreamExt, watcher::Event as WatchEvent};
 use serde_json::{Value, json};
@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{AgentSource, Launched};
 use crate::events::Event;
-use crate::scenario::{FleetEntry, Scenario};
+use crate::scenario::{Cleanup, FleetEntry, Scenario};
 use pgfleet_proto::workload::Invalid;
 
 /// The node label of the instance type (set by the cloud provider).
@@ -553,7 +553,11 @@ pub struct KubeAgents {
     launched: Vec<Launched>,
     pods: watch::Receiver<HashMap<String, PodState>>,
     stop_watch: CancellationToken,
+    cleanup: Cleanup,
 }
+
+/// The owner ConfigMap's annotation on a kept run: when serve deletes it.
+pub const KEEP_UNTIL: &str = "pgfleet.io/keep-until";
 
 impl KubeAgents {
     /// Creates the run's owner, then each agent's volume and pod, and
@@ -584,6 +588,7 @@ impl KubeAgents {
             opts,
             objects.agents.iter().map(|a| a.launched.clone()).collect(),
             events,
+            sc.cleanup(),
         );
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -616,15 +621,16 @@ impl KubeAgents {
     }
 
     /// Takes over a run launched by an earlier controller (a resumed run):
-    /// watches its pods and deletes its objects when it ends.
+    /// watches its pods and deletes (or keeps) its objects when it ends.
     pub fn attach(
         client: kube::Client,
         run_id: &str,
         opts: &KubeOptions,
         agents: Vec<Launched>,
         events: mpsc::Sender<Event>,
+        cleanup: Cleanup,
     ) -> KubeAgents {
-        KubeAgents::watch(client, run_id, opts, agents, events)
+        KubeAgents::watch(client, run_id, opts, agents, events, cleanup)
     }
 
     fn watch(
@@ -633,6 +639,7 @@ impl KubeAgents {
         opts: &KubeOptions,
         launched: Vec<Launched>,
         events: mpsc::Sender<Event>,
+        cleanup: Cleanup,
     ) -> KubeAgents {
         let (state_tx, state_rx) = watch::channel(HashMap::new());
         let stop = CancellationToken::new();
@@ -652,12 +659,55 @@ impl KubeAgents {
             launched,
             pods: state_rx,
             stop_watch: stop,
+            cleanup,
         }
     }
 
-    /// Waits (bounded, when `wait`) for the agents, told to shut down, to
-    /// end their pods; then deletes the run's owner, and with it everything.
-    async fn stop(&mut self, wait: bool) {
+    /// The run's end by `cleanup:`: its objects deleted, or kept with a
+    /// `pgfleet.io/keep-until` annotation on their owner (serve's reaper
+    /// deletes them then). What was kept, for the report.
+    pub async fn end(&mut self, succeeded: bool) -> Option<serde_json::Value> {
+        let c = self.cleanup;
+        if !(if succeeded {
+            c.keep_on_success
+        } else {
+            c.keep_on_failure
+        }) {
+            self.stop(true).await;
+            return None;
+        }
+        self.wait_exit().await;
+        self.stop_watch.cancel();
+        let ns = &self.opts.namespace;
+        let owner = owner_name(&self.run_id);
+        let until = chrono::Utc::now()
+            + chrono::Duration::from_std(c.ttl).unwrap_or(chrono::Duration::hours(24));
+        let until = until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
+        let patch = json!({"metadata": {"annotations": {KEEP_UNTIL: until}}});
+        if let Err(e) = cms
+            .patch(&owner, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            // Nothing may be left unaccounted for: delete after all.
+            tracing::error!(
+                "keeping {ns}/{owner}: {}; deleting it instead",
+                kube_hint(&e)
+            );
+            delete_owner(&self.client, ns, &owner).await;
+            return None;
+        }
+        let mut objects = vec![format!("configmap/{owner}")];
+        for l in &self.launched {
+            objects.push(format!("pod/{}", l.agent_id));
+            objects.push(format!("persistentvolumeclaim/{}-data", l.agent_id));
+        }
+        tracing::info!(run = %self.run_id, "kept {} objects until {until} (cleanup: keep)", objects.len());
+        Some(json!({"until": until, "namespace": ns, "owner": owner, "objects": objects}))
+    }
+
+    /// Waits (bounded) for the agents, told to shut down, to end their pods.
+    async fn wait_exit(&mut self) {
         let ids: Vec<String> = self.launched.iter().map(|l| l.agent_id.clone()).collect();
         let all_done = move |m: &HashMap<String, PodState>| {
             ids.iter().all(|id| {
@@ -666,8 +716,14 @@ impl KubeAgents {
                 })
             })
         };
+        let _ = tokio::time::timeout(self.opts.exit_grace, self.pods.wait_for(all_done)).await;
+    }
+
+    /// Waits (bounded, when `wait`) for the agents, told to shut down, to
+    /// end their pods; then deletes the run's owner, and with it everything.
+    async fn stop(&mut self, wait: bool) {
         if wait {
-            let _ = tokio::time::timeout(self.opts.exit_grace, self.pods.wait_for(all_done)).await;
+            self.wait_exit().await;
         }
         self.stop_watch.cancel();
         delete_owner(
@@ -686,6 +742,10 @@ impl AgentSource for KubeAgents {
 
     fn shutdown(&mut self) -> BoxFuture<'_, ()> {
         self.stop(true).boxed()
+    }
+
+    fn finish(&mut self, succeeded: bool) -> BoxFuture<'_, Option<serde_json::Value>> {
+        self.end(succeeded).boxed()
     }
 }
 
@@ -730,6 +790,16 @@ pub async fn reap(
             continue;
         };
         if running(&run) {
+            continue;
+        }
+        // Kept for debugging (`cleanup: keep`) until its time.
+        let until = cm
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(KEEP_UNTIL))
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
+        if until.is_some_and(|t| t > chrono::Utc::now()) {
             continue;
         }
         if let Some(name) = &cm.metadata.name {

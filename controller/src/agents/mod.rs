@@ -22,4 +22,14 @@ pub trait AgentSource: Send {
     /// Waits for agents to exit after the controller told them to shut down
     /// (bounded), stops the rest, and removes everything they left.
     fn shutdown(&mut self) -> BoxFuture<'_, ()>;
+    /// `shutdown` at the run's end, by the scenario's `cleanup:` where the
+    /// source keeps anything: what it kept, for the report (none here).
+    fn finish(&mut self, succeeded: bool) -> BoxFuture<'_, Option<serde_json::Value>> {
+        let _ = succeeded;
+        let f = self.shutdown();
+        Box::pin(async move {
+            f.await;
+            None
+        })
+    }
 }

@@ -172,6 +172,39 @@ fn checks(md: &mut String, doc: &Json) {
 }
 
 /// Returns the markdown and the plots it embeds (file name, SVG).
+/// What a Kubernetes run kept for debugging (`cleanup: keep`), with how
+/// to look at it and when it goes.
+fn kept(md: &mut String, doc: &Json) {
+    let k = &doc["kept"];
+    let Some(objects) = k["objects"].as_array() else {
+        return;
+    };
+    let ns = k["namespace"].as_str().unwrap_or("");
+    let _ = writeln!(
+        md,
+        "## Kept for debugging
+
+`cleanup:` kept this run's objects in namespace `{ns}` until {} (then serve deletes them):
+",
+        k["until"].as_str().unwrap_or("")
+    );
+    for o in objects {
+        let _ = writeln!(md, "- `{}`", o.as_str().unwrap_or(""));
+    }
+    let pod = objects
+        .iter()
+        .filter_map(|o| o.as_str())
+        .find(|o| o.starts_with("pod/"))
+        .unwrap_or("pod/NAME");
+    let _ = writeln!(
+        md,
+        "
+An agent's log: `kubectl -n {ns} logs {pod}`. Delete them now: `kubectl -n {ns} delete configmap {} --cascade=foreground`.
+",
+        k["owner"].as_str().unwrap_or("")
+    );
+}
+
 pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
     let mut md = String::new();
     let mut plots = Vec::new();
@@ -205,6 +238,7 @@ pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
         );
     }
 
+    kept(&mut md, doc);
     history_checks(&mut md, &mut plots, doc);
     storage_classes(&mut md, doc);
     costs(&mut md, doc);
@@ -999,6 +1033,29 @@ mod render_tests {
 
     /// Labels show under the run's header as code: a `|` or a backtick in
     /// a value neither splits the table nor ends the code span.
+    #[test]
+    fn kept_objects_are_listed_with_how_to_look_and_when_they_go() {
+        let (md, _) = render(&serde_json::json!({"run_id": "r", "kept": {
+            "until": "2026-12-04T10:00:00Z", "namespace": "bench", "owner": "pgfleet-run-r",
+            "objects": ["configmap/pgfleet-run-r", "pod/pgfleet-r-a-0", "persistentvolumeclaim/pgfleet-r-a-0-data"]}}));
+        assert!(md.contains("## Kept for debugging"), "{md}");
+        assert!(md.contains("until 2026-12-04T10:00:00Z"), "{md}");
+        assert!(
+            md.contains("- `persistentvolumeclaim/pgfleet-r-a-0-data`"),
+            "{md}"
+        );
+        assert!(
+            md.contains("`kubectl -n bench logs pod/pgfleet-r-a-0`"),
+            "{md}"
+        );
+        assert!(
+            md.contains("delete configmap pgfleet-run-r --cascade=foreground"),
+            "{md}"
+        );
+        let (md, _) = render(&serde_json::json!({"run_id": "r"}));
+        assert!(!md.contains("Kept for debugging"), "{md}");
+    }
+
     #[test]
     fn labels_render_as_code_in_the_header() {
         let doc = serde_json::json!({"run_id": "r", "status": "succeeded",

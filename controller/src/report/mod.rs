@@ -213,6 +213,7 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
         "started_at": run.started_at,
         "finished_at": run.finished_at,
         "labels": run.labels,
+        "kept": run.kept,
         "environment": {"instance_classes": env_classes},
         "differences": differences,
         "warnings": warnings,

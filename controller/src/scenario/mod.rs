@@ -111,6 +111,9 @@ pub struct Scenario {
     /// so each instance gets what it emulates.
     #[serde(default)]
     pub oversubscribe: Option<Spanned<bool>>,
+    /// What happens to a Kubernetes run's pods and volumes at its end.
+    #[serde(default)]
+    pub cleanup: Option<CleanupSpec>,
     /// Per workload entry, its cells' (id stem, parameters, sweep point),
     /// from validation (`validate` fills it; `plan` reads it).
     #[serde(skip)]
@@ -122,6 +125,54 @@ pub struct Scenario {
     /// itself when it sweeps nothing); `workloads` holds the first point's.
     #[serde(skip)]
     pub points: Vec<Vec<WorkloadEntry>>,
+}
+
+/// `cleanup:`: whether a Kubernetes run's pods and volumes are deleted at
+/// its end (`delete`, the default) or kept for debugging (`keep`), per
+/// outcome, and how long kept ones stay before serve deletes them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CleanupSpec {
+    #[serde(default)]
+    pub on_success: Option<Spanned<String>>,
+    #[serde(default)]
+    pub on_failure: Option<Spanned<String>>,
+    /// e.g. `24h`, `90m`, `2d` (default 24h).
+    #[serde(default)]
+    pub ttl: Option<Spanned<String>>,
+}
+
+/// `cleanup:` resolved.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cleanup {
+    pub keep_on_success: bool,
+    pub keep_on_failure: bool,
+    pub ttl: std::time::Duration,
+}
+
+impl Default for Cleanup {
+    fn default() -> Self {
+        Cleanup {
+            keep_on_success: false,
+            keep_on_failure: false,
+            ttl: std::time::Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// `30s`, `90m`, `24h`, `2d` as a duration.
+pub fn parse_ttl(t: &str) -> Option<std::time::Duration> {
+    let t = t.trim();
+    let (n, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit())?);
+    let n: u64 = n.parse().ok()?;
+    let secs = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => return None,
+    };
+    Some(std::time::Duration::from_secs(n.checked_mul(secs)?))
 }
 
 /// One cell's worth of an entry: its id stem, parameters and, in a sweep,
@@ -499,6 +550,24 @@ impl Scenario {
     /// The scenario's `oversubscribe` (default false).
     pub fn oversubscribe(&self) -> bool {
         self.oversubscribe.as_ref().is_some_and(|o| o.value)
+    }
+
+    /// `cleanup:` with its defaults (validated: values parse).
+    pub fn cleanup(&self) -> Cleanup {
+        let d = Cleanup::default();
+        let Some(c) = &self.cleanup else {
+            return d;
+        };
+        let keep = |v: &Option<Spanned<String>>| v.as_ref().is_some_and(|v| v.value == "keep");
+        Cleanup {
+            keep_on_success: keep(&c.on_success),
+            keep_on_failure: keep(&c.on_failure),
+            ttl: c
+                .ttl
+                .as_ref()
+                .and_then(|t| parse_ttl(&t.value))
+                .unwrap_or(d.ttl),
+        }
     }
 }
 

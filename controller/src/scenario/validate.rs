@@ -265,6 +265,35 @@ pub fn validate(s: &Scenario) -> Result<Vec<Vec<Unit>>, Invalid> {
         }
     }
     validate_checks(s, &classes)?;
+    if let Some(c) = &s.cleanup {
+        for (k, v) in [("on_success", &c.on_success), ("on_failure", &c.on_failure)] {
+            if let Some(v) = v {
+                one_of(v, format!("cleanup.{k}"), &["delete", "keep"], "cleanup")?;
+            }
+        }
+        if let Some(t) = &c.ttl {
+            match crate::scenario::parse_ttl(&t.value) {
+                Some(d) if (60..=30 * 86400).contains(&d.as_secs()) => {}
+                Some(_) => {
+                    return err(
+                        t.referenced,
+                        "cleanup.ttl",
+                        format!("ttl `{}` is out of range: allowed 1m to 30d", t.value),
+                    );
+                }
+                None => {
+                    return err(
+                        t.referenced,
+                        "cleanup.ttl",
+                        format!(
+                            "`{}` is not a duration: write a whole number and s, m, h or d, e.g. 24h",
+                            t.value
+                        ),
+                    );
+                }
+            }
+        }
+    }
     if s.workloads.value.is_empty() {
         return err(
             s.workloads.referenced,
