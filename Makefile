@@ -19,6 +19,7 @@ test:
 ## Prometheus, traces, PostgreSQL 18 and the long property test.
 test-all:
 	$(CARGO) build --workspace --bins --locked
+	$(CARGO) build -p pgfleet-controller --no-default-features --bins --locked --target-dir target/client
 	PGFLEET_FUZZ_CASES=$${PGFLEET_FUZZ_CASES:-300000} $(CARGO) nextest run --workspace --locked --no-fail-fast --profile all
 
 ## The slowest tests of the last `make test-all` (JUnit from nextest).
@@ -35,6 +36,7 @@ release:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	$(CARGO) clippy -p pgfleet-controller --no-default-features --lib --bins --locked -- -D warnings
 
 ## pgfleet vs pgbench on the same toast-slice points (see BENCHMARKS.md).
 bench: release

@@ -140,6 +140,26 @@ pub enum Command {
     },
 }
 
+impl Command {
+    /// The subcommand's name, as typed.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Run(_) => "run",
+            Command::Report { .. } => "report",
+            Command::List { .. } => "list",
+            Command::Validate { .. } => "validate",
+            Command::Datasets { .. } => "datasets",
+            Command::Compare(_) => "compare",
+            Command::History(_) => "history",
+            Command::Serve(_) => "serve",
+            Command::Crd => "crd",
+            Command::Submit(_) => "submit",
+            Command::Status { .. } => "status",
+            Command::Cancel { .. } => "cancel",
+        }
+    }
+}
+
 /// Where the server is and how to authenticate.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Remote {

@@ -95,7 +95,7 @@ impl Client {
             Some(ca) => {
                 let bad = |e: String| usage(format!("--ca {}: {e}", ca.display()));
                 let mut roots = rustls::RootCertStore::empty();
-                for c in crate::http::pem_certificates(ca).map_err(bad)? {
+                for c in pem_certificates(ca).map_err(bad)? {
                     roots.add(c).map_err(|e| bad(e.to_string()))?;
                 }
                 let cfg = rustls::ClientConfig::builder_with_provider(provider)
@@ -516,4 +516,47 @@ fn urlencode(s: &str) -> String {
             }
         })
         .collect()
+}
+
+/// The certificates of a PEM file (at least one), for the server's chain
+/// and the client's `--ca`; the error says what is wrong with the file.
+pub fn pem_certificates(
+    path: &std::path::Path,
+) -> std::result::Result<Vec<rustls_pki_types::CertificateDer<'static>>, String> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| e.to_string())?
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    if certs.is_empty() {
+        return Err("no PEM certificate in it".into());
+    }
+    Ok(certs)
+}
+
+/// A secret token from a file: trimmed, at least 16 characters.
+pub fn read_token(f: &Path, what: &str) -> crate::Result<String> {
+    let t = std::fs::read_to_string(f)
+        .map_err(|e| crate::Error::Usage(format!("reading the {what} {}: {e}", f.display())))?
+        .trim()
+        .to_string();
+    if t.len() < 16 {
+        return Err(crate::Error::Usage(format!(
+            "the token in {} is too short: use at least 16 characters (e.g. `openssl rand -hex 32 > {}`)",
+            f.display(),
+            f.display()
+        )));
+    }
+    Ok(t)
+}
+
+/// `n` random bytes as hex.
+pub fn random_hex(n: usize) -> String {
+    let mut b = vec![0u8; n];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut b);
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }

@@ -1028,23 +1028,6 @@ pub async fn listen(
     listen_app(bind, router(s), tls).await
 }
 
-/// The certificates of a PEM file (at least one), for the server's chain
-/// and the client's `--ca`; the error says what is wrong with the file.
-pub fn pem_certificates(
-    path: &std::path::Path,
-) -> std::result::Result<Vec<rustls_pki_types::CertificateDer<'static>>, String> {
-    use rustls_pki_types::CertificateDer;
-    use rustls_pki_types::pem::PemObject;
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| e.to_string())?
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
-    if certs.is_empty() {
-        return Err("no PEM certificate in it".into());
-    }
-    Ok(certs)
-}
-
 /// A TLS server configuration from PEM files (`serve --http-tls-cert
 /// --http-tls-key`); errors name the file.
 pub fn tls_config(
@@ -1055,7 +1038,7 @@ pub fn tls_config(
     use rustls_pki_types::pem::PemObject;
     let bad =
         |f: &std::path::Path, e: String| Error::Usage(format!("--http-tls: {}: {e}", f.display()));
-    let certs = pem_certificates(cert).map_err(|e| bad(cert, e))?;
+    let certs = crate::client::pem_certificates(cert).map_err(|e| bad(cert, e))?;
     let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| bad(key, e.to_string()))?;
     let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),

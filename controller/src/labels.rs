@@ -18,7 +18,8 @@ pub const MAX_KEY: usize = 63;
 pub const MAX_VALUE: usize = 256;
 
 /// A run's labels, ordered by key.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[serde(transparent)]
 pub struct Labels(pub BTreeMap<String, String>);
 

@@ -7,32 +7,54 @@
 //! - Reports read only the store.
 //! - The scheduler never knows where agents come from: sources (`agents/`)
 //!   start them; they register over the same gRPC session either way.
+//!
+//! Cargo feature `server` (default): the controller itself (run, serve,
+//! the agent sources, the Kubernetes side, the HTTP API). Without it the
+//! crate is the client CI needs (`pgfleet submit/status/cancel`, and
+//! validate, report, compare and history on a store): no kube, k8s-openapi,
+//! axum or utoipa to build.
 
+#[cfg(feature = "server")]
 pub mod agents;
 pub mod changepoint;
 pub mod cli;
 pub mod client;
 pub mod compare;
+#[cfg(feature = "server")]
 pub mod controller;
+#[cfg(feature = "server")]
 pub mod datasets;
+#[cfg(feature = "server")]
 pub mod events;
+#[cfg(feature = "server")]
 pub mod grpc;
 pub mod history;
+#[cfg(feature = "server")]
 pub mod http;
+#[cfg(feature = "server")]
 pub mod hub;
 pub mod labels;
+#[cfg(feature = "server")]
 pub mod metrics;
+#[cfg(feature = "server")]
 pub mod queue;
 pub mod report;
+#[cfg(feature = "server")]
 pub mod resource;
+#[cfg(feature = "server")]
 pub mod run;
 pub mod scenario;
+#[cfg(feature = "server")]
 pub mod scheduler;
+#[cfg(feature = "server")]
 pub mod serve;
+#[cfg(feature = "server")]
 pub mod service;
 pub mod stats;
 pub mod store;
+#[cfg(feature = "server")]
 pub mod tokens;
+#[cfg(feature = "server")]
 pub mod writer;
 
 #[derive(Debug, thiserror::Error)]

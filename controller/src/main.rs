@@ -6,17 +6,21 @@ use std::time::Duration;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
+#[cfg(feature = "server")]
 use pgfleet_controller::agents::kubernetes;
+#[cfg(feature = "server")]
 use pgfleet_controller::agents::local::{LocalOptions, default_agent_bin};
-use pgfleet_controller::cli::{
-    AgentsFrom, Cli, Command, CompareArgs, CompareFormat, DatasetsAction, HistoryArgs, KubeArgs,
-    Remote, RunArgs, SessionArgs,
-};
-use pgfleet_controller::client::{Client, ClientError};
+#[cfg(feature = "server")]
+use pgfleet_controller::cli::{AgentsFrom, DatasetsAction, KubeArgs, RunArgs, SessionArgs};
+use pgfleet_controller::cli::{Cli, Command, CompareArgs, CompareFormat, HistoryArgs, Remote};
+use pgfleet_controller::client::{Client, ClientError, read_token};
 use pgfleet_controller::labels::Labels;
+#[cfg(feature = "server")]
 use pgfleet_controller::run::{RunOptions, execute};
+#[cfg(feature = "server")]
 use pgfleet_controller::serve::ServeOptions;
-use pgfleet_controller::service::{ServiceConfig, read_token};
+#[cfg(feature = "server")]
+use pgfleet_controller::service::ServiceConfig;
 use pgfleet_controller::store::Store;
 use pgfleet_controller::{Error, exit, report, scenario};
 
@@ -90,6 +94,7 @@ impl From<ClientError> for Failure {
     }
 }
 
+#[cfg(feature = "server")]
 fn service_config(
     store: std::path::PathBuf,
     bind: std::net::SocketAddr,
@@ -170,6 +175,7 @@ fn verdicts(doc: &serde_json::Value, junit: Option<&std::path::Path>) -> Result<
     Ok(())
 }
 
+#[cfg(feature = "server")]
 fn kube_options(k: &KubeArgs, controller_url: Option<String>) -> kubernetes::KubeOptions {
     let d = kubernetes::KubeOptions::default();
     kubernetes::KubeOptions {
@@ -306,11 +312,19 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             let sc = scenario::load(&path)?;
             let cells = scenario::plan(&sc);
             if kubernetes {
-                let opts = kube_options(&kube, None);
-                let objects = kubernetes::plan(&sc, "dry-run", &opts)
-                    .map_err(|e| scenario::ScenarioError::located(&path, "", e))?;
-                print!("{}", objects.to_yaml());
-                eprint!("{}", kubernetes::describe(&objects));
+                #[cfg(feature = "server")]
+                {
+                    let opts = kube_options(&kube, None);
+                    let objects = kubernetes::plan(&sc, "dry-run", &opts)
+                        .map_err(|e| scenario::ScenarioError::located(&path, "", e))?;
+                    print!("{}", objects.to_yaml());
+                    eprint!("{}", kubernetes::describe(&objects));
+                }
+                #[cfg(not(feature = "server"))]
+                {
+                    let _ = kube;
+                    return Err(not_in_client("validate --kubernetes"));
+                }
             } else {
                 print!("{}", scenario::plan::describe(&sc, &cells, &path));
                 for c in sc.checks() {
@@ -410,115 +424,6 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             println!("{}", out.join("report.md").display());
             Ok(exit::OK)
         }
-        Command::Run(args) => {
-            let junit = args.junit.clone();
-            let summary = execute(
-                run_options(*args, cli.store, false),
-                cancel_on_signals("cancelling the run"),
-            )
-            .await?;
-            let report = summary.report_dir.join("report.md");
-            println!(
-                "run {} {}: report {}",
-                summary.run_id,
-                summary.status.as_str(),
-                report.display()
-            );
-            verdicts(&summary.report, junit.as_deref())?;
-            Ok(exit::of_report(&summary.report))
-        }
-        Command::Datasets { action } => match action {
-            DatasetsAction::List { dir, scenarios } => {
-                print!(
-                    "{}",
-                    pgfleet_controller::datasets::list(&dir.resolve(), &scenarios)?
-                );
-                Ok(exit::OK)
-            }
-            DatasetsAction::Rm { dir, fingerprints } => {
-                print!(
-                    "{}",
-                    pgfleet_controller::datasets::remove(&dir.resolve(), &fingerprints)?
-                );
-                Ok(exit::OK)
-            }
-            DatasetsAction::Build(args) => {
-                let summary = execute(
-                    run_options(*args, cli.store, true),
-                    cancel_on_signals("cancelling the build"),
-                )
-                .await?;
-                for c in summary.report["cells"].as_array().into_iter().flatten() {
-                    let d = &c["environment"]["dataset"];
-                    println!(
-                        "{} {}: {} {}",
-                        c["cell_id"].as_str().unwrap_or(""),
-                        c["state"].as_str().unwrap_or(""),
-                        d["fingerprint"].as_str().unwrap_or(""),
-                        d["how"]
-                            .as_str()
-                            .unwrap_or(c["error"].as_str().unwrap_or("")),
-                    );
-                }
-                println!(
-                    "datasets build {} {}: report {}",
-                    summary.run_id,
-                    summary.status.as_str(),
-                    summary.report_dir.join("report.md").display()
-                );
-                Ok(match summary.status {
-                    pgfleet_controller::store::RunStatus::Succeeded => exit::OK,
-                    pgfleet_controller::store::RunStatus::Cancelled => exit::CANCELLED,
-                    _ => exit::FAILED,
-                })
-            }
-        },
-        Command::Serve(args) => {
-            let shutdown = cancel_on_signals("stopping the server");
-            let reports = args.reports.clone().unwrap_or_else(|| {
-                cli.store
-                    .parent()
-                    .unwrap_or(std::path::Path::new("."))
-                    .join("reports")
-            });
-            let advertise_url = args.session.advertise_url.clone();
-            let opts = ServeOptions {
-                service: service_config(cli.store, args.bind, args.session, true),
-                http_bind: args.http,
-                api_token_file: args.api_token_file,
-                reports,
-                max_scenario_bytes: args.max_scenario_bytes,
-                max_queued_runs: args.max_queued_runs,
-                http_tls: args.http_tls_cert.clone().zip(args.http_tls_key.clone()),
-                allow_shell_scenarios: args.allow_shell_scenarios,
-                metrics_retention: Duration::from_secs_f64(args.metrics_retention_s.max(0.0)),
-                kubernetes: match args.agents {
-                    AgentsFrom::Pool => None,
-                    AgentsFrom::Kubernetes => {
-                        let Some(url) = advertise_url else {
-                            return Err(Error::Usage(
-                                "--agents kubernetes needs --advertise-url: the address pods dial, e.g. http://pgfleet-controller.pgfleet.svc:7070".into(),
-                            )
-                            .into());
-                        };
-                        Some(kube_options(&args.kube, Some(url)))
-                    }
-                },
-                resources: (args.agents == AgentsFrom::Kubernetes && args.watch_resources).then(
-                    || {
-                        args.api_url.clone().unwrap_or_else(|| {
-                            format!("http://pgfleet-controller.{}.svc:8080", args.kube.namespace)
-                        })
-                    },
-                ),
-            };
-            pgfleet_controller::serve::serve(opts, shutdown).await?;
-            Ok(exit::OK)
-        }
-        Command::Crd => {
-            print!("{}", pgfleet_controller::resource::crd_yaml());
-            Ok(exit::OK)
-        }
         Command::Submit(args) => {
             // Check it here first: a typo fails the CI job without a round trip.
             let yaml = scenario::read(&args.scenario)?;
@@ -527,7 +432,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             let key = args
                 .idempotency_key
                 .clone()
-                .unwrap_or_else(|| pgfleet_controller::service::random_hex(16));
+                .unwrap_or_else(|| pgfleet_controller::client::random_hex(16));
             let name = args
                 .scenario
                 .file_name()
@@ -603,9 +508,140 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             );
             Ok(exit::OK)
         }
+        #[cfg(feature = "server")]
+        other => server_command(other, cli.store).await,
+        #[cfg(not(feature = "server"))]
+        other => Err(not_in_client(other.name())),
     }
 }
 
+/// The commands of the controller itself (the `server` feature).
+#[cfg(feature = "server")]
+async fn server_command(command: Command, store: std::path::PathBuf) -> Result<u8, Failure> {
+    match command {
+        Command::Run(args) => {
+            let junit = args.junit.clone();
+            let summary = execute(
+                run_options(*args, store, false),
+                cancel_on_signals("cancelling the run"),
+            )
+            .await?;
+            let report = summary.report_dir.join("report.md");
+            println!(
+                "run {} {}: report {}",
+                summary.run_id,
+                summary.status.as_str(),
+                report.display()
+            );
+            verdicts(&summary.report, junit.as_deref())?;
+            Ok(exit::of_report(&summary.report))
+        }
+        Command::Datasets { action } => match action {
+            DatasetsAction::List { dir, scenarios } => {
+                print!(
+                    "{}",
+                    pgfleet_controller::datasets::list(&dir.resolve(), &scenarios)?
+                );
+                Ok(exit::OK)
+            }
+            DatasetsAction::Rm { dir, fingerprints } => {
+                print!(
+                    "{}",
+                    pgfleet_controller::datasets::remove(&dir.resolve(), &fingerprints)?
+                );
+                Ok(exit::OK)
+            }
+            DatasetsAction::Build(args) => {
+                let summary = execute(
+                    run_options(*args, store, true),
+                    cancel_on_signals("cancelling the build"),
+                )
+                .await?;
+                for c in summary.report["cells"].as_array().into_iter().flatten() {
+                    let d = &c["environment"]["dataset"];
+                    println!(
+                        "{} {}: {} {}",
+                        c["cell_id"].as_str().unwrap_or(""),
+                        c["state"].as_str().unwrap_or(""),
+                        d["fingerprint"].as_str().unwrap_or(""),
+                        d["how"]
+                            .as_str()
+                            .unwrap_or(c["error"].as_str().unwrap_or("")),
+                    );
+                }
+                println!(
+                    "datasets build {} {}: report {}",
+                    summary.run_id,
+                    summary.status.as_str(),
+                    summary.report_dir.join("report.md").display()
+                );
+                Ok(match summary.status {
+                    pgfleet_controller::store::RunStatus::Succeeded => exit::OK,
+                    pgfleet_controller::store::RunStatus::Cancelled => exit::CANCELLED,
+                    _ => exit::FAILED,
+                })
+            }
+        },
+        Command::Serve(args) => {
+            let shutdown = cancel_on_signals("stopping the server");
+            let reports = args.reports.clone().unwrap_or_else(|| {
+                store
+                    .parent()
+                    .unwrap_or(std::path::Path::new("."))
+                    .join("reports")
+            });
+            let advertise_url = args.session.advertise_url.clone();
+            let opts = ServeOptions {
+                service: service_config(store, args.bind, args.session, true),
+                http_bind: args.http,
+                api_token_file: args.api_token_file,
+                reports,
+                max_scenario_bytes: args.max_scenario_bytes,
+                max_queued_runs: args.max_queued_runs,
+                http_tls: args.http_tls_cert.clone().zip(args.http_tls_key.clone()),
+                allow_shell_scenarios: args.allow_shell_scenarios,
+                metrics_retention: Duration::from_secs_f64(args.metrics_retention_s.max(0.0)),
+                kubernetes: match args.agents {
+                    AgentsFrom::Pool => None,
+                    AgentsFrom::Kubernetes => {
+                        let Some(url) = advertise_url else {
+                            return Err(Error::Usage(
+                                "--agents kubernetes needs --advertise-url: the address pods dial, e.g. http://pgfleet-controller.pgfleet.svc:7070".into(),
+                            )
+                            .into());
+                        };
+                        Some(kube_options(&args.kube, Some(url)))
+                    }
+                },
+                resources: (args.agents == AgentsFrom::Kubernetes && args.watch_resources).then(
+                    || {
+                        args.api_url.clone().unwrap_or_else(|| {
+                            format!("http://pgfleet-controller.{}.svc:8080", args.kube.namespace)
+                        })
+                    },
+                ),
+            };
+            pgfleet_controller::serve::serve(opts, shutdown).await?;
+            Ok(exit::OK)
+        }
+        Command::Crd => {
+            print!("{}", pgfleet_controller::resource::crd_yaml());
+            Ok(exit::OK)
+        }
+        _ => unreachable!("dispatch answers the client's commands"),
+    }
+}
+
+/// A command the client-only build (no `server` feature) does not have.
+#[cfg(not(feature = "server"))]
+fn not_in_client(what: &str) -> Failure {
+    Error::Usage(format!(
+        "`pgfleet {what}` is not in this client-only pgfleet (built without the `server` feature): use the full build (the controller image's, or cargo install without --no-default-features)"
+    ))
+    .into()
+}
+
+#[cfg(feature = "server")]
 /// `pgfleet run`'s options (and `pgfleet datasets build`'s, `datasets_only`).
 fn run_options(args: RunArgs, store: std::path::PathBuf, datasets_only: bool) -> RunOptions {
     let out = args.out.clone().unwrap_or_else(|| {

@@ -105,39 +105,13 @@ fn security(cfg: &ServiceConfig) -> Result<grpc::Security> {
         }
     };
     let token = match &cfg.join_token_file {
-        Some(f) => read_token(f, "join token file")?,
-        None => random_hex(32),
+        Some(f) => crate::client::read_token(f, "join token file")?,
+        None => crate::client::random_hex(32),
     };
     Ok(grpc::Security {
         tls,
         token: Some(token),
     })
-}
-
-/// A secret token from a file: trimmed, at least 16 characters.
-pub fn read_token(f: &Path, what: &str) -> Result<String> {
-    let t = std::fs::read_to_string(f)
-        .map_err(|e| Error::Usage(format!("reading the {what} {}: {e}", f.display())))?
-        .trim()
-        .to_string();
-    if t.len() < 16 {
-        return Err(Error::Usage(format!(
-            "the token in {} is too short: use at least 16 characters (e.g. `openssl rand -hex 32 > {}`)",
-            f.display(),
-            f.display()
-        )));
-    }
-    Ok(t)
-}
-
-/// `n` random bytes as hex.
-pub fn random_hex(n: usize) -> String {
-    let mut b = vec![0u8; n];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        use std::io::Read;
-        let _ = f.read_exact(&mut b);
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// Ends a run the one way for `run` and `serve`: its status stored, then
@@ -157,7 +131,7 @@ pub fn new_run_id() -> String {
     format!(
         "{}-{}",
         chrono::Utc::now().format("%Y%m%d-%H%M%S"),
-        random_hex(3)
+        crate::client::random_hex(3)
     )
 }
 

@@ -246,10 +246,8 @@ fn finish(child: std::process::Child) -> (Option<i32>, String) {
     (out.status.code(), show(&out))
 }
 
-#[test]
-fn serve_and_four_agents_in_containers_survive_a_kill_a_cut_and_a_restart() {
-    let s = Scratch::new("containers");
-    // The images, from the binaries under test.
+/// The images (tag `test`), from the binaries under test.
+fn build_images() {
     let bin_dir = pgfleet().parent().unwrap().to_path_buf();
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let build = Command::new("bash")
@@ -264,6 +262,12 @@ fn serve_and_four_agents_in_containers_survive_a_kill_a_cut_and_a_restart() {
         "building the images: {}",
         show(&build)
     );
+}
+
+#[test]
+fn serve_and_four_agents_in_containers_survive_a_kill_a_cut_and_a_restart() {
+    let s = Scratch::new("containers");
+    build_images();
 
     let secrets = s.dir.join("secrets");
     std::fs::create_dir_all(&secrets).unwrap();
@@ -379,4 +383,158 @@ fn serve_and_four_agents_in_containers_survive_a_kill_a_cut_and_a_restart() {
         "-q",
     ]);
     assert!(left.is_empty(), "containers left: {left}");
+}
+
+/// A compose project, taken down (containers, network, volumes) on drop.
+struct Compose {
+    project: String,
+    file: std::path::PathBuf,
+    env: Vec<(String, String)>,
+}
+
+impl Compose {
+    /// `docker compose` where the engine has the plugin, else Debian's
+    /// `docker-compose`.
+    fn command(&self, args: &[&str]) -> Output {
+        let plugin = Command::new("docker")
+            .args(["compose", "version"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        let mut c = if plugin {
+            let mut c = Command::new("docker");
+            c.arg("compose");
+            c
+        } else {
+            Command::new("docker-compose")
+        };
+        c.arg("-p")
+            .arg(&self.project)
+            .arg("-f")
+            .arg(&self.file)
+            .args(args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .expect("docker compose (or docker-compose) runs")
+    }
+}
+
+impl Drop for Compose {
+    fn drop(&mut self) {
+        let _ = self.command(&["down", "-v", "--remove-orphans"]);
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A GET's body, None until it answers 200.
+fn get(url: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://")?;
+    let (addr, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let mut c = std::net::TcpStream::connect(addr).ok()?;
+    c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(c, "GET /{path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut text = String::new();
+    c.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+}
+
+/// deploy/compose in one command: `docker compose up` starts serve, two
+/// agents of two classes and Prometheus (images from build.sh); a newcomer's
+/// `pgfleet submit` of the compose scenario succeeds on both agents, the
+/// controller's /metrics answers, and Prometheus scrapes the controller and
+/// both agents (found through /sd/agents). Everything is taken down after.
+#[test]
+fn the_compose_stack_comes_up_in_one_command_and_runs_a_submission() {
+    let s = Scratch::new("compose");
+    build_images();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let secrets = s.dir.join("secrets");
+    std::fs::create_dir_all(&secrets).unwrap();
+    let (api_port, prom_port) = (free_port(), free_port());
+    let compose = Compose {
+        project: format!("pgfleet-c{}", std::process::id()),
+        file: repo.join("deploy/compose/compose.yaml"),
+        env: vec![
+            ("PGFLEET_TAG".into(), "test".into()),
+            ("PGFLEET_SECRETS".into(), secrets.display().to_string()),
+            ("PGFLEET_HTTP_PORT".into(), api_port.to_string()),
+            ("PGFLEET_PROMETHEUS_PORT".into(), prom_port.to_string()),
+        ],
+    };
+    let up = compose.command(&["up", "-d"]);
+    assert!(up.status.success(), "compose up: {}", show(&up));
+    let api = format!("http://127.0.0.1:{api_port}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while get(&format!("{api}/readyz")).is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "serve not ready: {}",
+            show(&compose.command(&["logs"]))
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let metrics = get(&format!("{api}/metrics")).expect("/metrics answers");
+    assert!(metrics.contains("pgfleet_"), "{metrics}");
+
+    let out = Command::new(pgfleet())
+        .arg("submit")
+        .arg(repo.join("deploy/compose/scenario.yaml"))
+        .args(["--server", &api])
+        .arg("--token-file")
+        .arg(secrets.join("api.token"))
+        .arg("--wait")
+        .arg("--out")
+        .arg(s.out())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        show(&out),
+        show(&compose.command(&["logs"]))
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(s.out().join("report.json")).unwrap())
+            .unwrap();
+    let mut classes: Vec<&str> = report["cells"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["instance_class"].as_str().unwrap())
+        .collect();
+    classes.sort();
+    assert_eq!(classes, ["gp3", "nvme"]);
+
+    // Prometheus: the controller and both agents, up.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let targets = get(&format!("http://127.0.0.1:{prom_port}/api/v1/targets"))
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+        let up: Vec<String> = targets
+            .as_ref()
+            .and_then(|t| t["data"]["activeTargets"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter(|t| t["health"] == "up")
+            .map(|t| format!("{} {}", t["labels"]["job"], t["scrapeUrl"]))
+            .collect();
+        let agents = up.iter().filter(|t| t.contains("pgfleet-agents")).count();
+        if up.len() == 3 && agents == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus' targets up: {up:?} ({targets:?})"
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    }
 }

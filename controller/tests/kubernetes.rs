@@ -1542,11 +1542,34 @@ struct Operator {
 }
 
 impl Operator {
+    /// Runs on local agents (real PostgreSQL).
     async fn start(s: &Scratch) -> Operator {
         use pgfleet_controller::agents::local::LocalOptions;
-        use pgfleet_controller::controller::{Agents, Controller, ControllerConfig};
+        use pgfleet_controller::controller::Agents;
+        Operator::start_with(s, |_| {
+            Agents::Local(LocalOptions {
+                agent_bin: common::agent_bin(),
+                pg_bin: None,
+                pg_user: None,
+                data_dir: s.data(),
+                dataset_dir: s.data().join("datasets"),
+                dataset_remote: None,
+                netns: vec![],
+                agent_metrics: false,
+            })
+        })
+        .await
+    }
+
+    /// Runs' agents from `agents`, given the fake API's client.
+    async fn start_with(
+        s: &Scratch,
+        agents: impl FnOnce(kube::Client) -> pgfleet_controller::controller::Agents,
+    ) -> Operator {
+        use pgfleet_controller::controller::{Controller, ControllerConfig};
         use pgfleet_controller::service::ServiceConfig;
         std::fs::create_dir_all(s.store().parent().unwrap()).unwrap();
+        let (client, fake) = FakeApi::start();
         let mut controller = Controller::build(&ControllerConfig {
             service: ServiceConfig {
                 store: s.store(),
@@ -1561,16 +1584,7 @@ impl Operator {
                 pool: false,
                 interactive: false,
             },
-            agents: Agents::Local(LocalOptions {
-                agent_bin: common::agent_bin(),
-                pg_bin: None,
-                pg_user: None,
-                data_dir: s.data(),
-                dataset_dir: s.data().join("datasets"),
-                dataset_remote: None,
-                netns: vec![],
-                agent_metrics: false,
-            }),
+            agents: agents(client.clone()),
             http: None,
             reports: s.out(),
             max_scenario_bytes: 1 << 20,
@@ -1587,7 +1601,6 @@ impl Operator {
             controller.drive(None, &st).await;
             controller.shutdown().await;
         });
-        let (client, fake) = FakeApi::start();
         let mut op = Operator {
             fake,
             client,
@@ -2271,4 +2284,45 @@ async fn kept_objects_stay_until_their_ttl_and_the_reaper_then_deletes_them() {
             "{cleanup}: {err}"
         );
     }
+}
+
+/// On the Kubernetes source: a resource's run creates its pods and volumes
+/// (which stay Pending here: no kubelet); `kubectl delete` cancels the run,
+/// its owner goes with its pods and volumes (foreground propagation), and
+/// only then the finalizer is released.
+#[tokio::test]
+async fn deleting_a_resource_deletes_its_runs_pods_and_volumes_before_its_finalizer() {
+    use pgfleet_controller::controller::Agents;
+    let s = Scratch::new("k8s-pfr-pods");
+    let op = Operator::start_with(&s, |client| Agents::KubernetesClient(options(), client)).await;
+    let spec = json!({"fleet": [{"name": "a", "count": 2,
+                                  "storage": {"profile": "gp3", "emulate": false, "storage_class": "gp3"}}],
+                      "workloads": [{"kind": "pgbench", "scale": 1}]});
+    op.fake.put("pgfleetruns", pgfleetrun("pods", spec));
+    let st = op.until_phase("pods", "Running").await;
+    let run_id = st["runId"].as_str().unwrap().to_string();
+    until("the run's pods", || op.fake.names("pods").len() == 2).await;
+    assert_eq!(op.fake.names("persistentvolumeclaims").len(), 2);
+    op.delete("pods").await;
+    assert!(
+        op.fake.names("pods").is_empty(),
+        "{:?}",
+        op.fake.names("pods")
+    );
+    assert!(op.fake.names("persistentvolumeclaims").is_empty());
+    assert!(op.fake.names("configmaps").is_empty());
+    let run = op.served.service.store.run(&run_id).unwrap().unwrap();
+    assert_eq!(run.status, "cancelled");
+    // The finalizer went after the owner's deletion.
+    let requests = op.fake.requests();
+    let owner_deleted = requests
+        .iter()
+        .position(|r| r.method == "DELETE" && r.path.contains("/configmaps/"))
+        .expect("the owner was deleted");
+    let released = requests
+        .iter()
+        .rposition(|r| r.method == "PATCH" && r.path.ends_with("/pgfleetruns/pods"))
+        .unwrap();
+    assert!(owner_deleted < released, "the finalizer is released last");
+    op.stop().await;
 }

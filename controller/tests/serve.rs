@@ -1176,3 +1176,63 @@ fn a_flooding_agent_neither_stalls_the_controller_nor_bloats_its_metrics() {
     agent.stop();
     s.assert_clean(&[]);
 }
+
+/// The client-only `pgfleet` (cargo feature `server` off: no Kubernetes
+/// source, no server; `make test-all` builds it into target/client) is
+/// what CI pipelines run: it submits to a real serve, follows the run to
+/// its end, downloads the report and exits with the run's code; what it
+/// lacks says so with the usage code.
+#[test]
+fn the_client_only_build_submits_follows_and_downloads_the_report() {
+    let bin = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .join("target/client/debug/pgfleet");
+    assert!(
+        bin.exists(),
+        "{} missing: `make test-all` builds it (cargo build -p pgfleet-controller --no-default-features --bins --target-dir target/client)",
+        bin.display()
+    );
+    let s = Scratch::new("serve-client");
+    tokens(&s);
+    let server = start_serve(&s, 0, 0, &[]);
+    let _agent = start_agent(&s, "c-1", "c", server.grpc);
+    let sc = scenario(&s, "c.yaml", "client-only", &["c"], 2);
+    let out = Command::new(&bin)
+        .arg("submit")
+        .arg(&sc)
+        .args(["--server", &server.api])
+        .arg("--token-file")
+        .arg(s.dir.join("api.token"))
+        .arg("--wait")
+        .arg("--out")
+        .arg(s.out())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(s.out().join("report.json")).unwrap())
+            .unwrap();
+    assert_eq!(report["status"], "succeeded");
+    assert!(s.out().join("report.html").exists());
+    // Validating needs no server either.
+    let ok = Command::new(&bin)
+        .arg("validate")
+        .arg(&sc)
+        .output()
+        .unwrap();
+    assert!(ok.status.success(), "{}", show(&ok));
+    for args in [
+        &["serve", "--api-token-file", "x"][..],
+        &["crd"],
+        &["validate", "--kubernetes", sc.to_str().unwrap()],
+    ] {
+        let out = Command::new(&bin).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", show(&out));
+        assert!(
+            show(&out).contains("client-only"),
+            "{args:?}: {}",
+            show(&out)
+        );
+    }
+}

@@ -7,7 +7,8 @@
 #
 # Images: pgfleet-base:bookworm (Debian 12 minbase with PostgreSQL 15 server,
 # its contrib modules and client (pgbench), lz4, fio, tini), pgfleet-controller:<tag>,
-# pgfleet-agent:<tag>. The base is built once and reused; pass --rebuild-base
+# pgfleet-agent:<tag>, pgfleet-prometheus:<tag> (Debian's Prometheus, for
+# deploy/compose). The base is built once and reused; pass --rebuild-base
 # to make it again. Needs root (debootstrap) and a Docker daemon.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -19,7 +20,7 @@ while [ $# -gt 0 ]; do
     --bin-dir) bin_dir="$2"; shift 2 ;;
     --tag) tag="$2"; shift 2 ;;
     --rebuild-base) rebuild_base=1; shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -61,4 +62,17 @@ cp "$bin_dir/pgfleet" "$bin_dir/pgfleet-agent" "$here"/*.Dockerfile "$ctx/"
 echo "== pgfleet-controller:$tag, pgfleet-agent:$tag"
 docker build -q -t "pgfleet-controller:$tag" -f "$ctx/controller.Dockerfile" "$ctx" >/dev/null
 docker build -q -t "pgfleet-agent:$tag" -f "$ctx/agent.Dockerfile" "$ctx" >/dev/null
-echo "built pgfleet-controller:$tag and pgfleet-agent:$tag"
+# Prometheus for deploy/compose, from Debian's package: the installed one's
+# binary, else the package downloaded and unpacked.
+if dpkg -s prometheus >/dev/null 2>&1; then
+  cp /usr/bin/prometheus "$ctx/prometheus"
+else
+  deb="$(mktemp -d)"
+  (cd "$deb" && apt-get download prometheus >/dev/null) || {
+    echo "apt-get download prometheus failed: run apt-get update, or install prometheus" >&2; rm -rf "$deb"; exit 1; }
+  dpkg-deb -x "$deb"/prometheus_*.deb "$deb/root"
+  cp "$deb/root/usr/bin/prometheus" "$ctx/prometheus"
+  rm -rf "$deb"
+fi
+docker build -q -t "pgfleet-prometheus:$tag" -f "$ctx/prometheus.Dockerfile" "$ctx" >/dev/null
+echo "built pgfleet-controller:$tag, pgfleet-agent:$tag and pgfleet-prometheus:$tag"

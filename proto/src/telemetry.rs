@@ -9,12 +9,23 @@
 //! `traceparent` (in `Assign`): `traceparent` writes it, `set_parent`
 //! reads it, so the agent's spans are children of the controller's.
 
+//!
+//! Without the `otel` feature (the client-only `pgfleet`) there are logs
+//! only: `init` says so when traces are asked for, and the trace context
+//! functions do nothing.
+
+#[cfg(feature = "otel")]
 use std::collections::HashMap;
 
+#[cfg(feature = "otel")]
 use opentelemetry::propagation::TextMapPropagator;
+#[cfg(feature = "otel")]
 use opentelemetry::trace::TracerProvider as _;
+#[cfg(feature = "otel")]
 use opentelemetry_sdk::propagation::TraceContextPropagator;
+#[cfg(feature = "otel")]
 use opentelemetry_sdk::trace::SdkTracerProvider;
+#[cfg(feature = "otel")]
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -23,9 +34,11 @@ use tracing_subscriber::util::SubscriberInitExt;
 /// Must be created and dropped where a Tokio runtime is running (the
 /// gRPC exporter's connection lives on it).
 pub struct Telemetry {
+    #[cfg(feature = "otel")]
     provider: Option<SdkTracerProvider>,
 }
 
+#[cfg(feature = "otel")]
 impl Drop for Telemetry {
     fn drop(&mut self) {
         if let Some(p) = self.provider.take() {
@@ -55,48 +68,62 @@ pub fn init(service: &'static str, default_level: &str) -> Telemetry {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_filter(filter);
-    let provider = if traces_wanted() {
-        match opentelemetry_otlp::SpanExporter::builder()
-            .with_tonic()
-            .build()
-        {
-            Ok(exporter) => Some(
-                SdkTracerProvider::builder()
-                    .with_batch_exporter(exporter)
-                    .with_resource(
-                        opentelemetry_sdk::Resource::builder()
-                            .with_service_name(service)
-                            .build(),
-                    )
-                    .build(),
-            ),
-            Err(e) => {
-                eprintln!("warning: traces not exported: {e}");
-                None
+    #[cfg(feature = "otel")]
+    {
+        let provider = if traces_wanted() {
+            match opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .build()
+            {
+                Ok(exporter) => Some(
+                    SdkTracerProvider::builder()
+                        .with_batch_exporter(exporter)
+                        .with_resource(
+                            opentelemetry_sdk::Resource::builder()
+                                .with_service_name(service)
+                                .build(),
+                        )
+                        .build(),
+                ),
+                Err(e) => {
+                    eprintln!("warning: traces not exported: {e}");
+                    None
+                }
             }
+        } else {
+            None
+        };
+        // Only pgfleet's own spans become traces (not every dependency's).
+        let otel = provider.as_ref().map(|p| {
+            tracing_opentelemetry::layer()
+                .with_tracer(p.tracer("pgfleet"))
+                .with_filter(
+                    tracing_subscriber::filter::Targets::new()
+                        .with_target("pgfleet", tracing::Level::INFO),
+                )
+        });
+        let _ = tracing_subscriber::registry()
+            .with(fmt)
+            .with(otel)
+            .try_init();
+        Telemetry { provider }
+    }
+    #[cfg(not(feature = "otel"))]
+    {
+        if traces_wanted() {
+            eprintln!(
+                "warning: traces not exported: {service} was built without the `otel` feature"
+            );
         }
-    } else {
-        None
-    };
-    // Only pgfleet's own spans become traces (not every dependency's).
-    let otel = provider.as_ref().map(|p| {
-        tracing_opentelemetry::layer()
-            .with_tracer(p.tracer("pgfleet"))
-            .with_filter(
-                tracing_subscriber::filter::Targets::new()
-                    .with_target("pgfleet", tracing::Level::INFO),
-            )
-    });
-    let _ = tracing_subscriber::registry()
-        .with(fmt)
-        .with(otel)
-        .try_init();
-    Telemetry { provider }
+        let _ = tracing_subscriber::registry().with(fmt).try_init();
+        Telemetry {}
+    }
 }
 
 use tracing_subscriber::Layer as _;
 
 /// `span`'s W3C `traceparent` ("" when traces are off).
+#[cfg(feature = "otel")]
 pub fn traceparent(span: &tracing::Span) -> String {
     let mut carrier: HashMap<String, String> = HashMap::new();
     TraceContextPropagator::new().inject_context(&span.context(), &mut carrier);
@@ -104,6 +131,7 @@ pub fn traceparent(span: &tracing::Span) -> String {
 }
 
 /// Makes `span` a child of the span `traceparent` names (nothing for "").
+#[cfg(feature = "otel")]
 pub fn set_parent(span: &tracing::Span, traceparent: &str) {
     if traceparent.is_empty() {
         return;
@@ -112,3 +140,11 @@ pub fn set_parent(span: &tracing::Span, traceparent: &str) {
     let cx = TraceContextPropagator::new().extract(&carrier);
     let _ = span.set_parent(cx);
 }
+
+#[cfg(not(feature = "otel"))]
+pub fn traceparent(_span: &tracing::Span) -> String {
+    String::new()
+}
+
+#[cfg(not(feature = "otel"))]
+pub fn set_parent(_span: &tracing::Span, _traceparent: &str) {}
