@@ -383,6 +383,8 @@ pub struct KubeArgs {
     pub agent_ca_secret: Option<String>,
     /// Give up a pod still Pending after this many seconds (unschedulable,
     /// image not pulled, volume not bound); the reason goes to the report.
+    /// With nodes on demand (Karpenter), it includes the time a node takes
+    /// to come up: raise it where instances are slow to come.
     #[arg(long, default_value_t = 600.0)]
     pub pending_timeout_s: f64,
     /// An object store behind each agent pod's dataset store, e.g.

@@ -592,12 +592,18 @@ async fn reconcile(obj: Arc<PgfleetRun>, ctx: Arc<Ctx>) -> Result<Action, Reconc
         Some(id) => Standing::Run(view(&ctx.served, &id)?),
         None => submit(&ctx.served, &obj, &uid)?,
     };
-    let status = status_value(
+    let mut status = status_value(
         &standing,
         obj.metadata.generation,
         obj.status.as_ref(),
         &ctx.api_url,
     );
+    // A run is what its spec was when accepted.
+    if matches!(standing, Standing::Run(_)) && obj.metadata.generation.is_some_and(|g| g > 1) {
+        status["message"] = json!(
+            "the spec changed after the run was accepted; the run is unchanged: create a new PgfleetRun for a new run"
+        );
+    }
     if !same_status(&status, obj.status.as_ref()) {
         api.patch_status(
             &name,

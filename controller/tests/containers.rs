@@ -443,7 +443,9 @@ fn get(url: &str) -> Option<String> {
     let mut text = String::new();
     c.read_to_string(&mut text).ok()?;
     let (head, body) = text.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+    // HTTP/1.0 asked, HTTP/1.0 or 1.1 answered.
+    let status = head.lines().next()?;
+    (status.split(' ').nth(1) == Some("200")).then(|| body.to_string())
 }
 
 /// deploy/compose in one command: `docker compose up` starts serve, two

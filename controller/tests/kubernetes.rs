@@ -1873,10 +1873,22 @@ fn the_pgfleetrun_crd_is_generated_valid_and_the_example_follows_it() {
     let committed = std::fs::read_to_string(repo.join("deploy/base/crd.yaml")).unwrap();
     let out = Command::new(pgfleet()).arg("crd").output().unwrap();
     assert!(out.status.success(), "{}", show(&out));
-    assert_eq!(
-        committed,
-        String::from_utf8(out.stdout).unwrap(),
-        "deploy/base/crd.yaml is stale: pgfleet crd > deploy/base/crd.yaml"
+    let generated = String::from_utf8(out.stdout).unwrap();
+    let first_difference = committed
+        .lines()
+        .zip(generated.lines())
+        .position(|(a, b)| a != b)
+        .map(|i| {
+            format!(
+                "line {}: `{}`",
+                i + 1,
+                generated.lines().nth(i).unwrap_or("")
+            )
+        });
+    assert!(
+        committed == generated,
+        "deploy/base/crd.yaml is stale (generated {}): pgfleet crd > deploy/base/crd.yaml",
+        first_difference.unwrap_or_else(|| "a different length".into())
     );
     validate_objects(&committed, "deploy/base/crd.yaml");
 
