@@ -59,6 +59,10 @@ struct State {
     requests: Vec<Recorded>,
     /// (resource, stream) of each watch.
     watchers: Vec<(String, mpsc::UnboundedSender<Chunk>)>,
+    /// Every change sent to watches: (version, resource, line), replayed to
+    /// a watch that starts from an older resourceVersion, as the API server
+    /// does (a change between a list and its watch is not lost).
+    history: Vec<(u64, String, String)>,
     /// core/v1 Events, answered to `involvedObject.name=` field selectors.
     events: Vec<Value>,
     /// resource -> status code: creating one of these fails.
@@ -190,7 +194,18 @@ impl FakeApi {
             ("POST", None) => self.create(&resource, body),
             ("GET", None) if q.get("watch").is_some_and(|w| w == "true" || w == "1") => {
                 let (tx, rx) = mpsc::unbounded_channel();
-                self.lock().watchers.push((resource, tx));
+                let from: u64 = q
+                    .get("resourceVersion")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(u64::MAX);
+                let mut st = self.lock();
+                for (v, r, line) in &st.history {
+                    if *v > from && *r == resource {
+                        let _ = tx.send(Ok(Frame::data(Bytes::from(line.clone()))));
+                    }
+                }
+                st.watchers.push((resource, tx));
+                drop(st);
                 let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
                 Response::new(StreamBody::new(stream).boxed())
             }
@@ -344,8 +359,11 @@ impl FakeApi {
                 .is_some_and(|f| !f.is_empty())
         {
             obj["metadata"]["deletionTimestamp"] = json!("2026-12-01T10:05:00Z");
+            let v = st.version + 1;
+            let obj = st.objects.get_mut(&key).unwrap();
+            obj["metadata"]["resourceVersion"] = json!(v.to_string());
             let obj = obj.clone();
-            st.version += 1;
+            st.version = v;
             broadcast(&mut st, resource, "MODIFIED", &obj);
             return json_response(200, &obj);
         }
@@ -379,7 +397,18 @@ impl FakeApi {
 
 /// A change, to the watches of its resource.
 fn broadcast(st: &mut State, resource: &str, kind: &str, obj: &Value) {
+    // A deletion is a change of its own, with a version of its own.
+    let mut obj = obj.clone();
+    if kind == "DELETED" {
+        st.version += 1;
+        obj["metadata"]["resourceVersion"] = json!(st.version.to_string());
+    }
     let line = format!("{}\n", json!({"type": kind, "object": obj}));
+    let v = obj["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(st.version);
+    st.history.push((v, resource.to_string(), line.clone()));
     st.watchers.retain(|(r, w)| {
         r != resource || w.send(Ok(Frame::data(Bytes::from(line.clone())))).is_ok()
     });
