@@ -1015,23 +1015,11 @@ async fn reap_deletes_the_objects_of_runs_that_are_not_running() {
 /// leaves nothing behind: the real scheduler, store and gRPC service.
 #[tokio::test]
 async fn the_run_fails_with_the_reason_when_its_pods_stay_pending() {
-    use pgfleet_controller::service::{Agents, RunSpec, Service, ServiceConfig};
+    use pgfleet_controller::service::{Agents, RunSpec, Service};
     use pgfleet_controller::store::{NewRun, Owner, RunStatus};
     let s = Scratch::new("k8s-pending");
     let (client, fake) = FakeApi::start();
-    let cfg = ServiceConfig {
-        store: s.store(),
-        bind: "127.0.0.1:0".parse().unwrap(),
-        advertise_url: None,
-        lease: Duration::from_secs(10),
-        registration_timeout: Duration::from_secs(120),
-        tls_cert: None,
-        tls_key: None,
-        tls_ca: None,
-        join_token_file: None,
-        pool: true,
-        interactive: false,
-    };
+    let cfg = service_config(&s, true);
     std::fs::create_dir_all(s.store().parent().unwrap()).unwrap();
     let mut service = Service::build(&cfg).unwrap();
     service.listen().await.unwrap();
@@ -1552,6 +1540,23 @@ use pgfleet_controller::queue::Served;
 use pgfleet_controller::resource;
 use tokio_util::sync::CancellationToken;
 
+/// The agents' endpoint of an in-process controller on `s`'s store.
+fn service_config(s: &Scratch, pool: bool) -> pgfleet_controller::service::ServiceConfig {
+    pgfleet_controller::service::ServiceConfig {
+        store: s.store(),
+        bind: "127.0.0.1:0".parse().unwrap(),
+        advertise_url: None,
+        lease: Duration::from_secs(10),
+        registration_timeout: Duration::from_secs(120),
+        tls_cert: None,
+        tls_key: None,
+        tls_ca: None,
+        join_token_file: None,
+        pool,
+        interactive: false,
+    }
+}
+
 /// A PgfleetRun as `kubectl apply` would create it.
 fn pgfleetrun(name: &str, spec: Value) -> Value {
     json!({"apiVersion": "pgfleet.io/v1alpha1", "kind": "PgfleetRun",
@@ -1596,23 +1601,10 @@ impl Operator {
         agents: impl FnOnce(kube::Client) -> pgfleet_controller::controller::Agents,
     ) -> Operator {
         use pgfleet_controller::controller::{Controller, ControllerConfig};
-        use pgfleet_controller::service::ServiceConfig;
         std::fs::create_dir_all(s.store().parent().unwrap()).unwrap();
         let (client, fake) = FakeApi::start();
         let mut controller = Controller::build(&ControllerConfig {
-            service: ServiceConfig {
-                store: s.store(),
-                bind: "127.0.0.1:0".parse().unwrap(),
-                advertise_url: None,
-                lease: Duration::from_secs(10),
-                registration_timeout: Duration::from_secs(120),
-                tls_cert: None,
-                tls_key: None,
-                tls_ca: None,
-                join_token_file: None,
-                pool: false,
-                interactive: false,
-            },
+            service: service_config(s, false),
             agents: agents(client.clone()),
             http: None,
             reports: s.out(),
@@ -1984,24 +1976,11 @@ fn the_pgfleetrun_crd_is_generated_valid_and_the_example_follows_it() {
 async fn under_kubernetes_what_a_pod_cannot_run_is_refused_at_submission() {
     use pgfleet_controller::controller::{Agents, Controller, ControllerConfig};
     use pgfleet_controller::queue::Rejected;
-    use pgfleet_controller::service::ServiceConfig;
     let s = Scratch::new("k8s-submit");
     std::fs::create_dir_all(s.store().parent().unwrap()).unwrap();
     let (client, fake) = FakeApi::start();
     let controller = Controller::build(&ControllerConfig {
-        service: ServiceConfig {
-            store: s.store(),
-            bind: "127.0.0.1:0".parse().unwrap(),
-            advertise_url: None,
-            lease: Duration::from_secs(10),
-            registration_timeout: Duration::from_secs(120),
-            tls_cert: None,
-            tls_key: None,
-            tls_ca: None,
-            join_token_file: None,
-            pool: true,
-            interactive: false,
-        },
+        service: service_config(&s, true),
         agents: Agents::KubernetesClient(options(), client),
         http: None,
         reports: s.out(),
