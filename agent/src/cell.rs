@@ -662,7 +662,9 @@ pub fn phase(name: &'static str) -> tracing::Span {
 /// Refuses a cell whose estimated disk need exceeds the free space under the
 /// data root, before anything is written.
 fn check_disk(dir: &std::path::Path, params: &Params) -> Result<()> {
-    let need = params.estimate().disk_bytes;
+    let need = params
+        .estimate(&pgfleet_proto::workload::Capacity::host())
+        .disk_bytes;
     let free = host::free_bytes(dir)
         .map_err(|e| Error::io(format!("free space under {}", dir.display()), e))?;
     if free < need {

@@ -177,7 +177,7 @@ fn check(name: &str, text: &str) {
                         |e| panic!("{name}: the agent would refuse setting {k}: {e}"),
                     );
                 }
-                let _ = c.params.estimate();
+                let _ = c.params.estimate(&c.capacity);
             }
         }
     }

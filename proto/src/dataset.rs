@@ -27,10 +27,15 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-/// Bytes per second of a restore (a copy) or a publish, for estimates:
-/// measured ~320-390 MB/s on this project's 2-core test machine at scale 20
-/// (BENCHMARKS.md, "Datasets"); kept modest.
-pub const ESTIMATE_COPY_BYTES_PER_SECOND: f64 = 200e6;
+/// Bytes per second and core of a restore (a copy checking SHA-256) or a
+/// publish, for estimates: restores ran at 772-823 MB/s on two threads on
+/// the reference 2-core host at scales 100 and 500 (BENCHMARKS.md,
+/// "Datasets").
+pub const ESTIMATE_COPY_BYTES_PER_SECOND: f64 = 400e6;
+/// Bytes per second and core of reading a restored dataset back through
+/// the server (`rewarm`): 0.7 s for scale 64's ~1 GB uncapped; under a
+/// cap, the cap (7.7 s at 125 MiB/s).
+pub const ESTIMATE_REWARM_BYTES_PER_SECOND: f64 = 1.4e9;
 
 /// The local store's layout and manifest version.
 pub const STORE_FORMAT: u32 = 1;
@@ -81,6 +86,13 @@ pub struct Dataset {
     /// estimates; no part of the fingerprint).
     pub bytes: u64,
     pub load_seconds: f64,
+}
+
+impl Dataset {
+    /// Bytes of its PGDATA as published.
+    pub fn pgdata_bytes(&self) -> u64 {
+        crate::workload::pgdata_bytes(self.bytes)
+    }
 }
 
 /// The PostgreSQL build's facts that change the on-disk format: the major

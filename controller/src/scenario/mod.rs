@@ -624,6 +624,20 @@ impl FleetEntry {
             _ => Caps::default(),
         }
     }
+    /// What the class gives its cells, as estimates see it: its instance's
+    /// CPUs (this host's without `instance.cpus`) and its profile's caps,
+    /// emulated or the real device's (`emulate: false` on Kubernetes; run
+    /// locally, such a class is the host's disk and estimated slower than
+    /// it runs).
+    pub fn capacity(&self) -> pgfleet_proto::workload::Capacity {
+        let host = pgfleet_proto::workload::Capacity::host();
+        let i = self.instance();
+        pgfleet_proto::workload::Capacity {
+            cpus: if i.cpus > 0 { i.cpus as f64 } else { host.cpus },
+            memory_bytes: i.memory_bytes,
+            caps: self.caps(),
+        }
+    }
     /// The class's machine (validated: sizes parse).
     pub fn instance(&self) -> Instance {
         let Some(i) = &self.instance else {

@@ -31,6 +31,8 @@ pub struct PlannedCell {
     /// Its point in its entry's sweep: (key, value as written); empty when
     /// the entry sweeps nothing.
     pub point: Vec<(String, String)>,
+    /// What its class gives it, for its estimate.
+    pub capacity: pgfleet_proto::workload::Capacity,
 }
 
 impl PlannedCell {
@@ -48,26 +50,50 @@ impl PlannedCell {
     }
     /// The estimate when the cell loads its own data (`data: fresh`).
     pub fn fresh_estimate(&self) -> Estimate {
-        self.params.estimate()
+        self.params.estimate(&self.capacity)
     }
 }
 
 /// Each cell's estimate with datasets reused: the first cell of a dataset
-/// (in plan order) loads it and publishes it (a copy), the others restore it
-/// (a copy) instead of loading. One store for the fleet is assumed (local
-/// agents share one; on Kubernetes each agent's own store builds its first).
+/// (in plan order) loads it and publishes it (a copy into the store), the
+/// others restore it instead of loading (a copy onto the class's storage,
+/// then the data read back through the server). One store for the fleet
+/// is assumed (local agents share one; on Kubernetes each agent's own
+/// store builds its first).
 fn reuse_estimates(cells: &mut [PlannedCell]) {
-    use pgfleet_proto::dataset::{ESTIMATE_COPY_BYTES_PER_SECOND as RATE, Mode};
+    use pgfleet_proto::dataset::{
+        ESTIMATE_COPY_BYTES_PER_SECOND as RATE, ESTIMATE_REWARM_BYTES_PER_SECOND as REWARM, Mode,
+    };
+    use pgfleet_proto::workload::Work;
     let mut seen = std::collections::BTreeSet::new();
     for c in cells {
-        let mut e = c.params.estimate();
+        let mut e = c.params.estimate(&c.capacity);
         if let Some(d) = c.params.dataset().filter(|_| c.dataset == Mode::Reuse) {
-            let copy = d.bytes as f64 / RATE;
+            let pgdata = d.pgdata_bytes() as f64;
             let key = serde_json::json!([d.loader, d.keys]).to_string();
             e.seconds = if seen.insert(key) {
-                e.seconds + copy
+                let publish = Work {
+                    cpu_seconds: pgdata / RATE,
+                    threads: 2.0,
+                    read_bytes: pgdata,
+                    ..Work::default()
+                };
+                e.seconds + publish.seconds(&c.capacity)
             } else {
-                (e.seconds - d.load_seconds).max(0.0) + copy
+                let restore = Work {
+                    cpu_seconds: pgdata / RATE,
+                    threads: 2.0,
+                    write_bytes: pgdata,
+                    ..Work::default()
+                };
+                let rewarm = Work {
+                    cpu_seconds: d.bytes as f64 / REWARM,
+                    threads: 1.0,
+                    read_bytes: d.bytes as f64,
+                    ..Work::default()
+                };
+                e.load_seconds = restore.seconds(&c.capacity) + rewarm.seconds(&c.capacity);
+                (e.seconds - c.params.estimate(&c.capacity).load_seconds).max(0.0) + e.load_seconds
             };
         }
         c.estimate = e;
@@ -116,8 +142,9 @@ pub fn plan(s: &Scenario) -> Vec<PlannedCell> {
                             .as_ref()
                             .and_then(|d| pgfleet_proto::dataset::Mode::parse(&d.value))
                             .unwrap_or_default(),
-                        estimate: params.estimate(),
+                        estimate: params.estimate(&class.capacity()),
                         point: point.clone(),
+                        capacity: class.capacity(),
                     });
                 }
             }
@@ -402,4 +429,76 @@ pub fn host_memory() -> u64 {
         })
         .map(|kb| kb * 1024)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AB: &str = "\
+name: ab
+fleet:
+  - {name: nvme, count: 2}
+  - {name: gp3, count: 2, storage: {profile: gp3}}
+workloads:
+  - {kind: pgbench, scale: 200, script: select-only, duration_s: 10, replicas: 2}
+  - {kind: logical-drain, scale: 10, backlog_bytes: 64MiB, clients: 4}
+";
+
+    fn cell<'a>(cells: &'a [PlannedCell], id: &str) -> &'a PlannedCell {
+        cells.iter().find(|c| c.cell_id == id).unwrap()
+    }
+
+    /// Estimates are the class's: gp3's caps slow its load and its backlog
+    /// (the storage suite's 64 MiB backlog took 100 s there and 11 s
+    /// uncapped), a restored cell skips the load but pays the copy onto the
+    /// class's storage and the read back, and the first cell of a dataset
+    /// pays its publishing.
+    #[test]
+    fn estimates_follow_the_class_and_the_dataset() {
+        let s = super::super::parse(std::path::Path::new("ab.yaml"), AB).unwrap();
+        let cells = plan(&s);
+        let (n1, n2) = (
+            cell(&cells, "w0-nvme-select-only-r1"),
+            cell(&cells, "w0-nvme-select-only-r2"),
+        );
+        let (g1, g2) = (
+            cell(&cells, "w0-gp3-select-only-r1"),
+            cell(&cells, "w0-gp3-select-only-r2"),
+        );
+        assert!(g2.capacity.caps.write_mbps == 125 && n1.capacity.caps.write_mbps == 0);
+        // Both nvme cells are planned first: r1 builds, the others restore.
+        assert!(n1.estimate().seconds > n1.fresh_estimate().seconds);
+        for c in [n2, g1, g2] {
+            assert_eq!(
+                c.estimate().measured_seconds,
+                c.fresh_estimate().measured_seconds
+            );
+        }
+        // Uncapped, a restore (a parallel copy) beats the load; onto gp3 it
+        // is the copy and the read back at 125 MiB/s each, about the load
+        // itself (what a snapshot restore would change).
+        let (e, fresh) = (n2.estimate(), n2.fresh_estimate());
+        assert!(e.load_seconds < 0.5 * fresh.load_seconds, "{e:?} {fresh:?}");
+        let (e, fresh) = (g2.estimate(), g2.fresh_estimate());
+        assert!(e.load_seconds > 0.8 * fresh.load_seconds, "{e:?} {fresh:?}");
+        // Loading and restoring write through gp3's 125 MiB/s.
+        assert!(g1.fresh_estimate().seconds > 1.5 * n1.fresh_estimate().seconds);
+        assert!(g2.estimate().seconds > 2.0 * n2.estimate().seconds);
+        let (dn, dg) = (
+            cell(&cells, "w1-nvme-backlog-64MiB").estimate(),
+            cell(&cells, "w1-gp3-backlog-64MiB").estimate(),
+        );
+        assert!(dg.seconds - dn.seconds > 60.0, "{dn:?} {dg:?}");
+        // An instance's CPUs bound CPU-bound work (a partitioned load).
+        let load = |cpus: u32| {
+            let text = format!(
+                "name: l\nfleet: [{{name: a, instance: {{cpus: {cpus}, emulate: false}}}}]\n\
+                 workloads: [{{kind: pgbench-init, scale: 100, partitions: 4}}]\n"
+            );
+            let s = super::super::parse(std::path::Path::new("l.yaml"), &text).unwrap();
+            plan(&s)[0].estimate().seconds
+        };
+        assert!(load(1) > 1.5 * load(4) - 2.0, "{} {}", load(1), load(4));
+    }
 }

@@ -29,8 +29,8 @@ use serde_saphyr::Spanned;
 
 use super::pgbench_init::{self, InitParams};
 use super::{
-    CLUSTER_BASE_BYTES, Checked, ESTIMATE_CLUSTER_SECONDS, Estimate, Field, KindParams, KindSpec,
-    or,
+    CLUSTER_BASE_BYTES, Capacity, Checked, ESTIMATE_CLUSTER_SECONDS, Estimate, Field, KindParams,
+    KindSpec, or,
 };
 
 pub const DESCRIPTION: &str = "compress a deterministic sample of each relation's 8 KiB pages with zstd / lz4 / pglz: average size, overflow of 1/2/4 KiB slots, projected size, CPU per page (seeds/004)";
@@ -298,10 +298,10 @@ impl KindParams for Params {
         }
         Ok(())
     }
-    fn estimate(&self) -> Estimate {
+    fn estimate(&self, c: &Capacity) -> Estimate {
         let (load, bytes) = match &self.init {
             Some(i) => {
-                let e = i.estimate();
+                let e = i.estimate(c);
                 (e.seconds, e.disk_bytes)
             }
             None => (
@@ -317,6 +317,7 @@ impl KindParams for Params {
             seconds: load + measured,
             measured_seconds: measured,
             disk_bytes: bytes,
+            load_seconds: 0.0,
         }
     }
 }

@@ -18,8 +18,8 @@ use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
 use super::{
-    ByteSize, CLUSTER_BASE_BYTES, Checked, ESTIMATE_BYTES_PER_SECOND, ESTIMATE_CLUSTER_SECONDS,
-    Estimate, Field, KindParams, KindSpec, human_bytes, or,
+    ByteSize, CLUSTER_BASE_BYTES, Capacity, Checked, ESTIMATE_CLUSTER_SECONDS, Estimate, Field,
+    KindParams, KindSpec, Work, human_bytes, or,
 };
 
 pub const DESCRIPTION: &str = "the storage itself, measured by fio on the class's data volume in the cluster's cgroups: 8 KiB random reads and writes per queue depth, 1 MiB sequential reads and writes, fdatasync latency of WAL-like writes";
@@ -238,18 +238,23 @@ impl KindParams for Params {
         Ok(())
     }
 
-    fn estimate(&self) -> Estimate {
+    fn estimate(&self, c: &Capacity) -> Estimate {
         let runs = self.runs().len() as f64;
         let measured = runs * self.runtime_s;
         Estimate {
             // fio lays the file out once; each run starts fio (~1 s) and
             // ramps up before measuring.
             seconds: ESTIMATE_CLUSTER_SECONDS
-                + self.size_bytes as f64 / ESTIMATE_BYTES_PER_SECOND
+                + Work {
+                    write_bytes: self.size_bytes as f64,
+                    ..Work::default()
+                }
+                .seconds(c)
                 + runs * (1.0 + self.ramp_s)
                 + measured,
             measured_seconds: measured,
             disk_bytes: CLUSTER_BASE_BYTES + self.size_bytes,
+            load_seconds: 0.0,
         }
     }
 
@@ -342,7 +347,10 @@ mod tests {
             .map(|(j, d)| (j.to_string(), d))
         );
         // 7 runs of 10 s measured.
-        assert_eq!(p.estimate().measured_seconds, 70.0);
+        assert_eq!(
+            p.estimate(&super::super::Capacity::host()).measured_seconds,
+            70.0
+        );
         let buffered = params("{kind: fio, direct: false, jobs: [seq-read]}");
         assert_eq!(buffered.runs()[0].queue_depth, 1);
     }

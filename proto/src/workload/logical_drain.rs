@@ -10,8 +10,8 @@ use serde_saphyr::Spanned;
 
 use super::pgbench_init::{self, InitParams, with_load_keys};
 use super::{
-    ByteSize, Checked, ESTIMATE_BYTES_PER_SECOND, Estimate, Field, Internals, KindParams, KindSpec,
-    human_bytes, or,
+    ByteSize, Capacity, Checked, ESTIMATE_BYTES_PER_SECOND, Estimate, Field, Internals, KindParams,
+    KindSpec, Work, human_bytes, or,
 };
 
 pub const DESCRIPTION: &str = "publisher and subscriber on two agents: build a logical-replication backlog, time its drain: seconds, MB/s, rows match";
@@ -28,6 +28,15 @@ pub const PUBLISHER: &str = "publisher";
 pub const SUBSCRIBER: &str = "subscriber";
 /// Names of the publication, subscription and slot.
 pub const NAME: &str = "pgfleet_drain";
+/// Rates of the reference host for estimates (PostgreSQL 15, release;
+/// BENCHMARKS.md "Estimates"): 4 clients built a 64 MiB backlog in
+/// 97-102 s at 3,000 write IOPS (one flush per ~224 bytes of WAL: 56 per
+/// client, as commits waiting together share a flush) and in ~40 s on the
+/// host's disk (its flushes: `HOST_IOPS`); CPU alone would allow ~12 s on
+/// 2 cores. The drain ran at 10-24 MB/s.
+pub const BACKLOG_BYTES_PER_CPU_SECOND: f64 = 2.9e6;
+pub const BACKLOG_BYTES_PER_FLUSH_AND_CLIENT: f64 = 56.0;
+pub const DRAIN_BYTES_PER_CPU_SECOND: f64 = 12e6;
 
 with_load_keys! {
     #[derive(Debug, Clone, Deserialize)]
@@ -154,22 +163,37 @@ impl KindParams for Params {
         within("threads", self.threads, 1, self.clients)?;
         within("timeout_s", self.timeout_s, 1.0, 7.0 * 86_400.0)
     }
-    fn estimate(&self) -> Estimate {
-        let load = self.init.estimate();
+    fn estimate(&self, c: &Capacity) -> Estimate {
+        let load = self.init.estimate(c);
         let data = self.init.data_bytes() as f64;
         let backlog = self.backlog_bytes as f64;
-        // Initial sync copies the table; the backlog is WAL written at the
-        // random UPDATE's pace (full-page images first); the drain decodes
-        // and applies it.
-        let sync = data / ESTIMATE_BYTES_PER_SECOND;
-        let build = backlog / (ESTIMATE_BYTES_PER_SECOND / 2.0);
-        let drain = backlog / (ESTIMATE_BYTES_PER_SECOND / 2.0);
+        // Initial sync copies the table into the subscriber (heap, key, WAL).
+        let sync = Work {
+            cpu_seconds: data / ESTIMATE_BYTES_PER_SECOND,
+            threads: 1.0,
+            write_bytes: 2.0 * data,
+            ..Work::default()
+        }
+        .seconds(c);
+        // The backlog is WAL of the clients' random UPDATEs, each commit
+        // waiting for its flush.
+        let build = Work {
+            cpu_seconds: backlog / BACKLOG_BYTES_PER_CPU_SECOND,
+            threads: self.clients as f64,
+            write_ios: backlog / (BACKLOG_BYTES_PER_FLUSH_AND_CLIENT * self.clients as f64),
+            ..Work::default()
+        }
+        .seconds(c);
+        // The drain decodes and applies it (the apply worker commits
+        // asynchronously).
+        let drain = Work::cpu(backlog / DRAIN_BYTES_PER_CPU_SECOND, 1.0).seconds(c);
         Estimate {
             seconds: load.seconds + sync + build + drain,
             measured_seconds: drain,
             // The publisher: its data, the backlog held by the slot, the
             // updates' new row versions, WAL headroom.
             disk_bytes: load.disk_bytes + 2 * self.backlog_bytes + (1 << 30),
+            load_seconds: load.load_seconds,
         }
     }
 

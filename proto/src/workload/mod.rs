@@ -264,6 +264,9 @@ pub struct Estimate {
     pub measured_seconds: f64,
     /// Disk the cell's cluster needs at its largest (data, indexes, WAL).
     pub disk_bytes: u64,
+    /// The part of `seconds` loading the cell's dataset: what a restore
+    /// replaces (`data: reuse`).
+    pub load_seconds: f64,
 }
 
 /// Bytes of an empty cluster (catalog, first WAL segments).
@@ -271,8 +274,126 @@ pub const CLUSTER_BASE_BYTES: u64 = 64 << 20;
 /// Assumed speed of server-side bulk work (load, COPY, index builds) when
 /// estimating; deliberately modest.
 pub const ESTIMATE_BYTES_PER_SECOND: f64 = 40.0 * 1024.0 * 1024.0;
+/// PGDATA holding `data` bytes after a load: the data, the load's WAL up
+/// to max_wal_size (1 GB default), an empty cluster's catalog.
+pub fn pgdata_bytes(data: u64) -> u64 {
+    CLUSTER_BASE_BYTES + data + data.min(1 << 30)
+}
 /// Provisioning and teardown of a cluster.
 pub const ESTIMATE_CLUSTER_SECONDS: f64 = 5.0;
+/// An uncapped disk's sequential rates when estimating: what restores
+/// (~800 MB/s) and loads reached on the reference host (BENCHMARKS.md,
+/// "Datasets"), well under fio's 2,205 MiB/s there.
+pub const HOST_READ_BYTES_PER_SECOND: f64 = 800e6;
+pub const HOST_WRITE_BYTES_PER_SECOND: f64 = 800e6;
+/// A sequential scan's bytes per second on one core (reading pages
+/// through shared buffers, little work per row).
+pub const SCAN_BYTES_PER_CPU_SECOND: f64 = 400e6;
+/// An uncapped disk's synchronous I/Os per second (a WAL flush each): the
+/// reference host's disk flushed the storage suite's backlog at ~7,500 a
+/// second (64 MiB in ~40 s; BENCHMARKS.md "Estimates"). Another host's
+/// disk differs: the report sets each cell's time beside its estimate.
+pub const HOST_IOPS: f64 = 7_500.0;
+
+/// What a class gives a cell, as estimates see it: the CPUs its cluster
+/// may use and its storage's caps (a zero cap: the host's disk as is, at
+/// the `HOST_*` rates).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Capacity {
+    pub cpus: f64,
+    /// The instance's memory (0: not bounded, the host's).
+    pub memory_bytes: u64,
+    pub caps: crate::environment::Caps,
+}
+
+impl Capacity {
+    /// This host, uncapped.
+    pub fn host() -> Capacity {
+        Capacity {
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()) as f64,
+            memory_bytes: 0,
+            caps: Default::default(),
+        }
+    }
+    fn rate(cap: u64, unit: f64, host: f64) -> f64 {
+        if cap == 0 {
+            host
+        } else {
+            (cap as f64 * unit).min(host)
+        }
+    }
+    pub fn read_bytes_per_s(&self) -> f64 {
+        Self::rate(self.caps.read_mbps, 1048576.0, HOST_READ_BYTES_PER_SECOND)
+    }
+    pub fn write_bytes_per_s(&self) -> f64 {
+        Self::rate(self.caps.write_mbps, 1048576.0, HOST_WRITE_BYTES_PER_SECOND)
+    }
+    pub fn read_iops(&self) -> f64 {
+        Self::rate(self.caps.read_iops, 1.0, HOST_IOPS)
+    }
+    pub fn write_iops(&self) -> f64 {
+        Self::rate(self.caps.write_iops, 1.0, HOST_IOPS)
+    }
+}
+
+/// One step of a cell's work as estimates see it. It takes as long as the
+/// slowest of what it asks for on the class: its CPU time (seconds on one
+/// core of the reference host) over the cores it can use, its bytes over
+/// the storage's MB/s, its I/Os that each wait for the device (random
+/// reads, WAL flushes) over the storage's IOPS.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Work {
+    pub cpu_seconds: f64,
+    /// Cores it can keep busy (connections, parallel workers); at least 1.
+    pub threads: f64,
+    pub read_bytes: f64,
+    pub write_bytes: f64,
+    pub read_ios: f64,
+    pub write_ios: f64,
+}
+
+impl Work {
+    /// Server-side bulk writing (COPY, INSERT, index builds) of `bytes`:
+    /// one backend at `ESTIMATE_BYTES_PER_SECOND`, or the write cap.
+    pub fn bulk_write(bytes: f64) -> Work {
+        Work {
+            cpu_seconds: bytes / ESTIMATE_BYTES_PER_SECOND,
+            threads: 1.0,
+            write_bytes: bytes,
+            ..Work::default()
+        }
+    }
+    /// A sequential scan of `bytes` from the device (one backend, or the
+    /// read cap).
+    pub fn scan(bytes: f64) -> Work {
+        Work {
+            cpu_seconds: bytes / SCAN_BYTES_PER_CPU_SECOND,
+            threads: 1.0,
+            read_bytes: bytes,
+            ..Work::default()
+        }
+    }
+    /// CPU-bound work on `threads` cores.
+    pub fn cpu(cpu_seconds: f64, threads: f64) -> Work {
+        Work {
+            cpu_seconds,
+            threads,
+            ..Work::default()
+        }
+    }
+    pub fn seconds(&self, c: &Capacity) -> f64 {
+        let cores = self.threads.max(1.0).min(c.cpus.max(0.1));
+        [
+            self.cpu_seconds / cores,
+            self.read_bytes / c.read_bytes_per_s(),
+            self.write_bytes / c.write_bytes_per_s(),
+            self.read_ios / c.read_iops(),
+            self.write_ios / c.write_iops(),
+        ]
+        .into_iter()
+        .fold(0.0, f64::max)
+    }
+}
 
 /// The scenario side of a kind.
 pub trait KindSpec {
@@ -284,7 +405,8 @@ pub trait KindSpec {
 
 /// The agent side of a kind's parameters.
 pub trait KindParams {
-    fn estimate(&self) -> Estimate;
+    /// How long a cell takes on a class of this capacity, and its disk.
+    fn estimate(&self, c: &Capacity) -> Estimate;
     /// The roles of a cell of this kind, each on its own agent and cluster,
     /// the lead first: the lead's result holds the measurement, and when it
     /// reports, the other roles are released. One role named "" is a
@@ -531,9 +653,9 @@ macro_rules! kinds {
                 }
             }
 
-            pub fn estimate(&self) -> Estimate {
+            pub fn estimate(&self, c: &Capacity) -> Estimate {
                 match self {
-                    $(Params::$variant(p) => p.estimate(),)*
+                    $(Params::$variant(p) => p.estimate(c),)*
                 }
             }
 
@@ -855,6 +977,41 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for Filter<'_, A> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A step takes as long as the slowest of what it asks of the class; a
+    /// zero cap is the host's disk, and a cap above the host's rate does
+    /// not make the host faster.
+    #[test]
+    fn work_takes_its_slowest_resource() {
+        let caps = crate::environment::Caps {
+            read_iops: 100,
+            write_iops: 3000,
+            read_mbps: 0,
+            write_mbps: 100_000,
+        };
+        let c = Capacity {
+            cpus: 2.0,
+            memory_bytes: 0,
+            caps,
+        };
+        assert_eq!(Work::cpu(8.0, 4.0).seconds(&c), 4.0);
+        assert_eq!(Work::cpu(8.0, 1.0).seconds(&c), 8.0);
+        let w = Work {
+            cpu_seconds: 1.0,
+            threads: 1.0,
+            read_ios: 1000.0,
+            write_ios: 3000.0,
+            ..Work::default()
+        };
+        assert_eq!(w.seconds(&c), 10.0);
+        assert_eq!(c.read_bytes_per_s(), HOST_READ_BYTES_PER_SECOND);
+        assert_eq!(c.write_bytes_per_s(), HOST_WRITE_BYTES_PER_SECOND);
+        let bytes = Work {
+            write_bytes: 2.0 * HOST_WRITE_BYTES_PER_SECOND,
+            ..Work::default()
+        };
+        assert_eq!(bytes.seconds(&c), 2.0);
+    }
 
     #[test]
     fn sizes() {

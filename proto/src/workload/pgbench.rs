@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
 use super::pgbench_init::{self, InitParams, with_load_keys};
-use super::{Cache, Checked, Estimate, Field, Internals, KindParams, KindSpec, opt, or};
+use super::{Cache, Capacity, Checked, Estimate, Field, Internals, KindParams, KindSpec, opt, or};
 use crate::script::{BUILTIN_SCRIPTS, Script, builtin};
 
 pub const DESCRIPTION: &str = "load, then run a pgbench-style script: tps, latency percentiles, failures, page read and WAL sync time";
@@ -381,14 +381,15 @@ impl KindParams for Params {
         self.init.check()?;
         self.drive.check()
     }
-    fn estimate(&self) -> Estimate {
-        let load = self.init.estimate();
+    fn estimate(&self, c: &Capacity) -> Estimate {
+        let load = self.init.estimate(c);
         let measured = self.drive.duration_s.unwrap_or(0.0);
         Estimate {
             seconds: load.seconds + self.drive.seconds(),
             measured_seconds: measured.max(self.drive.seconds() - self.drive.warmup_s),
             // Updates leave dead versions and WAL; allow another max_wal_size.
             disk_bytes: load.disk_bytes + (1 << 30),
+            load_seconds: load.load_seconds,
         }
     }
 

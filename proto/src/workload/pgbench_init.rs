@@ -6,8 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
 use super::{
-    CLUSTER_BASE_BYTES, Checked, ESTIMATE_CLUSTER_SECONDS, Estimate, Field, KindParams, KindSpec,
-    or,
+    Capacity, Checked, ESTIMATE_CLUSTER_SECONDS, Estimate, Field, KindParams, KindSpec, Work, or,
 };
 
 pub const DESCRIPTION: &str =
@@ -27,7 +26,16 @@ pub const ACCOUNTS_HEAP_BYTES_PER_SCALE: u64 = 1640 * 8192;
 pub const ACCOUNTS_INDEX_BYTES_PER_SCALE: u64 = 275 * 8192;
 /// Scale units loaded per second by the loader on one core (measured here:
 /// scale 10 in ~1.5 s with two connections, BENCHMARKS.md); kept modest.
-pub const LOAD_SCALE_PER_SECOND: f64 = 4.0;
+/// The loader's CPU seconds per scale unit on one core of the reference
+/// host (PostgreSQL 15, release build; BENCHMARKS.md "Loader"): generating
+/// and COPYing a flat table with one backend took 0.06-0.1 s per unit
+/// from scale 10 to 1,000, the primary key 0.03-0.04 s on two cores; the
+/// schema, the vacuum and the checkpoint after ~2 s at any scale.
+pub const LOAD_CPU_SECONDS_PER_SCALE: f64 = 0.065;
+pub const KEYS_CPU_SECONDS_PER_SCALE: f64 = 0.06;
+pub const LOAD_FIXED_SECONDS: f64 = 2.0;
+/// Pages ANALYZE samples at default_statistics_target 100.
+pub const ANALYZE_SAMPLE_PAGES: u64 = 30_000;
 
 /// Declares a kind's scenario keys (`Spec`) with the loader's ahead of its
 /// own: every kind that loads pgbench's schema takes the loader's keys
@@ -185,8 +193,52 @@ impl InitParams {
             .map(|(k, v)| (k.to_string(), v))
             .collect(),
             bytes: self.data_bytes(),
-            load_seconds: self.scale as f64 / LOAD_SCALE_PER_SECOND,
+            load_seconds: self.load_seconds(&Capacity::host()),
         }
+    }
+
+    /// Backends the load keeps busy: one per partition up to the cores (or
+    /// `load_connections`), one for a flat table.
+    fn load_threads(&self, cpus: f64) -> f64 {
+        match (self.partitions, self.load_connections) {
+            (0, 0) => 1.0,
+            (p, 0) => (p as f64).min(cpus),
+            (_, n) => n as f64,
+        }
+    }
+
+    /// Seconds of the load on a class: generating and COPYing the rows
+    /// (CPU-bound on an uncapped disk, write-bound under a cap: heap, its
+    /// WAL and the checkpoint after), then the primary keys (parallel
+    /// workers sorting in memory).
+    pub fn load_seconds(&self, c: &Capacity) -> f64 {
+        let scale = self.scale as f64;
+        let generate = Work {
+            cpu_seconds: scale * LOAD_CPU_SECONDS_PER_SCALE,
+            threads: self.load_threads(c.cpus),
+            write_bytes: 2.0 * self.accounts_heap_bytes() as f64,
+            ..Work::default()
+        };
+        let keys = Work {
+            cpu_seconds: scale * KEYS_CPU_SECONDS_PER_SCALE,
+            threads: 2.0,
+            write_bytes: 2.0 * (self.scale * ACCOUNTS_INDEX_BYTES_PER_SCALE) as f64,
+            ..Work::default()
+        };
+        // VACUUM ANALYZE samples up to 30,000 pages at random: from the
+        // device when the heap does not fit the instance's memory (80 s of
+        // a 112 s load at scale 64 in 128 MiB at 375 read IOPS).
+        let heap = self.accounts_heap_bytes();
+        let sampled = if c.memory_bytes > 0 && heap > c.memory_bytes {
+            (heap / 8192).min(ANALYZE_SAMPLE_PAGES) as f64
+        } else {
+            0.0
+        };
+        let analyze = Work {
+            read_ios: sampled,
+            ..Work::default()
+        };
+        LOAD_FIXED_SECONDS + generate.seconds(c) + analyze.seconds(c) + keys.seconds(c)
     }
 
     /// pgbench_accounts' heap at this scale and fillfactor.
@@ -222,19 +274,79 @@ impl KindParams for InitParams {
             MAX_LOAD_CONNECTIONS,
         )
     }
-    fn estimate(&self) -> Estimate {
+    fn estimate(&self, c: &Capacity) -> Estimate {
+        let load = ESTIMATE_CLUSTER_SECONDS + self.load_seconds(c);
         Estimate {
-            seconds: ESTIMATE_CLUSTER_SECONDS + self.scale as f64 / LOAD_SCALE_PER_SECOND,
+            seconds: load,
             measured_seconds: 0.0,
-            // Data, plus WAL of the load up to max_wal_size (1 GB default).
-            disk_bytes: CLUSTER_BASE_BYTES + self.data_bytes() + self.data_bytes().min(1 << 30),
+            disk_bytes: super::pgdata_bytes(self.data_bytes()),
+            load_seconds: load,
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Params, plan_entry};
+    use super::super::{Capacity, KindParams, Params, plan_entry};
+    use crate::environment::Caps;
+
+    fn init(text: &str) -> super::InitParams {
+        match plan_entry(text).unwrap().remove(0).1 {
+            Params::PgbenchInit(p) => p,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A load's estimate follows the class: CPU-bound on an uncapped disk
+    /// (the reference host's measured rate), write-bound under gp3's
+    /// 125 MiB/s, and partitions spread over the class's CPUs.
+    #[test]
+    fn the_load_estimate_follows_the_class_cpus_and_caps() {
+        let two = Capacity {
+            cpus: 2.0,
+            memory_bytes: 0,
+            caps: Caps::default(),
+        };
+        let gp3 = Capacity {
+            caps: Caps {
+                read_iops: 3000,
+                write_iops: 3000,
+                read_mbps: 125,
+                write_mbps: 125,
+            },
+            ..two
+        };
+        let flat = init("{kind: pgbench-init, scale: 100}");
+        // 0.065 s per scale unit on one backend, then the key on two cores.
+        let uncapped = flat.load_seconds(&two);
+        assert!((uncapped - (2.0 + 6.5 + 3.0)).abs() < 0.5, "{uncapped}");
+        // Heap and its WAL (2 x 1.34 GB) at 131 MB/s: ~20 s, then the key.
+        let capped = flat.load_seconds(&gp3);
+        assert!((22.0..32.0).contains(&capped), "{capped}");
+        // BENCHMARKS.md measured 33.3 s for this load under gp3's caps.
+        assert!((capped - 33.3).abs() / 33.3 < 0.3, "{capped}");
+        let parts = init("{kind: pgbench-init, scale: 100, partitions: 4}");
+        let one = Capacity { cpus: 1.0, ..two };
+        assert!(parts.load_seconds(&two) < parts.load_seconds(&one));
+        // A flat table loads on one backend; only its key uses the second CPU.
+        let fewer = flat.load_seconds(&one) - flat.load_seconds(&two);
+        assert!((fewer - 3.0).abs() < 0.5, "{fewer}");
+        // In an instance smaller than the heap, ANALYZE's sample is read
+        // from the device: 30,000 pages at 375 IOPS (gp3 scaled by 0.125).
+        let small = Capacity {
+            memory_bytes: 128 << 20,
+            caps: Caps {
+                read_iops: 375,
+                ..gp3.caps
+            },
+            ..gp3
+        };
+        let analyze = flat.load_seconds(&small) - flat.load_seconds(&gp3);
+        assert!((analyze - 80.0).abs() < 1.0, "{analyze}");
+        let e = flat.estimate(&gp3);
+        assert_eq!(e.seconds, e.load_seconds);
+        assert!(e.seconds > flat.estimate(&two).seconds);
+    }
 
     /// The loader's keys are one declaration: every kind that loads takes
     /// them and checks them alike; kinds measuring one flat table refuse

@@ -23,8 +23,8 @@ use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
 use super::{
-    CLUSTER_BASE_BYTES, Checked, ESTIMATE_BYTES_PER_SECOND, ESTIMATE_CLUSTER_SECONDS, Estimate,
-    Field, KindParams, KindSpec, or,
+    CLUSTER_BASE_BYTES, Capacity, Checked, ESTIMATE_CLUSTER_SECONDS, Estimate, Field, KindParams,
+    KindSpec, Work, or,
 };
 
 pub const DESCRIPTION: &str = "cold and OS-cache sequential scans, random reads from disk, UPDATE-all + CHECKPOINT with the device bytes written (seeds/004)";
@@ -211,7 +211,8 @@ impl KindParams for Params {
             label: format!("read-write-r{}", self.rows),
             keys: [("rows".to_string(), serde_json::json!(self.rows))].into(),
             bytes: self.table_bytes(),
-            load_seconds: 2.0 * self.table_bytes() as f64 / ESTIMATE_BYTES_PER_SECOND,
+            load_seconds: Work::bulk_write(2.0 * self.table_bytes() as f64)
+                .seconds(&Capacity::host()),
         })
     }
     fn check(&self) -> Result<(), String> {
@@ -222,29 +223,29 @@ impl KindParams for Params {
         within("random_threads", self.random_threads, 1, 256)?;
         within("random_duration_s", self.random_duration_s, 0.1, 86_400.0)
     }
-    fn estimate(&self) -> Estimate {
+    fn estimate(&self, c: &Capacity) -> Estimate {
         let bytes = self.table_bytes();
         let methods = self.io_methods.len().max(1) as f64;
+        let load = Work::bulk_write(2.0 * bytes as f64).seconds(c);
         let mut measured = 0.0;
         for t in &self.tests {
             measured += match t.as_str() {
                 // A restart, then one scan from the device per repeat.
                 "seq-cold" | "seq-os-cache" => {
-                    methods * self.repeats as f64 * (3.0 + bytes as f64 / ESTIMATE_BYTES_PER_SECOND)
+                    methods * self.repeats as f64 * (3.0 + Work::scan(bytes as f64).seconds(c))
                 }
                 "random-read" => methods * (3.0 + self.random_duration_s),
                 // The UPDATE rewrites the table (new versions, WAL), the
                 // checkpoint writes it out.
-                _ => 4.0 * bytes as f64 / ESTIMATE_BYTES_PER_SECOND,
+                _ => Work::bulk_write(4.0 * bytes as f64).seconds(c),
             };
         }
         Estimate {
-            seconds: ESTIMATE_CLUSTER_SECONDS
-                + 2.0 * bytes as f64 / ESTIMATE_BYTES_PER_SECOND
-                + measured,
+            seconds: ESTIMATE_CLUSTER_SECONDS + load + measured,
             measured_seconds: measured,
             // The table, its index, its updated versions and their WAL.
             disk_bytes: CLUSTER_BASE_BYTES + 5 * bytes,
+            load_seconds: load,
         }
     }
 

@@ -23,8 +23,8 @@ use serde_saphyr::Spanned;
 
 use super::toast_slice::StorageMode;
 use super::{
-    ByteSize, CLUSTER_BASE_BYTES, Checked, ESTIMATE_BYTES_PER_SECOND, ESTIMATE_CLUSTER_SECONDS,
-    Estimate, Field, KindParams, KindSpec, or,
+    ByteSize, CLUSTER_BASE_BYTES, Capacity, Checked, ESTIMATE_CLUSTER_SECONDS, Estimate, Field,
+    KindParams, KindSpec, Work, or,
 };
 
 pub const DESCRIPTION: &str = "what gets TOASTed: threshold, placement, compression window, JSON documents, prefix and mid reads per storage mode (seeds/003)";
@@ -440,7 +440,7 @@ impl KindParams for Params {
         }
         Ok(())
     }
-    fn estimate(&self) -> Estimate {
+    fn estimate(&self, c: &Capacity) -> Estimate {
         let modes = self.storage_modes.len() as u64;
         let mut setup_bytes = 0u64;
         let mut disk = 0u64;
@@ -473,12 +473,13 @@ impl KindParams for Params {
         }
         Estimate {
             seconds: ESTIMATE_CLUSTER_SECONDS
-                + 2.0 * setup_bytes as f64 / ESTIMATE_BYTES_PER_SECOND
+                + Work::bulk_write(2.0 * setup_bytes as f64).seconds(c)
                 + self.warmup_s
                 + measured,
             measured_seconds: measured,
             // WAL holds what was written once more.
             disk_bytes: CLUSTER_BASE_BYTES + 2 * disk,
+            load_seconds: 0.0,
         }
     }
 }

@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
 use super::{
-    CLUSTER_BASE_BYTES, Cache, Checked, ESTIMATE_BYTES_PER_SECOND, ESTIMATE_CLUSTER_SECONDS,
-    Estimate, Field, KindParams, KindSpec, human_bytes, or,
+    CLUSTER_BASE_BYTES, Cache, Capacity, Checked, ESTIMATE_CLUSTER_SECONDS, Estimate, Field,
+    KindParams, KindSpec, Work, human_bytes, or,
 };
 
 pub const DESCRIPTION: &str =
@@ -306,7 +306,7 @@ impl KindParams for Params {
         }
         Ok(())
     }
-    fn estimate(&self) -> Estimate {
+    fn estimate(&self, c: &Capacity) -> Estimate {
         let modes = self.storage_modes.len() as u64;
         // A cold read costs a restart (a checkpoint, then start-up): ~2 s.
         let per_read = if self.cache == Cache::Cold {
@@ -317,12 +317,13 @@ impl KindParams for Params {
         let measured = self.repeats as f64 * (modes * self.offsets.len() as u64) as f64 * per_read;
         // The value is built in memory, written to each table (TOAST and
         // WAL), read back to verify, vacuumed.
-        let setup = 3.0 * (modes * self.value_bytes) as f64 / ESTIMATE_BYTES_PER_SECOND;
+        let setup = Work::bulk_write(3.0 * (modes * self.value_bytes) as f64).seconds(c);
         Estimate {
             seconds: ESTIMATE_CLUSTER_SECONDS + setup + self.warmup_s + measured,
             measured_seconds: measured,
             // Each table holds at most the raw value; WAL holds it again.
             disk_bytes: CLUSTER_BASE_BYTES + 2 * modes * self.value_bytes,
+            load_seconds: 0.0,
         }
     }
 }
@@ -396,7 +397,7 @@ mod tests {
             warmup_s: 0.5,
             cache: Cache::Warm,
         };
-        let e = p.estimate();
+        let e = p.estimate(&super::super::Capacity::host());
         assert_eq!(e.measured_seconds, 1350.0);
         assert!(e.seconds > 1350.0 && e.seconds < 1400.0, "{e:?}");
         assert!(e.disk_bytes > 60 << 20 && e.disk_bytes < 200 << 20, "{e:?}");

@@ -9,8 +9,8 @@ use serde_saphyr::Spanned;
 
 use super::pgbench_init::{self, InitParams, with_load_keys};
 use super::{
-    ByteSize, Cache, Checked, ESTIMATE_BYTES_PER_SECOND, Estimate, Field, Internals, KindParams,
-    KindSpec, approx_bytes, human_bytes, opt, or,
+    ByteSize, Cache, Capacity, Checked, Estimate, Field, Internals, KindParams, KindSpec, Work,
+    approx_bytes, human_bytes, opt, or,
 };
 
 pub const DESCRIPTION: &str = "load pgbench's schema, leave a target amount of dead tuples, time VACUUM: seconds, MB/s, dead tuples removed";
@@ -25,6 +25,12 @@ pub const COMPARED: &[&str] = &[
 /// Keys a scenario may sweep: a list of values is one point per value.
 pub const SWEPT: &[&str] = &["scale", "fillfactor", "bloat_bytes", "parallel"];
 pub const INDEX_CLEANUP: &[&str] = &["auto", "on", "off"];
+/// Rates of the reference host for estimates (PostgreSQL 15, release, one
+/// backend; BENCHMARKS.md "Storage suite"): VACUUM of a cached or
+/// uncapped heap ran at ~275 MB/s; the UPDATE pass left 128 MiB of bloat
+/// in 5-10 s (BENCHMARKS.md "Estimates").
+pub const VACUUM_BYTES_PER_CPU_SECOND: f64 = 275e6;
+pub const UPDATE_BYTES_PER_CPU_SECOND: f64 = 18e6;
 
 with_load_keys! {
     #[derive(Debug, Clone, Deserialize)]
@@ -205,17 +211,32 @@ impl KindParams for Params {
         )?;
         super::within("parallel", self.parallel.unwrap_or(0), 0, 1024)
     }
-    fn estimate(&self) -> Estimate {
-        let load = self.init.estimate();
-        // The UPDATE pass writes new versions, index entries and WAL; VACUUM
-        // reads the grown heap and writes back the pages it cleans.
-        let update = 3.0 * self.bloat_bytes as f64 / ESTIMATE_BYTES_PER_SECOND;
-        let vacuum = (self.init.accounts_heap_bytes() + 2 * self.bloat_bytes) as f64
-            / ESTIMATE_BYTES_PER_SECOND;
+    fn estimate(&self, c: &Capacity) -> Estimate {
+        let load = self.init.estimate(c);
+        let bloat = self.bloat_bytes as f64;
+        // The UPDATE pass writes new versions, index entries and WAL.
+        let update = Work {
+            cpu_seconds: bloat / UPDATE_BYTES_PER_CPU_SECOND,
+            threads: 1.0,
+            write_bytes: 3.0 * bloat,
+            ..Work::default()
+        };
+        // VACUUM reads the grown heap (from the device when the cache is
+        // cold) and dirties the pages it cleans.
+        let heap = self.init.accounts_heap_bytes() as f64 + bloat;
+        let vacuum = Work {
+            cpu_seconds: heap / VACUUM_BYTES_PER_CPU_SECOND,
+            threads: 1.0,
+            read_bytes: if self.cache == Cache::Cold { heap } else { 0.0 },
+            write_bytes: bloat,
+            ..Work::default()
+        }
+        .seconds(c);
         Estimate {
-            seconds: load.seconds + update + vacuum,
+            seconds: load.seconds + update.seconds(c) + vacuum,
             measured_seconds: vacuum,
             disk_bytes: load.disk_bytes + 2 * self.bloat_bytes + (1 << 30),
+            load_seconds: load.load_seconds,
         }
     }
 }
