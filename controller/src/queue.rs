@@ -190,6 +190,8 @@ impl Served {
                 idempotency_key: q.idempotency_key,
                 labels: &q.labels,
                 cells: &q.cells,
+                estimated_seconds: crate::scenario::plan::estimate(q.scenario, &q.cells)
+                    .wall_seconds,
             })
             .map_err(|e| {
                 match q

@@ -105,6 +105,8 @@ pub struct RunRow {
     /// What a Kubernetes run kept for debugging (`cleanup: keep`):
     /// `{"until": RFC 3339, "namespace": …, "objects": ["pod/…", …]}`.
     pub kept: Option<Json>,
+    /// The plan's estimate of the run's wall-clock seconds on its fleet.
+    pub estimated_seconds: Option<f64>,
 }
 
 #[derive(Debug, Clone)]
@@ -122,6 +124,28 @@ pub struct CellRow {
     /// Its point in its entry's sweep (`{"clients": 16}`); empty when the
     /// entry sweeps nothing.
     pub point: serde_json::Map<String, Json>,
+    /// The plan's estimate of its seconds.
+    pub estimate_seconds: Option<f64>,
+}
+
+impl RunRow {
+    /// Seconds from its start to its end, once it ended.
+    pub fn seconds(&self) -> Option<f64> {
+        span(Some(&self.started_at), self.finished_at.as_ref())
+    }
+}
+
+fn span(from: Option<&String>, to: Option<&String>) -> Option<f64> {
+    let t = |s: Option<&String>| chrono::DateTime::parse_from_rfc3339(s?).ok();
+    let (a, b) = (t(from)?, t(to)?);
+    Some((b - a).num_milliseconds().max(0) as f64 / 1000.0)
+}
+
+impl CellRow {
+    /// Seconds from its start to its end, once it ended.
+    pub fn seconds(&self) -> Option<f64> {
+        span(self.started_at.as_ref(), self.finished_at.as_ref())
+    }
 }
 
 /// A cell's dataset provenance (its environment's `dataset`).
@@ -207,6 +231,8 @@ pub struct NewRun<'a> {
     pub idempotency_key: Option<&'a str>,
     pub labels: &'a crate::labels::Labels,
     pub cells: &'a [crate::scenario::PlannedCell],
+    /// The plan's estimate of its wall-clock seconds.
+    pub estimated_seconds: f64,
 }
 
 /// A handle to the store; cheap to clone. Calls are short and synchronous.
@@ -328,6 +354,7 @@ fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
         finished_at: r.get(5)?,
         labels: crate::labels::Labels::from_json(r.get::<_, Option<String>>(6)?.as_deref()),
         kept: parse(r.get(7)?),
+        estimated_seconds: r.get(8)?,
     })
 }
 
@@ -360,6 +387,9 @@ impl Store {
             ("cells", "point", "TEXT"),
             // What a Kubernetes run kept (`cleanup: keep`).
             ("runs", "kept", "TEXT"),
+            // The plan's estimates, beside what the run and its cells took.
+            ("runs", "estimated_seconds", "REAL"),
+            ("cells", "estimate_seconds", "REAL"),
         ] {
             let has: bool = conn.query_row(
                 "SELECT count(*) > 0 FROM pragma_table_info(?1) WHERE name = ?2",
@@ -512,6 +542,7 @@ impl Store {
         );
         let key = run.idempotency_key.map(str::to_string);
         let labels = run.labels.to_json();
+        let estimated = run.estimated_seconds;
         let cells: Vec<_> = run
             .cells
             .iter()
@@ -525,20 +556,21 @@ impl Store {
                     cell.params.to_json(),
                     serde_json::to_string(&cell.settings).unwrap_or_default(),
                     crate::scenario::sweep::point_json(&cell.point).to_string(),
+                    cell.estimate().seconds,
                 )
             })
             .collect();
         self.with(move |c| {
             let tx = c.transaction()?;
             tx.execute(
-                "INSERT INTO runs (id, scenario_name, scenario_path, scenario_yaml, status, started_at, controller_pid, owner, idempotency_key, labels) \
-                 VALUES (?1, ?2, ?3, ?4, 'queued', ?5, ?6, ?7, ?8, ?9)",
-                params![id, name, path, yaml, now(), std::process::id(), owner, key, labels],
+                "INSERT INTO runs (id, scenario_name, scenario_path, scenario_yaml, status, started_at, controller_pid, owner, idempotency_key, labels, estimated_seconds) \
+                 VALUES (?1, ?2, ?3, ?4, 'queued', ?5, ?6, ?7, ?8, ?9, ?10)",
+                params![id, name, path, yaml, now(), std::process::id(), owner, key, labels, estimated],
             )?;
             for c in &cells {
                 tx.execute(
-                    "INSERT INTO cells (run_id, cell_id, idx, workload, instance_class, params, settings, state, point) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', ?8)",
-                    params![id, c.0, c.1, c.2, c.3, c.4, c.5, c.6],
+                    "INSERT INTO cells (run_id, cell_id, idx, workload, instance_class, params, settings, state, point, estimate_seconds) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', ?8, ?9)",
+                    params![id, c.0, c.1, c.2, c.3, c.4, c.5, c.6, c.7],
                 )?;
             }
             tx.commit()
@@ -727,7 +759,7 @@ impl Store {
     pub fn run(&self, id: &str) -> Result<Option<RunRow>> {
         self.read(|c| {
             c.query_row(
-                "SELECT id, scenario_name, scenario_path, status, started_at, finished_at, labels, kept FROM runs WHERE id = ?1",
+                "SELECT id, scenario_name, scenario_path, status, started_at, finished_at, labels, kept, estimated_seconds FROM runs WHERE id = ?1",
                 params![id],
                 run_row,
             )
@@ -738,7 +770,7 @@ impl Store {
     pub fn runs(&self) -> Result<Vec<RunRow>> {
         self.read(|c| {
             let mut st = c.prepare(
-                "SELECT id, scenario_name, scenario_path, status, started_at, finished_at, labels, kept FROM runs ORDER BY started_at",
+                "SELECT id, scenario_name, scenario_path, status, started_at, finished_at, labels, kept, estimated_seconds FROM runs ORDER BY started_at",
             )?;
             let rows = st.query_map([], run_row)?;
             rows.collect()
@@ -748,7 +780,7 @@ impl Store {
     pub fn cells(&self, run: &str) -> Result<Vec<CellRow>> {
         self.read(|c| {
             let mut st = c.prepare(
-                "SELECT cell_id, workload, instance_class, params, state, agent_id, error, environment, started_at, finished_at, point
+                "SELECT cell_id, workload, instance_class, params, state, agent_id, error, environment, started_at, finished_at, point, estimate_seconds
                  FROM cells WHERE run_id = ?1 ORDER BY idx",
             )?;
             let rows = st.query_map(params![run], |r| {
@@ -766,6 +798,7 @@ impl Store {
                     point: parse(r.get(10)?)
                         .and_then(|p| p.as_object().cloned())
                         .unwrap_or_default(),
+                    estimate_seconds: r.get(11)?,
                 })
             })?;
             rows.collect()
@@ -929,6 +962,7 @@ mod tests {
                 idempotency_key: None,
                 labels: &NO_LABELS,
                 cells: &[],
+                estimated_seconds: 0.0,
             }
         }
     }
@@ -949,7 +983,14 @@ mod tests {
             ..NewRun::test(id, Owner::Serve)
         };
         store.create_run(&run("ok", &cells)).unwrap();
-        assert_eq!(store.cells("ok").unwrap().len(), 2);
+        let stored = store.cells("ok").unwrap();
+        assert_eq!(stored.len(), 2);
+        // The plan's estimate is kept beside what the cell will take.
+        assert_eq!(
+            stored[0].estimate_seconds,
+            Some(cells[0].estimate().seconds)
+        );
+        assert!(cells[0].estimate().seconds > 0.0);
         let twice = [cells[0].clone(), cells[0].clone()];
         assert!(store.create_run(&run("bad", &twice)).is_err());
         assert!(

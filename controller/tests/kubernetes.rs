@@ -1037,6 +1037,7 @@ async fn the_run_fails_with_the_reason_when_its_pods_stay_pending() {
             idempotency_key: None,
             labels: &Default::default(),
             cells: &cells,
+            estimated_seconds: scenario::plan::estimate(&sc, &cells).wall_seconds,
         })
         .unwrap();
     service.store.start_run(run_id).unwrap();

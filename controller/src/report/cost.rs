@@ -23,9 +23,7 @@ fn figure(summaries: &[Json], kind: &str, class: &str, metric: &str) -> Option<f
 }
 
 fn hours(c: &CellRow) -> Option<f64> {
-    let t = |s: &Option<String>| chrono::DateTime::parse_from_rfc3339(s.as_deref()?).ok();
-    let (a, b) = (t(&c.started_at)?, t(&c.finished_at)?);
-    Some(((b - a).num_milliseconds().max(0) as f64) / 3_600_000.0)
+    c.seconds().map(|s| s / 3600.0)
 }
 
 pub fn costs(
@@ -95,6 +93,7 @@ mod tests {
         ];
         let cell = |class: &str, from: &str, to: &str| CellRow {
             point: Default::default(),
+            estimate_seconds: None,
             cell_id: "c".into(),
             workload: "pgbench".into(),
             instance_class: class.into(),

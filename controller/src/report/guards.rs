@@ -403,6 +403,7 @@ mod tests {
     fn datasets_that_misbehaved_are_warned_about() {
         let cell = |id: &str, d: Json| crate::store::CellRow {
             point: Default::default(),
+            estimate_seconds: None,
             cell_id: id.into(),
             workload: "pgbench".into(),
             instance_class: "local".into(),
@@ -466,6 +467,7 @@ mod tests {
             .to_json();
         let cell = |id: &str, class: &str, start: &str, end: &str| crate::store::CellRow {
             point: Default::default(),
+            estimate_seconds: None,
             cell_id: id.into(),
             workload: "pgbench".into(),
             instance_class: class.into(),
@@ -523,6 +525,7 @@ mod tests {
         };
         let cell = |class: &str, env: Option<Json>| crate::store::CellRow {
             point: Default::default(),
+            estimate_seconds: None,
             cell_id: "c".into(),
             workload: "pgbench".into(),
             instance_class: class.into(),

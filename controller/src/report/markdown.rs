@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use pgfleet_proto::workload::Kind;
+use pgfleet_proto::workload::{Kind, approx_seconds};
 use serde::de::DeserializeOwned;
 use serde_json::Value as Json;
 
@@ -334,18 +334,22 @@ pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
     roles(&mut md, doc);
     let _ = writeln!(
         md,
-        "\n## Cells\n\n| cell | agent | state | error |\n|---|---|---|---|"
+        "\n## Cells\n\n| cell | agent | state | took | estimated | error |\n|---|---|---|---|---|---|"
     );
+    let secs = |v: &Json| v.as_f64().map(approx_seconds).unwrap_or_default();
     for c in doc["cells"].as_array().into_iter().flatten() {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} |",
             s(&c["cell_id"]),
             s(&c["agent"]),
             s(&c["state"]),
+            secs(&c["seconds"]),
+            secs(&c["estimate_seconds"]),
             s(&c["error"]).replace('|', "\\|").replace('\n', " ")
         );
     }
+    estimates(&mut md, doc);
 
     datasets(&mut md, doc);
     super::curves::render(&mut md, &mut plots, doc);
@@ -362,6 +366,54 @@ pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
         }
     }
     (md, plots)
+}
+
+/// How the plan's estimates held: the run's wall clock and the succeeded
+/// cells' times against their estimates (what `validate` and the ETA
+/// said), so a user sees when to trust them.
+fn estimates(md: &mut String, doc: &Json) {
+    let ratios: Vec<f64> = doc["cells"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["state"] == "succeeded")
+        .filter_map(|c| {
+            let (took, est) = (c["seconds"].as_f64()?, c["estimate_seconds"].as_f64()?);
+            (est > 0.0).then_some(took / est)
+        })
+        .collect();
+    let mut parts = Vec::new();
+    if let (Some(took), Some(est)) = (
+        doc["seconds"].as_f64(),
+        doc["estimated_seconds"].as_f64().filter(|e| *e > 0.0),
+    ) {
+        parts.push(format!(
+            "the run took {} against an estimate of {} ({:.2}x)",
+            approx_seconds(took),
+            approx_seconds(est),
+            took / est
+        ));
+    }
+    if !ratios.is_empty() {
+        let mut sorted = ratios.clone();
+        sorted.sort_by(f64::total_cmp);
+        let within = ratios.iter().filter(|r| (0.7..=1.3).contains(*r)).count();
+        parts.push(format!(
+            "its succeeded cells took {:.2}x their estimates (median; {:.2}x to {:.2}x), {} of {} within ±30 %",
+            crate::stats::median(&sorted),
+            sorted[0],
+            sorted[sorted.len() - 1],
+            within,
+            ratios.len()
+        ));
+    }
+    if !parts.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nEstimates: {}. They come from each kind's work (CPU time, bytes, I/Os) over the class's CPUs and storage caps (`pgfleet validate` lists them).",
+            parts.join("; ")
+        );
+    }
 }
 
 /// The seeds/002 talk's figures: NVMe, then EBS gp3.
@@ -1054,6 +1106,38 @@ mod render_tests {
         );
         let (md, _) = render(&serde_json::json!({"run_id": "r"}));
         assert!(!md.contains("Kept for debugging"), "{md}");
+    }
+
+    /// Each cell's time beside its estimate, and how the estimates held:
+    /// the run's wall clock and the succeeded cells' ratios.
+    #[test]
+    fn cells_show_their_time_against_the_estimate() {
+        let doc = serde_json::json!({"run_id": "r", "seconds": 600.0, "estimated_seconds": 480.0,
+            "cells": [
+                {"cell_id": "a", "state": "succeeded", "seconds": 100.0, "estimate_seconds": 80.0},
+                {"cell_id": "b", "state": "succeeded", "seconds": 50.0, "estimate_seconds": 100.0},
+                {"cell_id": "c", "state": "succeeded", "seconds": 90.0, "estimate_seconds": 100.0},
+                {"cell_id": "d", "state": "failed", "seconds": 1.0, "estimate_seconds": 100.0},
+                {"cell_id": "e", "state": "pending"}]});
+        let (md, _) = render(&doc);
+        assert!(
+            md.contains("| a |  | succeeded | 100 s | 80 s |  |"),
+            "{md}"
+        );
+        assert!(md.contains("| e |  | pending |  |  |  |"), "{md}");
+        assert!(
+            md.contains("the run took 10 min against an estimate of 8 min (1.25x)"),
+            "{md}"
+        );
+        assert!(
+            md.contains("took 0.90x their estimates (median; 0.50x to 1.25x), 2 of 3 within ±30 %"),
+            "{md}"
+        );
+        // A run stored before estimates were: no line.
+        let (md, _) = render(
+            &serde_json::json!({"run_id": "r", "cells": [{"cell_id": "a", "state": "succeeded", "seconds": 3.0}]}),
+        );
+        assert!(!md.contains("Estimates:"), "{md}");
     }
 
     #[test]
