@@ -71,29 +71,15 @@ fn reuse_estimates(cells: &mut [PlannedCell]) {
         if let Some(d) = c.params.dataset().filter(|_| c.dataset == Mode::Reuse) {
             let pgdata = d.pgdata_bytes() as f64;
             let key = serde_json::json!([d.loader, d.keys]).to_string();
+            let copy = Work::cpu(pgdata / RATE, 2.0);
             e.seconds = if seen.insert(key) {
-                let publish = Work {
-                    cpu_seconds: pgdata / RATE,
-                    threads: 2.0,
-                    read_bytes: pgdata,
-                    ..Work::default()
-                };
-                e.seconds + publish.seconds(&c.capacity)
+                e.seconds + copy.reading(pgdata).seconds(&c.capacity)
             } else {
-                let restore = Work {
-                    cpu_seconds: pgdata / RATE,
-                    threads: 2.0,
-                    write_bytes: pgdata,
-                    ..Work::default()
-                };
-                let rewarm = Work {
-                    cpu_seconds: d.bytes as f64 / REWARM,
-                    threads: 1.0,
-                    read_bytes: d.bytes as f64,
-                    ..Work::default()
-                };
-                e.load_seconds = restore.seconds(&c.capacity) + rewarm.seconds(&c.capacity);
-                (e.seconds - c.params.estimate(&c.capacity).load_seconds).max(0.0) + e.load_seconds
+                let rewarm = Work::cpu(d.bytes as f64 / REWARM, 1.0).reading(d.bytes as f64);
+                let (seconds, load) = (e.seconds, e.load_seconds);
+                e.load_seconds =
+                    copy.writing(pgdata).seconds(&c.capacity) + rewarm.seconds(&c.capacity);
+                (seconds - load).max(0.0) + e.load_seconds
             };
         }
         c.estimate = e;
@@ -109,6 +95,7 @@ pub fn plan(s: &Scenario) -> Vec<PlannedCell> {
         });
         let replicas = w.replicas();
         for class in classes {
+            let capacity = class.capacity();
             for super::Unit {
                 stem,
                 params,
@@ -142,9 +129,9 @@ pub fn plan(s: &Scenario) -> Vec<PlannedCell> {
                             .as_ref()
                             .and_then(|d| pgfleet_proto::dataset::Mode::parse(&d.value))
                             .unwrap_or_default(),
-                        estimate: params.estimate(&class.capacity()),
+                        estimate: params.estimate(&capacity),
                         point: point.clone(),
-                        capacity: class.capacity(),
+                        capacity,
                     });
                 }
             }

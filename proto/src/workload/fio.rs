@@ -245,11 +245,7 @@ impl KindParams for Params {
             // fio lays the file out once; each run starts fio (~1 s) and
             // ramps up before measuring.
             seconds: ESTIMATE_CLUSTER_SECONDS
-                + Work {
-                    write_bytes: self.size_bytes as f64,
-                    ..Work::default()
-                }
-                .seconds(c)
+                + Work::default().writing(self.size_bytes as f64).seconds(c)
                 + runs * (1.0 + self.ramp_s)
                 + measured,
             measured_seconds: measured,

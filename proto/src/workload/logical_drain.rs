@@ -168,22 +168,15 @@ impl KindParams for Params {
         let data = self.init.data_bytes() as f64;
         let backlog = self.backlog_bytes as f64;
         // Initial sync copies the table into the subscriber (heap, key, WAL).
-        let sync = Work {
-            cpu_seconds: data / ESTIMATE_BYTES_PER_SECOND,
-            threads: 1.0,
-            write_bytes: 2.0 * data,
-            ..Work::default()
-        }
-        .seconds(c);
+        let sync = Work::cpu(data / ESTIMATE_BYTES_PER_SECOND, 1.0)
+            .writing(2.0 * data)
+            .seconds(c);
         // The backlog is WAL of the clients' random UPDATEs, each commit
         // waiting for its flush.
-        let build = Work {
-            cpu_seconds: backlog / BACKLOG_BYTES_PER_CPU_SECOND,
-            threads: self.clients as f64,
-            write_ios: backlog / (BACKLOG_BYTES_PER_FLUSH_AND_CLIENT * self.clients as f64),
-            ..Work::default()
-        }
-        .seconds(c);
+        let clients = self.clients as f64;
+        let build = Work::cpu(backlog / BACKLOG_BYTES_PER_CPU_SECOND, clients)
+            .flushing(backlog / (BACKLOG_BYTES_PER_FLUSH_AND_CLIENT * clients))
+            .seconds(c);
         // The drain decodes and applies it (the apply worker commits
         // asynchronously).
         let drain = Work::cpu(backlog / DRAIN_BYTES_PER_CPU_SECOND, 1.0).seconds(c);

@@ -356,22 +356,12 @@ impl Work {
     /// Server-side bulk writing (COPY, INSERT, index builds) of `bytes`:
     /// one backend at `ESTIMATE_BYTES_PER_SECOND`, or the write cap.
     pub fn bulk_write(bytes: f64) -> Work {
-        Work {
-            cpu_seconds: bytes / ESTIMATE_BYTES_PER_SECOND,
-            threads: 1.0,
-            write_bytes: bytes,
-            ..Work::default()
-        }
+        Work::cpu(bytes / ESTIMATE_BYTES_PER_SECOND, 1.0).writing(bytes)
     }
     /// A sequential scan of `bytes` from the device (one backend, or the
     /// read cap).
     pub fn scan(bytes: f64) -> Work {
-        Work {
-            cpu_seconds: bytes / SCAN_BYTES_PER_CPU_SECOND,
-            threads: 1.0,
-            read_bytes: bytes,
-            ..Work::default()
-        }
+        Work::cpu(bytes / SCAN_BYTES_PER_CPU_SECOND, 1.0).reading(bytes)
     }
     /// CPU-bound work on `threads` cores.
     pub fn cpu(cpu_seconds: f64, threads: f64) -> Work {
@@ -379,6 +369,34 @@ impl Work {
             cpu_seconds,
             threads,
             ..Work::default()
+        }
+    }
+    /// The step also reads `bytes` sequentially.
+    pub fn reading(self, bytes: f64) -> Work {
+        Work {
+            read_bytes: bytes,
+            ..self
+        }
+    }
+    /// The step also writes `bytes`.
+    pub fn writing(self, bytes: f64) -> Work {
+        Work {
+            write_bytes: bytes,
+            ..self
+        }
+    }
+    /// The step also reads `ios` pages at random, each a wait.
+    pub fn random_reads(self, ios: f64) -> Work {
+        Work {
+            read_ios: ios,
+            ..self
+        }
+    }
+    /// The step also waits for `ios` synchronous writes (WAL flushes).
+    pub fn flushing(self, ios: f64) -> Work {
+        Work {
+            write_ios: ios,
+            ..self
         }
     }
     pub fn seconds(&self, c: &Capacity) -> f64 {

@@ -213,18 +213,13 @@ impl InitParams {
     /// workers sorting in memory).
     pub fn load_seconds(&self, c: &Capacity) -> f64 {
         let scale = self.scale as f64;
-        let generate = Work {
-            cpu_seconds: scale * LOAD_CPU_SECONDS_PER_SCALE,
-            threads: self.load_threads(c.cpus),
-            write_bytes: 2.0 * self.accounts_heap_bytes() as f64,
-            ..Work::default()
-        };
-        let keys = Work {
-            cpu_seconds: scale * KEYS_CPU_SECONDS_PER_SCALE,
-            threads: 2.0,
-            write_bytes: 2.0 * (self.scale * ACCOUNTS_INDEX_BYTES_PER_SCALE) as f64,
-            ..Work::default()
-        };
+        let generate = Work::cpu(
+            scale * LOAD_CPU_SECONDS_PER_SCALE,
+            self.load_threads(c.cpus),
+        )
+        .writing(2.0 * self.accounts_heap_bytes() as f64);
+        let keys = Work::cpu(scale * KEYS_CPU_SECONDS_PER_SCALE, 2.0)
+            .writing(2.0 * (self.scale * ACCOUNTS_INDEX_BYTES_PER_SCALE) as f64);
         // VACUUM ANALYZE samples up to 30,000 pages at random: from the
         // device when the heap does not fit the instance's memory (80 s of
         // a 112 s load at scale 64 in 128 MiB at 375 read IOPS).
@@ -234,10 +229,7 @@ impl InitParams {
         } else {
             0.0
         };
-        let analyze = Work {
-            read_ios: sampled,
-            ..Work::default()
-        };
+        let analyze = Work::default().random_reads(sampled);
         LOAD_FIXED_SECONDS + generate.seconds(c) + analyze.seconds(c) + keys.seconds(c)
     }
 

@@ -215,23 +215,14 @@ impl KindParams for Params {
         let load = self.init.estimate(c);
         let bloat = self.bloat_bytes as f64;
         // The UPDATE pass writes new versions, index entries and WAL.
-        let update = Work {
-            cpu_seconds: bloat / UPDATE_BYTES_PER_CPU_SECOND,
-            threads: 1.0,
-            write_bytes: 3.0 * bloat,
-            ..Work::default()
-        };
+        let update = Work::cpu(bloat / UPDATE_BYTES_PER_CPU_SECOND, 1.0).writing(3.0 * bloat);
         // VACUUM reads the grown heap (from the device when the cache is
         // cold) and dirties the pages it cleans.
         let heap = self.init.accounts_heap_bytes() as f64 + bloat;
-        let vacuum = Work {
-            cpu_seconds: heap / VACUUM_BYTES_PER_CPU_SECOND,
-            threads: 1.0,
-            read_bytes: if self.cache == Cache::Cold { heap } else { 0.0 },
-            write_bytes: bloat,
-            ..Work::default()
-        }
-        .seconds(c);
+        let vacuum = Work::cpu(heap / VACUUM_BYTES_PER_CPU_SECOND, 1.0)
+            .reading(if self.cache == Cache::Cold { heap } else { 0.0 })
+            .writing(bloat)
+            .seconds(c);
         Estimate {
             seconds: load.seconds + update.seconds(c) + vacuum,
             measured_seconds: vacuum,
