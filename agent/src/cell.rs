@@ -298,6 +298,15 @@ async fn run_inner(
                     .await?,
                 );
                 environment.dataset = serde_json::to_value(&prov).ok();
+                // Cells held for this dataset may start (a lost message
+                // only holds them until this cell ends).
+                if let Some(w) = &wanted {
+                    let ready = pgfleet_proto::dataset::READY_PHASE;
+                    let message = format!("dataset {} ready", w.fingerprint);
+                    let _ = events
+                        .send(progress(&assign.cell_id, ready, &message))
+                        .await;
+                }
             }
             if build_only {
                 return Ok(Output::default());

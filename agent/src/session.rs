@@ -239,6 +239,10 @@ async fn connect(
         metrics_address: cfg.metrics_address.clone(),
         instance_cpus: env.instance.limits().1,
         instance_memory_bytes: env.instance.limits().0,
+        dataset_store: match &env.remote {
+            Some(remote) => remote.url.clone(),
+            None => format!("{}:{}", host::hostname(), env.datasets.dir.display()),
+        },
     };
     out_tx
         .send(msg(Msg::Register(register)))

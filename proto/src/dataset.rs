@@ -39,6 +39,10 @@ pub const ESTIMATE_REWARM_BYTES_PER_SECOND: f64 = 1.4e9;
 
 /// The local store's layout and manifest version.
 pub const STORE_FORMAT: u32 = 1;
+/// The progress phase a cell reports once its dataset is in its cluster
+/// (built and published, or restored): the scheduler then starts the cells
+/// it held for that dataset.
+pub const READY_PHASE: &str = "dataset-ready";
 
 /// Whether a workload's cells reuse a published dataset (`reuse`, the
 /// default) or load their own every time (`fresh`); `build` is `pgfleet

@@ -33,6 +33,25 @@ pub struct PlannedCell {
     pub point: Vec<(String, String)>,
     /// What its class gives it, for its estimate.
     pub capacity: pgfleet_proto::workload::Capacity,
+    /// With `data: reuse`: the dataset it shares with the plan's other
+    /// cells, and whether it is the one that builds it.
+    pub share: Option<Share>,
+}
+
+/// A dataset shared by several cells of a plan. One cell builds it: the one
+/// whose class loads it fastest (the least capped), so a capped class does
+/// not make the others wait for its slow load; the scheduler holds the
+/// other cells of the dataset until it is ready when their agents share a
+/// dataset store (`Core::waits_for_dataset`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Share {
+    /// The dataset's loader and data-shaping keys (the fingerprint without
+    /// the PostgreSQL build, which the agents add).
+    pub key: String,
+    pub builds: bool,
+    /// For the builder: seconds from its start until the dataset is
+    /// published (load and publish), for the plan's wall clock.
+    pub ready_seconds: f64,
 }
 
 impl PlannedCell {
@@ -54,8 +73,8 @@ impl PlannedCell {
     }
 }
 
-/// Each cell's estimate with datasets reused: the first cell of a dataset
-/// (in plan order) loads it and publishes it (a copy into the store), the
+/// Each cell's estimate with datasets reused: the builder of a dataset
+/// (see `Share`) loads it and publishes it (a copy into the store), the
 /// others restore it instead of loading (a copy onto the class's storage,
 /// then the data read back through the server). One store for the fleet
 /// is assumed (local agents share one; on Kubernetes each agent's own
@@ -65,24 +84,49 @@ fn reuse_estimates(cells: &mut [PlannedCell]) {
         ESTIMATE_COPY_BYTES_PER_SECOND as RATE, ESTIMATE_REWARM_BYTES_PER_SECOND as REWARM, Mode,
     };
     use pgfleet_proto::workload::Work;
-    let mut seen = std::collections::BTreeSet::new();
-    for c in cells {
-        let mut e = c.params.estimate(&c.capacity);
-        if let Some(d) = c.params.dataset().filter(|_| c.dataset == Mode::Reuse) {
-            let pgdata = d.pgdata_bytes() as f64;
-            let key = serde_json::json!([d.loader, d.keys]).to_string();
-            let copy = Work::cpu(pgdata / RATE, 2.0);
-            e.seconds = if seen.insert(key) {
-                e.seconds + copy.reading(pgdata).seconds(&c.capacity)
-            } else {
-                let rewarm = Work::cpu(d.bytes as f64 / REWARM, 1.0).reading(d.bytes as f64);
-                let (seconds, load) = (e.seconds, e.load_seconds);
-                e.load_seconds =
-                    copy.writing(pgdata).seconds(&c.capacity) + rewarm.seconds(&c.capacity);
-                (seconds - load).max(0.0) + e.load_seconds
-            };
+    // The builder of each dataset: the cell that loads it fastest, the
+    // first in plan order among equals.
+    let mut builders: BTreeMap<String, (usize, f64)> = BTreeMap::new();
+    for (i, c) in cells.iter_mut().enumerate() {
+        c.estimate = c.params.estimate(&c.capacity);
+        let Some(d) = c.params.dataset().filter(|_| c.dataset == Mode::Reuse) else {
+            continue;
+        };
+        let key = serde_json::json!([d.loader, d.keys]).to_string();
+        let load = c.estimate.load_seconds;
+        builders
+            .entry(key.clone())
+            .and_modify(|b| {
+                if load < b.1 {
+                    *b = (i, load)
+                }
+            })
+            .or_insert((i, load));
+        c.share = Some(Share {
+            key,
+            builds: false,
+            ready_seconds: 0.0,
+        });
+    }
+    for (i, c) in cells.iter_mut().enumerate() {
+        let (Some(share), Some(d)) = (c.share.as_mut(), c.params.dataset()) else {
+            continue;
+        };
+        let e = &mut c.estimate;
+        let pgdata = d.pgdata_bytes() as f64;
+        let copy = Work::cpu(pgdata / RATE, 2.0);
+        if builders[&share.key].0 == i {
+            let publish = copy.reading(pgdata).seconds(&c.capacity);
+            share.builds = true;
+            share.ready_seconds = e.load_seconds + publish;
+            e.seconds += publish;
+        } else {
+            let rewarm = Work::cpu(d.bytes as f64 / REWARM, 1.0).reading(d.bytes as f64);
+            let (seconds, load) = (e.seconds, e.load_seconds);
+            e.load_seconds =
+                copy.writing(pgdata).seconds(&c.capacity) + rewarm.seconds(&c.capacity);
+            e.seconds = (seconds - load).max(0.0) + e.load_seconds;
         }
-        c.estimate = e;
     }
 }
 
@@ -132,6 +176,7 @@ pub fn plan(s: &Scenario) -> Vec<PlannedCell> {
                         estimate: params.estimate(&capacity),
                         point: point.clone(),
                         capacity,
+                        share: None,
                     });
                 }
             }
@@ -157,48 +202,76 @@ pub struct PlanEstimate {
 }
 
 pub fn estimate(s: &Scenario, cells: &[PlannedCell]) -> PlanEstimate {
-    estimate_with(s, cells, PlannedCell::estimate)
+    estimate_with(s, cells, true)
 }
 
 /// `estimate` with every cell loading its own data (no dataset reused).
 pub fn estimate_fresh(s: &Scenario, cells: &[PlannedCell]) -> PlanEstimate {
-    estimate_with(s, cells, PlannedCell::fresh_estimate)
+    estimate_with(s, cells, false)
 }
 
-fn estimate_with(
-    s: &Scenario,
-    cells: &[PlannedCell],
-    of: fn(&PlannedCell) -> Estimate,
-) -> PlanEstimate {
-    let mut wall: f64 = 0.0;
-    for f in &s.fleet.value {
-        // (seconds, agents of this class the cell holds at once)
-        let mut mine: Vec<(f64, usize)> = cells
-            .iter()
-            .filter(|c| c.instance_class == f.name.value)
-            .map(|c| {
-                let here = c
-                    .roles
-                    .iter()
-                    .filter(|(_, class)| *class == f.name.value)
-                    .count();
-                (of(c).seconds, here.max(1))
-            })
-            .collect();
-        mine.sort_by(|a, b| b.0.total_cmp(&a.0));
-        // Longest first onto the least loaded agents; a multi-role cell
-        // starts when all the agents it needs are free.
-        let mut agents = vec![0.0f64; f.count().max(1) as usize];
-        for (secs, k) in mine {
-            agents.sort_by(|a, b| a.total_cmp(b));
-            let k = k.min(agents.len());
-            let start = agents[k - 1];
-            for a in &mut agents[..k] {
-                *a = start + secs;
+/// With datasets `reused`, each dataset's builder goes first and the cells
+/// restoring it start no earlier than it is ready; else every cell loads.
+fn estimate_with(s: &Scenario, cells: &[PlannedCell], reused: bool) -> PlanEstimate {
+    let of = |c: &PlannedCell| {
+        if reused {
+            c.estimate()
+        } else {
+            c.fresh_estimate()
+        }
+    };
+    fn share(c: &PlannedCell, reused: bool) -> Option<&Share> {
+        c.share.as_ref().filter(|_| reused)
+    }
+    let mut free: BTreeMap<&str, Vec<f64>> = s
+        .fleet
+        .value
+        .iter()
+        .map(|f| {
+            (
+                f.name.value.as_str(),
+                vec![0.0f64; f.count().max(1) as usize],
+            )
+        })
+        .collect();
+    let mut ready: BTreeMap<&str, f64> = BTreeMap::new();
+    for builders in [true, false] {
+        for f in &s.fleet.value {
+            let class = f.name.value.as_str();
+            // (seconds, agents of this class the cell holds at once, cell)
+            let mut mine: Vec<(f64, usize, &PlannedCell)> = cells
+                .iter()
+                .filter(|c| c.instance_class == class)
+                .filter(|c| share(c, reused).is_some_and(|s| s.builds) == builders)
+                .map(|c| {
+                    let here = c.roles.iter().filter(|(_, k)| k == class).count();
+                    (of(c).seconds, here.max(1), c)
+                })
+                .collect();
+            mine.sort_by(|a, b| b.0.total_cmp(&a.0));
+            // Longest first onto the least loaded agents; a multi-role cell
+            // starts when all the agents it needs are free.
+            let Some(agents) = free.get_mut(class) else {
+                continue;
+            };
+            for (secs, k, c) in mine {
+                agents.sort_by(|a, b| a.total_cmp(b));
+                let k = k.min(agents.len());
+                let earliest = share(c, reused)
+                    .filter(|s| !s.builds)
+                    .and_then(|s| ready.get(s.key.as_str()).copied())
+                    .unwrap_or(0.0);
+                let start = agents[k - 1].max(earliest);
+                for a in &mut agents[..k] {
+                    *a = start + secs;
+                }
+                if let Some(s) = share(c, reused).filter(|s| s.builds) {
+                    ready.insert(s.key.as_str(), start + s.ready_seconds);
+                }
             }
         }
-        wall = wall.max(agents.into_iter().fold(0.0, f64::max));
     }
+    let mut wall = free.values().flatten().fold(0.0, |a: f64, b| a.max(*b));
     // Emulated instances wait for their host's CPUs (unless the scenario
     // oversubscribes): local agents share this host, so its cores bound how
     // many CPU-seconds of instances run at once.
@@ -487,5 +560,45 @@ workloads:
             plan(&s)[0].estimate().seconds
         };
         assert!(load(1) > 1.5 * load(4) - 2.0, "{} {}", load(1), load(4));
+    }
+
+    /// A dataset is built by the class that loads it fastest, wherever the
+    /// fleet lists it, and the plan's wall clock has the cells restoring it
+    /// start once it is published.
+    #[test]
+    fn a_dataset_is_built_on_the_class_that_loads_it_fastest() {
+        let text = AB.replace(
+            "  - {name: nvme, count: 2}\n  - {name: gp3, count: 2, storage: {profile: gp3}}\n",
+            "  - {name: gp3, count: 2, storage: {profile: gp3}}\n  - {name: nvme, count: 2}\n",
+        );
+        assert_ne!(text, AB);
+        let s = super::super::parse(std::path::Path::new("ab.yaml"), &text).unwrap();
+        let cells = plan(&s);
+        let shared: Vec<(&str, bool)> = cells
+            .iter()
+            .filter_map(|c| Some((c.cell_id.as_str(), c.share.as_ref()?.builds)))
+            .collect();
+        assert_eq!(
+            shared,
+            [
+                ("w0-gp3-select-only-r1", false),
+                ("w0-gp3-select-only-r2", false),
+                ("w0-nvme-select-only-r1", true),
+                ("w0-nvme-select-only-r2", false),
+            ]
+        );
+        let keys: std::collections::BTreeSet<&str> = cells
+            .iter()
+            .filter_map(|c| Some(c.share.as_ref()?.key.as_str()))
+            .collect();
+        assert_eq!(keys.len(), 1, "{keys:?}");
+        let n1 = cell(&cells, "w0-nvme-select-only-r1");
+        let ready = n1.share.as_ref().unwrap().ready_seconds;
+        assert!(ready > n1.estimate().load_seconds, "{ready} {n1:?}");
+        // gp3 restores; its cells start when nvme's build is published.
+        let g1 = cell(&cells, "w0-gp3-select-only-r1").estimate();
+        assert!(g1.load_seconds < g1.seconds);
+        let wall = estimate(&s, &cells).wall_seconds;
+        assert!(wall >= ready + g1.seconds, "{wall} {ready} {g1:?}");
     }
 }

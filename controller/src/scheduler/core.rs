@@ -5,7 +5,7 @@
 //! acknowledgements, what observers see) comes back as `Effect`s, which the
 //! task around it (`scheduler/mod.rs`) carries out in order.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value as Json, json};
@@ -164,6 +164,9 @@ pub struct Agent {
     pub address: String,
     /// Its storage profile (from its registration), for metrics' labels.
     pub profile: String,
+    /// The dataset store it publishes to and restores from (from its
+    /// registration; empty: its own, shared with no one).
+    pub dataset_store: String,
     /// Its host (from its registration): name, cores, memory, and the
     /// emulated instance each of its clusters gets (0 = not limited).
     pub host: Host,
@@ -231,6 +234,9 @@ pub struct Core {
     /// host would ask for more CPUs or memory than it has (the scenario's
     /// `oversubscribe: true`); by default such a cell waits.
     pub oversubscribe: bool,
+    /// Datasets (`Share::key`) some cell of this run has in its cluster,
+    /// built and published or restored: their held cells may start.
+    datasets_ready: BTreeSet<String>,
 }
 
 impl Core {
@@ -256,6 +262,7 @@ impl Core {
                         why_lost: String::new(),
                         address: String::new(),
                         profile: String::new(),
+                        dataset_store: String::new(),
                         host: Host::default(),
                     };
                     (id.clone(), agent)
@@ -280,6 +287,7 @@ impl Core {
             now,
             out: Vec::new(),
             oversubscribe: false,
+            datasets_ready: BTreeSet::new(),
         }
     }
 
@@ -480,6 +488,7 @@ impl Core {
             instance_cpus: info.instance_cpus,
             instance_memory_bytes: info.instance_memory_bytes,
         };
+        slot.dataset_store = info.dataset_store.clone();
         slot.profile = info
             .storage
             .as_ref()
@@ -552,14 +561,23 @@ impl Core {
         a.last_seen = a.last_seen.max(received);
         match msg {
             Msg::Heartbeat(_) | Msg::Register(_) => {}
-            Msg::Progress(p) => self.observe(Observed::Progress {
-                agent_id,
-                cell_id: p.cell_id,
-                phase: p.phase,
-                message: p.message,
-                done: p.done,
-                total: p.total,
-            }),
+            Msg::Progress(p) => {
+                if p.phase == pgfleet_proto::dataset::READY_PHASE
+                    && let Some(share) = self
+                        .cell_index(&p.cell_id)
+                        .and_then(|i| self.cells[i].planned.share.as_ref())
+                {
+                    self.datasets_ready.insert(share.key.clone());
+                }
+                self.observe(Observed::Progress {
+                    agent_id,
+                    cell_id: p.cell_id,
+                    phase: p.phase,
+                    message: p.message,
+                    done: p.done,
+                    total: p.total,
+                })
+            }
             Msg::Sample(s) => {
                 let fresh = s.seq == 0 || {
                     let last = self
@@ -873,7 +891,7 @@ impl Core {
             return;
         }
         for idx in 0..self.cells.len() {
-            if self.cells[idx].state != CellState::Pending {
+            if self.cells[idx].state != CellState::Pending || self.waits_for_dataset(idx) {
                 continue;
             }
             let roles = self.cells[idx].planned.roles.clone();
@@ -932,6 +950,45 @@ impl Core {
                 };
                 self.finish_without_result(idx, CellState::Failed, &msg);
             }
+        }
+    }
+
+    /// Whether cell `idx` is held until its dataset is ready: another cell
+    /// builds it (the plan's builder, on the class that loads it fastest),
+    /// has not ended nor reported it ready, and both cells' agents share one
+    /// dataset store, so this cell will restore what the builder publishes
+    /// instead of loading it again, slower, at the same time. Agents not
+    /// registered yet are taken to share (a builder that never gets an
+    /// agent fails, which releases the cell).
+    fn waits_for_dataset(&self, idx: usize) -> bool {
+        let Some(share) = self.cells[idx].planned.share.as_ref() else {
+            return false;
+        };
+        if share.builds || self.datasets_ready.contains(&share.key) {
+            return false;
+        }
+        let builder = self.cells.iter().find(|c| {
+            c.planned
+                .share
+                .as_ref()
+                .is_some_and(|s| s.builds && s.key == share.key)
+        });
+        let Some(builder) = builder.filter(|b| !b.state.is_terminal()) else {
+            return false;
+        };
+        let classes = [
+            builder.planned.instance_class.as_str(),
+            self.cells[idx].planned.instance_class.as_str(),
+        ];
+        let mut stores = self
+            .agents
+            .values()
+            .filter(|a| classes.contains(&a.class.as_str()) && a.state != AgentState::Lost)
+            .filter(|a| a.state != AgentState::Expected)
+            .map(|a| a.dataset_store.as_str());
+        match stores.next() {
+            None => true,
+            Some(first) => !first.is_empty() && stores.all(|s| s == first),
         }
     }
 
@@ -1277,6 +1334,78 @@ mod tests {
                 t0,
             );
             assert_eq!(starts(&e).len(), 1, "the freed host takes the next cell");
+        }
+    }
+
+    /// A pgbench cell on gp3 (listed first) and one on nvme, of one dataset:
+    /// nvme loads it faster, so it builds; gp3's cell waits for it when
+    /// their agents share a dataset store, and not otherwise.
+    #[test]
+    fn a_shared_dataset_is_built_on_its_fastest_class_while_the_others_wait() {
+        let cells = plan(
+            "name: t\nfleet:\n  - {name: gp3, storage: {profile: gp3}}\n  - {name: nvme}\nworkloads:\n  - {kind: pgbench, scale: 1, duration_s: 1}\n",
+        );
+        let t0 = Instant::now();
+        let new = |stores: [&str; 2]| {
+            let expected = [
+                ("g".to_string(), "gp3".to_string()),
+                ("n".into(), "nvme".into()),
+            ];
+            let mut c = Core::new(timing(), cells.clone(), &expected, t0);
+            let mut started = Vec::new();
+            for ((agent, class), store) in expected.iter().zip(stores) {
+                let info = Register {
+                    agent_id: agent.clone(),
+                    instance_class: class.clone(),
+                    dataset_store: store.into(),
+                    ..Default::default()
+                };
+                for (idx, agents) in starts(&c.apply(Input::Registered { info, conn: 1 }, t0)) {
+                    started.push((id(&c, idx), agents[0].clone()));
+                }
+            }
+            (c, started)
+        };
+        let ready = |cell: &str| {
+            Msg::Progress(pgfleet_proto::v1::CellProgress {
+                cell_id: cell.into(),
+                phase: pgfleet_proto::dataset::READY_PHASE.into(),
+                ..Default::default()
+            })
+        };
+        let (gp3, nvme) = ("w0-gp3-tpcb-like", "w0-nvme-tpcb-like");
+
+        // One store: gp3's agent, registered first, gets nothing until
+        // nvme's cell says the dataset is in its cluster.
+        let (mut c, started) = new(["h:/d", "h:/d"]);
+        assert_eq!(started, [(nvme.to_string(), "n".to_string())]);
+        let e = message(&mut c, "n", 1, Msg::Heartbeat(Heartbeat { seq: 1 }), t0);
+        assert!(starts(&e).is_empty());
+        let e = message(&mut c, "n", 1, ready(nvme), t0);
+        assert_eq!(
+            starts(&e),
+            vec![(c.cell_index(gp3).unwrap(), vec!["g".to_string()])]
+        );
+
+        // A builder that fails before that releases them too.
+        let (mut c, _) = new(["h:/d", "h:/d"]);
+        let e = message(
+            &mut c,
+            "n",
+            1,
+            result(nvme, "", CellStatus::Failed, "boom"),
+            t0,
+        );
+        assert_eq!(
+            starts(&e),
+            vec![(c.cell_index(gp3).unwrap(), vec!["g".to_string()])]
+        );
+
+        // Stores of their own (pods without a remote store, an agent that
+        // does not say): each builds its own, nothing waits.
+        for stores in [["h1:/d", "h2:/d"], ["", ""]] {
+            let (_, started) = new(stores);
+            assert_eq!(started.len(), 2, "{stores:?}: {started:?}");
         }
     }
 
