@@ -355,3 +355,37 @@ async fn read_writes_table_is_a_dataset_too() {
     assert_eq!(m_a["shared_read"], m_b["shared_read"]);
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// A dataset restored into a class with capped storage is written at the
+/// class's speed: the caps bind the cluster's device before the copy, as a
+/// real volume's would (before, the copy ran at the host disk's speed and
+/// only the server was capped). Block-I/O throttling needs root.
+#[tokio::test]
+async fn a_restore_into_a_capped_class_is_written_at_its_cap() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: block-I/O throttling needs root");
+        return;
+    }
+    let root = scratch("ds-capped");
+    let store = root.join("store");
+    let built = run_cell(&env(&root, &store), "a", VACUUM, "reuse").await;
+    let (prov_a, _) = succeeded(&built);
+    let bytes = prov_a["bytes"].as_u64().unwrap();
+    const MIB_S: u64 = 20;
+    let mut capped = env(&root, &store);
+    capped.caps = pgfleet_proto::environment::Caps {
+        write_mbps: MIB_S,
+        ..Default::default()
+    };
+    capped.emulated = true;
+    let restored = run_cell(&capped, "b", VACUUM, "reuse").await;
+    let (prov_b, _) = succeeded(&restored);
+    assert_eq!(prov_b["how"], "restored", "{prov_b}");
+    let seconds = prov_b["restore_seconds"].as_f64().unwrap();
+    let floor = 0.8 * bytes as f64 / (MIB_S << 20) as f64;
+    eprintln!("restored {bytes} bytes in {seconds:.1} s (the cap allows no less than {floor:.1} s)");
+    assert!(
+        seconds >= floor,
+        "{bytes} bytes restored in {seconds:.1} s: faster than {MIB_S} MiB/s"
+    );
+}

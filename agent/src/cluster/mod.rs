@@ -242,6 +242,12 @@ impl Cluster {
     }
     /// The cluster's own device (`major:minor`) when its storage caps hold
     /// device-wide, for every writer (cgroup v1 with its own volume).
+    /// The emulated instance's memory its processes are held to, page
+    /// cache included (0: the host's).
+    pub fn memory_bytes(&self) -> u64 {
+        self.spec.memory_bytes
+    }
+
     pub fn capped_device(&self) -> Option<&str> {
         self.capped_device.as_deref()
     }
@@ -349,7 +355,16 @@ impl Cluster {
             match volume::Volume::create(&cluster.dir, size, owner) {
                 Ok(v) => {
                     cluster.data = v.dir().join("data");
+                    // The caps on the cluster's own device from the first
+                    // byte: a dataset restored into it is written at the
+                    // class's speed, as onto the real device.
+                    let dev = v.dev_number();
                     cluster.volume = Some(v);
+                    if spec.caps.is_capped() && throttle::v1() {
+                        let dev = dev?;
+                        throttle::cap_device(&dev, spec.caps)?;
+                        cluster.capped_device = Some(dev);
+                    }
                 }
                 Err(e) => tracing::warn!(
                     "no volume of its own for cluster {} ({e}); its device bytes come from its cgroup",
@@ -370,16 +385,10 @@ impl Cluster {
             cpus: spec.cpus,
             account_io: spec.account_io,
         };
-        if let Some(v) = &self.volume
-            && limits.caps.is_capped()
-            && throttle::v1()
-        {
-            // The caps on the cluster's own device, for every writer; its
-            // processes stay in the root blkio cgroup (v1 limits are not
-            // hierarchical) and its bytes come from the device.
-            let dev = v.dev_number()?;
-            throttle::cap_device(&dev, limits.caps)?;
-            self.capped_device = Some(dev);
+        if self.capped_device.is_some() {
+            // Capped since `prepare`, for every writer: its processes stay
+            // in the root blkio cgroup (v1 limits are not hierarchical) and
+            // its bytes come from the device.
             limits.caps = Caps::default();
             limits.account_io = false;
         }
