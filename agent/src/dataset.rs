@@ -672,14 +672,16 @@ fn copy_file(
     })
 }
 
-/// Reads every relation of the `public` schema back into the page cache
+/// Reads the relations of the `public` schema back into the page cache
 /// through the server (`pg_prewarm(..., 'read')`, tables before indexes, as
 /// a load writes them), so a built or restored cell starts as a cell that
 /// loaded its own data does: its backends read, so the pages are charged
-/// to the instance's memory cgroup and what the instance cannot hold is
-/// dropped as it would be. Runs before any scenario SQL. Returns the bytes
-/// read, or None where pg_prewarm is not installed (the cell then starts
-/// with its data evicted, and says so).
+/// to the instance's memory cgroup. In an instance of bounded memory only
+/// the last of them in that order that fit it are read: what a load leaves
+/// cached, without reading the rest through a capped device only to drop
+/// it. Runs before any scenario SQL. Returns the bytes read, or None where
+/// pg_prewarm is not installed (the cell then starts with its data
+/// evicted, and says so).
 pub async fn rewarm(cluster: &Cluster) -> Result<Option<u64>> {
     let client = cluster.connect().await?;
     let created = client
@@ -692,23 +694,59 @@ pub async fn rewarm(cluster: &Cluster) -> Result<Option<u64>> {
     if created.is_err() {
         return Ok(None);
     }
-    let blocks: i64 = client
-        .query_one(
-            "SELECT coalesce(sum(pgfleet_agent.pg_prewarm(c.oid::regclass, 'read')), 0)::int8
-             FROM (SELECT c.oid, c.relkind FROM pg_catalog.pg_class c
-                   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-                   WHERE n.nspname IN ('public', 'pg_toast') AND c.relkind IN ('r', 'm', 't', 'i')
-                     AND c.relpersistence = 'p'
-                     AND (n.nspname = 'public' OR c.oid IN (
-                       SELECT reltoastrelid FROM pg_catalog.pg_class t
-                       JOIN pg_catalog.pg_namespace tn ON tn.oid = t.relnamespace
-                       WHERE tn.nspname = 'public'))
-                   ORDER BY c.relkind = 'i', c.oid) c",
+    let relations: Vec<(u32, i64)> = client
+        .query(
+            "SELECT c.oid, pg_catalog.pg_relation_size(c.oid) / 8192
+             FROM pg_catalog.pg_class c
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname IN ('public', 'pg_toast') AND c.relkind IN ('r', 'm', 't', 'i')
+               AND c.relpersistence = 'p'
+               AND (n.nspname = 'public' OR c.oid IN (
+                 SELECT reltoastrelid FROM pg_catalog.pg_class t
+                 JOIN pg_catalog.pg_namespace tn ON tn.oid = t.relnamespace
+                 WHERE tn.nspname = 'public'))
+             ORDER BY c.relkind = 'i', c.oid",
             &[],
         )
         .await?
-        .get(0);
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let mut blocks = 0i64;
+    for (oid, first) in tail_blocks(&relations, cluster.memory_bytes() / 8192) {
+        blocks += client
+            .query_one(
+                "SELECT pgfleet_agent.pg_prewarm($1::oid::regclass, 'read', 'main', $2, NULL)",
+                &[&oid, &first],
+            )
+            .await?
+            .get::<_, i64>(0);
+    }
     Ok(Some(blocks as u64 * 8192))
+}
+
+/// Of `relations` (oid, blocks) in load order, what to read so that the
+/// last `budget` blocks are read (0: all): each relation and the block it
+/// starts from (None: its first).
+fn tail_blocks(relations: &[(u32, i64)], budget: u64) -> Vec<(u32, Option<i64>)> {
+    if budget == 0 {
+        return relations.iter().map(|(oid, _)| (*oid, None)).collect();
+    }
+    let mut left = budget as i64;
+    let mut read = Vec::new();
+    for &(oid, blocks) in relations.iter().rev() {
+        if left <= 0 {
+            break;
+        }
+        if blocks <= left {
+            read.push((oid, None));
+        } else {
+            read.push((oid, Some(blocks - left)));
+        }
+        left -= blocks;
+    }
+    read.reverse();
+    read
 }
 
 /// Removes builds that no builder holds any more (an agent killed while
@@ -733,4 +771,23 @@ pub fn remove_abandoned(store: &LocalStore) -> usize {
         }
     }
     n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tail_blocks;
+
+    #[test]
+    fn rewarm_reads_the_tail_that_fits_the_instance() {
+        // A table of 100 blocks, then its two indexes of 30 and 20.
+        let rels = [(1, 100), (2, 30), (3, 20)];
+        assert_eq!(tail_blocks(&rels, 0), [(1, None), (2, None), (3, None)]);
+        assert_eq!(tail_blocks(&rels, 1_000), [(1, None), (2, None), (3, None)]);
+        assert_eq!(tail_blocks(&rels, 50), [(2, None), (3, None)]);
+        assert_eq!(
+            tail_blocks(&rels, 60),
+            [(1, Some(90)), (2, None), (3, None)]
+        );
+        assert_eq!(tail_blocks(&rels, 10), [(3, Some(10))]);
+    }
 }

@@ -121,7 +121,12 @@ fn reuse_estimates(cells: &mut [PlannedCell]) {
             share.ready_seconds = e.load_seconds + publish;
             e.seconds += publish;
         } else {
-            let rewarm = Work::cpu(d.bytes as f64 / REWARM, 1.0).reading(d.bytes as f64);
+            // The read back stops at what the instance's memory holds.
+            let warm = match c.capacity.memory_bytes {
+                0 => d.bytes,
+                m => d.bytes.min(m),
+            } as f64;
+            let rewarm = Work::cpu(warm / REWARM, 1.0).reading(warm);
             let (seconds, load) = (e.seconds, e.load_seconds);
             e.load_seconds =
                 copy.writing(pgdata).seconds(&c.capacity) + rewarm.seconds(&c.capacity);
