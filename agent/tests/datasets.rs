@@ -383,7 +383,9 @@ async fn a_restore_into_a_capped_class_is_written_at_its_cap() {
     assert_eq!(prov_b["how"], "restored", "{prov_b}");
     let seconds = prov_b["restore_seconds"].as_f64().unwrap();
     let floor = 0.8 * bytes as f64 / (MIB_S << 20) as f64;
-    eprintln!("restored {bytes} bytes in {seconds:.1} s (the cap allows no less than {floor:.1} s)");
+    eprintln!(
+        "restored {bytes} bytes in {seconds:.1} s (the cap allows no less than {floor:.1} s)"
+    );
     assert!(
         seconds >= floor,
         "{bytes} bytes restored in {seconds:.1} s: faster than {MIB_S} MiB/s"
