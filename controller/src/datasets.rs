@@ -94,7 +94,7 @@ pub fn builds(cells: Vec<PlannedCell>) -> Vec<PlannedCell> {
         .filter(|c| {
             c.params
                 .dataset()
-                .is_some_and(|d| seen.insert(serde_json::json!([d.loader, d.keys]).to_string()))
+                .is_some_and(|d| seen.insert(d.plan_key()))
         })
         .map(|mut c| {
             c.dataset = Mode::Build;

@@ -97,6 +97,12 @@ impl Dataset {
     pub fn pgdata_bytes(&self) -> u64 {
         crate::workload::pgdata_bytes(self.bytes)
     }
+    /// What makes two cells of one plan need the same bytes: the loader
+    /// and its data-shaping keys (the fingerprint without the PostgreSQL
+    /// build, which only an agent knows).
+    pub fn plan_key(&self) -> String {
+        serde_json::json!([self.loader, self.keys]).to_string()
+    }
 }
 
 /// The PostgreSQL build's facts that change the on-disk format: the major

@@ -92,7 +92,7 @@ fn reuse_estimates(cells: &mut [PlannedCell]) {
         let Some(d) = c.params.dataset().filter(|_| c.dataset == Mode::Reuse) else {
             continue;
         };
-        let key = serde_json::json!([d.loader, d.keys]).to_string();
+        let key = d.plan_key();
         let load = c.estimate.load_seconds;
         builders
             .entry(key.clone())
