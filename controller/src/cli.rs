@@ -88,6 +88,10 @@ pub enum Command {
         kubernetes: bool,
         #[command(flatten)]
         kube: KubeArgs,
+        /// Datasets already published in this store (`pgfleet run`'s) are
+        /// estimated as restores, not builds.
+        #[command(flatten)]
+        datasets: DatasetDir,
     },
     /// Compare two runs point by point: the candidate's median over clusters
     /// divided by the baseline's, per instance class and metric, with a

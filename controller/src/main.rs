@@ -308,9 +308,11 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
             scenario: path,
             kubernetes,
             kube,
+            datasets,
         } => {
             let sc = scenario::load(&path)?;
-            let cells = scenario::plan(&sc);
+            let published = scenario::plan::published_in(&datasets.resolve());
+            let cells = scenario::plan::plan_with(&sc, &published);
             if kubernetes {
                 #[cfg(feature = "server")]
                 {

@@ -74,7 +74,9 @@ pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunS
     let sc = scenario::parse(&opts.scenario, &yaml)?;
     check_local_tools(&opts.scenario, &sc)?;
     let labels = crate::labels::Labels::parse(&opts.labels).map_err(crate::Error::Usage)?;
-    let mut cells = scenario::plan(&sc);
+    // Datasets already in the local agents' store are restored, not built.
+    let published = scenario::plan::published_in(&opts.local.dataset_dir);
+    let mut cells = scenario::plan::plan_with(&sc, &published);
     if opts.datasets_only {
         cells = crate::datasets::builds(cells);
         if cells.is_empty() {

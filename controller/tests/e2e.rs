@@ -1243,16 +1243,31 @@ workloads:
     data: fresh
 ",
     );
-    let validate = std::process::Command::new(common::pgfleet())
-        .arg("validate")
-        .arg(&sc)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&validate.stdout);
+    let validate = || {
+        let out = std::process::Command::new(common::pgfleet())
+            .arg("validate")
+            .arg(&sc)
+            .arg("--data-dir")
+            .arg(s.data())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let text = validate();
     assert!(
-        text.contains("with 1 dataset(s) built once and restored (data: reuse; pgbench-s3)"),
+        text.contains("with data: reuse, 1 dataset(s) built once and restored (pgbench-s3)"),
         "{text}"
     );
+    let estimate = |r: &serde_json::Value, cell: &str| {
+        r["cells"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["cell_id"] == cell)
+            .unwrap()["estimate_seconds"]
+            .as_f64()
+            .unwrap()
+    };
 
     let how = |r: &serde_json::Value| -> Vec<(String, String)> {
         r["cells"]
@@ -1288,7 +1303,14 @@ workloads:
         "{md}"
     );
 
-    // The next run restores what the first published.
+    // The next run restores what the first published, and its plan
+    // knows it: the first cell is estimated as a restore, not a build.
+    let text = validate();
+    assert!(
+        text.contains("with data: reuse, 1 dataset(s) already in the store, restored (pgbench-s3)"),
+        "{text}"
+    );
+    let built = estimate(&s.report(), "w0-local-tpcb-like-r1");
     std::fs::remove_dir_all(s.out()).unwrap();
     let out = s.run_cmd(&sc, &[]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
@@ -1296,6 +1318,9 @@ workloads:
     assert_eq!(second[0].1, "restored");
     assert_eq!(second[1].1, "restored");
     assert_eq!(second[2].1, "loaded");
+    let restored = estimate(&s.report(), "w0-local-tpcb-like-r1");
+    assert!(restored < built, "{restored} s vs {built} s");
+    assert_eq!(restored, estimate(&s.report(), "w0-local-tpcb-like-r2"));
     s.assert_clean(&[]);
 
     let datasets = |args: &[&str]| {

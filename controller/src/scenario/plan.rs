@@ -49,6 +49,9 @@ pub struct Share {
     /// the PostgreSQL build, which the agents add).
     pub key: String,
     pub builds: bool,
+    /// Already in the store the run's agents restore from: every cell
+    /// restores it, none builds it.
+    pub published: bool,
     /// For the builder: seconds from its start until the dataset is
     /// published (load and publish), for the plan's wall clock.
     pub ready_seconds: f64,
@@ -73,13 +76,39 @@ impl PlannedCell {
     }
 }
 
+/// The datasets already in the store a run's agents restore from, by plan
+/// key (`Dataset::plan_key`): the loader's version and the bytes of the
+/// published PGDATA. The PostgreSQL build is not compared (only an agent
+/// knows its own): a dataset published by another major version is taken
+/// as published, and that cell's estimate as a restore.
+pub type Published = BTreeMap<String, (u32, u64)>;
+
+/// `Published` of a store's manifests.
+pub fn published(manifests: &[pgfleet_proto::dataset::Manifest]) -> Published {
+    manifests
+        .iter()
+        .map(|m| (m.dataset.plan_key(), (m.dataset.loader_version, m.bytes)))
+        .collect()
+}
+
+/// What the local store at `dir` holds (nothing when it cannot be read:
+/// the plan then estimates builds, which is all this is for).
+pub fn published_in(dir: &std::path::Path) -> Published {
+    published(
+        &pgfleet_proto::dataset::LocalStore::new(dir)
+            .list()
+            .unwrap_or_default(),
+    )
+}
+
 /// Each cell's estimate with datasets reused: the builder of a dataset
 /// (see `Share`) loads it and publishes it (a copy into the store), the
 /// others restore it instead of loading (a copy onto the class's storage,
-/// then the data read back through the server). One store for the fleet
-/// is assumed (local agents share one; on Kubernetes each agent's own
-/// store builds its first).
-fn reuse_estimates(cells: &mut [PlannedCell]) {
+/// then the data read back through the server); a dataset already
+/// `published` has no builder: every cell restores it. One store for the
+/// fleet is assumed (local agents share one; on Kubernetes each agent's
+/// own store builds its first).
+fn reuse_estimates(cells: &mut [PlannedCell], published: &Published) {
     use pgfleet_proto::dataset::{
         ESTIMATE_COPY_BYTES_PER_SECOND as RATE, ESTIMATE_REWARM_BYTES_PER_SECOND as REWARM, Mode,
     };
@@ -94,6 +123,18 @@ fn reuse_estimates(cells: &mut [PlannedCell]) {
         };
         let key = d.plan_key();
         let load = c.estimate.load_seconds;
+        let in_store = published
+            .get(&key)
+            .is_some_and(|(v, _)| *v == d.loader_version);
+        c.share = Some(Share {
+            key: key.clone(),
+            builds: false,
+            published: in_store,
+            ready_seconds: 0.0,
+        });
+        if in_store {
+            continue;
+        }
         builders
             .entry(key.clone())
             .and_modify(|b| {
@@ -102,20 +143,18 @@ fn reuse_estimates(cells: &mut [PlannedCell]) {
                 }
             })
             .or_insert((i, load));
-        c.share = Some(Share {
-            key,
-            builds: false,
-            ready_seconds: 0.0,
-        });
     }
     for (i, c) in cells.iter_mut().enumerate() {
         let (Some(share), Some(d)) = (c.share.as_mut(), c.params.dataset()) else {
             continue;
         };
         let e = &mut c.estimate;
-        let pgdata = d.pgdata_bytes() as f64;
+        let pgdata = match published.get(&share.key) {
+            Some((_, bytes)) if share.published => *bytes,
+            _ => d.pgdata_bytes(),
+        } as f64;
         let copy = Work::cpu(pgdata / RATE, 2.0);
-        if builders[&share.key].0 == i {
+        if builders.get(&share.key).is_some_and(|b| b.0 == i) {
             let publish = copy.reading(pgdata).seconds(&c.capacity);
             share.builds = true;
             share.ready_seconds = e.load_seconds + publish;
@@ -135,7 +174,14 @@ fn reuse_estimates(cells: &mut [PlannedCell]) {
     }
 }
 
+/// The cells of a scenario, estimated as if no dataset were published yet.
 pub fn plan(s: &Scenario) -> Vec<PlannedCell> {
+    plan_with(s, &Published::new())
+}
+
+/// The cells of a scenario, with the datasets already `published` in the
+/// store its agents restore from estimated as restores.
+pub fn plan_with(s: &Scenario, published: &Published) -> Vec<PlannedCell> {
     let mut cells = Vec::new();
     for (wi, (w, units)) in s.workloads.value.iter().zip(&s.units).enumerate() {
         let classes = s.fleet.value.iter().filter(|f| {
@@ -187,7 +233,7 @@ pub fn plan(s: &Scenario) -> Vec<PlannedCell> {
             }
         }
     }
-    reuse_estimates(&mut cells);
+    reuse_estimates(&mut cells, published);
     cells
 }
 
@@ -308,6 +354,7 @@ fn estimate_with(s: &Scenario, cells: &[PlannedCell], reused: bool) -> PlanEstim
 
 /// `pgfleet validate`'s listing: each cell with its estimate, then totals.
 pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> String {
+    use pgfleet_proto::dataset::Mode;
     use pgfleet_proto::workload::{approx_bytes, approx_seconds};
     let agents: u32 = s.fleet.value.iter().map(|f| f.count()).sum();
     let w =
@@ -389,16 +436,42 @@ pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> 
     }
     let fresh = estimate_fresh(s, cells);
     if fresh != t {
-        let datasets: std::collections::BTreeSet<String> = cells
-            .iter()
-            .filter(|c| c.dataset == pgfleet_proto::dataset::Mode::Reuse)
-            .filter_map(|c| c.params.dataset())
-            .map(|d| d.label)
-            .collect();
+        let (mut built, mut ready) = (BTreeMap::new(), BTreeMap::new());
+        for c in cells.iter().filter(|c| c.dataset == Mode::Reuse) {
+            if let (Some(d), Some(share)) = (c.params.dataset(), &c.share) {
+                let to = if share.published {
+                    &mut ready
+                } else {
+                    &mut built
+                };
+                to.insert(share.key.clone(), d.label);
+            }
+        }
+        let names = |m: &BTreeMap<String, String>| {
+            let v: std::collections::BTreeSet<&str> = m.values().map(String::as_str).collect();
+            v.into_iter().collect::<Vec<_>>().join(", ")
+        };
+        let datasets = match (built.is_empty(), ready.is_empty()) {
+            (false, true) => format!(
+                "{} dataset(s) built once and restored ({})",
+                built.len(),
+                names(&built)
+            ),
+            (true, false) => format!(
+                "{} dataset(s) already in the store, restored ({})",
+                ready.len(),
+                names(&ready)
+            ),
+            _ => format!(
+                "{} dataset(s) built once and restored ({}), {} already in the store ({})",
+                built.len(),
+                names(&built),
+                ready.len(),
+                names(&ready)
+            ),
+        };
         out += &format!(
-            "  with {} dataset(s) built once and restored (data: reuse; {}): as above; every cell loading its own: {} of cells, about {} on this fleet\n",
-            datasets.len(),
-            datasets.into_iter().collect::<Vec<_>>().join(", "),
+            "  with data: reuse, {datasets}: as above; every cell loading its own: {} of cells, about {} on this fleet\n",
             approx_seconds(fresh.cell_seconds),
             approx_seconds(fresh.wall_seconds)
         );
@@ -605,5 +678,46 @@ workloads:
         assert!(g1.load_seconds < g1.seconds);
         let wall = estimate(&s, &cells).wall_seconds;
         assert!(wall >= ready + g1.seconds, "{wall} {ready} {g1:?}");
+    }
+
+    /// A dataset the store already holds has no builder: every cell
+    /// restores it (at the published size) and none waits; another loader
+    /// version of it is not that dataset.
+    #[test]
+    fn a_published_dataset_is_restored_by_every_cell() {
+        let s = super::super::parse(std::path::Path::new("ab.yaml"), AB).unwrap();
+        let built = plan(&s);
+        let d = built[0].params.dataset().unwrap();
+        let key = d.plan_key();
+        let bytes = d.pgdata_bytes();
+        let published = Published::from([(key.clone(), (d.loader_version, bytes))]);
+        let cells = plan_with(&s, &published);
+        let shared: Vec<&Share> = cells.iter().filter_map(|c| c.share.as_ref()).collect();
+        assert_eq!(shared.len(), 4);
+        assert!(
+            shared.iter().all(|s| s.published && !s.builds),
+            "{shared:?}"
+        );
+        // nvme-r1 restores what it would have built: less time, no publish.
+        let (b, r) = (
+            cell(&built, "w0-nvme-select-only-r1").estimate(),
+            cell(&cells, "w0-nvme-select-only-r1").estimate(),
+        );
+        assert!(r.seconds < b.seconds, "{r:?} {b:?}");
+        // No build, no publish: less of cells, and no later.
+        let (wb, wr) = (estimate(&s, &built), estimate(&s, &cells));
+        assert!(wr.cell_seconds < wb.cell_seconds, "{wr:?} {wb:?}");
+        assert!(wr.wall_seconds <= wb.wall_seconds, "{wr:?} {wb:?}");
+        // The published size is what is copied.
+        let bigger = Published::from([(key.clone(), (d.loader_version, bytes * 4))]);
+        let g = |p: &Published| cell(&plan_with(&s, p), "w0-gp3-select-only-r1").estimate();
+        assert!(g(&bigger).load_seconds > g(&published).load_seconds);
+        let other = Published::from([(key, (d.loader_version + 1, bytes))]);
+        assert_eq!(plan_with(&s, &other), built);
+        let text = describe(&s, &cells, std::path::Path::new("ab.yaml"));
+        assert!(
+            text.contains("1 dataset(s) already in the store, restored (pgbench-s"),
+            "{text}"
+        );
     }
 }
