@@ -49,6 +49,8 @@ pub struct AgentEnv {
     /// first cell's cgroups (`storage.delivered` in every cell's
     /// environment); probed once per agent.
     pub delivered: tokio::sync::OnceCell<environment::Delivered>,
+    /// The cluster a `reuse_cluster` cell left for the next one.
+    pub kept: std::sync::Arc<crate::keep::Slot>,
 }
 
 /// The instance class's machine: a label, and the memory and CPUs its
@@ -232,11 +234,71 @@ async fn run_inner(
         cache: "as loaded",
         ..Default::default()
     });
-    let (cluster, source) = tokio::select! {
-        r = provision_with_dataset(env, assign, &spec, wanted.as_ref(), prov.as_mut(), events, cancel)
-            .instrument(phase("provision")) => r?,
-        _ = cancel.cancelled() => return Err(Error::Cancelled("cancelled while provisioning".into())),
+    // `reuse_cluster`: the cluster the previous cell of this run, dataset
+    // and cluster spec left on this agent, reset; else provisioned.
+    let reuse_key = wanted
+        .as_ref()
+        .filter(|_| assign.reuse_cluster && !build_only && assign.peers.is_empty())
+        .map(|w| crate::keep::key(&assign.run_id, &w.fingerprint, &spec));
+    let reused = match env.kept.take(reuse_key.as_deref()).await {
+        crate::keep::Found::Reuse(k) => {
+            let _ = events.try_send(progress(
+                &assign.cell_id,
+                "provision",
+                &format!("resetting the cluster of cell {}", k.first_cell),
+            ));
+            match crate::keep::reset(&k, params.reset().unwrap_or_default()).await {
+                Ok(seconds) => Some((k, seconds)),
+                Err(e) => {
+                    if let Some(p) = prov.as_mut() {
+                        p.not_reused = Some(format!(
+                            "the cluster of cell {} was not reused: {e}",
+                            k.first_cell
+                        ));
+                    }
+                    let _ = k.cluster.teardown().await;
+                    None
+                }
+            }
+        }
+        crate::keep::Found::None(why) => {
+            if let Some(p) = prov.as_mut() {
+                p.not_reused = why;
+            }
+            None
+        }
     };
+    let mut cells_on_cluster = 1;
+    let (cluster, source) = match reused {
+        Some((k, seconds)) => {
+            let crate::keep::Kept {
+                cluster,
+                loaded,
+                first_cell,
+                cells,
+                ..
+            } = *k;
+            if let (Some(p), Some(w)) = (prov.as_mut(), wanted.as_ref()) {
+                p.fingerprint = w.fingerprint.clone();
+                p.how = "reused";
+                p.cache = "as the previous cell left it";
+                p.reused_from = first_cell;
+                p.reused_by_cells = u64::from(cells) + 1;
+                p.reset_seconds = seconds;
+            }
+            cells_on_cluster = cells + 1;
+            (cluster, Source::Reused(Box::new(loaded)))
+        }
+        None => tokio::select! {
+            r = provision_with_dataset(env, assign, &spec, wanted.as_ref(), prov.as_mut(), events, cancel)
+                .instrument(phase("provision")) => r?,
+            _ = cancel.cancelled() => return Err(Error::Cancelled("cancelled while provisioning".into())),
+        },
+    };
+    // What a kept cluster needs from the cell: its catalog before the
+    // workload ran, and the load's figures.
+    let mut before: Option<String> = None;
+    let mut loaded_figures: Option<workload::Loaded> = None;
     // From here the cluster is torn down on every path: explicitly below, or
     // by its Drop if this future is dropped.
     let outcome = async {
@@ -298,6 +360,10 @@ async fn run_inner(
                     .await?,
                 );
                 environment.dataset = serde_json::to_value(&prov).ok();
+                if reuse_key.is_some() {
+                    before = Some(crate::keep::inventory(&cluster).await?);
+                    loaded_figures = ctx.loaded.clone();
+                }
                 // Cells held for this dataset may start (a lost message
                 // only holds them until this cell ends).
                 if let Some(w) = &wanted {
@@ -326,6 +392,53 @@ async fn run_inner(
         Err(e) => Err(cluster.explain_failure(e).await),
         ok => ok,
     };
+    // A succeeded `reuse_cluster` cell that created no catalog object
+    // leaves its cluster to the next cell of its dataset.
+    if let (Ok(_), Some(key), Some(before), Some(loaded)) =
+        (&outcome, reuse_key, before, loaded_figures)
+        && !cancel.is_cancelled()
+        && cluster.server_alive()
+    {
+        match crate::keep::inventory(&cluster).await {
+            Ok(after) if after == before => {
+                let _ = events.try_send(progress(
+                    &assign.cell_id,
+                    "teardown",
+                    "keeping the cluster for the next cell of its dataset",
+                ));
+                env.kept
+                    .keep(crate::keep::Kept {
+                        first_cell: cluster_name(&cluster, &assign.cell_id),
+                        cluster,
+                        key,
+                        loaded,
+                        cells: cells_on_cluster,
+                        inventory: after,
+                        since: std::time::Instant::now(),
+                    })
+                    .await;
+                return outcome;
+            }
+            Ok(after) => {
+                let why = crate::keep::difference(&before, &after);
+                tracing::warn!(cell = %assign.cell_id, "cluster not kept: {why}");
+                env.kept
+                    .refuse(format!(
+                        "the cluster of cell {} was not kept: {why}",
+                        assign.cell_id
+                    ))
+                    .await;
+            }
+            Err(e) => {
+                env.kept
+                    .refuse(format!(
+                        "the cluster of cell {} was not kept: {e}",
+                        assign.cell_id
+                    ))
+                    .await
+            }
+        }
+    }
     let _ = events.try_send(progress(
         &assign.cell_id,
         "teardown",
@@ -345,6 +458,17 @@ enum Source {
     Build(pgfleet_proto::dataset::Lock),
     /// Restored from the store: the manifest's load figures.
     Restored(serde_json::Value),
+    /// The previous cell's cluster, reset (`reuse_cluster`): its figures.
+    Reused(Box<workload::Loaded>),
+}
+
+/// The cell a cluster was first provisioned for (its directory's name).
+fn cluster_name(cluster: &Cluster, fallback: &str) -> String {
+    cluster
+        .dir()
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_else(|| fallback.to_string())
 }
 
 /// Provisions the cell's cluster: restored from the dataset store when its
@@ -601,6 +725,8 @@ async fn load_dataset(
             Error::Provision(format!("the dataset's manifest has no load figures: {e}"))
         })?,
         Source::Load => return load(ctx)?.await,
+        // As the previous cell left it: no rewarm.
+        Source::Reused(loaded) => return Ok(*loaded),
         Source::Build(lock) => {
             let loaded = load(ctx)?.await?;
             let (Some(prov), Some(w)) = (prov.as_deref_mut(), wanted) else {

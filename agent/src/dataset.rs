@@ -37,7 +37,8 @@ pub struct Provenance {
     pub fingerprint: String,
     pub label: String,
     /// `built` (loaded here and published), `restored` (from the store),
-    /// `loaded` (`data: fresh`: loaded here, not published).
+    /// `loaded` (`data: fresh`: loaded here, not published), `reused`
+    /// (the previous cell's cluster, reset: `reuse_cluster`).
     pub how: &'static str,
     pub store: String,
     pub bytes: u64,
@@ -85,6 +86,17 @@ pub struct Provenance {
     pub cache: &'static str,
     pub rewarm_bytes: u64,
     pub rewarm_seconds: f64,
+    /// `reuse_cluster`: the cell whose cluster this cell reused (`how`:
+    /// `reused`), the cells that used it so far, and the reset's seconds.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub reused_from: String,
+    #[serde(skip_serializing_if = "is_zero_u64")]
+    pub reused_by_cells: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub reset_seconds: f64,
+    /// Why a cell that asked to reuse a cluster did not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_reused: Option<String>,
 }
 
 fn is_zero(x: &f64) -> bool {

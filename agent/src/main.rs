@@ -248,6 +248,7 @@ async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         },
         fio: args.fio.clone(),
         delivered: Default::default(),
+        kept: Default::default(),
     });
     if let Err(e) = &env.pg {
         tracing::error!("{e}");
@@ -321,7 +322,9 @@ async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         metrics_address,
     };
     let store_dir = env.datasets.dir.clone();
+    let kept = env.kept.clone();
     let result = session::run(cfg, env, shutdown).await;
+    kept.clear().await;
     // Whatever happened, leave nothing behind.
     let _ = cluster::reap_stale(&data_root.join("clusters"));
     let _ = std::fs::remove_dir(data_root.join("clusters"));

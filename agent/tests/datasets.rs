@@ -391,3 +391,61 @@ async fn a_restore_into_a_capped_class_is_written_at_its_cap() {
         "{bytes} bytes restored in {seconds:.1} s: faster than {MIB_S} MiB/s"
     );
 }
+
+/// `reuse_cluster`: a succeeded cell's cluster is kept and the next cell
+/// of its dataset reuses it after the kind's reset; a cell that leaves a
+/// catalog object behind (here a large object; a trigger or a default
+/// would be code a later superuser session runs) is not kept, and the
+/// next cell restores instead, saying why; a cell that does not reuse
+/// tears the kept cluster down.
+#[tokio::test]
+async fn a_kept_cluster_is_reused_after_its_reset_unless_a_cell_left_objects() {
+    use common::run_cell_reusing;
+    let root = scratch("ds-keep");
+    let store = root.join("store");
+    let env = env(&root, &store);
+    let plain = "{kind: pgbench, scale: 2, transactions: 20}";
+    let dirty = "{kind: pgbench, scale: 2, transactions: 3, script_text: 'SELECT lo_create(0);'}";
+    let clusters = || -> Vec<String> {
+        std::fs::read_dir(env.clusters_dir())
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+
+    let (a, _) = succeeded(&run_cell_reusing(&env, "a", plain, "reuse", true).await);
+    assert_eq!(a["how"], "built", "{a}");
+    assert_eq!(clusters(), ["a"], "kept for the next cell");
+
+    let (b, m) = succeeded(&run_cell_reusing(&env, "b", plain, "reuse", true).await);
+    assert_eq!(b["how"], "reused", "{b}");
+    assert_eq!(b["reused_from"], "a", "{b}");
+    assert_eq!(b["reused_by_cells"], 2, "{b}");
+    assert!(b["reset_seconds"].as_f64().unwrap() > 0.0, "{b}");
+    assert_eq!(b["fingerprint"], a["fingerprint"]);
+    assert!(m["tps"].as_f64().unwrap() > 0.0, "{m}");
+
+    let (c, _) = succeeded(&run_cell_reusing(&env, "c", dirty, "reuse", true).await);
+    assert_eq!(c["how"], "reused", "{c}");
+    assert_eq!(c["reused_by_cells"], 3, "{c}");
+    assert!(clusters().is_empty(), "not kept: {:?}", clusters());
+
+    let (d, _) = succeeded(&run_cell_reusing(&env, "d", plain, "reuse", true).await);
+    assert_eq!(d["how"], "restored", "{d}");
+    let why = d["not_reused"].as_str().unwrap();
+    assert!(
+        why.starts_with("the cluster of cell c was not kept: the cell created large object:"),
+        "{why}"
+    );
+    assert_eq!(clusters(), ["d"]);
+
+    // A cell that does not reuse: the kept cluster goes first.
+    let (e, _) = succeeded(&run_cell(&env, "e", plain, "reuse").await);
+    assert_eq!(e["how"], "restored", "{e}");
+    assert!(e["not_reused"].is_null(), "{e}");
+    assert!(clusters().is_empty(), "{:?}", clusters());
+    std::fs::remove_dir_all(&root).unwrap();
+}

@@ -93,6 +93,7 @@ async fn a_cell_larger_than_the_free_disk_is_refused_before_loading() {
         peers: Vec::new(),
         traceparent: String::new(),
         dataset: String::new(),
+        reuse_cluster: false,
     };
     let (tx, _rx) = tokio::sync::mpsc::channel(4096);
     let control = cell::Control {

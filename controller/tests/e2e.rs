@@ -1374,6 +1374,64 @@ workloads:
     assert!(String::from_utf8_lossy(&list.stdout).contains("1 dataset(s)"));
 }
 
+/// `reuse_cluster: true` through a real run: one agent, three cells of
+/// one dataset; the first restores or builds it, the next two reuse its
+/// cluster after pgbench's reset, the report says so, and the cluster the
+/// last cell kept is gone when the run ends.
+#[test]
+fn consecutive_cells_of_a_dataset_reuse_one_cluster() {
+    let s = Scratch::new("reuse-cluster");
+    let sc = s.write(
+        "rc.yaml",
+        "name: rc
+fleet:
+  - name: local
+    count: 1
+    postgres: { settings: { shared_buffers: 32MB } }
+workloads:
+  - kind: pgbench
+    scale: 2
+    transactions: 50
+    replicas: 3
+    reuse_cluster: true
+",
+    );
+    let out = s.run_cmd(&sc, &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let r = s.report();
+    let how: Vec<(String, String)> = r["cells"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let d = &c["environment"]["dataset"];
+            (
+                d["how"].as_str().unwrap().to_string(),
+                d["reused_from"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let first = "w0-local-tpcb-like-r1".to_string();
+    assert_eq!(
+        how,
+        [
+            ("built".into(), String::new()),
+            ("reused".into(), first.clone()),
+            ("reused".into(), first),
+        ]
+    );
+    let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
+    assert!(
+        md.contains("**reused the cluster of cell w0-local-tpcb-like-r1** (cell 3 on it)"),
+        "{md}"
+    );
+    // Every cell measured: history appended by each, emptied by the reset.
+    for res in r["results"].as_array().unwrap() {
+        assert!(res["metrics"]["tps"].as_f64().unwrap() > 0.0, "{res}");
+    }
+    s.assert_clean(&[]);
+}
+
 /// report.html renders in a real browser (Debian's headless Chromium) as a
 /// phone would show it: a screenshot of the page, no console message (the
 /// page's own Content-Security-Policy makes any fetch a logged refusal),

@@ -66,6 +66,7 @@ pub fn agent_env(root: &Path, store: &Path) -> pgfleet_agent::cell::AgentEnv {
         instance: Default::default(),
         fio: "fio".into(),
         delivered: Default::default(),
+        kept: Default::default(),
     }
 }
 
@@ -107,6 +108,17 @@ pub async fn run_cell(
     entry: &str,
     mode: &str,
 ) -> pgfleet_proto::v1::CellResult {
+    run_cell_reusing(env, cell, entry, mode, false).await
+}
+
+/// `run_cell` with the workload's `reuse_cluster`.
+pub async fn run_cell_reusing(
+    env: &pgfleet_agent::cell::AgentEnv,
+    cell: &str,
+    entry: &str,
+    mode: &str,
+    reuse_cluster: bool,
+) -> pgfleet_proto::v1::CellResult {
     let p = params(entry);
     let assign = pgfleet_proto::v1::Assign {
         cell_id: cell.into(),
@@ -118,6 +130,7 @@ pub async fn run_cell(
         peers: Vec::new(),
         traceparent: String::new(),
         dataset: mode.into(),
+        reuse_cluster,
     };
     let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
     tokio::spawn(async move { while rx.recv().await.is_some() {} });

@@ -961,7 +961,8 @@ fn datasets(md: &mut String, doc: &Json) {
         md,
         "\n## Datasets\n\nA cell's data is built once (loaded, published to the agent's dataset store after a clean shutdown) and restored by later cells that need the same bytes (`data: reuse`, the default), or loaded by the cell itself (`data: fresh`). \
          Built and restored cells start alike: the server freshly started, the data's files dropped from the page cache, then read back through the server as a load leaves them (`rewarmed`); `fresh` cells measure right after their own load (`as loaded`). \
-         A restored cell's load figures are its builder's.\n\n\
+         A restored cell's load figures are its builder's. \
+         With `reuse_cluster: true` a cell may instead reuse the cluster the previous cell of its dataset left on its agent, after the kind's reset (`reused`: its cache is as that cell left it, not rewarmed).\n\n\
          | cell | dataset | how | wait s | load s | publish s | restore s | restore MB/s | cache | note |\n|---|---|---|---|---|---|---|---|---|---|"
     );
     let s = |v: &Json| v.as_str().unwrap_or("").to_string();
@@ -1006,6 +1007,16 @@ fn datasets(md: &mut String, doc: &Json) {
         }
         if let Some(why) = d["remote_error"].as_str() {
             note.push(format!("the remote store was not used: {why}"));
+        }
+        if let Some(first) = d["reused_from"].as_str() {
+            note.push(format!(
+                "**reused the cluster of cell {first}** (cell {} on it), reset in {:.1} s",
+                d["reused_by_cells"],
+                d["reset_seconds"].as_f64().unwrap_or(0.0)
+            ));
+        }
+        if let Some(why) = d["not_reused"].as_str() {
+            note.push(format!("not reused: {why}"));
         }
         let _ = writeln!(
             md,

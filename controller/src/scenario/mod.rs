@@ -1017,6 +1017,38 @@ workloads:
         GOOD.replacen(from, to, 1)
     }
 
+    /// `reuse_cluster` needs a kind that declares a reset, and a dataset
+    /// to reuse; it reaches the plan's cells.
+    #[test]
+    fn reuse_cluster_is_refused_where_it_cannot_hold() {
+        let e = err(&with(
+            "    repeats: 5\n",
+            "    repeats: 5\n    reuse_cluster: true\n",
+        ));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (16, "workloads[0].reuse_cluster"),
+            "{e}"
+        );
+        assert!(e.message.contains("declares no reset"), "{e}");
+        let pgbench = |extra: &str| {
+            format!(
+                "name: t\nfleet:\n  - name: a\nworkloads:\n  - kind: pgbench\n    scale: 1\n    duration_s: 1\n    reuse_cluster: true\n{extra}"
+            )
+        };
+        let e = err(&pgbench("    data: fresh\n"));
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (8, "workloads[0].reuse_cluster"),
+            "{e}"
+        );
+        assert!(e.message.contains("choose one"), "{e}");
+        let e = err(&pgbench("").replace("true", "sometimes"));
+        assert_eq!(e.field, "workloads[0].reuse_cluster", "{e}");
+        let s = parse(Path::new("ok.yaml"), &pgbench("")).unwrap();
+        assert!(plan(&s).iter().all(|c| c.reuse_cluster));
+    }
+
     /// Prices resolve to a price per hour; a monthly price without its
     /// quantity, a negative one, or prices without a currency are refused
     /// where they are.

@@ -25,6 +25,8 @@ pub struct PlannedCell {
     pub settings: BTreeMap<String, String>,
     /// `reuse` or `fresh` (the entry's `data`).
     pub dataset: pgfleet_proto::dataset::Mode,
+    /// The entry's `reuse_cluster`.
+    pub reuse_cluster: bool,
     /// The cell's estimate in this plan: with `reuse`, the first cell of a
     /// dataset builds and publishes it, later ones restore it.
     pub estimate: Estimate,
@@ -224,6 +226,7 @@ pub fn plan_with(s: &Scenario, published: &Published) -> Vec<PlannedCell> {
                             .as_ref()
                             .and_then(|d| pgfleet_proto::dataset::Mode::parse(&d.value))
                             .unwrap_or_default(),
+                        reuse_cluster: w.reuse_cluster.as_ref().is_some_and(|r| r.value),
                         estimate: params.estimate(&capacity),
                         point: point.clone(),
                         capacity,
@@ -234,7 +237,43 @@ pub fn plan_with(s: &Scenario, published: &Published) -> Vec<PlannedCell> {
         }
     }
     reuse_estimates(&mut cells, published);
+    reused_cluster_estimates(s, &mut cells);
     cells
+}
+
+/// `reuse_cluster`: a class's agents each keep one cluster of a dataset,
+/// so past its first `count` cells of that dataset a class's cells reuse
+/// one: no restore, the kind's reset (a vacuum: a read of the data) in
+/// its place.
+fn reused_cluster_estimates(s: &Scenario, cells: &mut [PlannedCell]) {
+    use pgfleet_proto::dataset::ESTIMATE_REWARM_BYTES_PER_SECOND as RATE;
+    use pgfleet_proto::workload::Work;
+    let mut seen: BTreeMap<(String, String), u32> = BTreeMap::new();
+    for c in cells.iter_mut().filter(|c| c.reuse_cluster) {
+        let (Some(share), Some(d)) = (&c.share, c.params.dataset()) else {
+            continue;
+        };
+        let agents = s
+            .fleet
+            .value
+            .iter()
+            .find(|f| f.name.value == c.instance_class)
+            .map_or(1, |f| f.count().max(1));
+        let n = seen
+            .entry((c.instance_class.clone(), share.key.clone()))
+            .or_default();
+        *n += 1;
+        if *n <= agents {
+            continue;
+        }
+        let bytes = d.bytes as f64;
+        let reset = Work::cpu(bytes / RATE, 1.0)
+            .reading(bytes)
+            .seconds(&c.capacity);
+        let e = &mut c.estimate;
+        e.seconds = (e.seconds - e.load_seconds).max(0.0) + reset;
+        e.load_seconds = reset;
+    }
 }
 
 /// What a plan will take: per cell and in total, and on the fleet's agents
@@ -678,6 +717,29 @@ workloads:
         assert!(g1.load_seconds < g1.seconds);
         let wall = estimate(&s, &cells).wall_seconds;
         assert!(wall >= ready + g1.seconds, "{wall} {ready} {g1:?}");
+    }
+
+    /// `reuse_cluster`: past a class's first cell per agent, a dataset's
+    /// cells reuse a kept cluster: estimated without a restore.
+    #[test]
+    fn cells_reusing_a_kept_cluster_are_estimated_without_a_restore() {
+        let text = |reuse: bool| {
+            format!(
+                "name: r\nfleet:\n  - {{name: a, count: 2}}\nworkloads:\n  - {{kind: pgbench, scale: 50, duration_s: 10, replicas: 4, reuse_cluster: {reuse}}}\n"
+            )
+        };
+        let plan_of = |reuse| {
+            let s = super::super::parse(std::path::Path::new("r.yaml"), &text(reuse)).unwrap();
+            plan(&s)
+        };
+        let (no, yes) = (plan_of(false), plan_of(true));
+        let load = |cells: &[PlannedCell]| -> Vec<f64> {
+            cells.iter().map(|c| c.estimate().load_seconds).collect()
+        };
+        let (no, yes) = (load(&no), load(&yes));
+        assert_eq!(no[..2], yes[..2], "one per agent restores (or builds)");
+        assert!(yes[2] < no[2] && yes[3] < no[3], "{yes:?} {no:?}");
+        assert!(yes[2] > 0.0, "the reset is not free: {yes:?}");
     }
 
     /// A dataset the store already holds has no builder: every cell

@@ -926,6 +926,25 @@ fn validate_workload(
         return Ok(units);
     };
     check_roles(&f, w, params, counts)?;
+    if let Some(r) = w.reuse_cluster.as_ref().filter(|r| r.value) {
+        if params.reset().is_none() {
+            return err(
+                r.referenced,
+                f.at("reuse_cluster"),
+                format!(
+                    "{} declares no reset that returns a used cluster to its dataset (pgbench does): remove `reuse_cluster`",
+                    w.kind.value
+                ),
+            );
+        }
+        if w.data.as_ref().is_some_and(|d| d.value == "fresh") {
+            return err(
+                r.referenced,
+                f.at("reuse_cluster"),
+                "`reuse_cluster: true` reuses a dataset's cluster, and `data: fresh` loads every cell's own: choose one".to_string(),
+            );
+        }
+    }
     if let Some(d) = &w.data {
         use pgfleet_proto::dataset::Mode;
         if !Mode::NAMES.contains(&d.value.as_str()) {

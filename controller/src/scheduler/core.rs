@@ -167,6 +167,9 @@ pub struct Agent {
     /// The dataset store it publishes to and restores from (from its
     /// registration; empty: its own, shared with no one).
     pub dataset_store: String,
+    /// The dataset (`Share::key`) of the cluster it keeps from its last
+    /// cell (`reuse_cluster`): the next cell of that dataset goes to it.
+    pub kept: Option<String>,
     /// Its host (from its registration): name, cores, memory, and the
     /// emulated instance each of its clusters gets (0 = not limited).
     pub host: Host,
@@ -263,6 +266,7 @@ impl Core {
                         address: String::new(),
                         profile: String::new(),
                         dataset_store: String::new(),
+                        kept: None,
                         host: Host::default(),
                     };
                     (id.clone(), agent)
@@ -695,10 +699,17 @@ impl Core {
         }
         cell.roles[pos].outcome = Some(outcome);
         let agent = cell.roles[pos].agent.clone();
+        let kept = cell
+            .planned
+            .share
+            .as_ref()
+            .filter(|_| ok && cell.planned.reuse_cluster && !cell.planned.multi_role())
+            .map(|s| s.key.clone());
         if let Some(a) = self.agents.get_mut(&agent)
             && a.cell.as_ref().is_some_and(|(i, _)| *i == idx)
         {
             a.cell = None;
+            a.kept = kept;
         }
         let release = ok && is_lead;
         let stop = self.cells[idx].failure.is_some();
@@ -890,17 +901,45 @@ impl Core {
         if self.cancelled.is_some() {
             return;
         }
+        // First the cells an idle agent keeps a cluster for
+        // (`reuse_cluster`), then every cell in plan order.
+        for reusing in [true, false] {
+            self.assign_pass(reusing, now);
+        }
+    }
+
+    fn assign_pass(&mut self, reusing: bool, now: Instant) {
         for idx in 0..self.cells.len() {
             if self.cells[idx].state != CellState::Pending || self.waits_for_dataset(idx) {
                 continue;
             }
             let roles = self.cells[idx].planned.roles.clone();
+            // A cell of a dataset an agent keeps a cluster of goes to it;
+            // others rather go to agents keeping none.
+            let wants = self.cells[idx]
+                .planned
+                .share
+                .as_ref()
+                .filter(|_| self.cells[idx].planned.reuse_cluster)
+                .map(|s| s.key.as_str());
+            let rank = |a: &Agent| match (&a.kept, wants) {
+                (Some(k), Some(w)) if k == w => 0,
+                (None, _) => 1,
+                _ => 2,
+            };
+            if reusing
+                && !self.agents.values().any(|a| {
+                    rank(a) == 0 && a.state == AgentState::Live && a.connected && a.cell.is_none()
+                })
+            {
+                continue;
+            }
             let mut picked: Vec<String> = Vec::new();
             for (_, class) in &roles {
                 let idle = self
                     .agents
                     .iter()
-                    .find(|(id, a)| {
+                    .filter(|(id, a)| {
                         a.class == *class
                             && a.state == AgentState::Live
                             && a.connected
@@ -908,6 +947,7 @@ impl Core {
                             && !picked.contains(id)
                             && (self.oversubscribe || self.fits_host(id, &picked))
                     })
+                    .min_by_key(|(_, a)| rank(a))
                     .map(|(id, _)| id.clone());
                 match idle {
                     Some(id) => picked.push(id),
@@ -1066,6 +1106,7 @@ impl Core {
                     role: run.role.clone(),
                     peers,
                     dataset: c.dataset.as_str().to_string(),
+                    reuse_cluster: c.reuse_cluster,
                 },
             ));
             if let Some(a) = self.agents.get_mut(&run.agent) {
@@ -1407,6 +1448,35 @@ mod tests {
             let (_, started) = new(stores);
             assert_eq!(started.len(), 2, "{stores:?}: {started:?}");
         }
+    }
+
+    /// `reuse_cluster`: the agent that keeps a dataset's cluster takes
+    /// that dataset's next cell before a cell earlier in the plan that
+    /// would make it tear the cluster down.
+    #[test]
+    fn an_agent_keeping_a_cluster_takes_the_next_cell_of_its_dataset() {
+        let cells = plan(
+            "name: t\nfleet:\n  - {name: a}\nworkloads:\n  - {kind: pgbench, scale: 1, duration_s: 1, reuse_cluster: true}\n  - {kind: pgbench, scale: 2, duration_s: 1, reuse_cluster: true}\n  - {kind: pgbench, scale: 1, script: select-only, duration_s: 1, reuse_cluster: true}\n",
+        );
+        let t0 = Instant::now();
+        let mut c = Core::new(timing(), cells, &[("a-0".to_string(), "a".to_string())], t0);
+        let mut order = Vec::new();
+        let mut e = register(&mut c, "a-0", 1, &[], t0);
+        while let Some((idx, _)) = starts(&e).first().cloned() {
+            let cell = id(&c, idx);
+            order.push(cell.clone());
+            e = message(
+                &mut c,
+                "a-0",
+                1,
+                result(&cell, "", CellStatus::Succeeded, ""),
+                t0,
+            );
+        }
+        assert_eq!(
+            order,
+            ["w0-a-tpcb-like", "w2-a-select-only", "w1-a-tpcb-like"]
+        );
     }
 
     fn message(c: &mut Core, id: &str, conn: u64, msg: Msg, now: Instant) -> Vec<Effect> {

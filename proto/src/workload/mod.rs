@@ -474,6 +474,14 @@ pub trait KindParams {
     fn dataset(&self) -> Option<crate::dataset::Dataset> {
         None
     }
+    /// Statements, each run on its own as the workload role, that bring a cell's data back to
+    /// where the next cell of its dataset may start from on the same
+    /// cluster (`reuse_cluster: true`), e.g. pgbench's history emptied and
+    /// its tables vacuumed. None: a used cluster is not that dataset any
+    /// more (the kind refuses `reuse_cluster`).
+    fn reset(&self) -> Option<&'static [&'static str]> {
+        None
+    }
 }
 
 /// `v` within `lo..=hi`, or an error naming `key` (the agent's checks).
@@ -724,6 +732,12 @@ macro_rules! kinds {
                     $(Params::$variant(p) => p.dataset(),)*
                 }
             }
+
+            pub fn reset(&self) -> Option<&'static [&'static str]> {
+                match self {
+                    $(Params::$variant(p) => p.reset(),)*
+                }
+            }
         }
     };
 }
@@ -804,6 +818,9 @@ pub struct Entry {
     /// `data: reuse` (default) or `fresh`: whether cells restore their
     /// dataset from the agent's dataset store or load it every time.
     pub data: Option<Spanned<String>>,
+    /// `reuse_cluster: true`: consecutive cells of one dataset on one agent
+    /// share a cluster, after the kind's declared reset.
+    pub reuse_cluster: Option<Spanned<bool>>,
     pub spec: Spec,
 }
 
@@ -928,6 +945,7 @@ impl<'de> Visitor<'de> for EntryVisitor {
             replicas: common.replicas,
             roles: common.roles,
             data: common.data,
+            reuse_cluster: common.reuse_cluster,
             spec,
         })
     }
@@ -935,7 +953,7 @@ impl<'de> Visitor<'de> for EntryVisitor {
 
 /// The keys every kind takes besides `kind` (`Common`'s, which `Filter`
 /// takes out of the map before the kind's `Spec` sees the rest).
-pub const COMMON_KEYS: &[&str] = &["on", "replicas", "roles", "data"];
+pub const COMMON_KEYS: &[&str] = &["on", "replicas", "roles", "data", "reuse_cluster"];
 
 /// The keys every kind takes, taken out of the map before the kind's `Spec`
 /// sees the rest.
@@ -945,6 +963,7 @@ struct Common {
     replicas: Option<Spanned<u32>>,
     roles: Option<BTreeMap<String, Spanned<String>>>,
     data: Option<Spanned<String>>,
+    reuse_cluster: Option<Spanned<bool>>,
 }
 
 /// The entry's map as its kind's `Spec` sees it: without the common keys,
@@ -976,6 +995,7 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for Filter<'_, A> {
                 "replicas" => self.common.replicas = Some(self.inner.next_value()?),
                 "roles" => self.common.roles = Some(self.inner.next_value()?),
                 "data" => self.common.data = Some(self.inner.next_value()?),
+                "reuse_cluster" => self.common.reuse_cluster = Some(self.inner.next_value()?),
                 _ => {
                     self.pick = self.picks.iter().find(|(k, _)| *k == key).map(|p| p.1);
                     return seed.deserialize(key.into_deserializer()).map(Some);

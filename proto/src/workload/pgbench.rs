@@ -399,6 +399,15 @@ impl KindParams for Params {
     fn dataset(&self) -> Option<crate::dataset::Dataset> {
         Some(self.init.as_dataset())
     }
+    /// What `pgbench` itself leaves between runs, minus the history its
+    /// transactions appended: balances stay as updated (as between two
+    /// pgbench runs on one database), dead rows vacuumed.
+    fn reset(&self) -> Option<&'static [&'static str]> {
+        Some(&[
+            "TRUNCATE pgbench_history",
+            "VACUUM (ANALYZE) pgbench_accounts, pgbench_branches, pgbench_tellers, pgbench_history",
+        ])
+    }
 }
 
 /// The real pgbench's verdict on a script: it parses its scripts before it
