@@ -1017,6 +1017,18 @@ workloads:
         GOOD.replacen(from, to, 1)
     }
 
+    /// A bloat larger than any table is refused with the scale it needs,
+    /// up to the largest byte count a scenario can write (this overflowed
+    /// once: the fuzz test found it).
+    #[test]
+    fn an_enormous_bloat_is_refused_not_overflowed() {
+        let e = err(
+            "name: t\nfleet:\n  - name: a\nworkloads:\n  - kind: vacuum-bloat\n    scale: 1\n    bloat_bytes: 18446744073709551615\n",
+        );
+        assert_eq!(e.field, "workloads[0].bloat_bytes", "{e}");
+        assert!(e.message.contains("raise scale to at least"), "{e}");
+    }
+
     /// `reuse_cluster` needs a kind that declares a reset, and a dataset
     /// to reuse; it reaches the plan's cells.
     #[test]

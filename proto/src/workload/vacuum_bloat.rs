@@ -154,8 +154,11 @@ impl KindSpec for Spec {
             None => heap / 2,
             // One UPDATE pass leaves at most the table's rows dead.
             Some(n) if n > heap * 9 / 10 => {
-                let need = n * 10 / 9 / pgbench_init::ACCOUNTS_HEAP_BYTES_PER_SCALE
-                    * init.fillfactor as u64
+                // In u128: `n` is the scenario's, up to u64::MAX.
+                let need = u128::from(n) * 10
+                    / 9
+                    / u128::from(pgbench_init::ACCOUNTS_HEAP_BYTES_PER_SCALE)
+                    * u128::from(init.fillfactor)
                     / 100
                     + 1;
                 let at = self
