@@ -1425,6 +1425,11 @@ workloads:
         md.contains("**reused the cluster of cell w0-local-tpcb-like-r1** (cell 3 on it)"),
         "{md}"
     );
+    let warnings = r["warnings"].to_string();
+    assert!(
+        warnings.contains("cells w0-local-tpcb-like-r2, w0-local-tpcb-like-r3 reused a cluster"),
+        "{warnings}"
+    );
     // Every cell measured: history appended by each, emptied by the reset.
     for res in r["results"].as_array().unwrap() {
         assert!(res["metrics"]["tps"].as_f64().unwrap() > 0.0, "{res}");

@@ -190,6 +190,24 @@ pub fn warnings(diffs: &[Json], plan: &[String], compared: &[&str]) -> Vec<Strin
 /// page cache (it starts colder than a built one would).
 pub fn datasets(cells: &[crate::store::CellRow]) -> Vec<String> {
     let mut out = Vec::new();
+    // `reuse_cluster`: a reused cell starts from the data its previous
+    // cell changed, not from the dataset.
+    let reused: Vec<&str> = cells
+        .iter()
+        .filter(|c| {
+            c.environment
+                .as_ref()
+                .is_some_and(|e| e["dataset"]["how"] == "reused")
+        })
+        .map(|c| c.cell_id.as_str())
+        .collect();
+    if !reused.is_empty() {
+        out.push(format!(
+            "warning: cell{} {} reused a cluster an earlier cell had written to (reuse_cluster): after the kind's reset the data is not the dataset as loaded (pgbench: updated rows moved, indexes grown), so compare them with reused cells, not with built or restored ones (on an emulated gp3 with 2 GiB at scale 200, reused cells ran 28 % fewer TPS: BENCHMARKS.md, \"Reuse in place\")",
+            if reused.len() == 1 { "" } else { "s" },
+            reused.join(", ")
+        ));
+    }
     for c in cells {
         let Some(d) = c.environment.as_ref().map(|e| &e["dataset"]) else {
             continue;
@@ -438,6 +456,15 @@ mod tests {
             ),
         ]);
         assert_eq!(w.len(), 3, "{w:?}");
+        let reused = |id: &str| {
+            cell(
+                id,
+                json!({"fingerprint": "pgbench-s1-x", "how": "reused", "reused_from": "a"}),
+            )
+        };
+        let r = datasets(&[reused("r2"), reused("r3")]);
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert!(r[0].contains("cells r2, r3 reused a cluster"), "{r:?}");
         assert!(w[0].contains("cell b") && w[0].contains("SHA-256"), "{w:?}");
         assert!(
             w[1].contains("cell c") && w[1].contains("load it again"),
