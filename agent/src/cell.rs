@@ -414,13 +414,15 @@ async fn run_inner(
                         loaded,
                         cells: cells_on_cluster,
                         inventory: after,
-                        since: std::time::Instant::now(),
                     })
                     .await;
                 return outcome;
             }
-            Ok(after) => {
-                let why = crate::keep::difference(&before, &after);
+            not_kept => {
+                let why = match not_kept {
+                    Ok(after) => crate::keep::difference(&before, &after),
+                    Err(e) => e.to_string(),
+                };
                 tracing::warn!(cell = %assign.cell_id, "cluster not kept: {why}");
                 env.kept
                     .refuse(format!(
@@ -428,14 +430,6 @@ async fn run_inner(
                         assign.cell_id
                     ))
                     .await;
-            }
-            Err(e) => {
-                env.kept
-                    .refuse(format!(
-                        "the cluster of cell {} was not kept: {e}",
-                        assign.cell_id
-                    ))
-                    .await
             }
         }
     }

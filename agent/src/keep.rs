@@ -58,7 +58,6 @@ pub struct Kept {
     pub cells: u32,
     /// The catalog as the dataset left it (`inventory`).
     pub inventory: String,
-    pub since: Instant,
 }
 
 /// What a cell may reuse: its run, dataset and every part of the cluster's
