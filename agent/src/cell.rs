@@ -32,6 +32,10 @@ pub struct AgentEnv {
     /// The object store behind it (`--dataset-remote`): datasets missing
     /// locally are downloaded from it, built ones uploaded to it.
     pub remote: Option<std::sync::Arc<crate::remote::Remote>>,
+    /// The CSI snapshot the data root's volume was created from
+    /// (`--volume-snapshot`): the datasets it brought are hydrated before
+    /// a cell restores one.
+    pub snapshot: Option<std::sync::Arc<crate::hydrate::Snapshot>>,
     pub storage_profile: String,
     /// The profile's caps (uncapped for `nvme`).
     pub caps: Caps,
@@ -486,6 +490,7 @@ async fn provision_with_dataset(
     };
     let fp = &w.fingerprint;
     prov.fingerprint = fp.clone();
+    prov.plan_key = w.dataset.plan_key();
     prov.store = env.datasets.dir.display().to_string();
     prov.remote = env
         .remote
@@ -522,6 +527,24 @@ async fn provision_with_dataset(
                 return Ok((Cluster::provision(spec).await?, Source::Build(lock)));
             }
             Ticket::Restore(m, lock) => {
+                if let Some(snap) = env.snapshot.as_deref() {
+                    prov.hydration = snap
+                        .before_restore(
+                            &env.datasets,
+                            &m,
+                            cell,
+                            |done, total| {
+                                let message = format!(
+                                    "hydrating dataset {fp} from volume snapshot {}",
+                                    snap.name
+                                );
+                                let _ = events
+                                    .try_send(transfer(cell, "hydrate", done, total, message));
+                            },
+                            cancel,
+                        )
+                        .await?;
+                }
                 let _ = events.try_send(progress(
                     cell,
                     "dataset",

@@ -35,6 +35,9 @@ const SKIPPED: &[&str] = &["postmaster.pid", "postmaster.opts"];
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Provenance {
     pub fingerprint: String,
+    /// The dataset without the PostgreSQL build (`Dataset::plan_key`):
+    /// what the controller matches a plan's cells by.
+    pub plan_key: String,
     pub label: String,
     /// `built` (loaded here and published), `restored` (from the store),
     /// `loaded` (`data: fresh`: loaded here, not published), `reused`
@@ -97,6 +100,10 @@ pub struct Provenance {
     /// Why a cell that asked to reuse a cluster did not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub not_reused: Option<String>,
+    /// Restored from a copy that came with the volume's CSI snapshot: how
+    /// its lazily fetched blocks were read before the cell used them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hydration: Option<crate::hydrate::Hydration>,
 }
 
 fn is_zero(x: &f64) -> bool {

@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod dataset;
 pub mod driver;
 pub mod host;
+pub mod hydrate;
 pub mod keep;
 pub mod metrics;
 pub mod pgbin;

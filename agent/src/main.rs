@@ -115,6 +115,20 @@ struct RunArgs {
     /// AWS_ENDPOINT_URL (an S3-compatible server).
     #[arg(long, env = "PGFLEET_DATASET_REMOTE")]
     dataset_remote: Option<String>,
+    /// The CSI VolumeSnapshot the data root's volume was created from (the
+    /// Kubernetes source sets it): the datasets it brought are read in full
+    /// before a cell restores one, since such a volume fetches each block
+    /// from the snapshot on first touch (see --hydrate).
+    #[arg(long, env = "PGFLEET_VOLUME_SNAPSHOT")]
+    volume_snapshot: Option<String>,
+    /// With --volume-snapshot: `read-all` reads every block of a dataset the
+    /// snapshot brought before the first cell restores it, and reports the
+    /// time to first byte, seconds and MB/s; `none` leaves the blocks lazy
+    /// (the cells' figures then include the lazy restore, and the report
+    /// warns).
+    #[arg(long, env = "PGFLEET_HYDRATE", default_value = "read-all",
+          value_parser = clap::builder::PossibleValuesParser::new(pgfleet_agent::hydrate::Mode::NAMES))]
+    hydrate: String,
     /// Directory with initdb and postgres. Default: `pg_config --bindir`,
     /// then the newest /usr/lib/postgresql/*/bin.
     #[arg(long, env = "PGFLEET_PG_BIN")]
@@ -230,12 +244,24 @@ async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         Some(url) => Some(Arc::new(pgfleet_agent::remote::Remote::open(url)?)),
         None => None,
     };
+    let snapshot = args.volume_snapshot.as_deref().map(|name| {
+        let mode = pgfleet_agent::hydrate::Mode::parse(&args.hydrate)
+            .unwrap_or(pgfleet_agent::hydrate::Mode::ReadAll);
+        let s = pgfleet_agent::hydrate::Snapshot::at_start(name, mode, &datasets);
+        tracing::info!(
+            snapshot = name,
+            hydrate = mode.as_str(),
+            "the data root's volume came from a snapshot"
+        );
+        Arc::new(s)
+    });
     let env = Arc::new(AgentEnv {
         pg: PgBin::find(args.pg_bin.as_deref()).map_err(|e| e.to_string()),
         run_as: RunAs::resolve(&args.pg_user).map_err(|e| e.to_string()),
         data_root: data_root.clone(),
         datasets,
         remote,
+        snapshot,
         storage_profile: args.storage_profile.clone(),
         caps,
         emulated: caps.is_capped() && !args.no_emulate,

@@ -449,3 +449,79 @@ async fn a_kept_cluster_is_reused_after_its_reset_unless_a_cell_left_objects() {
     assert!(clusters().is_empty(), "{:?}", clusters());
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// An agent whose volume was created from a CSI snapshot (the Kubernetes
+/// source says so with `--volume-snapshot`) reads each dataset the
+/// snapshot brought in full before the first cell restores it, once; a
+/// dataset built after the agent started is not read again; `hydrate: none`
+/// leaves them lazy and every cell says so. The snapshot's lazy fetch
+/// itself cannot happen here (no CSI driver): the volume is this host's
+/// disk, the reads and their figures are real.
+#[tokio::test]
+async fn a_volume_snapshots_datasets_are_hydrated_once_before_their_first_restore() {
+    use pgfleet_agent::hydrate::{Mode, Snapshot};
+    let root = scratch("ds-hydrate");
+    let store = root.join("store");
+    let ls = LocalStore::new(&store);
+    let built = run_cell(&env(&root, &store), "a", VACUUM, "reuse").await;
+    let (prov_a, _) = succeeded(&built);
+    assert_eq!(prov_a["how"], "built");
+    assert!(prov_a.get("hydration").is_none(), "{prov_a}");
+    let fp = prov_a["fingerprint"].as_str().unwrap().to_string();
+    let published = ls.find(&fp).unwrap().unwrap().bytes;
+
+    // The store as the snapshot brought it.
+    let snapshot = |mode| {
+        Some(std::sync::Arc::new(Snapshot::at_start(
+            "pgfleet-ds-nvme-1",
+            mode,
+            &ls,
+        )))
+    };
+    let from_snapshot = AgentEnv {
+        snapshot: snapshot(Mode::ReadAll),
+        ..env(&root, &store)
+    };
+    let b = run_cell(&from_snapshot, "b", VACUUM, "reuse").await;
+    let (prov_b, _) = succeeded(&b);
+    assert_eq!(prov_b["how"], "restored", "{prov_b}");
+    let h = &prov_b["hydration"];
+    assert_eq!(h["snapshot"], "pgfleet-ds-nvme-1", "{prov_b}");
+    assert_eq!(h["mode"], "read-all");
+    assert_eq!(h["hydrated"], true);
+    assert_eq!(h["by_cell"], "b");
+    assert_eq!(h["bytes"].as_u64(), Some(published), "every byte, once");
+    let (ttfb, secs) = (
+        h["ttfb_ms"].as_f64().unwrap(),
+        h["seconds"].as_f64().unwrap(),
+    );
+    assert!(ttfb > 0.0 && ttfb / 1e3 <= secs, "{h}");
+    assert!(h["mb_per_s"].as_f64().unwrap() > 0.0, "{h}");
+
+    // Read once per agent: the next cell says who read it.
+    let c = run_cell(&from_snapshot, "c", VACUUM, "reuse").await;
+    let (prov_c, _) = succeeded(&c);
+    assert_eq!(prov_c["hydration"]["by_cell"], "b", "{prov_c}");
+    assert_eq!(prov_c["hydration"]["seconds"], h["seconds"]);
+
+    // Built after the agent started: written here, nothing lazy.
+    let small = "{kind: vacuum-bloat, scale: 1, bloat_bytes: 4MiB}";
+    let d = run_cell(&from_snapshot, "d", small, "reuse").await;
+    assert_eq!(succeeded(&d).0["how"], "built");
+    let e = run_cell(&from_snapshot, "e", small, "reuse").await;
+    let (prov_e, _) = succeeded(&e);
+    assert_eq!(prov_e["how"], "restored");
+    assert!(prov_e.get("hydration").is_none(), "{prov_e}");
+
+    // `hydrate: none`: restored from lazy blocks, and said.
+    let lazy = AgentEnv {
+        snapshot: snapshot(Mode::None),
+        ..env(&root, &store)
+    };
+    let f = run_cell(&lazy, "f", VACUUM, "reuse").await;
+    let (prov_f, _) = succeeded(&f);
+    assert_eq!(prov_f["hydration"]["mode"], "none", "{prov_f}");
+    assert_eq!(prov_f["hydration"]["hydrated"], false);
+    assert_eq!(prov_f["hydration"]["bytes"], 0);
+    std::fs::remove_dir_all(&root).unwrap();
+}

@@ -402,6 +402,26 @@ pub struct KubeArgs {
     /// AWS_ENDPOINT_URL (leave it out with IAM roles for service accounts).
     #[arg(long, requires = "dataset_remote")]
     pub dataset_remote_secret: Option<String>,
+    /// STORAGECLASS=VOLUMESNAPSHOTCLASS, repeatable, e.g.
+    /// `--dataset-snapshots gp3=ebs-snapshots`: agents' volumes of that
+    /// storage class keep the datasets their runs built as CSI
+    /// VolumeSnapshots, and later runs' volumes of the class start from
+    /// the newest one holding their datasets (read in full before
+    /// measuring: a scenario's `storage.hydrate`). Needs the cluster's
+    /// snapshot controller and CRDs (deploy/overlays/eks has the class).
+    #[arg(long, value_parser = parse_snapshot_mapping)]
+    pub dataset_snapshots: Vec<(String, String)>,
+}
+
+/// `gp3=ebs-snapshots` of `--dataset-snapshots`.
+fn parse_snapshot_mapping(s: &str) -> Result<(String, String), String> {
+    let (sc, class) = s
+        .split_once('=')
+        .filter(|(a, b)| !a.is_empty() && !b.is_empty())
+        .ok_or_else(|| {
+            format!("`{s}`: expected STORAGECLASS=VOLUMESNAPSHOTCLASS, e.g. gp3=ebs-snapshots")
+        })?;
+    Ok((sc.to_string(), class.to_string()))
 }
 
 /// The agents' session: lease, TLS and join token (run and serve).

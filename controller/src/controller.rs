@@ -500,7 +500,7 @@ async fn resume_run(
                 &k.opts,
                 launched,
                 tx,
-                spec.scenario.cleanup(),
+                spec.scenario,
             ))
         }
         _ => None,
@@ -527,7 +527,9 @@ async fn resume_run(
     let status = sched.run(rx, cancel).await;
     service.hub.release(run_id, source.is_some()).await;
     if let Some(s) = source.as_mut() {
-        let kept = s.end(status == RunStatus::Succeeded).await;
+        let cells = service.store.cells(run_id).unwrap_or_default();
+        let end = crate::agents::RunEnd::of(status == RunStatus::Succeeded, &cells);
+        let kept = s.end(end).await;
         service.record_kept(run_id, kept);
     }
     Ok(status)

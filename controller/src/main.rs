@@ -189,6 +189,8 @@ fn kube_options(k: &KubeArgs, controller_url: Option<String>) -> kubernetes::Kub
         exit_grace: d.exit_grace,
         dataset_remote: k.dataset_remote.clone(),
         dataset_remote_secret: k.dataset_remote_secret.clone(),
+        dataset_snapshots: k.dataset_snapshots.iter().cloned().collect(),
+        snapshot_cut_timeout: d.snapshot_cut_timeout,
     }
 }
 

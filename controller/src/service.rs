@@ -302,7 +302,15 @@ impl Service {
         let status = sched.run(rx, cancel).await;
         self.hub.release(run_id, owns_agents).await;
         if let Some(mut s) = source {
-            let kept = s.finish(status == RunStatus::Succeeded).await;
+            let cells = self.store.cells(run_id).unwrap_or_else(|e| {
+                tracing::error!(
+                    run = run_id,
+                    "reading the run's cells for its source's end: {e}"
+                );
+                Vec::new()
+            });
+            let end = crate::agents::RunEnd::of(status == RunStatus::Succeeded, &cells);
+            let kept = s.finish(end).await;
             self.record_kept(run_id, kept);
         }
         Ok(status)

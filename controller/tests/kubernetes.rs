@@ -16,7 +16,7 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::path::Path;
 use std::process::{Command, Output};
@@ -32,8 +32,8 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use common::{Scratch, pgfleet, show};
-use pgfleet_controller::agents::AgentSource;
 use pgfleet_controller::agents::kubernetes::{self, KubeAgents, KubeOptions};
+use pgfleet_controller::agents::{AgentSource, RunEnd};
 use pgfleet_controller::events::Event;
 use pgfleet_controller::scenario;
 
@@ -146,6 +146,19 @@ impl FakeApi {
         pod["metadata"]["resourceVersion"] = json!(v);
         let pod = pod.clone();
         broadcast(&mut st, "pods", "MODIFIED", &pod);
+    }
+
+    /// Another party (the snapshot controller, say) changes an object.
+    fn update(&self, resource: &str, name: &str, change: impl FnOnce(&mut Value)) {
+        let mut st = self.lock();
+        st.version += 1;
+        let v = st.version.to_string();
+        let o = st
+            .objects
+            .get_mut(&(resource.to_string(), name.to_string()))
+            .unwrap_or_else(|| panic!("no {resource} {name}"));
+        change(o);
+        o["metadata"]["resourceVersion"] = json!(v);
     }
 
     /// Someone deletes a pod (kubectl delete, a node drain).
@@ -446,6 +459,8 @@ struct ApiPath {
 fn api_path(path: &str) -> Option<ApiPath> {
     let (group, rest) = if let Some(r) = path.strip_prefix("/api/v1/namespaces/") {
         ("", r)
+    } else if let Some(r) = path.strip_prefix("/apis/snapshot.storage.k8s.io/v1/namespaces/") {
+        ("snapshot.storage.k8s.io", r)
     } else {
         (
             "pgfleet.io",
@@ -1136,9 +1151,18 @@ async fn every_request_is_allowed_by_the_role_and_the_role_grants_no_more() {
     )
     .await
     .unwrap();
-    assert!(kept.end(false).await.is_some());
+    assert!(
+        kept.end(RunEnd {
+            succeeded: false,
+            ..Default::default()
+        })
+        .await
+        .is_some()
+    );
 
     let mut used = rbac_uses(&fake.requests());
+    // Datasets kept as snapshots, and volumes made from them.
+    used.extend(rbac_uses(&snapshot_flow().await));
     // The PgfleetRuns' reconciler: a resource accepted, rejected, deleted.
     let op = Operator::start(&Scratch::new("k8s-rbac")).await;
     op.fake.put(
@@ -1165,8 +1189,10 @@ async fn every_request_is_allowed_by_the_role_and_the_role_grants_no_more() {
         let group = rule["apiGroups"][0].as_str().unwrap().to_string();
         assert!(
             rule["apiGroups"].as_array().unwrap().len() == 1
-                && (group.is_empty() || group == "pgfleet.io"),
-            "core resources and pgfleet's own only: {rule}"
+                && (group.is_empty()
+                    || group == "pgfleet.io"
+                    || group == "snapshot.storage.k8s.io"),
+            "core resources, snapshots and pgfleet's own only: {rule}"
         );
         for res in rule["resources"].as_array().unwrap() {
             for verb in rule["verbs"].as_array().unwrap() {
@@ -1285,8 +1311,19 @@ fn every_overlay_renders_to_valid_objects_that_name_the_images_deploy_builds() {
             .expect("kubectl (for `kubectl kustomize`) is installed");
         assert!(out.status.success(), "kustomize {overlay}: {}", show(&out));
         let yaml = String::from_utf8(out.stdout).unwrap();
-        validate_objects(&yaml, &format!("overlays/{overlay}"));
         let docs: Vec<Value> = serde_saphyr::from_multiple(&yaml).unwrap();
+        // The snapshot controller's kinds are CRDs the schemas do not have:
+        // checked below by hand, the rest by kubernetes-validate.
+        let (snapshot_classes, core): (Vec<Value>, Vec<Value>) = docs
+            .iter()
+            .cloned()
+            .partition(|d| d["kind"] == "VolumeSnapshotClass");
+        let core_yaml = core
+            .iter()
+            .map(|d| serde_json::to_string(d).unwrap())
+            .collect::<Vec<_>>()
+            .join("\n---\n");
+        validate_objects(&core_yaml, &format!("overlays/{overlay}"));
         let kinds: Vec<String> = docs
             .iter()
             .map(|d| d["kind"].as_str().unwrap().to_string())
@@ -1339,7 +1376,12 @@ fn every_overlay_renders_to_valid_objects_that_name_the_images_deploy_builds() {
         for d in &docs {
             if !matches!(
                 d["kind"].as_str(),
-                Some("Namespace" | "StorageClass" | "CustomResourceDefinition")
+                Some(
+                    "Namespace"
+                        | "StorageClass"
+                        | "CustomResourceDefinition"
+                        | "VolumeSnapshotClass"
+                )
             ) {
                 assert_eq!(d["metadata"]["namespace"], "pgfleet", "{}", d["metadata"]);
             }
@@ -1361,6 +1403,38 @@ fn every_overlay_renders_to_valid_objects_that_name_the_images_deploy_builds() {
                 classes["local-nvme"]["volumeBindingMode"],
                 "WaitForFirstConsumer"
             );
+            // --dataset-snapshots maps gp3 to a VolumeSnapshotClass of the
+            // overlay whose driver is gp3's provisioner.
+            let mapping = args
+                .iter()
+                .find_map(|a| a.strip_prefix("--dataset-snapshots="))
+                .expect("eks keeps datasets as snapshots");
+            let (sc, class) = mapping.split_once('=').unwrap();
+            let vsc = snapshot_classes
+                .iter()
+                .find(|d| d["metadata"]["name"] == class)
+                .unwrap_or_else(|| panic!("no VolumeSnapshotClass {class}"));
+            assert_eq!(vsc["apiVersion"], "snapshot.storage.k8s.io/v1");
+            assert_eq!(vsc["driver"], classes[sc]["provisioner"], "{vsc}");
+            assert!(matches!(
+                vsc["deletionPolicy"].as_str(),
+                Some("Delete" | "Retain")
+            ));
+            let known: BTreeSet<&str> = [
+                "apiVersion",
+                "kind",
+                "metadata",
+                "driver",
+                "deletionPolicy",
+                "parameters",
+            ]
+            .into();
+            for k in vsc.as_object().unwrap().keys() {
+                assert!(
+                    known.contains(k.as_str()),
+                    "VolumeSnapshotClass v1 has no `{k}`"
+                );
+            }
             // The at-scale scenario's storage classes exist in this overlay.
             let sc = scenario::load(&repo.join("scenarios/at-scale/nvme-vs-ebs.yaml")).unwrap();
             for f in &sc.fleet.value {
@@ -2229,7 +2303,13 @@ async fn kept_objects_stay_until_their_ttl_and_the_reaper_then_deletes_them() {
     let mut agents = KubeAgents::launch(client.clone(), &sc, RUN, &opts, tx.clone())
         .await
         .unwrap();
-    let kept = agents.end(false).await.expect("a failed run keeps");
+    let kept = agents
+        .end(RunEnd {
+            succeeded: false,
+            ..Default::default()
+        })
+        .await
+        .expect("a failed run keeps");
     let objects = kept["objects"].as_array().unwrap();
     assert_eq!(objects.len(), 1 + 2 * 3, "{kept}");
     assert_eq!(fake.names("pods").len(), 3);
@@ -2276,7 +2356,15 @@ async fn kept_objects_stay_until_their_ttl_and_the_reaper_then_deletes_them() {
     let mut agents = KubeAgents::launch(client.clone(), &sc, RUN, &opts, tx)
         .await
         .unwrap();
-    assert!(agents.end(true).await.is_none());
+    assert!(
+        agents
+            .end(RunEnd {
+                succeeded: true,
+                ..Default::default()
+            })
+            .await
+            .is_none()
+    );
     assert!(fake.names("pods").is_empty() && fake.names("configmaps").is_empty());
 
     let s = Scratch::new("k8s-cleanup");
@@ -2346,4 +2434,261 @@ async fn deleting_a_resource_deletes_its_runs_pods_and_volumes_before_its_finali
         .unwrap();
     assert!(owner_deleted < released, "the finalizer is released last");
     op.stop().await;
+}
+
+/// Datasets kept as CSI snapshots (`--dataset-snapshots gp3=ebs-snapshots`),
+/// against the fake API server standing in for the API server and the
+/// snapshot controller (no CSI driver can run here): see `snapshot_flow`.
+#[tokio::test]
+async fn datasets_are_kept_as_volume_snapshots_and_later_volumes_start_from_them() {
+    snapshot_flow().await;
+}
+
+/// A run whose gp3 agent built a dataset ends: its volume is snapshotted
+/// after its pod ended and before the run's objects are deleted (the
+/// deletion waits for the snapshot to be cut), into a VolumeSnapshot the
+/// run does not own, labelled and annotated with the dataset; nvme
+/// (local-nvme, not mapped) is not. The next run's gp3 volume starts from
+/// it (the newest ready one of its storage class holding its dataset, at
+/// least its restore size), its pod is told; a snapshot that fails is
+/// deleted. Returns every request, for the RBAC test.
+async fn snapshot_flow() -> Vec<Recorded> {
+    use pgfleet_controller::agents::Held;
+    let opts = KubeOptions {
+        dataset_snapshots: BTreeMap::from([("gp3".to_string(), "ebs-snapshots".to_string())]),
+        snapshot_cut_timeout: Duration::from_secs(20),
+        ..options()
+    };
+    let plan_key = scenario::plan(&scenario())
+        .into_iter()
+        .find(|c| c.instance_class == "gp3")
+        .and_then(|c| c.share)
+        .expect("pgbench shares a dataset")
+        .key;
+    let held = Held {
+        fingerprint: "pgbench-s1-0123456789abcdef".into(),
+        plan_key: plan_key.clone(),
+        label: "pgbench-s1".into(),
+        bytes: 30 << 20,
+    };
+    let (client, fake) = FakeApi::start();
+    let run = |id: &str| {
+        let (client, opts, id) = (client.clone(), opts.clone(), id.to_string());
+        async move {
+            let (tx, rx) = mpsc::channel(64);
+            let agents = KubeAgents::launch(client, &scenario(), &id, &opts, tx)
+                .await
+                .unwrap();
+            (agents, rx)
+        }
+    };
+    let gp3 = |run: &str| format!("pgfleet-{run}-gp3-0");
+    let exit_all = |fake: &FakeApi, agents: &KubeAgents| {
+        for l in agents.launched() {
+            fake.update_pod(&l.agent_id, |p| p["status"] = json!({"phase": "Succeeded"}));
+        }
+    };
+
+    // Run 1: nothing to start from.
+    let (mut agents, _rx) = run(RUN).await;
+    let pvc = fake
+        .object("persistentvolumeclaims", &format!("{}-data", gp3(RUN)))
+        .unwrap();
+    assert!(pvc["spec"]["dataSource"].is_null(), "{pvc}");
+    exit_all(&fake, &agents);
+    let snap = format!("{}-datasets", gp3(RUN));
+    // The snapshot controller cuts it a moment after it is asked.
+    let cutter = {
+        let (fake, snap) = (fake.clone(), snap.clone());
+        tokio::spawn(async move {
+            until("the snapshot is asked for", || {
+                fake.object("volumesnapshots", &snap).is_some()
+            })
+            .await;
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            let at = fake.requests().len();
+            fake.update("volumesnapshots", &snap, |o| {
+                o["status"] = json!({"creationTime": "2026-12-01T10:05:00Z", "readyToUse": true, "restoreSize": "120Gi"})
+            });
+            at
+        })
+    };
+    let gained = BTreeMap::from([
+        (gp3(RUN), vec![held.clone()]),
+        (format!("pgfleet-{RUN}-nvme-0"), vec![held.clone()]),
+    ]);
+    assert!(
+        agents
+            .end(RunEnd {
+                succeeded: true,
+                gained
+            })
+            .await
+            .is_none()
+    );
+    let cut_at = cutter.await.unwrap();
+    let requests = fake.requests();
+    let creates: Vec<&Recorded> = requests
+        .iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/volumesnapshots"))
+        .collect();
+    assert_eq!(
+        creates.len(),
+        1,
+        "gp3 only: local-nvme has no snapshot class"
+    );
+    let body = &creates[0].body;
+    assert_eq!(
+        creates[0].path,
+        format!("/apis/snapshot.storage.k8s.io/v1/namespaces/{NS}/volumesnapshots")
+    );
+    assert_eq!(body["metadata"]["name"], snap.as_str());
+    assert_eq!(body["spec"]["volumeSnapshotClassName"], "ebs-snapshots");
+    assert_eq!(
+        body["spec"]["source"]["persistentVolumeClaimName"],
+        format!("{}-data", gp3(RUN))
+    );
+    assert!(
+        body["metadata"]["ownerReferences"].is_null(),
+        "outlives the run: {body}"
+    );
+    assert_eq!(
+        body["metadata"]["labels"]["pgfleet.io/storage-class"],
+        "gp3"
+    );
+    assert_eq!(
+        body["metadata"]["labels"]["app.kubernetes.io/component"],
+        "dataset-snapshot"
+    );
+    let listed: Vec<Held> = serde_json::from_str(
+        body["metadata"]["annotations"]["pgfleet.io/datasets"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(listed, vec![held.clone()]);
+    let deleted_at = requests
+        .iter()
+        .position(|r| r.method == "DELETE" && r.path.ends_with(&format!("pgfleet-run-{RUN}")))
+        .expect("the run's objects are deleted");
+    assert!(
+        deleted_at > cut_at,
+        "the volume is deleted only once its snapshot is cut ({deleted_at} vs {cut_at})"
+    );
+    assert_eq!(fake.names("volumesnapshots"), vec![snap.clone()]);
+    assert!(fake.names("persistentvolumeclaims").is_empty());
+
+    // Snapshots run 2 must not start from: not ready, another storage
+    // class, other datasets; and an older one of fewer datasets.
+    let other = |name: &str, sc: &str, ready: bool, datasets: &Value, created: &str| {
+        json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+            "metadata": {"name": name, "namespace": NS, "creationTimestamp": created,
+                "labels": {"app.kubernetes.io/managed-by": "pgfleet",
+                           "app.kubernetes.io/component": "dataset-snapshot",
+                           "pgfleet.io/storage-class": sc},
+                "annotations": {"pgfleet.io/datasets": datasets.to_string()}},
+            "status": {"readyToUse": ready, "restoreSize": "10Gi"}})
+    };
+    let mine = json!([held]);
+    let unrelated = json!([{"fingerprint": "toast-x", "plan_key": "[\"toast\",{}]", "label": "toast", "bytes": 1}]);
+    fake.put(
+        "volumesnapshots",
+        other("not-ready", "gp3", false, &mine, "2026-12-02T00:00:00Z"),
+    );
+    fake.put(
+        "volumesnapshots",
+        other("io2", "io2", true, &mine, "2026-12-02T00:00:00Z"),
+    );
+    fake.put(
+        "volumesnapshots",
+        other("unrelated", "gp3", true, &unrelated, "2026-12-02T00:00:00Z"),
+    );
+    fake.put(
+        "volumesnapshots",
+        other("older", "gp3", true, &mine, "2026-11-01T00:00:00Z"),
+    );
+
+    // Run 2: the gp3 volume starts from run 1's snapshot.
+    let run2 = "20261201-110000-abcdef";
+    let (mut agents, _rx) = run(run2).await;
+    let pvc = fake
+        .object("persistentvolumeclaims", &format!("{}-data", gp3(run2)))
+        .unwrap();
+    assert_eq!(
+        pvc["spec"]["dataSource"],
+        json!({"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": snap}),
+        "{pvc}"
+    );
+    assert_eq!(
+        pvc["spec"]["resources"]["requests"]["storage"], "120Gi",
+        "at least the snapshot's restore size"
+    );
+    let pod = fake.object("pods", &gp3(run2)).unwrap();
+    let env = &pod["spec"]["containers"][0]["env"];
+    assert!(
+        env.as_array()
+            .unwrap()
+            .contains(&json!({"name": "PGFLEET_VOLUME_SNAPSHOT", "value": snap})),
+        "{env}"
+    );
+    let nvme = fake
+        .object(
+            "persistentvolumeclaims",
+            &format!("pgfleet-{run2}-nvme-0-data"),
+        )
+        .unwrap();
+    assert!(nvme["spec"]["dataSource"].is_null());
+
+    // It gained another dataset; its snapshot fails: deleted, and said.
+    exit_all(&fake, &agents);
+    let snap2 = format!("{}-datasets", gp3(run2));
+    let failer = {
+        let (fake, snap2) = (fake.clone(), snap2.clone());
+        tokio::spawn(async move {
+            until("the second snapshot is asked for", || {
+                fake.object("volumesnapshots", &snap2).is_some()
+            })
+            .await;
+            fake.update("volumesnapshots", &snap2, |o| {
+                o["status"] = json!({"readyToUse": false, "error": {"message": "EBS: SnapshotLimitExceeded"}})
+            });
+        })
+    };
+    let toast = Held {
+        fingerprint: "toast-0123".into(),
+        plan_key: "[\"toast\",{}]".into(),
+        label: "toast".into(),
+        bytes: 1,
+    };
+    agents
+        .end(RunEnd {
+            succeeded: true,
+            gained: BTreeMap::from([(gp3(run2), vec![toast.clone()])]),
+        })
+        .await;
+    failer.await.unwrap();
+    let requests = fake.requests();
+    let second = requests
+        .iter()
+        .find(|r| r.method == "POST" && r.body["metadata"]["name"] == snap2.as_str())
+        .unwrap();
+    let listed: Vec<Held> = serde_json::from_str(
+        second.body["metadata"]["annotations"]["pgfleet.io/datasets"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        listed,
+        vec![held, toast],
+        "what the volume came with and what it gained"
+    );
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.method == "DELETE" && r.path.ends_with(&format!("volumesnapshots/{snap2}"))),
+        "a failed snapshot is deleted"
+    );
+    assert!(!fake.names("volumesnapshots").contains(&snap2));
+    requests
 }

@@ -59,6 +59,7 @@ pub fn agent_env(root: &Path, store: &Path) -> pgfleet_agent::cell::AgentEnv {
         data_root: root.to_path_buf(),
         datasets: pgfleet_proto::dataset::LocalStore::new(store),
         remote: None,
+        snapshot: None,
         storage_profile: "nvme".into(),
         caps: Default::default(),
         emulated: false,

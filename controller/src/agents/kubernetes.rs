@@ -14,24 +14,40 @@
 //! (unschedulable, image pull failure, volume not bound) is given up with
 //! the reason read from its conditions, container states and events.
 //!
-//! The requests it makes, and so the verbs `deploy/base/role.yaml` grants:
+//! Datasets as CSI snapshots (`--dataset-snapshots STORAGECLASS=SNAPSHOTCLASS`):
+//! at a run's end, the volume of each agent whose store gained a dataset
+//! (built there, or downloaded into it) is snapshotted — after its pod
+//! exited, before the run's owner (and the volume) is deleted, waiting for
+//! the snapshot to be cut — into a VolumeSnapshot that outlives the run,
+//! labelled by storage class and annotated with the datasets it holds. A
+//! later run's agent of that storage class whose cells need one of them
+//! gets a volume created from the newest ready snapshot holding the most
+//! (`dataSource`), and is told so (`PGFLEET_VOLUME_SNAPSHOT`): it reads the
+//! datasets in full before the first cell uses one (hydration), since such
+//! a volume fetches each block lazily on first touch.
+//!
+//! The requests it makes, and so the verbs `deploy/base/rbac.yaml` grants:
 //! configmaps create, list, delete; persistentvolumeclaims create; pods
-//! create, list, watch; events list.
+//! create, list, watch; events list; volumesnapshots list, create, get,
+//! delete.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Event as KubeEvent, PersistentVolumeClaim, Pod};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams,
+};
 use kube::runtime::watcher;
 use kube::runtime::{WatchStreamExt, watcher::Event as WatchEvent};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::{AgentSource, Launched};
+use super::{AgentSource, Held, Launched, RunEnd};
 use crate::events::Event;
 use crate::scenario::{Cleanup, FleetEntry, Scenario};
 use pgfleet_proto::workload::Invalid;
@@ -77,6 +93,13 @@ pub struct KubeOptions {
     /// Secret whose keys are its credentials in the pods' environment.
     pub dataset_remote: Option<String>,
     pub dataset_remote_secret: Option<String>,
+    /// StorageClass -> VolumeSnapshotClass: agents' volumes of these
+    /// storage classes keep their datasets as CSI snapshots (see the
+    /// module's comment).
+    pub dataset_snapshots: BTreeMap<String, String>,
+    /// How long the end of a run waits for its snapshots to be cut (their
+    /// `status.creationTime`) before it deletes the volumes.
+    pub snapshot_cut_timeout: Duration,
 }
 
 impl Default for KubeOptions {
@@ -92,6 +115,8 @@ impl Default for KubeOptions {
             exit_grace: Duration::from_secs(60),
             dataset_remote: None,
             dataset_remote_secret: None,
+            dataset_snapshots: BTreeMap::new(),
+            snapshot_cut_timeout: Duration::from_secs(600),
         }
     }
 }
@@ -426,6 +451,9 @@ fn agent_objects(
     if let Some(url) = &opts.dataset_remote {
         env.push(json!({"name": "PGFLEET_DATASET_REMOTE", "value": url}));
     }
+    if let Some(h) = storage.and_then(|s| s.hydrate.as_ref()) {
+        env.push(json!({"name": "PGFLEET_HYDRATE", "value": h.value}));
+    }
     let mut mounts = vec![
         json!({"name": "data", "mountPath": DATA_ROOT}),
         json!({"name": "join-token", "mountPath": TOKEN_DIR, "readOnly": true}),
@@ -554,6 +582,11 @@ pub struct KubeAgents {
     pods: watch::Receiver<HashMap<String, PodState>>,
     stop_watch: CancellationToken,
     cleanup: Cleanup,
+    /// Per agent: the snapshot its volume was created from, and the
+    /// datasets it holds (kept in the agent's next snapshot).
+    from_snapshot: BTreeMap<String, Snapshot>,
+    /// Per agent: its volume's storage class (where the scenario names one).
+    storage_classes: BTreeMap<String, String>,
 }
 
 /// The owner ConfigMap's annotation on a kept run: when serve deletes it.
@@ -582,7 +615,13 @@ impl KubeAgents {
             ))
         })?;
         let uid = owner.metadata.uid.clone().unwrap_or_default();
-        let me = KubeAgents::watch(
+        let mut objects = objects;
+        let from_snapshot = if opts.dataset_snapshots.is_empty() {
+            BTreeMap::new()
+        } else {
+            from_snapshots(&client, sc, opts, &mut objects.agents).await
+        };
+        let mut me = KubeAgents::watch(
             client.clone(),
             run_id,
             opts,
@@ -590,6 +629,8 @@ impl KubeAgents {
             events,
             sc.cleanup(),
         );
+        me.from_snapshot = from_snapshot;
+        me.storage_classes = storage_classes(&objects.agents);
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
         for mut a in objects.agents {
@@ -622,15 +663,21 @@ impl KubeAgents {
 
     /// Takes over a run launched by an earlier controller (a resumed run):
     /// watches its pods and deletes (or keeps) its objects when it ends.
+    /// (Which snapshot its volumes came from is not known again: a
+    /// snapshot at its end lists only the datasets gained.)
     pub fn attach(
         client: kube::Client,
         run_id: &str,
         opts: &KubeOptions,
         agents: Vec<Launched>,
         events: mpsc::Sender<Event>,
-        cleanup: Cleanup,
+        sc: &Scenario,
     ) -> KubeAgents {
-        KubeAgents::watch(client, run_id, opts, agents, events, cleanup)
+        let mut me = KubeAgents::watch(client, run_id, opts, agents, events, sc.cleanup());
+        if let Ok(objects) = plan(sc, run_id, opts) {
+            me.storage_classes = storage_classes(&objects.agents);
+        }
+        me
     }
 
     fn watch(
@@ -660,13 +707,17 @@ impl KubeAgents {
             pods: state_rx,
             stop_watch: stop,
             cleanup,
+            from_snapshot: BTreeMap::new(),
+            storage_classes: BTreeMap::new(),
         }
     }
 
     /// The run's end by `cleanup:`: its objects deleted, or kept with a
     /// `pgfleet.io/keep-until` annotation on their owner (serve's reaper
     /// deletes them then). What was kept, for the report.
-    pub async fn end(&mut self, succeeded: bool) -> Option<serde_json::Value> {
+    pub async fn end(&mut self, end: RunEnd) -> Option<serde_json::Value> {
+        let succeeded = end.succeeded;
+        self.snapshot_datasets(&end.gained).await;
         let c = self.cleanup;
         if !(if succeeded {
             c.keep_on_success
@@ -704,6 +755,128 @@ impl KubeAgents {
         }
         tracing::info!(run = %self.run_id, "kept {} objects until {until} (cleanup: keep)", objects.len());
         Some(json!({"until": until, "namespace": ns, "owner": owner, "objects": objects}))
+    }
+
+    /// Snapshots the volume of each agent whose store gained a dataset in
+    /// this run (its storage class mapped to a snapshot class), after its
+    /// pod ended, and waits (bounded) until each snapshot is cut, so that
+    /// deleting the volumes next loses nothing. A snapshot that fails or is
+    /// not cut in time is deleted and said. Returns the snapshots made.
+    pub async fn snapshot_datasets(&mut self, gained: &BTreeMap<String, Vec<Held>>) -> Vec<String> {
+        let mut wanted = Vec::new();
+        for l in &self.launched {
+            let Some(new) = gained.get(&l.agent_id).filter(|g| !g.is_empty()) else {
+                continue;
+            };
+            let Some((sc, class)) = self
+                .storage_classes
+                .get(&l.agent_id)
+                .and_then(|sc| Some((sc, self.opts.dataset_snapshots.get(sc)?)))
+            else {
+                continue;
+            };
+            let mut held = self
+                .from_snapshot
+                .get(&l.agent_id)
+                .map(|s| s.datasets.clone())
+                .unwrap_or_default();
+            for h in new {
+                if !held.iter().any(|x| x.fingerprint == h.fingerprint) {
+                    held.push(h.clone());
+                }
+            }
+            wanted.push((l.agent_id.clone(), sc.clone(), class.clone(), held));
+        }
+        if wanted.is_empty() {
+            return Vec::new();
+        }
+        // Quiesced: the agents stopped their clusters and exited.
+        self.wait_exit().await;
+        let ns = &self.opts.namespace;
+        let api = snapshot_api(&self.client, ns);
+        let mut made = Vec::new();
+        for (agent, sc, class, held) in wanted {
+            let name = format!("{agent}-datasets");
+            let mut l = labels(&self.run_id, "dataset-snapshot", None);
+            l.insert("pgfleet.io/storage-class".into(), sc.clone());
+            let obj = json!({
+                "apiVersion": "snapshot.storage.k8s.io/v1",
+                "kind": "VolumeSnapshot",
+                "metadata": {
+                    "name": name,
+                    "namespace": ns,
+                    "labels": l,
+                    "annotations": {DATASETS_ANNOTATION: serde_json::to_string(&held).unwrap_or_default()},
+                },
+                "spec": {
+                    "volumeSnapshotClassName": class,
+                    "source": {"persistentVolumeClaimName": format!("{agent}-data")},
+                },
+            });
+            match api.create(&PostParams::default(), &from_value(obj)).await {
+                Ok(_) => made.push(name),
+                Err(e) => tracing::error!(
+                    run = %self.run_id,
+                    "snapshotting {agent}'s datasets ({}): {}; later runs will build or download them again",
+                    held.iter().map(|h| h.fingerprint.as_str()).collect::<Vec<_>>().join(", "),
+                    kube_hint(&e)
+                ),
+            }
+        }
+        let deadline = Instant::now() + self.opts.snapshot_cut_timeout;
+        let mut pending: BTreeSet<String> = made.iter().cloned().collect();
+        let mut failed = Vec::new();
+        while !pending.is_empty() {
+            for name in pending.clone() {
+                match api.get(&name).await {
+                    Ok(o) if o.data["status"]["error"]["message"].is_string() => {
+                        failed.push((
+                            name.clone(),
+                            o.data["status"]["error"]["message"].to_string(),
+                        ));
+                        pending.remove(&name);
+                    }
+                    Ok(o)
+                        if !o.data["status"]["creationTime"].is_null()
+                            || o.data["status"]["readyToUse"] == true =>
+                    {
+                        pending.remove(&name);
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        failed.push((name.clone(), kube_hint(&e)));
+                        pending.remove(&name);
+                    }
+                }
+            }
+            if pending.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                for name in std::mem::take(&mut pending) {
+                    failed.push((
+                        name,
+                        format!("not cut within {:?}", self.opts.snapshot_cut_timeout),
+                    ));
+                }
+                break;
+            }
+            tokio::time::sleep(SNAPSHOT_POLL).await;
+        }
+        for (name, why) in &failed {
+            tracing::error!(run = %self.run_id, "volume snapshot {ns}/{name}: {why}; deleting it (later runs build or download its datasets again)");
+            if let Err(e) = api.delete(name, &DeleteParams::default()).await {
+                tracing::error!(
+                    "deleting volume snapshot {ns}/{name}: {}; delete it by hand",
+                    kube_hint(&e)
+                );
+            }
+            made.retain(|m| m != name);
+        }
+        for name in &made {
+            tracing::info!(run = %self.run_id, "kept the datasets of volume {name} as VolumeSnapshot {ns}/{name}: later runs' volumes of its storage class start from it");
+        }
+        made
     }
 
     /// Waits (bounded) for the agents, told to shut down, to end their pods.
@@ -744,9 +917,194 @@ impl AgentSource for KubeAgents {
         self.stop(true).boxed()
     }
 
-    fn finish(&mut self, succeeded: bool) -> BoxFuture<'_, Option<serde_json::Value>> {
-        self.end(succeeded).boxed()
+    fn finish(&mut self, end: RunEnd) -> BoxFuture<'_, Option<serde_json::Value>> {
+        self.end(end).boxed()
     }
+}
+
+/// Each agent's volume's storage class, where the scenario names one.
+fn storage_classes(agents: &[AgentObjects]) -> BTreeMap<String, String> {
+    agents
+        .iter()
+        .filter_map(|a| {
+            let sc = a.pvc.spec.as_ref()?.storage_class_name.clone()?;
+            Some((a.launched.agent_id.clone(), sc))
+        })
+        .collect()
+}
+
+/// The annotation of a dataset snapshot listing the datasets it holds
+/// (JSON: `[Held]`).
+pub const DATASETS_ANNOTATION: &str = "pgfleet.io/datasets";
+const SNAPSHOT_POLL: Duration = Duration::from_secs(2);
+
+fn snapshot_api(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", "VolumeSnapshot");
+    let ar = ApiResource::from_gvk_with_plural(&gvk, "volumesnapshots");
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+/// A dataset snapshot pgfleet made (a VolumeSnapshot it labelled).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    pub name: String,
+    pub storage_class: String,
+    pub ready: bool,
+    /// `status.restoreSize` in bytes: a volume made from it is no smaller.
+    pub restore_bytes: u64,
+    pub created: String,
+    pub datasets: Vec<Held>,
+}
+
+impl Snapshot {
+    fn of(o: &DynamicObject) -> Option<Snapshot> {
+        let m = &o.metadata;
+        Some(Snapshot {
+            name: m.name.clone()?,
+            storage_class: m.labels.as_ref()?.get("pgfleet.io/storage-class")?.clone(),
+            ready: o.data["status"]["readyToUse"] == true,
+            restore_bytes: o.data["status"]["restoreSize"]
+                .as_str()
+                .and_then(parse_quantity)
+                .unwrap_or(0),
+            created: m
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.to_string())
+                .unwrap_or_default(),
+            datasets: serde_json::from_str(m.annotations.as_ref()?.get(DATASETS_ANNOTATION)?)
+                .ok()?,
+        })
+    }
+}
+
+/// Bytes of a Kubernetes quantity (`100Gi`, `5368709120`, `10G`).
+pub fn parse_quantity(q: &str) -> Option<u64> {
+    let q = q.trim();
+    let split = q.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(q.len());
+    let (n, unit) = q.split_at(split);
+    let n: f64 = n.parse().ok()?;
+    let mult: f64 = match unit {
+        "" => 1.0,
+        "Ki" => 1024.0,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        _ => return None,
+    };
+    Some((n * mult).ceil() as u64)
+}
+
+/// The snapshot a volume of storage class `sc` whose cells need the
+/// datasets `needs` (plan keys) starts from: a ready one of that class
+/// holding the most of them, the newest of those; None if none holds any.
+pub fn choose<'a>(
+    found: &'a [Snapshot],
+    sc: &str,
+    needs: &BTreeSet<String>,
+) -> Option<&'a Snapshot> {
+    found
+        .iter()
+        .filter(|s| s.ready && s.storage_class == sc)
+        .map(|s| {
+            let n = s
+                .datasets
+                .iter()
+                .filter(|d| needs.contains(&d.plan_key))
+                .count();
+            (n, s)
+        })
+        .filter(|(n, _)| *n > 0)
+        .max_by(|(n1, a), (n2, b)| n1.cmp(n2).then_with(|| a.created.cmp(&b.created)))
+        .map(|(_, s)| s)
+}
+
+/// Gives each agent whose storage class keeps dataset snapshots a volume
+/// made from the snapshot holding its class's datasets, if there is one
+/// (`choose`), and tells its pod. A snapshot list that fails is said and
+/// the run goes on without (its cells build or download their data).
+async fn from_snapshots(
+    client: &kube::Client,
+    sc: &Scenario,
+    opts: &KubeOptions,
+    agents: &mut [AgentObjects],
+) -> BTreeMap<String, Snapshot> {
+    let ns = &opts.namespace;
+    let selector =
+        "app.kubernetes.io/managed-by=pgfleet,app.kubernetes.io/component=dataset-snapshot";
+    let found: Vec<Snapshot> = match snapshot_api(client, ns)
+        .list(&ListParams::default().labels(selector))
+        .await
+    {
+        Ok(l) => l.items.iter().filter_map(Snapshot::of).collect(),
+        Err(e) => {
+            tracing::warn!(
+                "listing dataset snapshots in {ns}: {}; this run's volumes start empty",
+                kube_hint(&e)
+            );
+            return BTreeMap::new();
+        }
+    };
+    let mut needs: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for c in crate::scenario::plan::plan(sc) {
+        if let Some(share) = &c.share {
+            needs
+                .entry(c.instance_class.clone())
+                .or_default()
+                .insert(share.key.clone());
+        }
+    }
+    let mut chosen = BTreeMap::new();
+    for a in agents.iter_mut() {
+        let Some(storage_class) = a
+            .pvc
+            .spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.clone())
+            .filter(|c| opts.dataset_snapshots.contains_key(c))
+        else {
+            continue;
+        };
+        let Some(need) = needs.get(&a.launched.instance_class) else {
+            continue;
+        };
+        let Some(snap) = choose(&found, &storage_class, need) else {
+            continue;
+        };
+        let mut pvc = to_value(&a.pvc);
+        pvc["spec"]["dataSource"] = json!({
+            "apiGroup": "snapshot.storage.k8s.io",
+            "kind": "VolumeSnapshot",
+            "name": snap.name,
+        });
+        let asked = pvc["spec"]["resources"]["requests"]["storage"]
+            .as_str()
+            .and_then(parse_quantity)
+            .unwrap_or(0);
+        if snap.restore_bytes > asked {
+            pvc["spec"]["resources"]["requests"]["storage"] = json!(quantity(snap.restore_bytes));
+        }
+        a.pvc = from_value(pvc);
+        let mut pod = to_value(&a.pod);
+        if let Some(env) = pod["spec"]["containers"][0]["env"].as_array_mut() {
+            env.push(json!({"name": "PGFLEET_VOLUME_SNAPSHOT", "value": snap.name}));
+        }
+        a.pod = from_value(pod);
+        tracing::info!(
+            agent = %a.launched.agent_id,
+            "volume from VolumeSnapshot {ns}/{} ({})",
+            snap.name,
+            snap.datasets.iter().map(|d| d.fingerprint.as_str()).collect::<Vec<_>>().join(", ")
+        );
+        chosen.insert(a.launched.agent_id.clone(), snap.clone());
+    }
+    chosen
 }
 
 /// Deletes a run's owner with foreground propagation: the garbage collector
@@ -1048,5 +1406,44 @@ mod tests {
             env.contains(&json!({"name": "PGFLEET_DATASET_REMOTE", "value": "s3://b/p"})),
             "{env:?}"
         );
+    }
+
+    /// `storage.hydrate` reaches the agent (`--hydrate`); a bad one is a
+    /// located error.
+    #[test]
+    fn hydrate_reaches_the_pods_and_a_bad_mode_is_refused() {
+        let sc = |hydrate: &str| {
+            crate::scenario::parse(
+                std::path::Path::new("k.yaml"),
+                &format!(
+                    "name: k\nfleet:\n  - name: a\n    storage: {{profile: gp3, emulate: false, storage_class: gp3, hydrate: {hydrate}}}\nworkloads: [{{kind: pgbench, scale: 1}}]\n"
+                ),
+            )
+        };
+        let objects = plan(&sc("none").unwrap(), "r1", &KubeOptions::default()).unwrap();
+        let env =
+            serde_json::to_value(&objects.agents[0].pod).unwrap()["spec"]["containers"][0]["env"]
+                .clone();
+        assert!(
+            env.as_array()
+                .unwrap()
+                .contains(&json!({"name": "PGFLEET_HYDRATE", "value": "none"})),
+            "{env}"
+        );
+        let e = sc("lazy").unwrap_err();
+        assert_eq!(e.field, "fleet[0].storage.hydrate", "{e}");
+        assert_eq!(e.line, 4, "{e}");
+        assert!(e.message.contains("read-all"), "{e}");
+    }
+
+    #[test]
+    fn quantities_parse_as_kubernetes_writes_them() {
+        assert_eq!(parse_quantity("120Gi"), Some(120 << 30));
+        assert_eq!(parse_quantity("1536Mi"), Some(1536 << 20));
+        assert_eq!(parse_quantity("10G"), Some(10_000_000_000));
+        assert_eq!(parse_quantity("5368709120"), Some(5 << 30));
+        assert_eq!(parse_quantity("1.5Ti"), Some(3 << 39));
+        assert_eq!(parse_quantity("12Qi"), None);
+        assert_eq!(quantity(parse_quantity("120Gi").unwrap()), "120Gi");
     }
 }

@@ -208,6 +208,23 @@ pub fn datasets(cells: &[crate::store::CellRow]) -> Vec<String> {
             reused.join(", ")
         ));
     }
+    // `hydrate: none`: restored from a volume snapshot's lazy blocks.
+    let lazy: Vec<&str> = cells
+        .iter()
+        .filter(|c| {
+            c.environment
+                .as_ref()
+                .is_some_and(|e| e["dataset"]["hydration"]["hydrated"] == false)
+        })
+        .map(|c| c.cell_id.as_str())
+        .collect();
+    if !lazy.is_empty() {
+        out.push(format!(
+            "warning: cell{} {} restored data from a volume created from a snapshot without reading it first (storage.hydrate: none): such a volume fetches each block from the snapshot on first touch, so their figures include the lazy restore, not only the storage; use `hydrate: read-all` (the default)",
+            if lazy.len() == 1 { "" } else { "s" },
+            lazy.join(", ")
+        ));
+    }
     for c in cells {
         let Some(d) = c.environment.as_ref().map(|e| &e["dataset"]) else {
             continue;
@@ -465,6 +482,22 @@ mod tests {
         let r = datasets(&[reused("r2"), reused("r3")]);
         assert_eq!(r.len(), 1, "{r:?}");
         assert!(r[0].contains("cells r2, r3 reused a cluster"), "{r:?}");
+        let from_snapshot = |id: &str, hydrated: bool| {
+            cell(
+                id,
+                json!({"fingerprint": "pgbench-s1-x", "how": "restored", "cache": "rewarmed",
+                       "hydration": {"snapshot": "s", "mode": if hydrated { "read-all" } else { "none" },
+                                     "hydrated": hydrated}}),
+            )
+        };
+        assert!(datasets(&[from_snapshot("h1", true)]).is_empty());
+        let l = datasets(&[from_snapshot("h1", true), from_snapshot("h2", false)]);
+        assert_eq!(l.len(), 1, "{l:?}");
+        assert!(
+            l[0].contains("cell h2 restored data from a volume created from a snapshot")
+                && l[0].contains("hydrate: none"),
+            "{l:?}"
+        );
         assert!(w[0].contains("cell b") && w[0].contains("SHA-256"), "{w:?}");
         assert!(
             w[1].contains("cell c") && w[1].contains("load it again"),

@@ -962,7 +962,8 @@ fn datasets(md: &mut String, doc: &Json) {
         "\n## Datasets\n\nA cell's data is built once (loaded, published to the agent's dataset store after a clean shutdown) and restored by later cells that need the same bytes (`data: reuse`, the default), or loaded by the cell itself (`data: fresh`). \
          Built and restored cells start alike: the server freshly started, the data's files dropped from the page cache, then read back through the server as a load leaves them (`rewarmed`); `fresh` cells measure right after their own load (`as loaded`). \
          A restored cell's load figures are its builder's. \
-         With `reuse_cluster: true` a cell may instead reuse the cluster the previous cell of its dataset left on its agent, after the kind's reset (`reused`: its cache is as that cell left it, not rewarmed).\n\n\
+         With `reuse_cluster: true` a cell may instead reuse the cluster the previous cell of its dataset left on its agent, after the kind's reset (`reused`: its cache is as that cell left it, not rewarmed). \
+         On an agent whose volume was created from a dataset snapshot (Kubernetes, `--dataset-snapshots`), the first cell restoring a dataset the snapshot brought reads every block of it first (`storage.hydrate: read-all`): such a volume fetches blocks lazily on first touch.\n\n\
          | cell | dataset | how | wait s | load s | publish s | restore s | restore MB/s | cache | note |\n|---|---|---|---|---|---|---|---|---|---|"
     );
     let s = |v: &Json| v.as_str().unwrap_or("").to_string();
@@ -1017,6 +1018,23 @@ fn datasets(md: &mut String, doc: &Json) {
         }
         if let Some(why) = d["not_reused"].as_str() {
             note.push(format!("not reused: {why}"));
+        }
+        let h = &d["hydration"];
+        if h.is_object() {
+            let snap = s(&h["snapshot"]);
+            let by = s(&h["by_cell"]);
+            note.push(if h["hydrated"] != true {
+                format!("**not hydrated** (volume from snapshot {snap}, `hydrate: none`): its figures include the lazy restore")
+            } else {
+                format!(
+                    "volume from snapshot {snap}, hydrated {}: first byte after {:.0} ms, {} in {:.1} s ({:.0} MB/s)",
+                    if by == s(&c["cell_id"]) { "by this cell".to_string() } else { format!("by cell {by}") },
+                    h["ttfb_ms"].as_f64().unwrap_or(0.0),
+                    pgfleet_proto::workload::approx_bytes(h["bytes"].as_u64().unwrap_or(0)),
+                    h["seconds"].as_f64().unwrap_or(0.0),
+                    h["mb_per_s"].as_f64().unwrap_or(0.0),
+                )
+            });
         }
         let _ = writeln!(
             md,
@@ -1117,6 +1135,31 @@ mod render_tests {
         );
         let (md, _) = render(&serde_json::json!({"run_id": "r"}));
         assert!(!md.contains("Kept for debugging"), "{md}");
+    }
+
+    /// A restore from a volume snapshot says how the snapshot's blocks
+    /// were read first, by which cell; an unhydrated one is said in bold.
+    #[test]
+    fn datasets_say_how_a_snapshots_volume_was_hydrated() {
+        let cell = |id: &str, h: serde_json::Value| {
+            serde_json::json!({"cell_id": id, "agent": "g0", "environment": {"dataset": {
+                "fingerprint": "pgbench-s500-x", "how": "restored", "cache": "rewarmed", "hydration": h}}})
+        };
+        let h = serde_json::json!({"snapshot": "pgfleet-r-gp3-0-datasets", "mode": "read-all", "hydrated": true,
+            "by_cell": "a", "ttfb_ms": 41.5, "seconds": 310.2, "bytes": 7_600_000_000u64, "mb_per_s": 24.5});
+        let lazy =
+            serde_json::json!({"snapshot": "s2", "mode": "none", "hydrated": false, "bytes": 0});
+        let (md, _) = render(&serde_json::json!({"run_id": "r",
+            "cells": [cell("a", h.clone()), cell("b", h), cell("c", lazy)]}));
+        assert!(
+            md.contains("volume from snapshot pgfleet-r-gp3-0-datasets, hydrated by this cell: first byte after 42 ms, 7.1 GiB in 310.2 s (24 MB/s)"),
+            "{md}"
+        );
+        assert!(md.contains("hydrated by cell a: first byte"), "{md}");
+        assert!(
+            md.contains("**not hydrated** (volume from snapshot s2, `hydrate: none`)"),
+            "{md}"
+        );
     }
 
     /// Each cell's time beside its estimate, and how the estimates held:

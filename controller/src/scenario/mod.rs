@@ -718,6 +718,12 @@ pub struct StorageSpec {
     /// On Kubernetes: each agent's volume size (default 10GiB).
     #[serde(default)]
     pub size: Option<Spanned<pgfleet_proto::workload::ByteSize>>,
+    /// On Kubernetes, a volume created from a dataset snapshot: `read-all`
+    /// (default) reads every block of its datasets before the first cell
+    /// uses them (such a volume fetches blocks lazily on first touch);
+    /// `none` leaves them lazy, and the report warns.
+    #[serde(default)]
+    pub hydrate: Option<Spanned<String>>,
 }
 
 /// EBS gp3's baseline and what can be provisioned on top (AWS's EBS

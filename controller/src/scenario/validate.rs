@@ -10,6 +10,9 @@ use pgfleet_proto::workload::{Field, Invalid, Params};
 
 use super::{Scenario, Unit, WorkloadEntry};
 
+/// `storage.hydrate`'s modes (the agent's `--hydrate`).
+pub const HYDRATE_MODES: &[&str] = &["read-all", "none"];
+
 pub const STORAGE_PROFILES: &[&str] = &["nvme", "gp3", "custom"];
 
 fn err<T>(
@@ -131,6 +134,18 @@ pub fn validate(s: &Scenario) -> Result<Vec<Vec<Unit>>, Invalid> {
                     format!(
                         "`{}` is not a StorageClass name: use lower-case letters, digits, `-` and `.` (e.g. gp3)",
                         sc.value
+                    ),
+                );
+            }
+            if let Some(h) = &st.hydrate
+                && !HYDRATE_MODES.contains(&h.value.as_str())
+            {
+                return err(
+                    h.referenced,
+                    at("storage.hydrate"),
+                    format!(
+                        "unknown hydrate mode `{}`: use `read-all` (read every block of a snapshot's datasets before measuring) or `none`",
+                        h.value
                     ),
                 );
             }
