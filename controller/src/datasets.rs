@@ -31,6 +31,47 @@ pub struct DatasetView {
     pub discarded: u64,
     /// The runs whose cells used it.
     pub runs: Vec<String>,
+    /// On Kubernetes with `--dataset-snapshots`: the VolumeSnapshots that
+    /// hold it (later runs' volumes of their storage class start from them).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<SnapshotView>,
+}
+
+/// A VolumeSnapshot holding a dataset.
+#[derive(Debug, Clone, Default, Serialize, utoipa::ToSchema)]
+pub struct SnapshotView {
+    pub name: String,
+    pub storage_class: String,
+    pub ready: bool,
+    pub created: String,
+}
+
+/// Adds the snapshots holding each dataset to `views` (a dataset only a
+/// snapshot holds gets a view of its own).
+#[cfg(feature = "server")]
+pub fn with_snapshots(views: &mut Vec<DatasetView>, snaps: &[crate::agents::kubernetes::Snapshot]) {
+    for snap in snaps {
+        for held in &snap.datasets {
+            let i = match views.iter().position(|v| v.fingerprint == held.fingerprint) {
+                Some(i) => i,
+                None => {
+                    views.push(DatasetView {
+                        fingerprint: held.fingerprint.clone(),
+                        label: held.label.clone(),
+                        bytes: held.bytes,
+                        ..Default::default()
+                    });
+                    views.len() - 1
+                }
+            };
+            views[i].snapshots.push(SnapshotView {
+                name: snap.name.clone(),
+                storage_class: snap.storage_class.clone(),
+                ready: snap.ready,
+                created: snap.created.clone(),
+            });
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, utoipa::ToSchema)]
@@ -205,4 +246,55 @@ pub fn remove(dir: &Path, fingerprints: &[String]) -> Result<String> {
         let _ = writeln!(out, "removed {fp} ({})", approx_bytes(bytes));
     }
     Ok(out)
+}
+
+#[cfg(all(test, feature = "server"))]
+mod tests {
+    use super::*;
+    use crate::agents::Held;
+    use crate::agents::kubernetes::Snapshot;
+
+    /// `GET /v1/datasets` on Kubernetes: each dataset lists the snapshots
+    /// holding it; one only a snapshot holds is listed too.
+    #[test]
+    fn snapshots_are_listed_with_the_datasets_they_hold() {
+        let held = |fp: &str| Held {
+            fingerprint: fp.into(),
+            plan_key: format!("[\"{fp}\"]"),
+            label: "pgbench-s500".into(),
+            bytes: 7 << 30,
+        };
+        let mut views = vec![DatasetView {
+            fingerprint: "a".into(),
+            restored: 3,
+            ..Default::default()
+        }];
+        let snap = |name: &str, ds: Vec<Held>| Snapshot {
+            name: name.into(),
+            storage_class: "gp3".into(),
+            ready: true,
+            restore_bytes: 0,
+            created: "2026-12-04T10:00:00Z".into(),
+            datasets: ds,
+        };
+        with_snapshots(
+            &mut views,
+            &[
+                snap("s1", vec![held("a")]),
+                snap("s2", vec![held("a"), held("b")]),
+            ],
+        );
+        assert_eq!(views.len(), 2);
+        let names = |v: &DatasetView| {
+            v.snapshots
+                .iter()
+                .map(|s| s.name.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&views[0]), ["s1", "s2"]);
+        assert_eq!(views[0].restored, 3);
+        assert_eq!(views[1].fingerprint, "b");
+        assert_eq!(views[1].bytes, 7 << 30);
+        assert_eq!(names(&views[1]), ["s2"]);
+    }
 }

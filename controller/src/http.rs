@@ -755,7 +755,9 @@ async fn agents(State(s): State<Shared>) -> Response {
 
 /// The datasets the stored runs' cells built and restored, by
 /// fingerprint: who built each and when, how often it was restored, and by
-/// which runs (the agents' stores hold the data; see `pgfleet datasets`).
+/// which runs (the agents' stores hold the data; see `pgfleet datasets`);
+/// on Kubernetes with `--dataset-snapshots`, the VolumeSnapshots holding
+/// each.
 #[utoipa::path(get, path = "/v1/datasets",
     responses(
         (status = 200, body = Vec<crate::datasets::DatasetView>),
@@ -764,10 +766,24 @@ async fn agents(State(s): State<Shared>) -> Response {
     ),
     security(("bearer" = [])), tag = "datasets")]
 async fn datasets(State(s): State<Shared>) -> Response {
-    match crate::datasets::seen(&s.service.store) {
-        Ok(v) => json(StatusCode::OK, &v),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    let mut views = match crate::datasets::seen(&s.service.store) {
+        Ok(v) => v,
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    if let crate::queue::Source::Kubernetes(k) = &s.source
+        && !k.opts.dataset_snapshots.is_empty()
+    {
+        match crate::agents::kubernetes::dataset_snapshots(&k.client, &k.opts.namespace).await {
+            Ok(snaps) => crate::datasets::with_snapshots(&mut views, &snaps),
+            Err(e) => {
+                return error(
+                    StatusCode::BAD_GATEWAY,
+                    format!("listing the dataset snapshots: {e}"),
+                );
+            }
+        }
     }
+    json(StatusCode::OK, &views)
 }
 
 /// Prometheus HTTP service discovery: the connected agents that serve
@@ -896,7 +912,7 @@ impl Modify for BearerAuth {
 #[openapi(
     info(title = "pgfleet", description = "Submit PostgreSQL storage experiments to a pgfleet controller, follow them, and fetch their reports."),
     paths(submit, list_runs, get_run, cancel_run, events, history, report_json, report_md, report_html, plots, plot, agents, datasets, healthz, readyz, metrics, sd_agents, openapi_json),
-    components(schemas(ApiError, StreamEvent, Location, Links, Submitted, RunSummary, Progress, CellView, RunDetail, AgentView, SdTargets, crate::datasets::DatasetView, crate::datasets::DatasetUse)),
+    components(schemas(ApiError, StreamEvent, Location, Links, Submitted, RunSummary, Progress, CellView, RunDetail, AgentView, SdTargets, crate::datasets::DatasetView, crate::datasets::DatasetUse, crate::datasets::SnapshotView)),
     modifiers(&BearerAuth),
 )]
 pub struct ApiDoc;

@@ -1025,6 +1025,17 @@ pub fn choose<'a>(
         .map(|(_, s)| s)
 }
 
+/// The dataset snapshots pgfleet made in namespace `ns`.
+pub async fn dataset_snapshots(client: &kube::Client, ns: &str) -> Result<Vec<Snapshot>, String> {
+    let selector =
+        "app.kubernetes.io/managed-by=pgfleet,app.kubernetes.io/component=dataset-snapshot";
+    snapshot_api(client, ns)
+        .list(&ListParams::default().labels(selector))
+        .await
+        .map(|l| l.items.iter().filter_map(Snapshot::of).collect())
+        .map_err(|e| kube_hint(&e))
+}
+
 /// Gives each agent whose storage class keeps dataset snapshots a volume
 /// made from the snapshot holding its class's datasets, if there is one
 /// (`choose`), and tells its pod. A snapshot list that fails is said and
@@ -1036,17 +1047,11 @@ async fn from_snapshots(
     agents: &mut [AgentObjects],
 ) -> BTreeMap<String, Snapshot> {
     let ns = &opts.namespace;
-    let selector =
-        "app.kubernetes.io/managed-by=pgfleet,app.kubernetes.io/component=dataset-snapshot";
-    let found: Vec<Snapshot> = match snapshot_api(client, ns)
-        .list(&ListParams::default().labels(selector))
-        .await
-    {
-        Ok(l) => l.items.iter().filter_map(Snapshot::of).collect(),
+    let found = match dataset_snapshots(client, ns).await {
+        Ok(f) => f,
         Err(e) => {
             tracing::warn!(
-                "listing dataset snapshots in {ns}: {}; this run's volumes start empty",
-                kube_hint(&e)
+                "listing dataset snapshots in {ns}: {e}; this run's volumes start empty"
             );
             return BTreeMap::new();
         }

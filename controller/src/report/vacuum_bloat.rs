@@ -19,8 +19,9 @@ pub fn section(md: &mut String, plots: &mut Plots, doc: &Json, rs: &[Row<PointPa
     let _ = writeln!(
         md,
         "\n## vacuum-bloat: VACUUM of dead tuples\n\n\
-         Bloat = dead tuple bytes in pgbench_accounts just before VACUUM (pgstattuple, or the \
-         statistics views where it is missing). Heap MB/s = table size / VACUUM seconds. Page read \
+         Bloat = dead tuple bytes in pgbench_accounts just before VACUUM (pgstattuple_approx: \
+         exact for dead tuples, reading only the pages not all-visible; or the statistics views \
+         where pgstattuple is missing). Heap MB/s = table size / VACUUM seconds. Page read \
          and WAL sync time over VACUUM's window.\n\n\
          | cell | agent | scale | bloat target MiB | bloat MiB (method) | dead tuples before → removed | table MiB | index MiB | VACUUM s | heap MB/s | index passes | page read ms | WAL sync ms |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|"

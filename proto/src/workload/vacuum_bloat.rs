@@ -108,8 +108,9 @@ pub struct Metrics {
     /// Dead tuple bytes in pgbench_accounts just before VACUUM.
     pub bloat_bytes: u64,
     pub bloat_target_bytes: u64,
-    /// `pgstattuple` (exact, contrib) or `statistics` (pg_stat_user_tables'
-    /// dead tuples times the average tuple size).
+    /// `pgstattuple_approx` (contrib pgstattuple: dead tuples exact, read
+    /// from every page not all-visible) or `statistics`
+    /// (pg_stat_user_tables' dead tuples times the average tuple size).
     pub bloat_method: String,
     pub rows_updated: u64,
     pub bloat_seconds: f64,
