@@ -17,7 +17,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -33,7 +33,7 @@ pub enum Mode {
 }
 
 impl Mode {
-    pub const NAMES: &[&str] = &["read-all", "none"];
+    pub const NAMES: &[&str] = pgfleet_proto::dataset::HYDRATE_MODES;
 
     pub fn parse(s: &str) -> Option<Mode> {
         match s {
@@ -183,6 +183,7 @@ pub async fn read_all(
         }
     }
     let total: u64 = files.iter().map(|f| f.bytes).sum();
+    let stop = Arc::new(AtomicBool::new(false));
     let shared = Arc::new(Shared {
         dir: dir.to_path_buf(),
         files: files.to_vec(),
@@ -190,17 +191,10 @@ pub async fn read_all(
         next: AtomicU64::new(0),
         done: AtomicU64::new(0),
         first_byte_ns: AtomicU64::new(0),
-        stop: AtomicBool::new(false),
+        stop: stop.clone(),
         started: Instant::now(),
     });
-    struct StopOnDrop(Arc<Shared>);
-    impl Drop for StopOnDrop {
-        fn drop(&mut self) {
-            self.0.stop.store(true, Ordering::Relaxed);
-        }
-    }
-    let _guard = StopOnDrop(shared.clone());
-    let task = tokio::task::spawn_blocking({
+    let work = {
         let shared = shared.clone();
         move || {
             std::thread::scope(|s| {
@@ -215,16 +209,16 @@ pub async fn read_all(
                     .collect::<std::io::Result<Vec<()>>>()
             })
         }
-    });
-    tokio::pin!(task);
-    let mut tick = tokio::time::interval(Duration::from_millis(500));
-    let out = loop {
-        tokio::select! {
-            r = &mut task => break r,
-            _ = tick.tick() => progress(shared.done.load(Ordering::Relaxed), total),
-            _ = cancel.cancelled(), if !shared.stop.load(Ordering::Relaxed) => shared.stop.store(true, Ordering::Relaxed),
-        }
     };
+    let out = crate::dataset::blocking_with_progress(
+        work,
+        &shared.done,
+        &stop,
+        total,
+        &mut progress,
+        cancel,
+    )
+    .await;
     let io = |e| Error::io(format!("hydrating {}", dir.display()), e);
     out.map_err(|e| io(std::io::Error::other(e)))?.map_err(io)?;
     if cancel.is_cancelled() {
@@ -250,7 +244,7 @@ struct Shared {
     done: AtomicU64,
     /// Nanoseconds from the start to the first read that returned data.
     first_byte_ns: AtomicU64,
-    stop: AtomicBool,
+    stop: Arc<AtomicBool>,
     started: Instant,
 }
 

@@ -37,6 +37,12 @@ pub const ESTIMATE_COPY_BYTES_PER_SECOND: f64 = 400e6;
 /// cap, the cap (7.7 s at 125 MiB/s).
 pub const ESTIMATE_REWARM_BYTES_PER_SECOND: f64 = 1.4e9;
 
+/// What an agent does with the datasets a volume snapshot brought before a
+/// cell uses them (`storage.hydrate`, the agent's `--hydrate`): `read-all`
+/// reads every block (such a volume fetches blocks lazily on first touch),
+/// `none` leaves them lazy.
+pub const HYDRATE_MODES: &[&str] = &["read-all", "none"];
+
 /// The local store's layout and manifest version.
 pub const STORE_FORMAT: u32 = 1;
 /// The progress phase a cell reports once its dataset is in its cluster

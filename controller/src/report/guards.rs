@@ -192,15 +192,14 @@ pub fn datasets(cells: &[crate::store::CellRow]) -> Vec<String> {
     let mut out = Vec::new();
     // `reuse_cluster`: a reused cell starts from the data its previous
     // cell changed, not from the dataset.
-    let reused: Vec<&str> = cells
-        .iter()
-        .filter(|c| {
-            c.environment
-                .as_ref()
-                .is_some_and(|e| e["dataset"]["how"] == "reused")
-        })
-        .map(|c| c.cell_id.as_str())
-        .collect();
+    let with = |pred: fn(&serde_json::Value) -> bool| -> Vec<&str> {
+        cells
+            .iter()
+            .filter(|c| c.environment.as_ref().is_some_and(|e| pred(&e["dataset"])))
+            .map(|c| c.cell_id.as_str())
+            .collect()
+    };
+    let reused = with(|d| d["how"] == "reused");
     if !reused.is_empty() {
         out.push(format!(
             "warning: cell{} {} reused a cluster an earlier cell had written to (reuse_cluster): after the kind's reset the data is not the dataset as loaded (pgbench: updated rows moved, indexes grown), so compare them with reused cells, not with built or restored ones (on an emulated gp3 with 2 GiB at scale 200, reused cells ran 28 % fewer TPS: BENCHMARKS.md, \"Reuse in place\")",
@@ -209,15 +208,7 @@ pub fn datasets(cells: &[crate::store::CellRow]) -> Vec<String> {
         ));
     }
     // `hydrate: none`: restored from a volume snapshot's lazy blocks.
-    let lazy: Vec<&str> = cells
-        .iter()
-        .filter(|c| {
-            c.environment
-                .as_ref()
-                .is_some_and(|e| e["dataset"]["hydration"]["hydrated"] == false)
-        })
-        .map(|c| c.cell_id.as_str())
-        .collect();
+    let lazy = with(|d| d["hydration"]["hydrated"] == false);
     if !lazy.is_empty() {
         out.push(format!(
             "warning: cell{} {} restored data from a volume created from a snapshot without reading it first (storage.hydrate: none): such a volume fetches each block from the snapshot on first touch, so their figures include the lazy restore, not only the storage; use `hydrate: read-all` (the default)",

@@ -10,9 +10,6 @@ use pgfleet_proto::workload::{Field, Invalid, Params};
 
 use super::{Scenario, Unit, WorkloadEntry};
 
-/// `storage.hydrate`'s modes (the agent's `--hydrate`).
-pub const HYDRATE_MODES: &[&str] = &["read-all", "none"];
-
 pub const STORAGE_PROFILES: &[&str] = &["nvme", "gp3", "custom"];
 
 fn err<T>(
@@ -138,7 +135,7 @@ pub fn validate(s: &Scenario) -> Result<Vec<Vec<Unit>>, Invalid> {
                 );
             }
             if let Some(h) = &st.hydrate
-                && !HYDRATE_MODES.contains(&h.value.as_str())
+                && !pgfleet_proto::dataset::HYDRATE_MODES.contains(&h.value.as_str())
             {
                 return err(
                     h.referenced,
