@@ -86,8 +86,17 @@ pub fn check_endpoint(e: &Endpoint) -> Result<(), String> {
     if e.password.len() > 256 || e.password.chars().any(|c| c.is_control()) {
         return Err("peer password is not a password".into());
     }
+    if e.loaded_json.len() > MAX_LOADED_JSON {
+        return Err(format!(
+            "peer load figures are {} bytes (at most {MAX_LOADED_JSON})",
+            e.loaded_json.len()
+        ));
+    }
     Ok(())
 }
+
+/// A role's load figures are a few numbers per load step.
+const MAX_LOADED_JSON: usize = 64 << 10;
 
 /// At most 80 characters of an untrusted string, for an error message.
 fn clip(s: &str) -> String {
@@ -149,8 +158,12 @@ mod tests {
             user: "pgfleet".into(),
             password: "abc".into(),
             dbname: "postgres".into(),
+            loaded_json: String::new(),
         };
         assert!(check_endpoint(&e).is_ok());
+        e.loaded_json = "x".repeat(MAX_LOADED_JSON + 1);
+        assert!(check_endpoint(&e).unwrap_err().contains("load figures"));
+        e.loaded_json.clear();
         e.dbname = "postgres sslmode=disable".into();
         assert!(check_endpoint(&e).is_err());
     }

@@ -209,8 +209,23 @@ async fn run_inner(
             pgfleet_proto::dataset::Mode::NAMES.join(", ")
         ))
     })?;
-    let declared = params.dataset();
+    // A multi-role cell's dataset is on one role's cluster.
+    let declared = params.dataset_of(&assign.role);
     let build_only = mode == pgfleet_proto::dataset::Mode::Build;
+    if build_only && declared.is_none() && params.dataset().is_some() {
+        // `pgfleet datasets build`: another role of the cell builds it and
+        // reports its cluster once it has (this role may be the lead, whose
+        // end releases the others).
+        let role = params.dataset_role();
+        let mut peers = control.peers.clone();
+        tokio::select! {
+            r = peers.wait_for(|m| m.contains_key(role)) => r.map_err(|_| {
+                Error::Session("the session ended while the dataset was built".into())
+            })?,
+            _ = cancel.cancelled() => return Err(Error::Cancelled("cancelled while the dataset was built".into())),
+        };
+        return Ok(Output::default());
+    }
     let wanted = declared
         .clone()
         .filter(|_| mode != pgfleet_proto::dataset::Mode::Fresh)
@@ -321,22 +336,6 @@ async fn run_inner(
                 .await?;
             environment.storage.delivered = Some(delivered.clone());
         }
-        if !assign.peers.is_empty() {
-            let host = env
-                .address
-                .map(|a| a.to_string())
-                .unwrap_or_else(|| "127.0.0.1".into());
-            events
-                .send(AgentMessage {
-                    msg: Some(Msg::RoleReady(RoleReady {
-                        cell_id: assign.cell_id.clone(),
-                        role: assign.role.clone(),
-                        endpoint: Some(cluster.endpoint(&host)),
-                    })),
-                })
-                .await
-                .map_err(|_| Error::Session("event channel closed".into()))?;
-        }
         let mut ctx = CellContext {
             cell_id: assign.cell_id.clone(),
             cluster: &cluster,
@@ -377,6 +376,29 @@ async fn run_inner(
                         .send(progress(&assign.cell_id, ready, &message))
                         .await;
                 }
+            }
+            // A role of a multi-role cell tells its peers where its cluster
+            // is once it holds its data (the dataset's role, with the load
+            // figures, which the lead reports).
+            if !assign.peers.is_empty() {
+                let host = env
+                    .address
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|| "127.0.0.1".into());
+                let mut endpoint = cluster.endpoint(&host);
+                if let Some(loaded) = &ctx.loaded {
+                    endpoint.loaded_json = workload::to_json(loaded);
+                }
+                events
+                    .send(AgentMessage {
+                        msg: Some(Msg::RoleReady(RoleReady {
+                            cell_id: assign.cell_id.clone(),
+                            role: assign.role.clone(),
+                            endpoint: Some(endpoint),
+                        })),
+                    })
+                    .await
+                    .map_err(|_| Error::Session("event channel closed".into()))?;
             }
             if build_only {
                 return Ok(Output::default());

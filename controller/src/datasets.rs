@@ -125,19 +125,23 @@ pub fn seen(store: &crate::store::Store) -> Result<Vec<DatasetView>> {
 }
 
 /// The cells of `pgfleet datasets build`: for each dataset the plan's cells
-/// would reuse, its first cell, in `build` mode (publish it if it is not;
-/// measure nothing).
+/// would reuse, its first cell needing one agent (else its first cell), in
+/// `build` mode (publish it if it is not; measure nothing).
 pub fn builds(cells: Vec<PlannedCell>) -> Vec<PlannedCell> {
-    let mut seen = std::collections::BTreeSet::new();
-    cells
+    let mut chosen: Vec<(String, PlannedCell)> = Vec::new();
+    for c in cells.into_iter().filter(|c| c.dataset == Mode::Reuse) {
+        let Some(key) = c.params.dataset().map(|d| d.plan_key()) else {
+            continue;
+        };
+        match chosen.iter_mut().find(|(k, _)| *k == key) {
+            None => chosen.push((key, c)),
+            Some((_, first)) if first.multi_role() && !c.multi_role() => *first = c,
+            Some(_) => {}
+        }
+    }
+    chosen
         .into_iter()
-        .filter(|c| c.dataset == Mode::Reuse)
-        .filter(|c| {
-            c.params
-                .dataset()
-                .is_some_and(|d| seen.insert(d.plan_key()))
-        })
-        .map(|mut c| {
+        .map(|(_, mut c)| {
             c.dataset = Mode::Build;
             c.cell_id = format!("{}-dataset", c.cell_id);
             c
@@ -253,6 +257,36 @@ mod tests {
     use super::*;
     use crate::agents::Held;
     use crate::agents::kubernetes::Snapshot;
+
+    /// `pgfleet datasets build` builds each dataset once, on a cell that
+    /// needs one agent where one exists (a logical-drain cell shares its
+    /// publisher's dataset with pgbench's cells of that scale).
+    #[test]
+    fn each_dataset_is_built_once_by_a_single_role_cell_where_one_exists() {
+        let plan = |text: &str| {
+            let s = crate::scenario::parse(Path::new("b.yaml"), text).unwrap();
+            builds(crate::scenario::plan(&s))
+        };
+        let fleet = "name: b\nfleet: [{name: a, count: 2}]\nworkloads:\n";
+        let drain = "  - {kind: logical-drain, scale: 3, replicas: 2}\n";
+        let cells = plan(&format!(
+            "{fleet}{drain}  - {{kind: pgbench, scale: 3, replicas: 2}}\n  - {{kind: pgbench, scale: 4}}\n"
+        ));
+        let ids: Vec<(&str, Mode)> = cells
+            .iter()
+            .map(|c| (c.cell_id.as_str(), c.dataset))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                ("w1-a-tpcb-like-r1-dataset", Mode::Build),
+                ("w2-a-tpcb-like-dataset", Mode::Build)
+            ]
+        );
+        let cells = plan(&format!("{fleet}{drain}"));
+        assert_eq!(cells.len(), 1);
+        assert!(cells[0].multi_role() && cells[0].dataset_class() == "a");
+    }
 
     /// `GET /v1/datasets` on Kubernetes: each dataset lists the snapshots
     /// holding it; one only a snapshot holds is listed too.

@@ -192,6 +192,127 @@ fn drain_between_agents_at_different_network_addresses() {
     s.assert_clean(&ports(&r));
 }
 
+/// The publisher's cluster holds the cell's dataset: pgbench's tables of
+/// that scale, the same dataset as a pgbench cell's. The first drain cell's
+/// publisher builds and publishes it; the second drain cell's publisher and
+/// the pgbench cell restore it, none loading it again; the lead reports
+/// the load figures the publisher's agent had, and the cell's dataset
+/// names the publisher's role and agent.
+#[test]
+fn drain_publishers_build_the_dataset_once_and_restore_it_after() {
+    let s = Scratch::new("drain-dataset");
+    let mut sc = drain_scenario(2, 2, &(8u64 << 20).to_string(), "");
+    sc += "  - kind: pgbench
+    on: [d]
+    scale: 2
+    script: random-update
+    duration_s: 2
+";
+    let sc = s.write("drain-dataset.yaml", &sc);
+    let out = s.run_cmd(&sc, &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let r = s.report();
+    let cells: Vec<&serde_json::Value> = r["cells"].as_array().unwrap().iter().collect();
+    let drains: Vec<_> = cells
+        .iter()
+        .filter(|c| c["cell_id"].as_str().unwrap().starts_with("w0-"))
+        .collect();
+    assert_eq!(drains.len(), 2, "{cells:?}");
+    let how = |c: &serde_json::Value| c["environment"]["dataset"]["how"].clone();
+    let mut hows: Vec<_> = drains.iter().map(|c| how(c)).collect();
+    hows.sort_by_key(|h| h.to_string());
+    assert_eq!(hows, ["built", "restored"], "{drains:?}");
+    let fingerprint = drains[0]["environment"]["dataset"]["fingerprint"].clone();
+    assert!(fingerprint.is_string(), "{fingerprint}");
+    for c in &drains {
+        let d = &c["environment"]["dataset"];
+        assert_eq!(d["fingerprint"], fingerprint, "{d}");
+        assert_eq!(d["role"], "publisher", "{d}");
+        assert_eq!(
+            d["agent"].as_str().unwrap(),
+            role(c["agent"].as_str().unwrap(), "publisher"),
+            "{c}"
+        );
+        // The subscriber's side has no dataset of its own.
+        assert!(c["environment"]["subscriber"]["dataset"].is_null(), "{c}");
+        assert_eq!(
+            c["environment"]["publisher"]["dataset"]["fingerprint"],
+            fingerprint
+        );
+    }
+    let pgbench = cells
+        .iter()
+        .find(|c| c["cell_id"].as_str().unwrap().starts_with("w1-"))
+        .unwrap();
+    assert_eq!(how(pgbench), "restored", "{pgbench}");
+    assert_eq!(
+        pgbench["environment"]["dataset"]["fingerprint"],
+        fingerprint
+    );
+    // Both drains measured on the full tables, and report the build's
+    // load figures (the restore carries them from the manifest).
+    let results: Vec<_> = r["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["workload"] == "logical-drain")
+        .collect();
+    assert_eq!(results.len(), 2);
+    for x in &results {
+        let m = &x["metrics"];
+        assert_eq!(m["rows_match"], true, "{m}");
+        assert_eq!(m["rows"], 200_000, "{m}");
+        // accounts, tellers and branches
+        assert_eq!(m["rows_loaded"], 200_022, "{m}");
+        assert!(m["load_seconds"].as_f64().unwrap() > 0.0, "{m}");
+    }
+    assert_eq!(
+        results[0]["metrics"]["load_seconds"],
+        results[1]["metrics"]["load_seconds"]
+    );
+    let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
+    assert!(md.contains("## Datasets"), "{md}");
+    s.assert_clean(&ports(&r));
+
+    // Built ahead of time from drain cells alone: the publisher builds it,
+    // the subscriber (the lead) ends only once it has.
+    let pgfleet = |args: &[&str]| {
+        Command::new(common::pgfleet())
+            .arg("--store")
+            .arg(s.store())
+            .args(args)
+            .arg("--data-dir")
+            .arg(s.data())
+            .output()
+            .unwrap()
+    };
+    let fp = fingerprint.as_str().unwrap();
+    let rm = pgfleet(&["datasets", "rm", fp]);
+    assert_eq!(rm.status.code(), Some(0), "{}", show(&rm));
+    std::fs::remove_dir_all(s.out()).unwrap();
+    let only = s.write(
+        "drain-only.yaml",
+        &drain_scenario(2, 2, &(8u64 << 20).to_string(), ""),
+    );
+    let build = pgfleet(&[
+        "datasets",
+        "build",
+        only.to_str().unwrap(),
+        "--out",
+        s.out().to_str().unwrap(),
+        "--agent-bin",
+        common::agent_bin().to_str().unwrap(),
+    ]);
+    assert_eq!(build.status.code(), Some(0), "{}", show(&build));
+    let text = String::from_utf8_lossy(&build.stdout);
+    assert!(text.contains(&format!("succeeded: {fp}")), "{text}");
+    assert!(text.contains(" built"), "{text}");
+    let list = pgfleet(&["datasets", "list"]);
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert!(text.contains(fp) && text.contains("1 dataset(s)"), "{text}");
+    s.assert_clean(&[]);
+}
+
 /// The cell's agents and the run id, once every cell runs and `delay` has
 /// passed since each cell's subscriber got its peer.
 fn wait_running(s: &Scratch, cells: usize, delay: Duration) -> (String, Vec<(String, String)>) {

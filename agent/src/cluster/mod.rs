@@ -733,6 +733,7 @@ impl Cluster {
             user: SUPERUSER.to_string(),
             password: self.password.clone(),
             dbname: "postgres".to_string(),
+            loaded_json: String::new(),
         }
     }
 

@@ -4,10 +4,13 @@
 //! measurement over SQL connections to both clusters, as a replication
 //! client would:
 //!
-//! 1. Wait for the publisher's endpoint (relayed by the controller).
-//! 2. Load pgbench's schema into the publisher; create the same tables with
-//!    their keys (no rows) in its own cluster, plus a one-row marker table
-//!    on both.
+//! 1. Wait for the publisher's endpoint (relayed by the controller): its
+//!    agent reports it once its cluster holds pgbench's tables, the cell's
+//!    dataset (restored from the dataset store or loaded there, with the
+//!    load's figures), so this wait has no bound of its own: a publisher
+//!    that fails ends the cell.
+//! 2. Create the same tables with their keys (no rows) in its own cluster,
+//!    plus a one-row marker table on both.
 //! 3. Publication on the publisher, subscription here over the relayed
 //!    endpoint; wait for the initial sync.
 //! 4. `ALTER SUBSCRIPTION ... DISABLE` (apply paused, the slot keeps WAL),
@@ -44,9 +47,12 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
         match ctx.role.as_str() {
             PUBLISHER => ctx.serve_until_released().await,
             SUBSCRIBER => {
-                let publisher = ctx
-                    .peer(PUBLISHER, Duration::from_secs_f64(p.timeout_s))
-                    .await?;
+                let publisher = ctx.peer(PUBLISHER, None).await?;
+                let loaded: pgbench_init::Metrics = serde_json::from_str(&publisher.loaded_json)
+                    .map_err(|e| Error::Peer {
+                        role: PUBLISHER.into(),
+                        message: format!("its cluster came without pgbench's load figures: {e}"),
+                    })?;
                 let publisher = Server::of(&publisher, ctx.cluster.pg.major);
                 let here = ctx.cluster.connect().await?;
                 let there = publisher.connect().await.map_err(|e| Error::Peer {
@@ -56,7 +62,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                         publisher.conninfo_without_password()
                     ),
                 })?;
-                let measured = measure(ctx, p, &publisher, &here, &there).await;
+                let measured = measure(ctx, p, &publisher, loaded, &here, &there).await;
                 // Whatever happened, leave no subscription, slot or
                 // publication behind (a slot pins the publisher's WAL).
                 let cleanup = drop_replication(&here, &there).await;
@@ -91,19 +97,11 @@ async fn measure(
     ctx: &CellContext<'_>,
     p: &Params,
     publisher: &Server,
+    loaded: pgbench_init::Metrics,
     here: &Client,
     there: &Client,
 ) -> Result<Output> {
     let timeout = Duration::from_secs_f64(p.timeout_s);
-    let loaded = pgbench_init::load_into(ctx, publisher, &p.init)
-        .await
-        .map_err(|e| match e {
-            Error::Cancelled(_) => e,
-            other => Error::Peer {
-                role: PUBLISHER.into(),
-                message: format!("loading pgbench's schema: {other}"),
-            },
-        })?;
     // The subscriber's tables: pgbench's schema with its keys, no rows.
     for stmt in pgbench_init::ddl(&p.init) {
         here.batch_execute(&stmt).await?;
@@ -315,7 +313,7 @@ async fn measure(
             total_txns: stat(3),
             total_bytes: stat(4),
             internals,
-            load: loaded.metrics(),
+            load: loaded,
         },
     }]))
 }

@@ -64,18 +64,20 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Params) -> BoxFuture<'a
 pub type Loaded = kinds::pgbench_init::Metrics;
 
 /// Loads a cell's dataset, for kinds that declare one
-/// (`KindParams::dataset`): one line per kind.
+/// (`KindParams::dataset`), on the role that holds it: one line per kind.
 pub fn load<'a>(
     ctx: &'a CellContext<'_>,
     params: &'a Params,
 ) -> Option<BoxFuture<'a, Result<Loaded>>> {
     use futures::FutureExt;
+    params.dataset_of(&ctx.role)?;
     let pgbench = |init: &'a kinds::pgbench_init::InitParams| {
         async move { Ok(pgbench_init::load(ctx, init).await?.metrics()) }.boxed()
     };
     match params {
         Params::Pgbench(p) => Some(pgbench(&p.init)),
         Params::VacuumBloat(p) => Some(pgbench(&p.init)),
+        Params::LogicalDrain(p) => Some(pgbench(&p.init)),
         Params::ReadWrite(p) => Some(read_write::load(ctx, p).boxed()),
         _ => None,
     }
@@ -172,10 +174,11 @@ impl<'c> CellContext<'c> {
     }
 
     /// Waits until `role`'s cluster is up and returns where it is; fails
-    /// after `timeout`, or when the cell is cancelled.
-    pub async fn peer(&self, role: &str, timeout: std::time::Duration) -> Result<Endpoint> {
+    /// after `timeout` (None: no bound), or when the cell is cancelled.
+    pub async fn peer(&self, role: &str, timeout: Option<std::time::Duration>) -> Result<Endpoint> {
         let mut rx = self.peers.clone();
         let wait = rx.wait_for(|m| m.contains_key(role));
+        let timeout = timeout.unwrap_or(Duration::MAX);
         tokio::select! {
             r = tokio::time::timeout(timeout, wait) => match r {
                 Ok(Ok(m)) => Ok(m[role].clone()),

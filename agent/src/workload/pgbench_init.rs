@@ -258,13 +258,8 @@ async fn sql_all(conns: &[tokio_postgres::Client], stmts: &[String]) -> Result<(
 /// Drops and creates the schema in the cell's cluster, loads it in
 /// parallel, vacuums, adds keys.
 pub async fn load(ctx: &CellContext<'_>, p: &InitParams) -> Result<Loaded> {
-    load_into(ctx, &ctx.cluster.server(), p).await
-}
-
-/// `load` into any server (e.g. a peer role's cluster).
-pub async fn load_into(ctx: &CellContext<'_>, server: &Server, p: &InitParams) -> Result<Loaded> {
     use tracing::Instrument;
-    load_unspanned(ctx, server, p)
+    load_unspanned(ctx, &ctx.cluster.server(), p)
         .instrument(crate::cell::phase("load"))
         .await
 }

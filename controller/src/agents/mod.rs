@@ -48,6 +48,8 @@ impl RunEnd {
             else {
                 continue;
             };
+            // A multi-role cell's dataset names its role's agent.
+            let agent = d["agent"].as_str().unwrap_or(agent).to_string();
             let built = d["how"] == "built" && d["not_published"].is_null();
             let downloaded = d["how"] == "restored" && d["download_seconds"].as_f64() > Some(0.0);
             let plan_key = d["plan_key"].as_str().unwrap_or_default();
@@ -60,7 +62,7 @@ impl RunEnd {
                 label: d["label"].as_str().unwrap_or_default().to_string(),
                 bytes: d["bytes"].as_u64().unwrap_or(0),
             };
-            let list = gained.entry(agent.clone()).or_default();
+            let list = gained.entry(agent).or_default();
             if !list.iter().any(|h| h.fingerprint == held.fingerprint) {
                 list.push(held);
             }

@@ -975,7 +975,7 @@ fn validate_workload(
                 d.referenced,
                 f.at("data"),
                 format!(
-                    "{} has no dataset to reuse (its load is its measurement, or it loads another role's cluster): remove `data`",
+                    "{} has no dataset to reuse (its load is its measurement): remove `data`",
                     w.kind.value
                 ),
             );

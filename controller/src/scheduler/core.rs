@@ -737,6 +737,20 @@ impl Core {
             .iter()
             .filter_map(|x| x.outcome.as_ref().map(|o| (&x.role, o)))
             .collect();
+        // A multi-role cell's dataset, where reports and sources look for
+        // it: the provenance of the role that holds it, naming that role
+        // and its agent.
+        let dataset = cell
+            .roles
+            .iter()
+            .filter(|x| x.role == cell.planned.params.dataset_role())
+            .find_map(|x| {
+                let mut d = x.outcome.as_ref()?.environment.as_ref()?["dataset"].clone();
+                let o = d.as_object_mut()?;
+                o.insert("role".into(), x.role.clone().into());
+                o.insert("agent".into(), x.agent.clone().into());
+                Some(d)
+            });
         let all_ok = outcomes.iter().enumerate().all(|(i, (_, o))| {
             o.state == CellState::Succeeded
                 || (i > 0 && cell.released && o.state == CellState::Cancelled)
@@ -761,6 +775,7 @@ impl Core {
                 outcomes
                     .iter()
                     .filter_map(|(r, o)| Some(((*r).clone(), o.environment.clone()?)))
+                    .chain(dataset.map(|d| ("dataset".to_string(), d)))
                     .collect(),
             ))
         };
@@ -1017,8 +1032,8 @@ impl Core {
             return false;
         };
         let classes = [
-            builder.planned.instance_class.as_str(),
-            self.cells[idx].planned.instance_class.as_str(),
+            builder.planned.dataset_class(),
+            self.cells[idx].planned.dataset_class(),
         ];
         let mut stores = self
             .agents

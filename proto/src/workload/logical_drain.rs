@@ -194,6 +194,17 @@ impl KindParams for Params {
         ROLES
     }
 
+    /// pgbench's tables on the publisher: the same dataset as pgbench's
+    /// and vacuum-bloat's cells of that scale, built or restored by the
+    /// publisher's agent before it reports its cluster.
+    fn dataset(&self) -> Option<crate::dataset::Dataset> {
+        Some(self.init.as_dataset())
+    }
+
+    fn dataset_role(&self) -> &'static str {
+        PUBLISHER
+    }
+
     fn settings(&self, role: &str) -> Vec<(&'static str, String)> {
         match role {
             PUBLISHER => vec![

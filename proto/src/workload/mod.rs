@@ -469,8 +469,9 @@ pub trait KindParams {
     }
     /// The data the measurement starts from, when the agent may build it
     /// once and restore it for later cells (`data: reuse`): its loader
-    /// and the keys that shape its bytes. None: the kind loads its own every
-    /// time (its load is its measurement, or it loads a peer's cluster).
+    /// and the keys that shape its bytes (on a multi-role cell's
+    /// `dataset_role`). None: the kind loads its own every time (its load
+    /// is its measurement).
     fn dataset(&self) -> Option<crate::dataset::Dataset> {
         None
     }
@@ -481,6 +482,12 @@ pub trait KindParams {
     /// more (the kind refuses `reuse_cluster`).
     fn reset(&self) -> Option<&'static [&'static str]> {
         None
+    }
+    /// The role whose cluster holds the dataset (`dataset`), built or
+    /// restored by that role's agent before it reports its cluster to its
+    /// peers; "" in a single-role cell.
+    fn dataset_role(&self) -> &'static str {
+        ""
     }
 }
 
@@ -737,6 +744,18 @@ macro_rules! kinds {
                 match self {
                     $(Params::$variant(p) => p.reset(),)*
                 }
+            }
+
+            pub fn dataset_role(&self) -> &'static str {
+                match self {
+                    $(Params::$variant(p) => p.dataset_role(),)*
+                }
+            }
+
+            /// The dataset `role`'s cluster starts from: None for the
+            /// other roles of a multi-role cell.
+            pub fn dataset_of(&self, role: &str) -> Option<crate::dataset::Dataset> {
+                self.dataset().filter(|_| role == self.dataset_role())
             }
         }
     };
