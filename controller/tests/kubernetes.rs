@@ -2610,7 +2610,7 @@ async fn snapshot_flow() -> Vec<Recorded> {
 
     // Run 2: the gp3 volume starts from run 1's snapshot.
     let run2 = "20261201-110000-abcdef";
-    let (mut agents, _rx) = run(run2).await;
+    let (agents, _rx) = run(run2).await;
     let pvc = fake
         .object("persistentvolumeclaims", &format!("{}-data", gp3(run2)))
         .unwrap();
@@ -2623,6 +2623,13 @@ async fn snapshot_flow() -> Vec<Recorded> {
         pvc["spec"]["resources"]["requests"]["storage"], "120Gi",
         "at least the snapshot's restore size"
     );
+    let came_with: Vec<Held> = serde_json::from_str(
+        pvc["metadata"]["annotations"]["pgfleet.io/datasets"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(came_with, vec![held.clone()], "{pvc}");
     let pod = fake.object("pods", &gp3(run2)).unwrap();
     let env = &pod["spec"]["containers"][0]["env"];
     assert!(
@@ -2639,7 +2646,13 @@ async fn snapshot_flow() -> Vec<Recorded> {
         .unwrap();
     assert!(nvme["spec"]["dataSource"].is_null());
 
-    // It gained another dataset; its snapshot fails: deleted, and said.
+    // serve restarts mid-run: the run is attached again, and knows what
+    // its volumes came with from their annotation. It gained another
+    // dataset; its snapshot fails: deleted, and said.
+    let launched = agents.launched();
+    drop(agents);
+    let (tx, _rx2) = mpsc::channel(64);
+    let mut agents = KubeAgents::attach(client.clone(), run2, &opts, launched, tx, &scenario());
     exit_all(&fake, &agents);
     let snap2 = format!("{}-datasets", gp3(run2));
     let failer = {
@@ -2690,5 +2703,22 @@ async fn snapshot_flow() -> Vec<Recorded> {
         "a failed snapshot is deleted"
     );
     assert!(!fake.names("volumesnapshots").contains(&snap2));
+    // Pruned: the older snapshot of the same datasets (run 1's supersedes
+    // it); not the others (not ready, another class, other datasets).
+    let mut left = fake.names("volumesnapshots");
+    left.sort();
+    let mut want = vec![
+        snap.clone(),
+        "io2".into(),
+        "not-ready".into(),
+        "unrelated".into(),
+    ];
+    want.sort();
+    assert_eq!(left, want);
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.method == "DELETE" && r.path.ends_with("volumesnapshots/older"))
+    );
     requests
 }

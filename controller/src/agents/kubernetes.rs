@@ -582,9 +582,6 @@ pub struct KubeAgents {
     pods: watch::Receiver<HashMap<String, PodState>>,
     stop_watch: CancellationToken,
     cleanup: Cleanup,
-    /// Per agent: the snapshot its volume was created from, and the
-    /// datasets it holds (kept in the agent's next snapshot).
-    from_snapshot: BTreeMap<String, Snapshot>,
     /// Per agent: its volume's storage class (where the scenario names one).
     storage_classes: BTreeMap<String, String>,
 }
@@ -616,11 +613,9 @@ impl KubeAgents {
         })?;
         let uid = owner.metadata.uid.clone().unwrap_or_default();
         let mut objects = objects;
-        let from_snapshot = if opts.dataset_snapshots.is_empty() {
-            BTreeMap::new()
-        } else {
-            from_snapshots(&client, sc, opts, &mut objects.agents).await
-        };
+        if !opts.dataset_snapshots.is_empty() {
+            from_snapshots(&client, sc, opts, &mut objects.agents).await;
+        }
         let mut me = KubeAgents::watch(
             client.clone(),
             run_id,
@@ -629,7 +624,6 @@ impl KubeAgents {
             events,
             sc.cleanup(),
         );
-        me.from_snapshot = from_snapshot;
         me.storage_classes = storage_classes(&objects.agents);
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -707,7 +701,6 @@ impl KubeAgents {
             pods: state_rx,
             stop_watch: stop,
             cleanup,
-            from_snapshot: BTreeMap::new(),
             storage_classes: BTreeMap::new(),
         }
     }
@@ -761,8 +754,12 @@ impl KubeAgents {
     /// this run (its storage class mapped to a snapshot class), after its
     /// pod ended, and waits (bounded) until each snapshot is cut, so that
     /// deleting the volumes next loses nothing. A snapshot that fails or is
-    /// not cut in time is deleted and said. Returns the snapshots made.
+    /// not cut in time is deleted and said. Then the snapshots the new
+    /// ones (or others) supersede are deleted (`superseded`). Returns the
+    /// snapshots made.
     pub async fn snapshot_datasets(&mut self, gained: &BTreeMap<String, Vec<Held>>) -> Vec<String> {
+        let ns = &self.opts.namespace.clone();
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), ns);
         let mut wanted = Vec::new();
         for l in &self.launched {
             let Some(new) = gained.get(&l.agent_id).filter(|g| !g.is_empty()) else {
@@ -775,11 +772,25 @@ impl KubeAgents {
             else {
                 continue;
             };
-            let mut held = self
-                .from_snapshot
-                .get(&l.agent_id)
-                .map(|s| s.datasets.clone())
-                .unwrap_or_default();
+            // What the volume came with (its annotation, set when it was
+            // made from a snapshot: read back, so a resumed run knows too).
+            let volume = format!("{}-data", l.agent_id);
+            let mut held: Vec<Held> = match pvcs.get(&volume).await {
+                Ok(pvc) => pvc
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(DATASETS_ANNOTATION))
+                    .and_then(|a| serde_json::from_str(a).ok())
+                    .unwrap_or_default(),
+                Err(e) => {
+                    tracing::warn!(
+                        "reading {ns}/{volume}: {}; its snapshot lists only the datasets this run added",
+                        kube_hint(&e)
+                    );
+                    Vec::new()
+                }
+            };
             for h in new {
                 if !held.iter().any(|x| x.fingerprint == h.fingerprint) {
                     held.push(h.clone());
@@ -792,7 +803,6 @@ impl KubeAgents {
         }
         // Quiesced: the agents stopped their clusters and exited.
         self.wait_exit().await;
-        let ns = &self.opts.namespace;
         let api = snapshot_api(&self.client, ns);
         let mut made = Vec::new();
         for (agent, sc, class, held) in wanted {
@@ -875,6 +885,25 @@ impl KubeAgents {
         }
         for name in &made {
             tracing::info!(run = %self.run_id, "kept the datasets of volume {name} as VolumeSnapshot {ns}/{name}: later runs' volumes of its storage class start from it");
+        }
+        match dataset_snapshots(&self.client, ns).await {
+            Ok(found) => {
+                for old in superseded(&found) {
+                    match api.delete(&old.name, &DeleteParams::default()).await {
+                        Ok(_) => tracing::info!(
+                            "deleted VolumeSnapshot {ns}/{}: a newer ready snapshot of {} holds its datasets",
+                            old.name,
+                            old.storage_class
+                        ),
+                        Err(e) => tracing::warn!(
+                            "deleting superseded VolumeSnapshot {ns}/{}: {}",
+                            old.name,
+                            kube_hint(&e)
+                        ),
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("listing dataset snapshots in {ns} to prune them: {e}"),
         }
         made
     }
@@ -1001,6 +1030,27 @@ pub fn parse_quantity(q: &str) -> Option<u64> {
     Some((n * mult).ceil() as u64)
 }
 
+/// The snapshots another makes useless: for each, a ready snapshot of its
+/// storage class, newer, holds every dataset it holds (a snapshot still
+/// being cut supersedes none; one in use by a volume being restored is
+/// kept by the snapshot controller until that ends).
+pub fn superseded(found: &[Snapshot]) -> Vec<&Snapshot> {
+    let fps = |s: &Snapshot| -> BTreeSet<String> {
+        s.datasets.iter().map(|d| d.fingerprint.clone()).collect()
+    };
+    found
+        .iter()
+        .filter(|old| {
+            found.iter().any(|new| {
+                new.ready
+                    && new.storage_class == old.storage_class
+                    && (&new.created, &new.name) > (&old.created, &old.name)
+                    && fps(new).is_superset(&fps(old))
+            })
+        })
+        .collect()
+}
+
 /// The snapshot a volume of storage class `sc` whose cells need the
 /// datasets `needs` (plan keys) starts from: a ready one of that class
 /// holding the most of them, the newest of those; None if none holds any.
@@ -1038,14 +1088,15 @@ pub async fn dataset_snapshots(client: &kube::Client, ns: &str) -> Result<Vec<Sn
 
 /// Gives each agent whose storage class keeps dataset snapshots a volume
 /// made from the snapshot holding its class's datasets, if there is one
-/// (`choose`), and tells its pod. A snapshot list that fails is said and
-/// the run goes on without (its cells build or download their data).
+/// (`choose`), annotated with them, and tells its pod. A snapshot list
+/// that fails is said and the run goes on without (its cells build or
+/// download their data).
 async fn from_snapshots(
     client: &kube::Client,
     sc: &Scenario,
     opts: &KubeOptions,
     agents: &mut [AgentObjects],
-) -> BTreeMap<String, Snapshot> {
+) {
     let ns = &opts.namespace;
     let found = match dataset_snapshots(client, ns).await {
         Ok(f) => f,
@@ -1053,19 +1104,18 @@ async fn from_snapshots(
             tracing::warn!(
                 "listing dataset snapshots in {ns}: {e}; this run's volumes start empty"
             );
-            return BTreeMap::new();
+            return;
         }
     };
     let mut needs: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for c in crate::scenario::plan::plan(sc) {
         if let Some(share) = &c.share {
             needs
-                .entry(c.instance_class.clone())
+                .entry(c.dataset_class().to_string())
                 .or_default()
                 .insert(share.key.clone());
         }
     }
-    let mut chosen = BTreeMap::new();
     for a in agents.iter_mut() {
         let Some(storage_class) = a
             .pvc
@@ -1083,6 +1133,8 @@ async fn from_snapshots(
             continue;
         };
         let mut pvc = to_value(&a.pvc);
+        pvc["metadata"]["annotations"][DATASETS_ANNOTATION] =
+            json!(serde_json::to_string(&snap.datasets).unwrap_or_default());
         pvc["spec"]["dataSource"] = json!({
             "apiGroup": "snapshot.storage.k8s.io",
             "kind": "VolumeSnapshot",
@@ -1107,9 +1159,7 @@ async fn from_snapshots(
             snap.name,
             snap.datasets.iter().map(|d| d.fingerprint.as_str()).collect::<Vec<_>>().join(", ")
         );
-        chosen.insert(a.launched.agent_id.clone(), snap.clone());
     }
-    chosen
 }
 
 /// Deletes a run's owner with foreground propagation: the garbage collector
@@ -1383,6 +1433,37 @@ async fn pending_reason(p: Option<&Pod>, kube_events: &Api<KubeEvent>, name: &st
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A snapshot is pruned when a newer ready one of its storage class
+    /// holds all its datasets; of two alike made in one second, the first
+    /// by name goes, never both.
+    #[test]
+    fn snapshots_superseded_by_a_newer_ready_one_of_their_class() {
+        let held = |fp: &str| Held {
+            fingerprint: fp.into(),
+            plan_key: fp.into(),
+            label: fp.into(),
+            bytes: 1,
+        };
+        let snap = |name: &str, sc: &str, ready: bool, created: &str, fps: &[&str]| Snapshot {
+            name: name.into(),
+            storage_class: sc.into(),
+            ready,
+            restore_bytes: 0,
+            created: created.into(),
+            datasets: fps.iter().map(|f| held(f)).collect(),
+        };
+        let found = [
+            snap("a", "gp3", true, "2026-12-01T00:00:00Z", &["x"]),
+            snap("b", "gp3", true, "2026-12-02T00:00:00Z", &["x", "y"]),
+            snap("c", "gp3", true, "2026-12-02T00:00:00Z", &["x", "y"]),
+            snap("d", "gp3", false, "2026-12-03T00:00:00Z", &["x", "y", "z"]),
+            snap("e", "io2", true, "2026-11-01T00:00:00Z", &["x"]),
+            snap("f", "gp3", true, "2026-11-01T00:00:00Z", &["z"]),
+        ];
+        let names: Vec<&str> = superseded(&found).iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+    }
 
     /// `--dataset-remote` reaches each agent pod, with its credentials from
     /// the named Secret as environment; without it, the pods carry neither.
