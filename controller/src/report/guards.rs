@@ -385,9 +385,110 @@ pub fn delivered(classes: &Classes) -> Vec<String> {
     out
 }
 
+/// A read cap that a class's cells asked less than this share of did not
+/// bind.
+pub const UNBOUND_SHARE: f64 = 0.5;
+
+/// Emulated classes whose read cap never bound while another class's did:
+/// a cap bounds a rate, so the bound class measures its profile on any
+/// host, and the other measures this host's disk (its per-read latency),
+/// which differs between hosts, and so does their ratio (BENCHMARKS.md,
+/// "Both sides emulated": 22.7x and 10.7x on two hosts, the probe
+/// satisfied on both). A measured point's reads per second are its blocks
+/// read from outside shared buffers (`blocks_read`, an upper bound of the
+/// device's reads) over its measured window (`transactions / tps`).
+pub fn unbound(classes: &Classes, results: &[Json]) -> Vec<String> {
+    let mut asked: BTreeMap<&str, (f64, Option<f64>)> = BTreeMap::new();
+    for r in results {
+        let (Some(class), m) = (r["instance_class"].as_str(), &r["metrics"]) else {
+            continue;
+        };
+        let (Some(blocks), Some(tps), Some(tx)) = (
+            m["blocks_read"].as_f64(),
+            m["tps"].as_f64(),
+            m["transactions"].as_f64(),
+        ) else {
+            continue;
+        };
+        if tps <= 0.0 || tx <= 0.0 {
+            continue;
+        }
+        let per_s = blocks * tps / tx;
+        let e = asked.entry(class).or_insert((0.0, None));
+        if per_s >= e.0 {
+            *e = (per_s, m["page_read_ms_avg"].as_f64());
+        }
+    }
+    let share = |class: &str, per_s: f64| {
+        let c = classes.get(class).filter(|c| c.env.storage.emulated)?;
+        let cap = c.env.storage.caps.read_iops;
+        (cap > 0).then(|| (per_s / cap as f64, cap, c.env.storage.profile.as_str()))
+    };
+    let Some(bound) = asked
+        .iter()
+        .find(|(c, (per_s, _))| share(c, *per_s).is_some_and(|s| s.0 >= UNBOUND_SHARE))
+        .map(|(c, _)| *c)
+    else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (class, (per_s, ms)) in &asked {
+        let Some((sh, cap, profile)) = share(class, *per_s).filter(|s| s.0 < UNBOUND_SHARE) else {
+            continue;
+        };
+        let latency = ms.map_or(String::new(), |ms| {
+            format!(" (a page read took {ms:.3} ms)")
+        });
+        out.push(format!(
+            "warning: class `{class}`: its cells read at most {per_s:.0} blocks/s from outside shared buffers, {:.0} % of the {cap} read IOPS its profile `{profile}` emulates, while class `{bound}`'s reads met its cap: \
+             `{class}`'s cap never bound, so its figures follow this host's disk{latency} rather than the profile, and ratios against `{bound}` move with the host's per-read latency (BENCHMARKS.md, \"Both sides emulated\": 22.7x on one host, 10.7x on another). \
+             Compare runs of one host, and read the ratio as this host's",
+            100.0 * sh
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Run C of BENCHMARKS.md's "Both sides emulated" (rounded): gp3 read
+    /// at its cap, nvme at a few % of its own.
+    #[test]
+    fn a_class_whose_read_cap_never_bound_beside_one_whose_did_is_warned_about() {
+        let class = |profile: &str, read_iops: u64, emulated: bool| json!({"storage": {"profile": profile, "emulated": emulated, "caps": {"read_iops": read_iops}}});
+        let point = |class: &str, tps: f64, tx: f64, blocks: f64| {
+            json!({"instance_class": class, "metrics": {"tps": tps, "transactions": tx,
+                   "blocks_read": blocks, "page_read_ms_avg": 0.748}})
+        };
+        let env =
+            classes(json!({"nvme": class("nvme", 33_542, true), "gp3": class("gp3", 375, true)}));
+        let results = [
+            point("nvme", 1573.0, 94_380.0, 150_000.0),
+            point("nvme", 1500.0, 90_000.0, 90_000.0),
+            point("gp3", 147.0, 8_820.0, 21_600.0),
+        ];
+        let w = unbound(&env, &results);
+        assert_eq!(w.len(), 1, "{w:#?}");
+        assert!(
+            w[0].contains("class `nvme`: its cells read at most 2500 blocks/s")
+                && w[0].contains("7 % of the 33542 read IOPS")
+                && w[0].contains("class `gp3`'s reads met its cap")
+                && w[0].contains("0.748 ms"),
+            "{w:#?}"
+        );
+        // No class bound (both read from memory, say): nothing to say here.
+        let idle = [
+            point("nvme", 1573.0, 94_380.0, 10.0),
+            point("gp3", 147.0, 8_820.0, 10.0),
+        ];
+        assert!(unbound(&env, &idle).is_empty());
+        // The host's own disk (not emulated) has no cap to bind.
+        let host =
+            classes(json!({"nvme": class("nvme", 33_542, false), "gp3": class("gp3", 375, true)}));
+        assert!(unbound(&host, &results).is_empty());
+    }
 
     fn classes(j: Json) -> Classes {
         serde_json::from_value(j).unwrap()

@@ -177,6 +177,7 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
     let mut warnings = guards::warnings(&differences, &plan_warnings, &compared);
     warnings.extend(guards::oversubscribed(&classes, &cells));
     warnings.extend(guards::delivered(&classes));
+    warnings.extend(guards::unbound(&classes, &results));
     warnings.extend(guards::datasets(&cells));
     let mut timeseries = serde_json::Map::new();
     for (cell, data) in store.samples(run_id, "second")? {
