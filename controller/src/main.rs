@@ -323,6 +323,11 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                         .map_err(|e| scenario::ScenarioError::located(&path, "", e))?;
                     print!("{}", objects.to_yaml());
                     eprint!("{}", kubernetes::describe(&objects));
+                    // What it takes there: the pods' datasets are on their
+                    // own volumes (or behind the object store).
+                    let cells =
+                        scenario::plan::plan_for(&sc, &Default::default(), opts.dataset_stores());
+                    eprint!("{}", scenario::plan::describe(&sc, &cells, &path));
                 }
                 #[cfg(not(feature = "server"))]
                 {

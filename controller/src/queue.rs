@@ -39,6 +39,16 @@ pub(crate) enum Source {
 }
 
 impl Source {
+    /// Where its agents keep datasets, for the plan's estimates: pods
+    /// without an object store each their own; otherwise taken as one
+    /// store (the scheduler checks what the agents register).
+    pub(crate) fn stores(&self) -> scenario::plan::Stores {
+        match self {
+            Source::Kubernetes(k) => k.opts.dataset_stores(),
+            _ => scenario::plan::Stores::Shared,
+        }
+    }
+
     /// The run's agents, as `Service::execute` takes them.
     pub(crate) fn agents<'a>(&'a self, log_dir: &'a Path) -> Agents<'a> {
         match self {
@@ -162,7 +172,7 @@ impl Served {
         if queued >= self.max_queued_runs {
             return Err(Rejected::Busy(queued));
         }
-        let cells = scenario::plan(&sc);
+        let cells = scenario::plan::plan_for(&sc, &Default::default(), self.source.stores());
         let run_id = self.queue_run(Queued {
             scenario: &sc,
             path: name,

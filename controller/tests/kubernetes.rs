@@ -1476,6 +1476,11 @@ fn the_at_scale_scenario_plans_eight_agents_on_two_node_pools() {
     let yaml = String::from_utf8(out.stdout.clone()).unwrap();
     let summary = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(summary.contains("8 agents on 2 node pools"), "{summary}");
+    // What it takes there: the pods' datasets on their own volumes.
+    assert!(
+        summary.contains("valid; ") && summary.contains("built once per agent and restored"),
+        "{summary}"
+    );
     validate_objects(&yaml, "the dry run");
     let docs: Vec<Value> = serde_saphyr::from_multiple(&yaml).unwrap();
     // `kubectl apply --dry-run=server` refuses an owner reference without

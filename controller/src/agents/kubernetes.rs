@@ -573,6 +573,18 @@ pub struct PodState {
     pub gone: bool,
 }
 
+impl KubeOptions {
+    /// Where the pods keep datasets: each on its run's volume, unless an
+    /// object store stands behind them all.
+    pub fn dataset_stores(&self) -> crate::scenario::plan::Stores {
+        if self.dataset_remote.is_some() {
+            crate::scenario::plan::Stores::Shared
+        } else {
+            crate::scenario::plan::Stores::PerAgent
+        }
+    }
+}
+
 /// A run's agents on Kubernetes.
 pub struct KubeAgents {
     client: kube::Client,

@@ -40,23 +40,49 @@ pub struct PlannedCell {
     pub share: Option<Share>,
 }
 
-/// A dataset shared by several cells of a plan. One cell builds it: the one
-/// whose class loads it fastest (the least capped), so a capped class does
-/// not make the others wait for its slow load; the scheduler holds the
-/// other cells of the dataset until it is ready when their agents share a
-/// dataset store (`Core::waits_for_dataset`).
+/// A dataset shared by several cells of a plan. With one store for the
+/// fleet, one cell builds it: the one whose class loads it fastest (the
+/// least capped), so a capped class does not make the others wait for its
+/// slow load; the scheduler holds the other cells of the dataset until it
+/// is ready when their agents share a dataset store
+/// (`Core::waits_for_dataset`). With a store per agent, each agent's first
+/// cell of it builds it and nothing waits.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Share {
     /// The dataset's loader and data-shaping keys (the fingerprint without
     /// the PostgreSQL build, which the agents add).
     pub key: String,
     pub builds: bool,
+    /// Where the plan's agents keep datasets.
+    pub stores: Stores,
     /// Already in the store the run's agents restore from: every cell
     /// restores it, none builds it.
     pub published: bool,
     /// For the builder: seconds from its start until the dataset is
     /// published (load and publish), for the plan's wall clock.
     pub ready_seconds: f64,
+}
+
+impl Share {
+    /// Whether the cell starts only once the dataset's builder published it.
+    pub fn waits(&self) -> bool {
+        self.stores == Stores::Shared && !self.builds && !self.published
+    }
+}
+
+/// Where a plan's agents keep datasets, for its estimates.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Stores {
+    /// One store for the fleet: local agents (`<data-dir>/datasets`), or
+    /// pods behind one object store (`--dataset-remote`). A dataset is
+    /// built once; its other cells restore it.
+    #[default]
+    Shared,
+    /// A store per agent: Kubernetes pods without an object store, each on
+    /// its run's volume. Each agent's first cell of a dataset builds it
+    /// (the plan takes a class's first `count` cells of it), its later
+    /// cells restore it; no agent waits for another's build.
+    PerAgent,
 }
 
 impl PlannedCell {
@@ -120,14 +146,17 @@ pub fn published_in(dir: &std::path::Path) -> Published {
 /// `published` has no builder: every cell restores it. One store for the
 /// fleet is assumed (local agents share one; on Kubernetes each agent's
 /// own store builds its first).
-fn reuse_estimates(cells: &mut [PlannedCell], published: &Published) {
+fn reuse_estimates(s: &Scenario, cells: &mut [PlannedCell], published: &Published, stores: Stores) {
     use pgfleet_proto::dataset::{
         ESTIMATE_COPY_BYTES_PER_SECOND as RATE, ESTIMATE_REWARM_BYTES_PER_SECOND as REWARM, Mode,
     };
     use pgfleet_proto::workload::Work;
-    // The builder of each dataset: the cell that loads it fastest, the
-    // first in plan order among equals.
+    // Shared: the builder of each dataset, the cell that loads it fastest
+    // (the first in plan order among equals). Per agent: a class's first
+    // `count` cells of it, one per agent.
     let mut builders: BTreeMap<String, (usize, f64)> = BTreeMap::new();
+    let mut per_agent: BTreeMap<(String, String), u32> = BTreeMap::new();
+    let mut builds = vec![false; cells.len()];
     for (i, c) in cells.iter_mut().enumerate() {
         c.estimate = c.params.estimate(&c.capacity);
         let Some(d) = c.params.dataset().filter(|_| c.dataset == Mode::Reuse) else {
@@ -135,16 +164,32 @@ fn reuse_estimates(cells: &mut [PlannedCell], published: &Published) {
         };
         let key = d.plan_key();
         let load = c.estimate.load_seconds;
-        let in_store = published
-            .get(&key)
-            .is_some_and(|(v, _)| *v == d.loader_version);
+        // The local store `published` lists is not the pods'.
+        let in_store = stores == Stores::Shared
+            && published
+                .get(&key)
+                .is_some_and(|(v, _)| *v == d.loader_version);
         c.share = Some(Share {
             key: key.clone(),
             builds: false,
+            stores,
             published: in_store,
             ready_seconds: 0.0,
         });
         if in_store {
+            continue;
+        }
+        if stores == Stores::PerAgent {
+            let class = c.dataset_class().to_string();
+            let agents = s
+                .fleet
+                .value
+                .iter()
+                .find(|f| f.name.value == class)
+                .map_or(1, |f| f.count().max(1));
+            let n = per_agent.entry((class, key)).or_default();
+            *n += 1;
+            builds[i] = *n <= agents;
             continue;
         }
         builders
@@ -156,6 +201,9 @@ fn reuse_estimates(cells: &mut [PlannedCell], published: &Published) {
             })
             .or_insert((i, load));
     }
+    for b in builders.values() {
+        builds[b.0] = true;
+    }
     for (i, c) in cells.iter_mut().enumerate() {
         let (Some(share), Some(d)) = (c.share.as_mut(), c.params.dataset()) else {
             continue;
@@ -166,7 +214,7 @@ fn reuse_estimates(cells: &mut [PlannedCell], published: &Published) {
             _ => d.pgdata_bytes(),
         } as f64;
         let copy = Work::cpu(pgdata / RATE, 2.0);
-        if builders.get(&share.key).is_some_and(|b| b.0 == i) {
+        if builds[i] {
             let publish = copy.reading(pgdata).seconds(&c.capacity);
             share.builds = true;
             share.ready_seconds = e.load_seconds + publish;
@@ -194,6 +242,11 @@ pub fn plan(s: &Scenario) -> Vec<PlannedCell> {
 /// The cells of a scenario, with the datasets already `published` in the
 /// store its agents restore from estimated as restores.
 pub fn plan_with(s: &Scenario, published: &Published) -> Vec<PlannedCell> {
+    plan_for(s, published, Stores::Shared)
+}
+
+/// `plan_with` for agents keeping datasets as `stores` says.
+pub fn plan_for(s: &Scenario, published: &Published, stores: Stores) -> Vec<PlannedCell> {
     let mut cells = Vec::new();
     for (wi, (w, units)) in s.workloads.value.iter().zip(&s.units).enumerate() {
         let classes = s.fleet.value.iter().filter(|f| {
@@ -246,7 +299,7 @@ pub fn plan_with(s: &Scenario, published: &Published) -> Vec<PlannedCell> {
             }
         }
     }
-    reuse_estimates(&mut cells, published);
+    reuse_estimates(s, &mut cells, published, stores);
     reused_cluster_estimates(s, &mut cells);
     cells
 }
@@ -358,7 +411,7 @@ fn estimate_with(s: &Scenario, cells: &[PlannedCell], reused: bool) -> PlanEstim
                 agents.sort_by(|a, b| a.total_cmp(b));
                 let k = k.min(agents.len());
                 let earliest = share(c, reused)
-                    .filter(|s| !s.builds)
+                    .filter(|s| s.waits())
                     .and_then(|s| ready.get(s.key.as_str()).copied())
                     .unwrap_or(0.0);
                 let start = agents[k - 1].max(earliest);
@@ -500,9 +553,18 @@ pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> 
             let v: std::collections::BTreeSet<&str> = m.values().map(String::as_str).collect();
             v.into_iter().collect::<Vec<_>>().join(", ")
         };
+        let once = if cells.iter().any(|c| {
+            c.share
+                .as_ref()
+                .is_some_and(|s| s.stores == Stores::PerAgent)
+        }) {
+            "built once per agent"
+        } else {
+            "built once"
+        };
         let datasets = match (built.is_empty(), ready.is_empty()) {
             (false, true) => format!(
-                "{} dataset(s) built once and restored ({})",
+                "{} dataset(s) {once} and restored ({})",
                 built.len(),
                 names(&built)
             ),
@@ -512,7 +574,7 @@ pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> 
                 names(&ready)
             ),
             _ => format!(
-                "{} dataset(s) built once and restored ({}), {} already in the store ({})",
+                "{} dataset(s) {once} and restored ({}), {} already in the store ({})",
                 built.len(),
                 names(&built),
                 ready.len(),
@@ -727,6 +789,52 @@ workloads:
         assert!(g1.load_seconds < g1.seconds);
         let wall = estimate(&s, &cells).wall_seconds;
         assert!(wall >= ready + g1.seconds, "{wall} {ready} {g1:?}");
+    }
+
+    /// A store per agent (Kubernetes pods without an object store): each
+    /// agent's first cell of a dataset builds it (a class's first `count`
+    /// cells), its later cells restore it, no cell waits for another
+    /// agent's build, and the local store's datasets are not the pods'.
+    #[test]
+    fn with_a_store_per_agent_each_agent_builds_its_first_and_nothing_waits() {
+        let text = AB.replace("replicas: 2", "replicas: 3");
+        let s = super::super::parse(std::path::Path::new("ab.yaml"), &text).unwrap();
+        let cells = plan_for(&s, &Published::new(), Stores::PerAgent);
+        let builds: Vec<(&str, bool)> = cells
+            .iter()
+            .filter_map(|c| Some((c.cell_id.as_str(), c.share.as_ref()?.builds)))
+            .collect();
+        assert_eq!(
+            builds,
+            [
+                ("w0-nvme-select-only-r1", true),
+                ("w0-nvme-select-only-r2", true),
+                ("w0-nvme-select-only-r3", false),
+                ("w0-gp3-select-only-r1", true),
+                ("w0-gp3-select-only-r2", true),
+                ("w0-gp3-select-only-r3", false),
+                ("w1-nvme-backlog-64MiB", true),
+                ("w1-gp3-backlog-64MiB", true),
+            ]
+        );
+        assert!(cells.iter().all(|c| !c.share.as_ref().unwrap().waits()));
+        // gp3 builds its own at its cap instead of waiting for nvme's.
+        let g1 = cell(&cells, "w0-gp3-select-only-r1");
+        assert!(g1.estimate().seconds > g1.fresh_estimate().seconds);
+        let shared = plan(&s);
+        assert!(
+            cell(&shared, "w0-gp3-select-only-r1")
+                .share
+                .as_ref()
+                .unwrap()
+                .waits()
+        );
+        // The local store's datasets do not reach the pods.
+        let d = cells[0].params.dataset().unwrap();
+        let published = Published::from([(d.plan_key(), (d.loader_version, d.pgdata_bytes()))]);
+        assert_eq!(plan_for(&s, &published, Stores::PerAgent), cells);
+        let text = describe(&s, &cells, std::path::Path::new("ab.yaml"));
+        assert!(text.contains("built once per agent and restored"), "{text}");
     }
 
     /// `reuse_cluster`: past a class's first cell per agent, a dataset's
