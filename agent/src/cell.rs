@@ -29,6 +29,11 @@ pub struct AgentEnv {
     pub data_root: PathBuf,
     /// Where datasets are published and restored from.
     pub datasets: pgfleet_proto::dataset::LocalStore,
+    /// Restore by reflink where the filesystem can (`--dataset-reflink`):
+    /// instant, but the cluster's first write to each block copies it
+    /// (BENCHMARKS.md: 14-24 % fewer TPS than a built cell on XFS), so
+    /// restores copy unless asked.
+    pub dataset_reflink: bool,
     /// The object store behind it (`--dataset-remote`): datasets missing
     /// locally are downloaded from it, built ones uploaded to it.
     pub remote: Option<std::sync::Arc<crate::remote::Remote>>,
@@ -581,6 +586,7 @@ async fn provision_with_dataset(
                             m,
                             &data,
                             spec.run_as.as_ref(),
+                            env.dataset_reflink,
                             |done, total| {
                                 let message = format!("restoring dataset {}", m.fingerprint);
                                 let _ = events

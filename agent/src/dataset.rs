@@ -1,7 +1,9 @@
 //! The agent's side of datasets (`pgfleet_proto::dataset`): waiting for
 //! the right to build or restore one, restoring a published PGDATA into a
-//! cell's cluster (reflink where the filesystem can, else a parallel copy
-//! that checks every file's SHA-256), and publishing a cell's freshly
+//! cell's cluster (a parallel copy that checks every file's SHA-256, or,
+//! where the agent opted in and the filesystem can, a reflink: instant, but
+//! then the cluster's first writes copy shared blocks and it measures
+//! slower than a built one), and publishing a cell's freshly
 //! loaded PGDATA after a clean shutdown.
 //!
 //! Both ways leave the cell alike: the server freshly started (shared
@@ -237,6 +239,7 @@ pub async fn restore(
     m: &Manifest,
     data: &Path,
     owner: Option<&RunAs>,
+    reflink: bool,
     progress: impl FnMut(u64, u64),
     cancel: &CancellationToken,
 ) -> Result<Copied> {
@@ -246,6 +249,7 @@ pub async fn restore(
         dirs: m.dirs.clone(),
         files: m.files.clone(),
         verify: true,
+        reflink,
         owner: owner.map(|u| (u.uid, u.gid)),
     };
     let total = m.bytes;
@@ -340,6 +344,7 @@ async fn copy_out(
             dirs: dirs.clone(),
             files,
             verify: false,
+            reflink: false,
             owner: None,
         };
         let (copied, entries) = run_job(job, bytes, progress, cancel)
@@ -459,6 +464,8 @@ struct Job {
     /// Check each file against its entry (restore); else compute the
     /// entries (publish).
     verify: bool,
+    /// Try FICLONE first (a restore the agent opted in to reflinks for).
+    reflink: bool,
     owner: Option<(u32, u32)>,
 }
 
@@ -567,7 +574,8 @@ fn copy_job(
     let mut order: Vec<usize> = (0..job.files.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(job.files[i].bytes));
     let next = AtomicU64::new(0);
-    let reflink_ok = AtomicBool::new(true);
+    // Reflinks only where the restore asked for them.
+    let reflink_ok = AtomicBool::new(job.reflink && job.verify);
     let mut entries = job.files.clone();
     let threads = crate::host::cores().clamp(2, 8) as usize;
     let results: Vec<std::result::Result<Vec<(usize, FileEntry)>, JobError>> =
@@ -642,7 +650,7 @@ fn copy_file(
     // A reflink restore shares the fixture's blocks: nothing is read, so
     // only the size is checked. Publishing always copies (the build's
     // cluster is removed after the cell).
-    if job.verify && reflink_ok.load(Ordering::Relaxed) {
+    if reflink_ok.load(Ordering::Relaxed) {
         // SAFETY: two valid open descriptors.
         let rc = unsafe { libc::ioctl(dst.as_raw_fd(), FICLONE as _, src.as_raw_fd()) };
         if rc == 0 {

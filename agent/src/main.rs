@@ -106,6 +106,14 @@ struct RunArgs {
     /// <data-root>/datasets, or $TMPDIR/pgfleet/datasets without --data-root.
     #[arg(long, env = "PGFLEET_DATASET_DIR")]
     dataset_dir: Option<PathBuf>,
+    /// Restore datasets by reflink (FICLONE) where the filesystem can
+    /// (XFS, btrfs): instant, but the restored cluster's files share their
+    /// blocks with the store, so its first write to each block copies it
+    /// and a restored cell measures slower than a built one (14-24 % fewer
+    /// TPS at scale 200 on XFS, BENCHMARKS.md). Off: restores copy, and
+    /// measure alike.
+    #[arg(long, env = "PGFLEET_DATASET_REFLINK")]
+    dataset_reflink: bool,
     /// An object store behind the local dataset store, e.g.
     /// s3://bucket/pgfleet-datasets: a dataset missing locally is
     /// downloaded from it (zstd parts, each checked against its SHA-256)
@@ -260,6 +268,7 @@ async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         run_as: RunAs::resolve(&args.pg_user).map_err(|e| e.to_string()),
         data_root: data_root.clone(),
         datasets,
+        dataset_reflink: args.dataset_reflink,
         remote,
         snapshot,
         storage_profile: args.storage_profile.clone(),

@@ -31,7 +31,7 @@ async fn restore_into(
     Cluster::provision_restored(spec, &m.superuser_password, |data| {
         let cancel = &cancel;
         async move {
-            dataset::restore(ls, m, &data, spec.run_as.as_ref(), |_, _| {}, cancel).await?;
+            dataset::restore(ls, m, &data, spec.run_as.as_ref(), false, |_, _| {}, cancel).await?;
             Ok(())
         }
     })
@@ -524,4 +524,104 @@ async fn a_volume_snapshots_datasets_are_hydrated_once_before_their_first_restor
     assert_eq!(prov_f["hydration"]["hydrated"], false);
     assert_eq!(prov_f["hydration"]["bytes"], 0);
     std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// An XFS filesystem on a loop device over a sparse file, mounted for the
+/// test and removed (unmounted, detached, deleted) on drop, on every path.
+struct Xfs {
+    mount: PathBuf,
+    image: PathBuf,
+    device: String,
+}
+
+impl Xfs {
+    /// None where it cannot be made (not root, no mkfs.xfs or losetup).
+    fn new(name: &str) -> Option<Xfs> {
+        use std::process::Command;
+        let have = |tool: &str| {
+            Command::new("sh")
+                .args(["-c", &format!("command -v {tool}")])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        if !nix::unistd::Uid::effective().is_root() || !have("mkfs.xfs") || !have("losetup") {
+            return None;
+        }
+        let dir = scratch(name);
+        let image = dir.join("xfs.img");
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(2 << 30)
+            .unwrap();
+        let out = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(&image)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let device = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        let mount = dir.join("mnt");
+        let x = Xfs {
+            mount,
+            image,
+            device,
+        };
+        std::fs::create_dir_all(&x.mount).unwrap();
+        let ok = |c: &mut Command| {
+            let o = c.output().unwrap();
+            assert!(o.status.success(), "{c:?}: {o:?}");
+        };
+        ok(Command::new("mkfs.xfs").args(["-q", "-m", "reflink=1", &x.device]));
+        ok(Command::new("mount").arg(&x.device).arg(&x.mount));
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&x.mount, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Some(x)
+    }
+}
+
+impl Drop for Xfs {
+    fn drop(&mut self) {
+        use std::process::Command;
+        let _ = Command::new("umount").arg(&self.mount).output();
+        let _ = Command::new("losetup").args(["-d", &self.device]).output();
+        if let Some(dir) = self.image.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// On a filesystem that can reflink (XFS), restores still copy unless the
+/// agent opted in (`--dataset-reflink`): a reflinked cluster's first write
+/// to each block copies it, so it measures slower than a built one
+/// (BENCHMARKS.md). Opted in, the restore shares the store's blocks
+/// (instant, sizes checked) and says so.
+#[tokio::test]
+async fn restores_copy_unless_the_agent_opts_in_to_reflinks() {
+    let Some(xfs) = Xfs::new("ds-xfs") else {
+        eprintln!("skipped: needs root, losetup and mkfs.xfs (xfsprogs)");
+        return;
+    };
+    let root = xfs.mount.join("agent");
+    std::fs::create_dir_all(&root).unwrap();
+    let store = xfs.mount.join("datasets");
+    let plain = env(&root, &store);
+    let small = "{kind: vacuum-bloat, scale: 1, bloat_bytes: 4MiB}";
+    let a = run_cell(&plain, "a", small, "reuse").await;
+    assert_eq!(succeeded(&a).0["how"], "built");
+    let b = run_cell(&plain, "b", small, "reuse").await;
+    let (prov_b, m_b) = succeeded(&b);
+    assert_eq!(
+        (prov_b["how"].as_str(), prov_b["method"].as_str()),
+        (Some("restored"), Some("copy")),
+        "{prov_b}"
+    );
+    let opted = AgentEnv {
+        dataset_reflink: true,
+        ..env(&root, &store)
+    };
+    let c = run_cell(&opted, "c", small, "reuse").await;
+    let (prov_c, m_c) = succeeded(&c);
+    assert_eq!(prov_c["method"], "reflink", "{prov_c}");
+    assert_eq!(m_b["rows_loaded"], m_c["rows_loaded"]);
+    drop(xfs);
 }

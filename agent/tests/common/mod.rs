@@ -58,6 +58,7 @@ pub fn agent_env(root: &Path, store: &Path) -> pgfleet_agent::cell::AgentEnv {
         run_as: RunAs::resolve("postgres").map_err(|e| e.to_string()),
         data_root: root.to_path_buf(),
         datasets: pgfleet_proto::dataset::LocalStore::new(store),
+        dataset_reflink: false,
         remote: None,
         snapshot: None,
         storage_profile: "nvme".into(),
