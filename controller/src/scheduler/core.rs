@@ -1069,10 +1069,25 @@ impl Core {
             .filter(|(other, a)| on_host(a) && (a.cell.is_some() || picked.contains(other)))
             .map(|(_, a)| &a.host)
             .collect();
+        // An idle agent keeping a cluster for its next cell
+        // (`reuse_cluster`) holds its instance's memory, not its CPUs.
+        let keeping: u64 = self
+            .agents
+            .iter()
+            .filter(|(other, a)| {
+                on_host(a)
+                    && a.cell.is_none()
+                    && a.kept.is_some()
+                    && *other != id
+                    && !picked.contains(other)
+            })
+            .map(|(_, a)| a.host.instance_memory_bytes)
+            .sum();
         let cpus: u64 =
             busy.iter().map(|h| h.instance_cpus as u64).sum::<u64>() + me.instance_cpus as u64;
-        let memory: u64 =
-            busy.iter().map(|h| h.instance_memory_bytes).sum::<u64>() + me.instance_memory_bytes;
+        let memory: u64 = busy.iter().map(|h| h.instance_memory_bytes).sum::<u64>()
+            + keeping
+            + me.instance_memory_bytes;
         (me.cores == 0 || cpus <= me.cores as u64)
             && (me.memory_bytes == 0 || memory <= me.memory_bytes)
     }
@@ -1391,6 +1406,53 @@ mod tests {
             );
             assert_eq!(starts(&e).len(), 1, "the freed host takes the next cell");
         }
+    }
+
+    /// A cluster kept for a `reuse_cluster` cell holds its instance's
+    /// memory while its agent is idle: a cell that would not fit beside it
+    /// and a running one waits (a host with no cell running still takes
+    /// one).
+    #[test]
+    fn a_kept_cluster_counts_against_its_hosts_memory() {
+        let t0 = Instant::now();
+        let ids = ["a-0", "a-1", "a-2"];
+        let mut c = core(single(3), &ids, t0);
+        for id in ids {
+            let info = Register {
+                agent_id: id.into(),
+                instance_class: "a".into(),
+                hostname: "h".into(),
+                cores: 4,
+                memory_bytes: 8 << 30,
+                instance_cpus: 1,
+                instance_memory_bytes: 3 << 30,
+                ..Default::default()
+            };
+            c.apply(Input::Registered { info, conn: 1 }, t0);
+        }
+        // Two 3 GiB instances run; a third would make 9 GiB of 8.
+        let running: Vec<&String> = c
+            .agents
+            .iter()
+            .filter(|(_, a)| a.cell.is_some())
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(running.len(), 2, "{running:?}");
+        let idle = ids
+            .iter()
+            .find(|id| c.agents[**id].cell.is_none())
+            .unwrap()
+            .to_string();
+        let busy = running[0].clone();
+        assert!(!c.fits_host(&idle, &[]));
+        // One ends; the other keeps running: the idle agent fits beside it,
+        // unless the ended one keeps its cluster.
+        c.agents.get_mut(&busy).unwrap().cell = None;
+        assert!(c.fits_host(&idle, &[]));
+        c.agents.get_mut(&busy).unwrap().kept = Some("pgbench".into());
+        assert!(!c.fits_host(&idle, &[]));
+        // The keeping agent itself takes the next cell of its dataset.
+        assert!(c.fits_host(&busy, &[]));
     }
 
     /// A pgbench cell on gp3 (listed first) and one on nvme, of one dataset:
