@@ -190,41 +190,35 @@ pub fn warnings(diffs: &[Json], plan: &[String], compared: &[&str]) -> Vec<Strin
 /// page cache (it starts colder than a built one would).
 pub fn datasets(cells: &[crate::store::CellRow]) -> Vec<String> {
     let mut out = Vec::new();
-    // `reuse_cluster`: a reused cell starts from the data its previous
-    // cell changed, not from the dataset.
-    let with = |pred: fn(&serde_json::Value) -> bool| -> Vec<&str> {
-        cells
+    // Cells whose dataset matches `pred`, named in one warning: "cell(s)
+    // <ids> <what>".
+    let mut about = |pred: fn(&serde_json::Value) -> bool, what: &str| {
+        let ids: Vec<&str> = cells
             .iter()
             .filter(|c| c.environment.as_ref().is_some_and(|e| pred(&e["dataset"])))
             .map(|c| c.cell_id.as_str())
-            .collect()
+            .collect();
+        if !ids.is_empty() {
+            let s = if ids.len() == 1 { "" } else { "s" };
+            out.push(format!("warning: cell{s} {} {what}", ids.join(", ")));
+        }
     };
-    let reused = with(|d| d["how"] == "reused");
-    if !reused.is_empty() {
-        out.push(format!(
-            "warning: cell{} {} reused a cluster an earlier cell had written to (reuse_cluster): after the kind's reset the data is not the dataset as loaded (pgbench: updated rows moved, indexes grown), so compare them with reused cells, not with built or restored ones (on an emulated gp3 with 2 GiB at scale 200, reused cells ran 28 % fewer TPS: BENCHMARKS.md, \"Reuse in place\")",
-            if reused.len() == 1 { "" } else { "s" },
-            reused.join(", ")
-        ));
-    }
+    // `reuse_cluster`: a reused cell starts from the data its previous
+    // cell changed, not from the dataset.
+    about(
+        |d| d["how"] == "reused",
+        "reused a cluster an earlier cell had written to (reuse_cluster): after the kind's reset the data is not the dataset as loaded (pgbench: updated rows moved, indexes grown), so compare them with reused cells, not with built or restored ones (on an emulated gp3 with 2 GiB at scale 200, reused cells ran 28 % fewer TPS: BENCHMARKS.md, \"Reuse in place\")",
+    );
     // `--dataset-reflink`: the restored files share the store's blocks.
-    let reflinked = with(|d| d["method"] == "reflink");
-    if !reflinked.is_empty() {
-        out.push(format!(
-            "warning: cell{} {} restored data by reflink (the agent's --dataset-reflink): their files shared blocks with the dataset store, so each first write to a block copied it, which a built or copied cluster does not do (on XFS at scale 200: 14-24 % fewer TPS, WAL flushes 0.63-0.72 ms vs 0.49-0.51: BENCHMARKS.md, \"Reflinks\"); compare them with each other, or restore by copy",
-            if reflinked.len() == 1 { "" } else { "s" },
-            reflinked.join(", ")
-        ));
-    }
+    about(
+        |d| d["method"] == "reflink",
+        "restored data by reflink (the agent's --dataset-reflink): their files shared blocks with the dataset store, so each first write to a block copied it, which a built or copied cluster does not do (on XFS at scale 200: 14-24 % fewer TPS, WAL flushes 0.63-0.72 ms vs 0.49-0.51: BENCHMARKS.md, \"Reflinks\"); compare them with each other, or restore by copy",
+    );
     // `hydrate: none`: restored from a volume snapshot's lazy blocks.
-    let lazy = with(|d| d["hydration"]["hydrated"] == false);
-    if !lazy.is_empty() {
-        out.push(format!(
-            "warning: cell{} {} restored data from a volume created from a snapshot without reading it first (storage.hydrate: none): such a volume fetches each block from the snapshot on first touch, so their figures include the lazy restore, not only the storage; use `hydrate: read-all` (the default)",
-            if lazy.len() == 1 { "" } else { "s" },
-            lazy.join(", ")
-        ));
-    }
+    about(
+        |d| d["hydration"]["hydrated"] == false,
+        "restored data from a volume created from a snapshot without reading it first (storage.hydrate: none): such a volume fetches each block from the snapshot on first touch, so their figures include the lazy restore, not only the storage; use `hydrate: read-all` (the default)",
+    );
     for c in cells {
         let Some(d) = c.environment.as_ref().map(|e| &e["dataset"]) else {
             continue;
