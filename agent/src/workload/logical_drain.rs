@@ -47,7 +47,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
         match ctx.role.as_str() {
             PUBLISHER => ctx.serve_until_released().await,
             SUBSCRIBER => {
-                let publisher = ctx.peer(PUBLISHER, None).await?;
+                let publisher = ctx.peer(PUBLISHER).await?;
                 let loaded: pgbench_init::Metrics = serde_json::from_str(&publisher.loaded_json)
                     .map_err(|e| Error::Peer {
                         role: PUBLISHER.into(),

@@ -173,20 +173,14 @@ impl<'c> CellContext<'c> {
         })
     }
 
-    /// Waits until `role`'s cluster is up and returns where it is; fails
-    /// after `timeout` (None: no bound), or when the cell is cancelled.
-    pub async fn peer(&self, role: &str, timeout: Option<std::time::Duration>) -> Result<Endpoint> {
+    /// Waits until `role`'s cluster is up and returns where it is (no
+    /// bound: a role that fails ends the cell, which cancels this wait).
+    pub async fn peer(&self, role: &str) -> Result<Endpoint> {
         let mut rx = self.peers.clone();
-        let wait = rx.wait_for(|m| m.contains_key(role));
-        let timeout = timeout.unwrap_or(Duration::MAX);
         tokio::select! {
-            r = tokio::time::timeout(timeout, wait) => match r {
-                Ok(Ok(m)) => Ok(m[role].clone()),
-                Ok(Err(_)) => Err(Error::Session("the session ended while waiting for a peer".into())),
-                Err(_) => Err(Error::Workload {
-                    workload: "peers".into(),
-                    message: format!("role {role} did not report its cluster within {timeout:?}"),
-                }),
+            r = rx.wait_for(|m| m.contains_key(role)) => match r {
+                Ok(m) => Ok(m[role].clone()),
+                Err(_) => Err(Error::Session("the session ended while waiting for a peer".into())),
             },
             _ = self.cancel.cancelled() => Err(Error::Cancelled(format!("cancelled while waiting for role {role}"))),
         }

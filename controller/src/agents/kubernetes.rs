@@ -1047,19 +1047,26 @@ pub fn parse_quantity(q: &str) -> Option<u64> {
 /// being cut supersedes none; one in use by a volume being restored is
 /// kept by the snapshot controller until that ends).
 pub fn superseded(found: &[Snapshot]) -> Vec<&Snapshot> {
-    let fps = |s: &Snapshot| -> BTreeSet<String> {
-        s.datasets.iter().map(|d| d.fingerprint.clone()).collect()
-    };
-    found
+    let with_fps: Vec<(&Snapshot, BTreeSet<&str>)> = found
         .iter()
-        .filter(|old| {
-            found.iter().any(|new| {
+        .map(|s| {
+            (
+                s,
+                s.datasets.iter().map(|d| d.fingerprint.as_str()).collect(),
+            )
+        })
+        .collect();
+    with_fps
+        .iter()
+        .filter(|(old, old_fps)| {
+            with_fps.iter().any(|(new, new_fps)| {
                 new.ready
                     && new.storage_class == old.storage_class
                     && (&new.created, &new.name) > (&old.created, &old.name)
-                    && fps(new).is_superset(&fps(old))
+                    && new_fps.is_superset(old_fps)
             })
         })
+        .map(|(s, _)| *s)
         .collect()
 }
 

@@ -181,12 +181,7 @@ fn reuse_estimates(s: &Scenario, cells: &mut [PlannedCell], published: &Publishe
         }
         if stores == Stores::PerAgent {
             let class = c.dataset_class().to_string();
-            let agents = s
-                .fleet
-                .value
-                .iter()
-                .find(|f| f.name.value == class)
-                .map_or(1, |f| f.count().max(1));
+            let agents = agents_of(s, &class);
             let n = per_agent.entry((class, key)).or_default();
             *n += 1;
             builds[i] = *n <= agents;
@@ -232,6 +227,15 @@ fn reuse_estimates(s: &Scenario, cells: &mut [PlannedCell], published: &Publishe
             e.seconds = (seconds - load).max(0.0) + e.load_seconds;
         }
     }
+}
+
+/// How many agents the fleet has of `class` (at least one).
+fn agents_of(s: &Scenario, class: &str) -> u32 {
+    s.fleet
+        .value
+        .iter()
+        .find(|f| f.name.value == class)
+        .map_or(1, |f| f.count().max(1))
 }
 
 /// The cells of a scenario, estimated as if no dataset were published yet.
@@ -316,12 +320,7 @@ fn reused_cluster_estimates(s: &Scenario, cells: &mut [PlannedCell]) {
         let (Some(share), Some(d)) = (&c.share, c.params.dataset()) else {
             continue;
         };
-        let agents = s
-            .fleet
-            .value
-            .iter()
-            .find(|f| f.name.value == c.instance_class)
-            .map_or(1, |f| f.count().max(1));
+        let agents = agents_of(s, &c.instance_class);
         let n = seen
             .entry((c.instance_class.clone(), share.key.clone()))
             .or_default();
