@@ -76,7 +76,9 @@ pub enum Command {
         labels: Vec<String>,
     },
     /// Check a scenario file and show the cells it plans, without running.
-    /// With --kubernetes, print the objects a run of it would create on a
+    /// Each cell's estimate is corrected by what earlier cells of its kind,
+    /// class and dataset step took in the run store (--store), when it
+    /// holds any. With --kubernetes, print the objects a run of it would create on a
     /// cluster instead (a dry run: nothing is sent), e.g.
     /// `pgfleet validate scenarios/at-scale/nvme-vs-ebs.yaml --kubernetes | kubectl apply --dry-run=server -f -`
     Validate {

@@ -313,7 +313,8 @@ fn resume_runs(served: &Arc<Served>, inboxes: &mut Inboxes, done: &mpsc::Sender<
                 continue;
             }
         };
-        let cells = scenario::plan::plan_for(&sc, &Default::default(), served.source.stores());
+        let mut cells = scenario::plan::plan_for(&sc, &Default::default(), served.source.stores());
+        served.learn_estimates(&mut cells);
         served.enqueue(&id, &sc, cells, served.reports.join(&id));
         if let Some(inbox) = inboxes.remove(&id) {
             eprintln!("resuming run {id}: waiting for its agents to reconnect");

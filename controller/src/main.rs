@@ -26,6 +26,25 @@ use pgfleet_controller::{Error, exit, report, scenario};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Commands that only print end quietly when their reader goes away
+    // (`pgfleet validate s.yaml | head`) instead of panicking on the
+    // closed pipe. Not `run`, `serve` or `datasets build`: they own
+    // clusters and must reach their cleanup.
+    if matches!(
+        cli.command,
+        Command::Validate { .. }
+            | Command::List { .. }
+            | Command::Compare(_)
+            | Command::History(_)
+            | Command::Crd
+            | Command::Status { .. }
+    ) {
+        // SAFETY: restoring a signal's default disposition before any
+        // thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -302,6 +321,24 @@ fn compare(args: CompareArgs, store: &std::path::Path) -> Result<u8, Failure> {
     })
 }
 
+/// What the store at `path` teaches the estimates, when there is one and
+/// it opens (`pgfleet validate` needs no store: nothing learned then).
+fn learned_from(path: &std::path::Path) -> scenario::learned::Learned {
+    if !path.exists() {
+        return Default::default();
+    }
+    match Store::open(path).and_then(|s| scenario::learned::Learned::read(&s)) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!(
+                "note: estimates not learned from {}: {e} (the model's estimates follow)",
+                path.display()
+            );
+            Default::default()
+        }
+    }
+}
+
 async fn dispatch(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
         Command::Compare(args) => compare(args, &cli.store),
@@ -314,7 +351,9 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         } => {
             let sc = scenario::load(&path)?;
             let published = scenario::plan::published_in(&datasets.resolve());
-            let cells = scenario::plan::plan_with(&sc, &published);
+            let mut cells = scenario::plan::plan_with(&sc, &published);
+            let learned = learned_from(&cli.store);
+            let applied = learned.apply(&mut cells);
             if kubernetes {
                 #[cfg(feature = "server")]
                 {
@@ -325,17 +364,24 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                     eprint!("{}", kubernetes::describe(&objects));
                     // What it takes there: the pods' datasets are on their
                     // own volumes (or behind the object store).
-                    let cells =
+                    let mut cells =
                         scenario::plan::plan_for(&sc, &Default::default(), opts.dataset_stores());
+                    let applied = learned.apply(&mut cells);
                     eprint!("{}", scenario::plan::describe(&sc, &cells, &path));
+                    if let Some(line) = applied.describe(cells.len()) {
+                        eprintln!("{line}");
+                    }
                 }
                 #[cfg(not(feature = "server"))]
                 {
-                    let _ = kube;
+                    let _ = (kube, &learned, &applied);
                     return Err(not_in_client("validate --kubernetes"));
                 }
             } else {
                 print!("{}", scenario::plan::describe(&sc, &cells, &path));
+                if let Some(line) = applied.describe(cells.len()) {
+                    println!("{line}");
+                }
                 for c in sc.checks() {
                     let figure = match &c.baseline {
                         Some(b) => format!(

@@ -172,7 +172,8 @@ impl Served {
         if queued >= self.max_queued_runs {
             return Err(Rejected::Busy(queued));
         }
-        let cells = scenario::plan::plan_for(&sc, &Default::default(), self.source.stores());
+        let mut cells = scenario::plan::plan_for(&sc, &Default::default(), self.source.stores());
+        self.learn_estimates(&mut cells);
         let run_id = self.queue_run(Queued {
             scenario: &sc,
             path: name,
@@ -219,6 +220,17 @@ impl Served {
         tracing::info!(run = %run_id, scenario = %q.scenario.name.value, cells = q.cells.len(), "run queued");
         self.enqueue(&run_id, q.scenario, q.cells, report_dir);
         Ok(run_id)
+    }
+
+    /// Corrects a fresh plan's estimates by what earlier cells on the store
+    /// took (`scenario::learned`); the model's where the store cannot say.
+    pub(crate) fn learn_estimates(&self, cells: &mut [PlannedCell]) {
+        match scenario::learned::Learned::read(&self.service.store) {
+            Ok(l) => {
+                l.apply(cells);
+            }
+            Err(e) => tracing::warn!("estimates not learned from the store: {e}"),
+        }
     }
 
     pub(crate) fn enqueue(

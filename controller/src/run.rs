@@ -100,11 +100,20 @@ pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunS
     if let Some((addr, _)) = controller.http() {
         eprintln!("metrics: http://{addr}/metrics");
     }
+    // What earlier cells on this store took corrects the model's estimates.
+    let planned = cells.len();
+    match scenario::learned::Learned::read(&controller.served.service.store) {
+        Ok(l) => {
+            if let Some(line) = l.apply(&mut cells).describe(planned) {
+                eprintln!("{line}");
+            }
+        }
+        Err(e) => tracing::warn!("estimates not learned from the store: {e}"),
+    }
     let estimate = scenario::plan::estimate(&sc, &cells);
     for w in scenario::plan::warnings(&sc, &cells, scenario::plan::host_memory()) {
         eprintln!("{w}");
     }
-    let planned = cells.len();
     let queued = controller.served.queue_run(Queued {
         scenario: &sc,
         path: &opts.scenario.display().to_string(),

@@ -109,6 +109,17 @@ pub struct RunRow {
     pub estimated_seconds: Option<f64>,
 }
 
+/// A succeeded cell's time beside its estimate (`Store::past_estimates`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PastEstimate {
+    pub run_id: String,
+    pub cell_id: String,
+    /// How it came by its data (`environment.dataset.how`; `none`).
+    pub how: String,
+    pub took_seconds: f64,
+    pub estimate_seconds: f64,
+}
+
 #[derive(Debug, Clone)]
 pub struct CellRow {
     pub cell_id: String,
@@ -805,6 +816,32 @@ impl Store {
         })
     }
 
+    /// The newest `limit` succeeded cells stored with an estimate, newest
+    /// first: what each took beside it, for `scenario::learned`.
+    pub fn past_estimates(&self, limit: usize) -> Result<Vec<PastEstimate>> {
+        self.read(move |c| {
+            let mut st = c.prepare(
+                "SELECT run_id, cell_id, coalesce(json_extract(environment, '$.dataset.how'), 'none'),
+                        started_at, finished_at, estimate_seconds
+                 FROM cells
+                 WHERE state = 'succeeded' AND estimate_seconds IS NOT NULL
+                   AND started_at IS NOT NULL AND finished_at IS NOT NULL
+                 ORDER BY finished_at DESC LIMIT ?1",
+            )?;
+            let rows = st.query_map(params![limit as i64], |r| {
+                let (from, to): (String, String) = (r.get(3)?, r.get(4)?);
+                Ok(PastEstimate {
+                    run_id: r.get(0)?,
+                    cell_id: r.get(1)?,
+                    how: r.get(2)?,
+                    took_seconds: span(Some(&from), Some(&to)).unwrap_or(f64::NAN),
+                    estimate_seconds: r.get(5)?,
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
     /// Every stored cell whose environment says where its data came from
     /// (`environment.dataset`), oldest first.
     pub fn dataset_uses(&self) -> Result<Vec<DatasetUseRow>> {
@@ -965,6 +1002,56 @@ mod tests {
                 estimated_seconds: 0.0,
             }
         }
+    }
+
+    /// A succeeded cell's time, estimate and dataset step are what later
+    /// plans learn their estimates from (keyed by re-planning the run's
+    /// stored scenario); failed cells teach nothing.
+    #[test]
+    fn succeeded_cells_teach_later_estimates() {
+        let dir = std::env::temp_dir().join(format!("pgfleet-learn-{}", std::process::id()));
+        let store = Store::open(&dir.join("s.db")).unwrap();
+        let yaml = "name: t\nfleet: [{name: a, count: 1}]\nworkloads: [{kind: pgbench, scale: 1, duration_s: 5, replicas: 2}]\n";
+        let sc = crate::scenario::parse(std::path::Path::new("t.yaml"), yaml).unwrap();
+        let cells = crate::scenario::plan(&sc);
+        let run = NewRun {
+            cells: &cells,
+            yaml,
+            ..NewRun::test("r", Owner::Run)
+        };
+        store.create_run(&run).unwrap();
+        let env = serde_json::json!({"dataset": {"how": "restored"}});
+        for (i, c) in cells.iter().enumerate() {
+            store.start_cell("r", &c.cell_id, "a-0").unwrap();
+            let state = if i == 1 {
+                CellState::Failed
+            } else {
+                CellState::Succeeded
+            };
+            store
+                .finish_cell("r", &c.cell_id, state, None, Some(&env), &[])
+                .unwrap();
+        }
+        let past = store.past_estimates(10).unwrap();
+        assert_eq!(past.len(), 1, "{past:?}");
+        let p = &past[0];
+        assert_eq!(
+            (p.run_id.as_str(), p.cell_id.as_str()),
+            ("r", cells[0].cell_id.as_str())
+        );
+        assert_eq!(p.how, "restored");
+        assert_eq!(p.estimate_seconds, cells[0].estimate().seconds);
+        assert!(p.took_seconds >= 0.0 && p.took_seconds < 60.0, "{p:?}");
+        // It took far less than the model's estimate: restores of cells
+        // like it are corrected (to the lower bound), builds are not.
+        let learned = crate::scenario::learned::Learned::read(&store).unwrap();
+        let key = cells[0].estimate_key();
+        let f = learned.factor(&key, "restored").unwrap();
+        assert_eq!(f.cells, 1);
+        assert!(f.ratio < 1.0, "{f:?}");
+        assert_eq!(learned.factor(&key, "built"), None);
+        drop(store);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A run and its cells are one write: when a cell cannot be stored,

@@ -1517,3 +1517,30 @@ workloads:
     );
     s.assert_clean(&[]);
 }
+
+/// A printing command whose reader goes away (`pgfleet validate s.yaml |
+/// head -1`) ends quietly, not with a panic about the closed pipe.
+#[test]
+fn validate_into_a_closed_pipe_ends_without_a_panic() {
+    let scratch = Scratch::new("closed-pipe");
+    for _ in 0..3 {
+        let mut child = std::process::Command::new(common::pgfleet())
+            .arg("--store")
+            .arg(scratch.dir.join("none.db"))
+            .arg("validate")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../scenarios/storage-suite.yaml"
+            ))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Closed before the command has planned anything to print.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert_ne!(out.status.code(), Some(101), "{stderr}");
+    }
+}

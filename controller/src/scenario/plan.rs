@@ -38,6 +38,33 @@ pub struct PlannedCell {
     /// With `data: reuse`: the dataset it shares with the plan's other
     /// cells, and whether it is the one that builds it.
     pub share: Option<Share>,
+    /// What earlier cells of its kind, class and dataset step took against
+    /// their estimates, applied to `estimate` (`learned::Learned::apply`);
+    /// `learned_fresh` the same for `fresh_estimate` (a load of its own).
+    pub learned: Option<Factor>,
+    pub learned_fresh: Option<Factor>,
+}
+
+/// A correction of the model's estimate learned from earlier cells: the
+/// median of what they took over their estimates, and of how many cells.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Factor {
+    pub ratio: f64,
+    pub cells: usize,
+}
+
+impl Factor {
+    /// `e` with its seconds (and its load) times the ratio; its timed
+    /// part stays as the scenario asks, within the whole.
+    pub fn scale(&self, e: Estimate) -> Estimate {
+        let seconds = e.seconds * self.ratio;
+        Estimate {
+            seconds,
+            load_seconds: e.load_seconds * self.ratio,
+            measured_seconds: e.measured_seconds.min(seconds),
+            ..e
+        }
+    }
 }
 
 /// A dataset shared by several cells of a plan. With one store for the
@@ -61,6 +88,9 @@ pub struct Share {
     /// For the builder: seconds from its start until the dataset is
     /// published (load and publish), for the plan's wall clock.
     pub ready_seconds: f64,
+    /// It reuses the cluster an earlier cell of the dataset kept on its
+    /// agent (`reuse_cluster`): a reset instead of a restore.
+    pub reuses_cluster: bool,
 }
 
 impl Share {
@@ -110,7 +140,40 @@ impl PlannedCell {
     }
     /// The estimate when the cell loads its own data (`data: fresh`).
     pub fn fresh_estimate(&self) -> Estimate {
-        self.params.estimate(&self.capacity)
+        let e = self.params.estimate(&self.capacity);
+        self.learned_fresh.map_or(e, |f| f.scale(e))
+    }
+
+    /// How the plan has the cell come by its data, in the words of the
+    /// agent's provenance (`environment.dataset.how`): `built`,
+    /// `restored`, `reused`, `loaded` (`data: fresh`), or `none` for a kind
+    /// without a dataset.
+    pub fn how(&self) -> &'static str {
+        match (&self.share, self.params.dataset()) {
+            (_, None) => "none",
+            (None, Some(_)) => "loaded",
+            (Some(s), _) if s.reuses_cluster => "reused",
+            (Some(s), _) if s.builds => "built",
+            (Some(_), _) => "restored",
+        }
+    }
+
+    /// What the model's estimate of the cell depends on besides its
+    /// parameters: its kind and what its class gives it (the instance's
+    /// CPUs and memory, the storage's caps). Earlier cells of the same key
+    /// and dataset step teach its correction (`learned`).
+    pub fn estimate_key(&self) -> String {
+        let (c, caps) = (&self.capacity, &self.capacity.caps);
+        format!(
+            "{} cpus={:.2} memory={} caps={}/{}/{}/{}",
+            self.workload().name(),
+            c.cpus,
+            c.memory_bytes,
+            caps.read_iops,
+            caps.write_iops,
+            caps.read_mbps,
+            caps.write_mbps
+        )
     }
 }
 
@@ -175,6 +238,7 @@ fn reuse_estimates(s: &Scenario, cells: &mut [PlannedCell], published: &Publishe
             stores,
             published: in_store,
             ready_seconds: 0.0,
+            reuses_cluster: false,
         });
         if in_store {
             continue;
@@ -298,6 +362,8 @@ pub fn plan_for(s: &Scenario, published: &Published, stores: Stores) -> Vec<Plan
                         point: point.clone(),
                         capacity,
                         share: None,
+                        learned: None,
+                        learned_fresh: None,
                     });
                 }
             }
@@ -317,7 +383,7 @@ fn reused_cluster_estimates(s: &Scenario, cells: &mut [PlannedCell]) {
     use pgfleet_proto::workload::Work;
     let mut seen: BTreeMap<(String, String), u32> = BTreeMap::new();
     for c in cells.iter_mut().filter(|c| c.reuse_cluster) {
-        let (Some(share), Some(d)) = (&c.share, c.params.dataset()) else {
+        let (Some(share), Some(d)) = (&mut c.share, c.params.dataset()) else {
             continue;
         };
         let agents = agents_of(s, &c.instance_class);
@@ -328,6 +394,7 @@ fn reused_cluster_estimates(s: &Scenario, cells: &mut [PlannedCell]) {
         if *n <= agents {
             continue;
         }
+        share.reuses_cluster = true;
         let bytes = d.bytes as f64;
         let reset = Work::cpu(bytes / RATE, 1.0)
             .reading(bytes)
