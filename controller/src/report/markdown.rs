@@ -410,7 +410,7 @@ fn estimates(md: &mut String, doc: &Json) {
     if !parts.is_empty() {
         let _ = writeln!(
             md,
-            "\nEstimates: {}. They come from each kind's work (CPU time, bytes, I/Os) over the class's CPUs and storage caps (`pgfleet validate` lists them).",
+            "\nEstimates: {}. They come from each kind's work (CPU time, bytes, I/Os) over the class's CPUs and storage caps, corrected by what earlier cells of the same kind, class and dataset step took where the store held any (`pgfleet validate` lists them); this run's cells correct the next run's.",
             parts.join("; ")
         );
     }
