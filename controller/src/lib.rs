@@ -34,6 +34,7 @@ pub mod http;
 #[cfg(feature = "server")]
 pub mod hub;
 pub mod labels;
+pub mod learned;
 #[cfg(feature = "server")]
 pub mod metrics;
 #[cfg(feature = "server")]

@@ -323,11 +323,11 @@ fn compare(args: CompareArgs, store: &std::path::Path) -> Result<u8, Failure> {
 
 /// What the store at `path` teaches the estimates, when there is one and
 /// it opens (`pgfleet validate` needs no store: nothing learned then).
-fn learned_from(path: &std::path::Path) -> scenario::learned::Learned {
+fn learned_from(path: &std::path::Path) -> pgfleet_controller::learned::Learned {
     if !path.exists() {
         return Default::default();
     }
-    match Store::open(path).and_then(|s| scenario::learned::Learned::read(&s)) {
+    match Store::open(path).and_then(|s| pgfleet_controller::learned::Learned::read(&s)) {
         Ok(l) => l,
         Err(e) => {
             eprintln!(

@@ -223,9 +223,9 @@ impl Served {
     }
 
     /// Corrects a fresh plan's estimates by what earlier cells on the store
-    /// took (`scenario::learned`); the model's where the store cannot say.
+    /// took (`learned`); the model's where the store cannot say.
     pub(crate) fn learn_estimates(&self, cells: &mut [PlannedCell]) {
-        match scenario::learned::Learned::read(&self.service.store) {
+        match crate::learned::Learned::read(&self.service.store) {
             Ok(l) => {
                 l.apply(cells);
             }

@@ -102,7 +102,7 @@ pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunS
     }
     // What earlier cells on this store took corrects the model's estimates.
     let planned = cells.len();
-    match scenario::learned::Learned::read(&controller.served.service.store) {
+    match crate::learned::Learned::read(&controller.served.service.store) {
         Ok(l) => {
             if let Some(line) = l.apply(&mut cells).describe(planned) {
                 eprintln!("{line}");

@@ -817,7 +817,7 @@ impl Store {
     }
 
     /// The newest `limit` succeeded cells stored with an estimate, newest
-    /// first: what each took beside it, for `scenario::learned`.
+    /// first: what each took beside it, for `learned`.
     pub fn past_estimates(&self, limit: usize) -> Result<Vec<PastEstimate>> {
         self.read(move |c| {
             let mut st = c.prepare(
@@ -1044,7 +1044,7 @@ mod tests {
         assert!(p.took_seconds >= 0.0 && p.took_seconds < 60.0, "{p:?}");
         // It took far less than the model's estimate: restores of cells
         // like it are corrected (to the lower bound), builds are not.
-        let learned = crate::scenario::learned::Learned::read(&store).unwrap();
+        let learned = crate::learned::Learned::read(&store).unwrap();
         let key = cells[0].estimate_key();
         let f = learned.factor(&key, "restored").unwrap();
         assert_eq!(f.cells, 1);

@@ -15,7 +15,6 @@ use serde_saphyr::Spanned;
 
 use pgfleet_proto::workload::{self, KindOnly, Params};
 
-pub mod learned;
 pub mod plan;
 pub mod sweep;
 pub mod validate;

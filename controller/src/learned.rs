@@ -16,14 +16,17 @@
 
 use std::collections::BTreeMap;
 
-use super::plan::{Factor, PlannedCell};
+use crate::scenario::plan::{Factor, PlannedCell};
 use crate::store::Store;
 
 /// How many of the newest alike cells a correction is the median of.
 pub const CELLS: usize = 5;
-/// Cells read from the store, newest first: enough for `CELLS` of each of
-/// the keys a store's recent runs used.
-pub const SCAN: usize = 2_000;
+/// Cells read from the store, newest first, and the runs whose scenarios
+/// are planned again to key them (each plan is a parse: a submission to a
+/// long-lived `serve` pays for these): enough for `CELLS` of each of the
+/// keys the store's recent runs used.
+pub const SCAN: usize = 1_000;
+pub const RUNS: usize = 50;
 /// A correction is kept within these bounds: a cell that ended far from
 /// its estimate for a reason of its own (a disk filling up, a host busy
 /// with something else) moves a median of few cells a long way.
@@ -60,23 +63,27 @@ pub struct Applied {
 }
 
 impl Learned {
-    /// The corrections of the store's newest succeeded cells. A run whose
-    /// stored scenario no longer plans (written for an older pgfleet)
-    /// teaches nothing.
+    /// The corrections of the store's newest succeeded cells (of its newest
+    /// `RUNS` runs with any). A run whose stored scenario no longer plans
+    /// (written for an older pgfleet) teaches nothing.
     pub fn read(store: &Store) -> crate::Result<Learned> {
         let rows = store.past_estimates(SCAN)?;
         let mut plans: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
         let mut past = Vec::with_capacity(rows.len());
         for r in rows {
             if !plans.contains_key(&r.run_id) {
+                if plans.len() == RUNS {
+                    break;
+                }
                 let cells = store
                     .scenario_yaml(&r.run_id)?
-                    .and_then(|y| super::parse(std::path::Path::new("scenario.yaml"), &y).ok())
-                    .map(|sc| super::plan::plan(&sc))
+                    .and_then(|y| {
+                        crate::scenario::parse(std::path::Path::new("scenario.yaml"), &y).ok()
+                    })
+                    .map(|sc| crate::scenario::plan::plan(&sc))
                     .unwrap_or_default()
                     .into_iter()
-                    .map(|c| (c.estimate_key(), c.cell_id))
-                    .map(|(key, id)| (id, key))
+                    .map(|c| (c.cell_id.clone(), c.estimate_key()))
                     .collect();
                 plans.insert(r.run_id.clone(), cells);
             }
