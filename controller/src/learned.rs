@@ -113,22 +113,18 @@ impl Learned {
         }
         let factors = ratios
             .into_iter()
-            .map(|(k, mut r)| {
-                r.sort_by(f64::total_cmp);
-                let n = r.len();
-                let ratio = if n % 2 == 1 {
-                    r[n / 2]
-                } else {
-                    (r[n / 2 - 1] + r[n / 2]) / 2.0
-                };
-                (k, Factor { ratio, cells: n })
+            .map(|(k, r)| {
+                let ratio = crate::stats::median(&r);
+                (
+                    k,
+                    Factor {
+                        ratio,
+                        cells: r.len(),
+                    },
+                )
             })
             .collect();
         Learned { factors }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.factors.is_empty()
     }
 
     /// The correction for cells of `key` coming by their data as `how`.
@@ -144,11 +140,12 @@ impl Learned {
         let mut applied = Applied::default();
         for c in cells.iter_mut() {
             let key = c.estimate_key();
-            c.learned_fresh = c
-                .params
-                .dataset()
-                .map_or(Some("none"), |_| Some("loaded"))
-                .and_then(|how| self.factor(&key, how));
+            let fresh = if c.params.dataset().is_some() {
+                "loaded"
+            } else {
+                "none"
+            };
+            c.learned_fresh = self.factor(&key, fresh);
             c.learned = self.factor(&key, c.how());
             if let Some(f) = c.learned {
                 c.estimate = f.scale(c.estimate);
