@@ -132,11 +132,11 @@ impl Controller {
             }
             Agents::Pool => Source::Pool,
             Agents::Kubernetes(k) => {
-                Source::Kubernetes(connect_kube(k, None, &service.store).await?)
+                Source::Kubernetes(Box::new(connect_kube(k, None, &service.store).await?))
             }
-            Agents::KubernetesClient(k, client) => {
-                Source::Kubernetes(connect_kube(k, Some(client.clone()), &service.store).await?)
-            }
+            Agents::KubernetesClient(k, client) => Source::Kubernetes(Box::new(
+                connect_kube(k, Some(client.clone()), &service.store).await?,
+            )),
         };
         service.listen().await?;
         let served = Arc::new(Served {
@@ -256,10 +256,9 @@ async fn connect_kube(
     for run in kubernetes::reap(&client, &opts.namespace, running).await? {
         eprintln!("deleted the pods and volumes that interrupted run {run} left on the cluster");
     }
-    Ok(Kube {
-        client,
-        opts: opts.clone(),
-    })
+    let kube = Kube::new(client, opts.clone());
+    kube.refresh_snapshots().await;
+    Ok(kube)
 }
 
 /// The schedulers' inboxes of the runs the last controller was running,
@@ -313,7 +312,7 @@ fn resume_runs(served: &Arc<Served>, inboxes: &mut Inboxes, done: &mpsc::Sender<
                 continue;
             }
         };
-        let mut cells = scenario::plan::plan_for(&sc, &Default::default(), served.source.stores());
+        let mut cells = scenario::plan::plan_for(&sc, &served.source.holdings(&sc));
         served.learn_estimates(&mut cells);
         served.enqueue(&id, &sc, cells, served.reports.join(&id));
         if let Some(inbox) = inboxes.remove(&id) {
@@ -378,7 +377,13 @@ fn spawn_execute(
             resume,
             done.clone(),
         ));
-        if let Err(e) = task.await {
+        let ended = task.await;
+        // The run's volumes may have been kept as dataset snapshots: the
+        // next submission's plan sees them.
+        if let Source::Kubernetes(k) = &served.source {
+            k.refresh_snapshots().await;
+        }
+        if let Err(e) = ended {
             let why = format!("the run's task failed: {e}");
             tracing::error!(run = %run_id, "{why}");
             let store = &served.service.store;

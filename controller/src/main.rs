@@ -365,7 +365,7 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                     // What it takes there: the pods' datasets are on their
                     // own volumes (or behind the object store).
                     let mut cells =
-                        scenario::plan::plan_for(&sc, &Default::default(), opts.dataset_stores());
+                        scenario::plan::plan_for(&sc, &kubernetes::holdings(&sc, &opts, &[]));
                     let applied = learned.apply(&mut cells);
                     eprint!("{}", scenario::plan::describe(&sc, &cells, &path));
                     if let Some(line) = applied.describe(cells.len()) {

@@ -13,9 +13,10 @@ use std::time::Duration;
 use tokio::sync::{Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 
-use crate::agents::kubernetes::KubeOptions;
+use crate::agents::kubernetes::{KubeOptions, Snapshot, dataset_snapshots};
 use crate::agents::local::LocalOptions;
 use crate::scenario::PlannedCell;
+use crate::scenario::plan::{Holdings, Stores};
 use crate::scheduler::RunEvent;
 use crate::service::{Agents, Service, fleet_needs};
 use crate::store::{NewRun, Owner, RunStatus};
@@ -25,6 +26,35 @@ use crate::{Error, Result, report, scenario};
 pub(crate) struct Kube {
     pub(crate) client: kube::Client,
     pub(crate) opts: KubeOptions,
+    /// The dataset snapshots last listed (`refresh_snapshots`: at start,
+    /// then every minute), for the plans of runs submitted meanwhile.
+    pub(crate) snapshots: Mutex<Vec<Snapshot>>,
+}
+
+impl Kube {
+    pub(crate) fn new(client: kube::Client, opts: KubeOptions) -> Kube {
+        Kube {
+            client,
+            opts,
+            snapshots: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Lists the dataset snapshots again, where the run's volumes may start
+    /// from them (`--dataset-snapshots` without an object store). A list
+    /// that fails keeps the last one.
+    pub(crate) async fn refresh_snapshots(&self) {
+        if self.opts.dataset_snapshots.is_empty() || self.opts.dataset_stores() == Stores::Shared {
+            return;
+        }
+        match dataset_snapshots(&self.client, &self.opts.namespace).await {
+            Ok(found) => *self.snapshots.lock().unwrap_or_else(|p| p.into_inner()) = found,
+            Err(e) => tracing::warn!(
+                "listing dataset snapshots in {}: {e}; plans keep the last list",
+                self.opts.namespace
+            ),
+        }
+    }
 }
 
 /// Where this controller's runs get their agents.
@@ -35,17 +65,27 @@ pub(crate) enum Source {
     /// Agents that joined the controller (`serve`).
     Pool,
     /// Pods created for each run (`serve --agents kubernetes`).
-    Kubernetes(Kube),
+    Kubernetes(Box<Kube>),
 }
 
 impl Source {
     /// Where its agents keep datasets, for the plan's estimates: pods
     /// without an object store each their own; otherwise taken as one
     /// store (the scheduler checks what the agents register).
-    pub(crate) fn stores(&self) -> scenario::plan::Stores {
+    /// What its agents' dataset stores hold before a run of `sc`, for the
+    /// plan's estimates: local agents' one store; on Kubernetes, per pod,
+    /// the dataset snapshot its volume will start from (or one object
+    /// store); nothing known of joined agents' stores.
+    pub(crate) fn holdings(&self, sc: &scenario::Scenario) -> Holdings {
         match self {
-            Source::Kubernetes(k) => k.opts.dataset_stores(),
-            _ => scenario::plan::Stores::Shared,
+            Source::Local(opts) => {
+                Holdings::shared(scenario::plan::published_in(&opts.dataset_dir))
+            }
+            Source::Pool => Holdings::default(),
+            Source::Kubernetes(k) => {
+                let found = k.snapshots.lock().unwrap_or_else(|p| p.into_inner());
+                crate::agents::kubernetes::holdings(sc, &k.opts, &found)
+            }
         }
     }
 
@@ -172,7 +212,7 @@ impl Served {
         if queued >= self.max_queued_runs {
             return Err(Rejected::Busy(queued));
         }
-        let mut cells = scenario::plan::plan_for(&sc, &Default::default(), self.source.stores());
+        let mut cells = scenario::plan::plan_for(&sc, &self.source.holdings(&sc));
         self.learn_estimates(&mut cells);
         let run_id = self.queue_run(Queued {
             scenario: &sc,

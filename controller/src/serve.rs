@@ -100,11 +100,9 @@ pub async fn serve(opts: ServeOptions, shutdown: CancellationToken) -> Result<()
         _ => None,
     };
     // Kept runs' objects (`cleanup: keep`) go when their time is up.
-    let reaper = match &controller.served.source {
-        Source::Kubernetes(k) => Some(tokio::spawn(reap_kept(
-            k.client.clone(),
-            k.opts.namespace.clone(),
-            controller.served.service.store.clone(),
+    let minutely = match &controller.served.source {
+        Source::Kubernetes(_) => Some(tokio::spawn(every_minute(
+            controller.served.clone(),
             shutdown.clone(),
         ))),
         _ => None,
@@ -113,7 +111,7 @@ pub async fn serve(opts: ServeOptions, shutdown: CancellationToken) -> Result<()
     if let Some(r) = resources {
         let _ = r.await;
     }
-    if let Some(r) = reaper {
+    if let Some(r) = minutely {
         let _ = r.await;
     }
     eprintln!("pgfleet serve: stopping; running runs resume when it starts again on this store");
@@ -121,21 +119,21 @@ pub async fn serve(opts: ServeOptions, shutdown: CancellationToken) -> Result<()
     Ok(())
 }
 
-/// Every minute, deletes the objects of runs that are not running and not
-/// kept (or kept past their `cleanup.ttl`).
-async fn reap_kept(
-    client: kube::Client,
-    namespace: String,
-    store: crate::store::Store,
-    shutdown: CancellationToken,
-) {
+/// Every minute, on Kubernetes: deletes the objects of runs that are not
+/// running and not kept (or kept past their `cleanup.ttl`), and lists the
+/// dataset snapshots again for the plans of runs submitted next.
+async fn every_minute(served: Arc<crate::queue::Served>, shutdown: CancellationToken) {
+    let Source::Kubernetes(k) = &served.source else {
+        return;
+    };
+    let store = &served.service.store;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(60)) => {}
             _ = shutdown.cancelled() => return,
         }
         let running = |run: &str| matches!(store.run(run), Ok(Some(r)) if r.status == "running" || r.status == "queued");
-        match crate::agents::kubernetes::reap(&client, &namespace, running).await {
+        match crate::agents::kubernetes::reap(&k.client, &k.opts.namespace, running).await {
             Ok(runs) => {
                 for run in runs {
                     tracing::info!(run = %run, "deleted the objects run {run} kept (cleanup.ttl is up)");
@@ -143,5 +141,6 @@ async fn reap_kept(
             }
             Err(e) => tracing::warn!("reaping kept runs' objects: {e}"),
         }
+        k.refresh_snapshots().await;
     }
 }

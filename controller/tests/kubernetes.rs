@@ -2098,6 +2098,101 @@ async fn under_kubernetes_what_a_pod_cannot_run_is_refused_at_submission() {
     controller.shutdown().await;
 }
 
+/// A run submitted to `serve --agents kubernetes --dataset-snapshots` is
+/// planned with what its volumes will start from: the gp3 class's volume
+/// comes from a ready snapshot holding its dataset, so its cell is
+/// estimated as a hydration and a restore (at the snapshot's size), not a
+/// build; nvme, whose storage class keeps no snapshots, still builds. The
+/// Kubernetes API is the fake (no API server can run here).
+#[tokio::test]
+async fn a_submitted_runs_plan_restores_what_its_volumes_snapshot_holds() {
+    use pgfleet_controller::agents::Held;
+    use pgfleet_controller::controller::{Agents, Controller, ControllerConfig};
+    use scenario::plan::{Holdings, plan_for};
+    let s = Scratch::new("k8s-snapshot-plan");
+    std::fs::create_dir_all(s.store().parent().unwrap()).unwrap();
+    let sc = scenario();
+    let opts = KubeOptions {
+        dataset_snapshots: BTreeMap::from([("gp3".to_string(), "ebs-snapshots".to_string())]),
+        ..options()
+    };
+    let empty = plan_for(&sc, &Holdings::per_agent(BTreeMap::new()));
+    let key = |class: &str| {
+        empty
+            .iter()
+            .find(|c| c.instance_class == class)
+            .and_then(|c| c.share.clone())
+            .expect("pgbench shares a dataset")
+            .key
+    };
+    let held = Held {
+        fingerprint: "pgbench-s1-0123456789abcdef".into(),
+        plan_key: key("gp3"),
+        label: "pgbench-s1".into(),
+        bytes: empty[0].params.dataset().unwrap().pgdata_bytes(),
+    };
+    let (client, fake) = FakeApi::start();
+    fake.put(
+        "volumesnapshots",
+        json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+            "metadata": {"name": "pgfleet-datasets-gp3-1", "namespace": NS,
+                "creationTimestamp": "2026-12-01T00:00:00Z",
+                "labels": {"app.kubernetes.io/managed-by": "pgfleet",
+                           "app.kubernetes.io/component": "dataset-snapshot",
+                           "pgfleet.io/storage-class": "gp3"},
+                "annotations": {"pgfleet.io/datasets": json!([held]).to_string()}},
+            "status": {"readyToUse": true, "restoreSize": "10Gi"}}),
+    );
+    let found = kubernetes::dataset_snapshots(&client, NS).await.unwrap();
+    let holdings = kubernetes::holdings(&sc, &opts, &found);
+    assert_eq!(
+        holdings.snapshots,
+        BTreeMap::from([(
+            "gp3".to_string(),
+            BTreeMap::from([(held.plan_key.clone(), held.bytes)])
+        )])
+    );
+    let controller = Controller::build(&ControllerConfig {
+        service: service_config(&s, true),
+        agents: Agents::KubernetesClient(opts.clone(), client),
+        http: None,
+        reports: s.out(),
+        max_scenario_bytes: 1 << 20,
+        max_queued_runs: 10,
+        allow_shell_scenarios: false,
+        metrics_retention: Duration::from_secs(1),
+    })
+    .await
+    .unwrap();
+    let (id, _) = controller
+        .served
+        .submit("k8s-test.yaml", SCENARIO, None, Default::default())
+        .ok()
+        .expect("queued");
+    let stored = controller.served.service.store.cells(&id).unwrap();
+    let planned = plan_for(&sc, &holdings);
+    for c in &stored {
+        let with = planned.iter().find(|p| p.cell_id == c.cell_id).unwrap();
+        let without = empty.iter().find(|p| p.cell_id == c.cell_id).unwrap();
+        let share = with.share.as_ref().unwrap();
+        assert_eq!(
+            c.estimate_seconds,
+            Some(with.estimate().seconds),
+            "{}",
+            c.cell_id
+        );
+        if c.instance_class == "gp3" {
+            assert_eq!((with.how(), share.hydrates), ("restored", true));
+            assert_ne!(with.estimate(), without.estimate());
+        } else {
+            assert_eq!(with, without, "{}", c.cell_id);
+            assert_eq!(with.how(), "built");
+        }
+    }
+    assert!(stored.iter().any(|c| c.instance_class == "gp3"));
+    controller.shutdown().await;
+}
+
 /// deploy/overlays/eks/karpenter.yaml uses only fields the Karpenter v1 API
 /// documents (karpenter.sh/docs/concepts/nodepools and nodeclasses, v1.x;
 /// no Karpenter can run here to validate it), with their documented enum

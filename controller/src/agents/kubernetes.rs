@@ -49,6 +49,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{AgentSource, Held, Launched, RunEnd};
 use crate::events::Event;
+use crate::scenario::plan::{Holdings, Stores};
 use crate::scenario::{Cleanup, FleetEntry, Scenario};
 use pgfleet_proto::workload::Invalid;
 
@@ -576,11 +577,11 @@ pub struct PodState {
 impl KubeOptions {
     /// Where the pods keep datasets: each on its run's volume, unless an
     /// object store stands behind them all.
-    pub fn dataset_stores(&self) -> crate::scenario::plan::Stores {
+    pub fn dataset_stores(&self) -> Stores {
         if self.dataset_remote.is_some() {
-            crate::scenario::plan::Stores::Shared
+            Stores::Shared
         } else {
-            crate::scenario::plan::Stores::PerAgent
+            Stores::PerAgent
         }
     }
 }
@@ -1105,6 +1106,64 @@ pub async fn dataset_snapshots(client: &kube::Client, ns: &str) -> Result<Vec<Sn
         .map_err(|e| kube_hint(&e))
 }
 
+/// By instance class, the snapshot its agents' volumes start from: for a
+/// class whose storage class keeps dataset snapshots
+/// (`--dataset-snapshots`) and whose cells need a dataset, the one `choose`
+/// picks among `found`.
+pub fn chosen_snapshots<'a>(
+    sc: &Scenario,
+    opts: &KubeOptions,
+    found: &'a [Snapshot],
+) -> BTreeMap<String, &'a Snapshot> {
+    let mut needs: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for c in crate::scenario::plan::plan(sc) {
+        if let Some(share) = &c.share {
+            needs
+                .entry(c.dataset_class().to_string())
+                .or_default()
+                .insert(share.key.clone());
+        }
+    }
+    let mut chosen = BTreeMap::new();
+    for f in &sc.fleet.value {
+        let Some(storage_class) = f
+            .storage
+            .as_ref()
+            .and_then(|s| s.storage_class.as_ref())
+            .map(|c| c.value.as_str())
+            .filter(|c| opts.dataset_snapshots.contains_key(*c))
+        else {
+            continue;
+        };
+        let Some(need) = needs.get(&f.name.value) else {
+            continue;
+        };
+        if let Some(snap) = choose(found, storage_class, need) {
+            chosen.insert(f.name.value.clone(), snap);
+        }
+    }
+    chosen
+}
+
+/// What a run's pods' stores hold at its start, for its plan: with an
+/// object store, one store for them all (its contents are not listed:
+/// estimated as builds); else one per pod, whose volume starts with the
+/// datasets of the snapshot `chosen_snapshots` picks for its class.
+pub fn holdings(sc: &Scenario, opts: &KubeOptions, found: &[Snapshot]) -> Holdings {
+    match opts.dataset_stores() {
+        Stores::Shared => Holdings::default(),
+        Stores::PerAgent => Holdings::per_agent(
+            chosen_snapshots(sc, opts, found)
+                .into_iter()
+                .map(|(class, snap)| {
+                    let held = snap.datasets.iter().map(|d| (d.plan_key.clone(), d.bytes));
+                    (class, held.collect())
+                })
+                .collect(),
+        ),
+    }
+}
+
 /// Gives each agent whose storage class keeps dataset snapshots a volume
 /// made from the snapshot holding its class's datasets, if there is one
 /// (`choose`), annotated with them, and tells its pod. A snapshot list
@@ -1126,29 +1185,9 @@ async fn from_snapshots(
             return;
         }
     };
-    let mut needs: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for c in crate::scenario::plan::plan(sc) {
-        if let Some(share) = &c.share {
-            needs
-                .entry(c.dataset_class().to_string())
-                .or_default()
-                .insert(share.key.clone());
-        }
-    }
+    let chosen = chosen_snapshots(sc, opts, &found);
     for a in agents.iter_mut() {
-        let Some(storage_class) = a
-            .pvc
-            .spec
-            .as_ref()
-            .and_then(|s| s.storage_class_name.clone())
-            .filter(|c| opts.dataset_snapshots.contains_key(c))
-        else {
-            continue;
-        };
-        let Some(need) = needs.get(&a.launched.instance_class) else {
-            continue;
-        };
-        let Some(snap) = choose(&found, &storage_class, need) else {
+        let Some(snap) = chosen.get(&a.launched.instance_class) else {
             continue;
         };
         let mut pvc = to_value(&a.pvc);

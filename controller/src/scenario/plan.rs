@@ -91,6 +91,10 @@ pub struct Share {
     /// It reuses the cluster an earlier cell of the dataset kept on its
     /// agent (`reuse_cluster`): a reset instead of a restore.
     pub reuses_cluster: bool,
+    /// Its agent's volume was made from a dataset snapshot holding it
+    /// (Kubernetes) and this cell is that agent's first of it: it reads
+    /// the dataset in full (hydration) before restoring it.
+    pub hydrates: bool,
 }
 
 impl Share {
@@ -184,6 +188,39 @@ impl PlannedCell {
 /// as published, and that cell's estimate as a restore.
 pub type Published = BTreeMap<String, (u32, u64)>;
 
+/// What the stores a plan's agents restore from hold before the run, for
+/// its estimates.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Holdings {
+    pub stores: Stores,
+    /// With one store for the fleet: what it holds.
+    pub published: Published,
+    /// With a store per agent (Kubernetes pods): by instance class, the
+    /// datasets its agents' volumes start with, those of the dataset
+    /// snapshot each volume is made from (plan key -> bytes). Every cell of
+    /// such a dataset restores it; each agent's first reads it in full
+    /// first (hydration: the volume fetches its blocks lazily).
+    pub snapshots: BTreeMap<String, BTreeMap<String, u64>>,
+}
+
+impl Holdings {
+    /// One store for the fleet, holding `published`.
+    pub fn shared(published: Published) -> Holdings {
+        Holdings {
+            published,
+            ..Holdings::default()
+        }
+    }
+    /// A store per agent, whose volumes start with `snapshots`.
+    pub fn per_agent(snapshots: BTreeMap<String, BTreeMap<String, u64>>) -> Holdings {
+        Holdings {
+            stores: Stores::PerAgent,
+            snapshots,
+            ..Holdings::default()
+        }
+    }
+}
+
 /// `Published` of a store's manifests.
 pub fn published(manifests: &[pgfleet_proto::dataset::Manifest]) -> Published {
     manifests
@@ -206,10 +243,12 @@ pub fn published_in(dir: &std::path::Path) -> Published {
 /// (see `Share`) loads it and publishes it (a copy into the store), the
 /// others restore it instead of loading (a copy onto the class's storage,
 /// then the data read back through the server); a dataset already
-/// `published` has no builder: every cell restores it. One store for the
-/// fleet is assumed (local agents share one; on Kubernetes each agent's
-/// own store builds its first).
-fn reuse_estimates(s: &Scenario, cells: &mut [PlannedCell], published: &Published, stores: Stores) {
+/// `published` has no builder: every cell restores it. With a store per
+/// agent (Kubernetes), each agent's first cell of a dataset builds it,
+/// unless the agent's volume comes from a snapshot holding it: then every
+/// cell restores it and each agent's first reads it in full first.
+fn reuse_estimates(s: &Scenario, cells: &mut [PlannedCell], held: &Holdings) {
+    let (published, stores) = (&held.published, held.stores);
     use pgfleet_proto::dataset::{
         ESTIMATE_COPY_BYTES_PER_SECOND as RATE, ESTIMATE_REWARM_BYTES_PER_SECOND as REWARM, Mode,
     };
@@ -227,11 +266,23 @@ fn reuse_estimates(s: &Scenario, cells: &mut [PlannedCell], published: &Publishe
         };
         let key = d.plan_key();
         let load = c.estimate.load_seconds;
-        // The local store `published` lists is not the pods'.
-        let in_store = stores == Stores::Shared
-            && published
-                .get(&key)
-                .is_some_and(|(v, _)| *v == d.loader_version);
+        let class = c.dataset_class().to_string();
+        // The local store `published` lists is not the pods'; theirs start
+        // with their volume's snapshot (its loader version is the
+        // fingerprint's, which the agent checks).
+        let (in_store, snapshotted) = match stores {
+            Stores::Shared => {
+                let v = published.get(&key).map(|(v, _)| *v);
+                (v == Some(d.loader_version), false)
+            }
+            Stores::PerAgent => {
+                let held = held
+                    .snapshots
+                    .get(&class)
+                    .is_some_and(|h| h.contains_key(&key));
+                (held, held)
+            }
+        };
         c.share = Some(Share {
             key: key.clone(),
             builds: false,
@@ -239,16 +290,20 @@ fn reuse_estimates(s: &Scenario, cells: &mut [PlannedCell], published: &Publishe
             published: in_store,
             ready_seconds: 0.0,
             reuses_cluster: false,
+            hydrates: false,
         });
-        if in_store {
-            continue;
-        }
         if stores == Stores::PerAgent {
-            let class = c.dataset_class().to_string();
             let agents = agents_of(s, &class);
             let n = per_agent.entry((class, key)).or_default();
             *n += 1;
-            builds[i] = *n <= agents;
+            let first = *n <= agents;
+            match c.share.as_mut() {
+                Some(share) if snapshotted => share.hydrates = first,
+                _ => builds[i] = first,
+            }
+            continue;
+        }
+        if in_store {
             continue;
         }
         builders
@@ -264,12 +319,15 @@ fn reuse_estimates(s: &Scenario, cells: &mut [PlannedCell], published: &Publishe
         builds[b.0] = true;
     }
     for (i, c) in cells.iter_mut().enumerate() {
+        let snapshot = held.snapshots.get(c.dataset_class());
         let (Some(share), Some(d)) = (c.share.as_mut(), c.params.dataset()) else {
             continue;
         };
         let e = &mut c.estimate;
-        let pgdata = match published.get(&share.key) {
-            Some((_, bytes)) if share.published => *bytes,
+        let snapshot = snapshot.and_then(|h| h.get(&share.key));
+        let pgdata = match (published.get(&share.key), snapshot) {
+            (_, Some(bytes)) if share.published && stores == Stores::PerAgent => *bytes,
+            (Some((_, bytes)), _) if share.published => *bytes,
             _ => d.pgdata_bytes(),
         } as f64;
         let copy = Work::cpu(pgdata / RATE, 2.0);
@@ -285,9 +343,17 @@ fn reuse_estimates(s: &Scenario, cells: &mut [PlannedCell], published: &Publishe
                 m => d.bytes.min(m),
             } as f64;
             let rewarm = Work::cpu(warm / REWARM, 1.0).reading(warm);
+            // Hydration reads the store's copy once, at the device's rate
+            // at best (a lazy volume fetches slower: learned estimates
+            // correct it once such cells are stored).
+            let hydrate = if share.hydrates {
+                copy.reading(pgdata).seconds(&c.capacity)
+            } else {
+                0.0
+            };
             let (seconds, load) = (e.seconds, e.load_seconds);
             e.load_seconds =
-                copy.writing(pgdata).seconds(&c.capacity) + rewarm.seconds(&c.capacity);
+                hydrate + copy.writing(pgdata).seconds(&c.capacity) + rewarm.seconds(&c.capacity);
             e.seconds = (seconds - load).max(0.0) + e.load_seconds;
         }
     }
@@ -310,11 +376,11 @@ pub fn plan(s: &Scenario) -> Vec<PlannedCell> {
 /// The cells of a scenario, with the datasets already `published` in the
 /// store its agents restore from estimated as restores.
 pub fn plan_with(s: &Scenario, published: &Published) -> Vec<PlannedCell> {
-    plan_for(s, published, Stores::Shared)
+    plan_for(s, &Holdings::shared(published.clone()))
 }
 
-/// `plan_with` for agents keeping datasets as `stores` says.
-pub fn plan_for(s: &Scenario, published: &Published, stores: Stores) -> Vec<PlannedCell> {
+/// The cells of a scenario whose agents' stores hold `held` at its start.
+pub fn plan_for(s: &Scenario, held: &Holdings) -> Vec<PlannedCell> {
     let mut cells = Vec::new();
     for (wi, (w, units)) in s.workloads.value.iter().zip(&s.units).enumerate() {
         let classes = s.fleet.value.iter().filter(|f| {
@@ -369,7 +435,7 @@ pub fn plan_for(s: &Scenario, published: &Published, stores: Stores) -> Vec<Plan
             }
         }
     }
-    reuse_estimates(s, &mut cells, published, stores);
+    reuse_estimates(s, &mut cells, held);
     reused_cluster_estimates(s, &mut cells);
     cells
 }
@@ -619,14 +685,19 @@ pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> 
             let v: std::collections::BTreeSet<&str> = m.values().map(String::as_str).collect();
             v.into_iter().collect::<Vec<_>>().join(", ")
         };
-        let once = if cells.iter().any(|c| {
+        let per_agent = cells.iter().any(|c| {
             c.share
                 .as_ref()
                 .is_some_and(|s| s.stores == Stores::PerAgent)
-        }) {
-            "built once per agent"
+        });
+        let (once, there, then) = if per_agent {
+            (
+                "built once per agent",
+                "already in the snapshots the agents' volumes start from",
+                "hydrated once per agent and restored",
+            )
         } else {
-            "built once"
+            ("built once", "already in the store", "restored")
         };
         let datasets = match (built.is_empty(), ready.is_empty()) {
             (false, true) => format!(
@@ -635,12 +706,12 @@ pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> 
                 names(&built)
             ),
             (true, false) => format!(
-                "{} dataset(s) already in the store, restored ({})",
+                "{} dataset(s) {there}, {then} ({})",
                 ready.len(),
                 names(&ready)
             ),
             _ => format!(
-                "{} dataset(s) {once} and restored ({}), {} already in the store ({})",
+                "{} dataset(s) {once} and restored ({}), {} {there} ({})",
                 built.len(),
                 names(&built),
                 ready.len(),
@@ -865,7 +936,7 @@ workloads:
     fn with_a_store_per_agent_each_agent_builds_its_first_and_nothing_waits() {
         let text = AB.replace("replicas: 2", "replicas: 3");
         let s = super::super::parse(std::path::Path::new("ab.yaml"), &text).unwrap();
-        let cells = plan_for(&s, &Published::new(), Stores::PerAgent);
+        let cells = plan_for(&s, &Holdings::per_agent(BTreeMap::new()));
         let builds: Vec<(&str, bool)> = cells
             .iter()
             .filter_map(|c| Some((c.cell_id.as_str(), c.share.as_ref()?.builds)))
@@ -898,9 +969,74 @@ workloads:
         // The local store's datasets do not reach the pods.
         let d = cells[0].params.dataset().unwrap();
         let published = Published::from([(d.plan_key(), (d.loader_version, d.pgdata_bytes()))]);
-        assert_eq!(plan_for(&s, &published, Stores::PerAgent), cells);
+        let held = Holdings {
+            published,
+            ..Holdings::per_agent(BTreeMap::new())
+        };
+        assert_eq!(plan_for(&s, &held), cells);
         let text = describe(&s, &cells, std::path::Path::new("ab.yaml"));
         assert!(text.contains("built once per agent and restored"), "{text}");
+    }
+
+    /// Pods whose volumes come from a dataset snapshot holding a dataset
+    /// (Kubernetes, `--dataset-snapshots`): none of their class's cells
+    /// builds it, each agent's first reads it in full (hydration) and then
+    /// restores it, the later ones restore it; a class whose volumes start
+    /// empty still builds its own.
+    #[test]
+    fn volumes_made_from_a_dataset_snapshot_hydrate_then_restore() {
+        let text = AB.replace("replicas: 2", "replicas: 3");
+        let s = super::super::parse(std::path::Path::new("ab.yaml"), &text).unwrap();
+        let empty = plan_for(&s, &Holdings::per_agent(BTreeMap::new()));
+        let d = empty[0].params.dataset().unwrap();
+        let bytes = d.pgdata_bytes();
+        let snapshots =
+            BTreeMap::from([("gp3".to_string(), BTreeMap::from([(d.plan_key(), bytes)]))]);
+        let cells = plan_for(&s, &Holdings::per_agent(snapshots));
+        let steps: Vec<(&str, &str, bool)> = cells
+            .iter()
+            .filter(|c| c.cell_id.starts_with("w0-"))
+            .map(|c| {
+                let share = c.share.as_ref().unwrap();
+                (c.cell_id.as_str(), c.how(), share.hydrates)
+            })
+            .collect();
+        assert_eq!(
+            steps,
+            [
+                ("w0-nvme-select-only-r1", "built", false),
+                ("w0-nvme-select-only-r2", "built", false),
+                ("w0-nvme-select-only-r3", "restored", false),
+                ("w0-gp3-select-only-r1", "restored", true),
+                ("w0-gp3-select-only-r2", "restored", true),
+                ("w0-gp3-select-only-r3", "restored", false),
+            ]
+        );
+        // nvme's cells and the drain are planned as without the snapshot.
+        for (a, b) in cells.iter().zip(&empty) {
+            if a.instance_class == "nvme" || a.cell_id.starts_with("w1-") {
+                assert_eq!(a, b);
+            }
+        }
+        let (g1, g3) = (
+            cell(&cells, "w0-gp3-select-only-r1"),
+            cell(&cells, "w0-gp3-select-only-r3"),
+        );
+        // On each agent's first, a read of the dataset at gp3's 125 MiB/s
+        // before the restore.
+        let hydration = g1.estimate().load_seconds - g3.estimate().load_seconds;
+        let at_cap = bytes as f64 / (125.0 * 1024.0 * 1024.0);
+        assert!(
+            (hydration - at_cap).abs() < at_cap * 0.05,
+            "{hydration} s for {bytes} bytes"
+        );
+        let text = describe(&s, &cells, std::path::Path::new("ab.yaml"));
+        assert!(
+            text.contains(
+                "1 already in the snapshots the agents' volumes start from (pgbench-s200)"
+            ),
+            "{text}"
+        );
     }
 
     /// `reuse_cluster`: past a class's first cell per agent, a dataset's
