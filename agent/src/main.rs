@@ -74,6 +74,11 @@ struct RunArgs {
     /// Cap write MiB/s (0: uncapped).
     #[arg(long, default_value_t = 0)]
     write_mbps: u64,
+    /// Reads and writes share one budget, as gp3's IOPS and MiB/s do: each
+    /// cap given is the budget, split between reads and writes by demand
+    /// (the device's counters, every 250 ms).
+    #[arg(long)]
+    combined_io: bool,
     /// Do not apply the caps: run uncapped and report the profile as not emulated.
     #[arg(long)]
     no_emulate: bool,
@@ -247,6 +252,7 @@ async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         write_iops: args.write_iops,
         read_mbps: args.read_mbps,
         write_mbps: args.write_mbps,
+        combined: args.combined_io,
     };
     let remote = match &args.dataset_remote {
         Some(url) => Some(Arc::new(pgfleet_agent::remote::Remote::open(url)?)),

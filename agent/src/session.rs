@@ -224,6 +224,7 @@ async fn connect(
             write_iops: env.caps.write_iops,
             read_mbps: env.caps.read_mbps,
             write_mbps: env.caps.write_mbps,
+            combined: env.caps.combined,
         }),
         cores: host::cores(),
         memory_bytes: host::memory_bytes(),

@@ -117,6 +117,7 @@ async fn emulated_caps_bind_fio() {
         write_iops: 0,
         read_mbps: 0,
         write_mbps: 20,
+        combined: false,
     };
     let c = cluster(&root, caps).await;
     let out = run_with(
@@ -144,6 +145,95 @@ async fn emulated_caps_bind_fio() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
+/// fio's read and write IOPS of a mixed random job (8 KiB, direct, 8 in
+/// flight) on the cluster's volume, after a second's ramp.
+fn mixed_iops(c: &Cluster, read_percent: u32) -> (f64, f64) {
+    let out = std::process::Command::new("fio")
+        .args([
+            "--name=mix",
+            "--size=64M",
+            "--rw=randrw",
+            "--bs=8k",
+            "--direct=1",
+            "--ioengine=libaio",
+            "--iodepth=8",
+            "--time_based",
+            "--runtime=4",
+            "--ramp_time=1",
+            "--output-format=json",
+        ])
+        .arg(format!("--rwmixread={read_percent}"))
+        .arg(format!(
+            "--filename={}",
+            c.storage_dir().join("mix.data").display()
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let job = &v["jobs"][0];
+    let iops = (
+        job["read"]["iops"].as_f64().unwrap(),
+        job["write"]["iops"].as_f64().unwrap(),
+    );
+    eprintln!(
+        "randrw {read_percent}% reads: {:.0} read + {:.0} write IOPS",
+        iops.0, iops.1
+    );
+    iops
+}
+
+/// gp3's IOPS are one budget for reads and writes (`combined`): a mixed
+/// load gets the budget in all, not a cap of each direction (which the
+/// kernel's throttle alone gives: up to twice the budget), and a direction
+/// alone gets nearly all of it.
+#[tokio::test]
+async fn a_combined_budget_caps_reads_and_writes_together() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: block-I/O throttling needs root");
+        return;
+    }
+    let root = common::scratch("fio-combined");
+    let budget = 300.0;
+    let caps = |combined| Caps {
+        read_iops: 300,
+        write_iops: 300,
+        read_mbps: 0,
+        write_mbps: 0,
+        combined,
+    };
+    let c = cluster(&root, caps(true)).await;
+    if c.capped_device().is_none() {
+        eprintln!("skipped: no loop device for the cluster's own volume");
+        c.teardown().await.unwrap();
+        return;
+    }
+    let (r, w) = mixed_iops(&c, 50);
+    assert!(
+        r + w <= budget * 1.15 && r + w >= budget * 0.6,
+        "50/50 under a combined budget of {budget}: {r:.0} read + {w:.0} write IOPS"
+    );
+    let (r, _) = mixed_iops(&c, 100);
+    assert!(
+        r >= budget * 0.8 && r <= budget * 1.15,
+        "reads alone under a combined budget of {budget}: {r:.0} IOPS"
+    );
+    c.teardown().await.unwrap();
+    // The same caps per direction: the mixed load gets both.
+    let c = cluster(&root, caps(false)).await;
+    let (r, w) = mixed_iops(&c, 50);
+    assert!(
+        r + w >= budget * 1.5,
+        "50/50 under caps of {budget} each: {r:.0} read + {w:.0} write IOPS"
+    );
+    c.teardown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 /// A write cap binds everything written to the emulated volume, not only
 /// what the server's processes write themselves: a load and the checkpoint
 /// after it are written back by the kernel's flusher threads, which a cgroup
@@ -162,6 +252,7 @@ async fn a_write_cap_binds_a_load_and_its_checkpoint() {
         write_iops: 0,
         read_mbps: 0,
         write_mbps: 20,
+        combined: false,
     };
     // An emulated instance's memory: its dirty pages are written back by
     // the flushers when it reclaims them.

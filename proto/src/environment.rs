@@ -66,11 +66,16 @@ pub struct Caps {
     pub write_iops: u64,
     pub read_mbps: u64,
     pub write_mbps: u64,
+    /// Reads and writes share one budget (EBS: gp3's 3,000 IOPS and
+    /// 125 MiB/s are of reads and writes together): each cap is then the
+    /// budget, which the agent splits between them by demand.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub combined: bool,
 }
 
 impl Caps {
     pub fn is_capped(&self) -> bool {
-        *self != Caps::default()
+        self.each().iter().any(|(_, v, _)| *v > 0)
     }
 
     /// (cap, its value, the unit a report names it in), in a fixed order.

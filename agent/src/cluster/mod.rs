@@ -200,6 +200,8 @@ pub struct Cluster {
     /// The cluster's own device (`major:minor`) when its caps are
     /// device-wide (`throttle::cap_device`).
     capped_device: Option<String>,
+    /// Its reads and writes sharing one budget on that device (gp3).
+    budget: Option<throttle::Budget>,
     pub pg: PgBin,
 }
 
@@ -328,6 +330,7 @@ impl Cluster {
             memory_bytes: spec.memory_bytes,
             volume: None,
             capped_device: None,
+            budget: None,
             pg: spec.pg.clone(),
         };
         std::fs::set_permissions(&cluster.dir, std::fs::Permissions::from_mode(0o700))
@@ -363,6 +366,9 @@ impl Cluster {
                     if spec.caps.is_capped() && throttle::v1() {
                         let dev = dev?;
                         throttle::cap_device(&dev, spec.caps)?;
+                        if spec.caps.combined {
+                            cluster.budget = Some(throttle::Budget::start(&dev, spec.caps)?);
+                        }
                         cluster.capped_device = Some(dev);
                     }
                 }
@@ -385,6 +391,12 @@ impl Cluster {
             cpus: spec.cpus,
             account_io: spec.account_io,
         };
+        if spec.caps.combined && self.capped_device.is_none() && spec.caps.is_capped() {
+            tracing::warn!(
+                "cluster {}: its reads and writes are capped each on its own, not as one budget (that needs its own device on cgroup v1)",
+                spec.name
+            );
+        }
         if self.capped_device.is_some() {
             // Capped since `prepare`, for every writer: its processes stay
             // in the root blkio cgroup (v1 limits are not hierarchical) and
@@ -1070,6 +1082,8 @@ impl Cluster {
         for cg in std::mem::take(&mut self.cgroups) {
             throttle::remove_path(&cg.path)?;
         }
+        // The budget's thread stops before its device's rules go.
+        drop(self.budget.take());
         if let Some(mut v) = self.volume.take() {
             v.remove()?;
         }
@@ -1087,6 +1101,7 @@ impl Drop for Cluster {
         for cg in std::mem::take(&mut self.cgroups) {
             let _ = throttle::remove_path(&cg.path);
         }
+        drop(self.budget.take());
         if let Some(mut v) = self.volume.take() {
             let _ = v.remove();
         }

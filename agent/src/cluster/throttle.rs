@@ -407,6 +407,166 @@ pub fn cap_device(dev: &str, caps: Caps) -> Result<()> {
     Ok(())
 }
 
+/// How often `Budget` splits a combined budget again.
+pub const BUDGET_TICK: Duration = Duration::from_millis(250);
+
+/// A device whose reads and writes share one budget (`Caps::combined`: EBS
+/// counts gp3's IOPS and MiB/s over both), where the kernel caps each
+/// direction on its own: a thread that every `BUDGET_TICK` reads the
+/// device's counters (`/sys/dev/block/<dev>/stat`) and rewrites its v1
+/// throttle rules (`cap_device`) with each budget split between reads and
+/// writes by what they used (`split`). The rules' sum never exceeds the
+/// budget. Dropping it stops the thread (before the device's rules go).
+pub struct Budget {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Budget {
+    /// Splits `caps`' budgets on `dev` from now on: each direction starts
+    /// with half of each.
+    pub fn start(dev: &str, caps: Caps) -> Result<Budget> {
+        let iops = caps.read_iops.max(caps.write_iops);
+        let bps = caps.read_mbps.max(caps.write_mbps) << 20;
+        let mut rules = Rules {
+            dev: dev.to_string(),
+            iops: (iops, (iops / 2, iops - iops / 2)),
+            bps: (bps, (bps / 2, bps - bps / 2)),
+        };
+        rules.write()?;
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name(format!("io-budget-{dev}"))
+            .spawn(move || {
+                let mut last = (std::time::Instant::now(), device_stat(&rules.dev));
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(BUDGET_TICK)
+                {
+                    let now = (std::time::Instant::now(), device_stat(&rules.dev));
+                    if let (Some(a), Some(b)) = (last.1, now.1) {
+                        let secs = now.0.duration_since(last.0).as_secs_f64().max(1e-3);
+                        let rate = |x: u64, y: u64| y.saturating_sub(x) as f64 / secs;
+                        let iops = (rate(a.reads, b.reads), rate(a.writes, b.writes));
+                        let bps = (
+                            rate(a.read_bytes, b.read_bytes),
+                            rate(a.write_bytes, b.write_bytes),
+                        );
+                        let next = Rules {
+                            dev: rules.dev.clone(),
+                            iops: (rules.iops.0, split(rules.iops.0, rules.iops.1, iops)),
+                            bps: (rules.bps.0, split(rules.bps.0, rules.bps.1, bps)),
+                        };
+                        if (next.iops, next.bps) != (rules.iops, rules.bps) {
+                            if let Err(e) = next.write() {
+                                tracing::warn!(
+                                    "splitting the I/O budget of device {}: {e}",
+                                    rules.dev
+                                );
+                            }
+                            rules = next;
+                        }
+                    }
+                    last = now;
+                }
+            })
+            .map_err(|e| Error::io("starting the I/O budget's thread", e))?;
+        Ok(Budget {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Budget {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A device's throttle rules under a budget: (budget, (read cap, write
+/// cap)) for IOPS and for bytes/s; a budget of 0 is uncapped.
+struct Rules {
+    dev: String,
+    iops: (u64, (u64, u64)),
+    bps: (u64, (u64, u64)),
+}
+
+impl Rules {
+    fn write(&self) -> Result<()> {
+        let root = Path::new(V1_ROOT);
+        for (file, budget, v) in [
+            (
+                "blkio.throttle.read_iops_device",
+                self.iops.0,
+                self.iops.1.0,
+            ),
+            (
+                "blkio.throttle.write_iops_device",
+                self.iops.0,
+                self.iops.1.1,
+            ),
+            ("blkio.throttle.read_bps_device", self.bps.0, self.bps.1.0),
+            ("blkio.throttle.write_bps_device", self.bps.0, self.bps.1.1),
+        ] {
+            if budget > 0 {
+                write(&root.join(file), &format!("{} {v}", self.dev))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a block device did since boot (`/sys/dev/block/<dev>/stat`).
+#[derive(Debug, Clone, Copy)]
+struct DeviceStat {
+    reads: u64,
+    read_bytes: u64,
+    writes: u64,
+    write_bytes: u64,
+}
+
+fn device_stat(dev: &str) -> Option<DeviceStat> {
+    let t = std::fs::read_to_string(format!("/sys/dev/block/{dev}/stat")).ok()?;
+    let f: Vec<u64> = t
+        .split_whitespace()
+        .take(7)
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    Some(DeviceStat {
+        reads: *f.first()?,
+        read_bytes: f.get(2)? * 512,
+        writes: *f.get(4)?,
+        write_bytes: f.get(6)? * 512,
+    })
+}
+
+/// One budget's split for the next tick, from each direction's cap and
+/// use in the last (per second): max-min fair between reads and writes.
+/// A direction using at least 90 % of its cap wants more than it got. Both
+/// wanting more: half each. One: the other gets what it used and a quarter
+/// more (at most half the budget), it the rest. Neither: each keeps its
+/// use plus half of what is left. Each gets at least a fiftieth, so a
+/// direction that wakes up is seen; the two never sum above the budget.
+pub fn split(budget: u64, cap: (u64, u64), used: (f64, f64)) -> (u64, u64) {
+    if budget < 2 {
+        return (budget, budget);
+    }
+    let b = budget as f64;
+    let floor = (b / 50.0).max(1.0);
+    let wants = |cap: u64, used: f64| used >= 0.9 * cap as f64;
+    let read = match (wants(cap.0, used.0), wants(cap.1, used.1)) {
+        (true, true) => b / 2.0,
+        (true, false) => b - (used.1 * 1.25).clamp(floor, b / 2.0),
+        (false, true) => (used.0 * 1.25).clamp(floor, b / 2.0),
+        (false, false) => used.0 + (b - used.0 - used.1).max(0.0) / 2.0,
+    };
+    let read = (read.round() as u64).clamp(floor as u64, budget - floor as u64);
+    (read, budget - read)
+}
+
 /// Removes `cap_device`'s rules on `dev` (best effort: a rule that is not
 /// there is nothing to remove).
 pub fn uncap_device(dev: &str) {
@@ -428,6 +588,42 @@ pub fn uncap_device(dev: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A combined budget follows demand, max-min fair, and never sums
+    /// above the budget.
+    #[test]
+    fn a_combined_budget_goes_where_the_demand_is() {
+        let b = 400;
+        // Writes idle, reads at their cap: reads take all but the floor.
+        assert_eq!(split(b, (200, 200), (200.0, 0.0)), (392, 8));
+        // Both at their caps: half each, whatever the split was.
+        assert_eq!(split(b, (392, 8), (390.0, 8.0)), (200, 200));
+        // Writes want 100 of a 200 cap, reads all they can get.
+        assert_eq!(split(b, (200, 200), (200.0, 100.0)), (275, 125));
+        // Writes want more than half: half each once both want more.
+        assert_eq!(split(b, (100, 300), (100.0, 250.0)), (200, 200));
+        // Neither at its cap: each keeps its use and half the rest.
+        assert_eq!(split(b, (200, 200), (50.0, 30.0)), (210, 190));
+        // An idle device: half each.
+        assert_eq!(split(b, (392, 8), (0.0, 0.0)), (200, 200));
+        // Tiny budgets keep at least one each.
+        assert_eq!(split(2, (1, 1), (1.0, 0.0)), (1, 1));
+        for cap in [(1, 399), (200, 200), (399, 1)] {
+            for used in [
+                (0.0, 0.0),
+                (500.0, 0.0),
+                (0.0, 500.0),
+                (500.0, 500.0),
+                (150.0, 150.0),
+            ] {
+                let (r, w) = split(b, cap, used);
+                assert_eq!(r + w, b, "{cap:?} {used:?}");
+                assert!(r >= 8 && w >= 8, "{cap:?} {used:?}");
+            }
+        }
+        assert_eq!(split(0, (0, 0), (10.0, 10.0)), (0, 0));
+        assert_eq!(split(1, (1, 1), (1.0, 1.0)), (1, 1));
+    }
 
     #[test]
     fn device_of_a_disk_backed_dir_is_a_whole_disk() {

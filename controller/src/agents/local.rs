@@ -179,6 +179,9 @@ impl LocalAgents {
                     .args(["--write-iops", &caps.write_iops.to_string()])
                     .args(["--read-mbps", &caps.read_mbps.to_string()])
                     .args(["--write-mbps", &caps.write_mbps.to_string()]);
+                if caps.combined {
+                    cmd.arg("--combined-io");
+                }
                 if !f.emulate() {
                     cmd.arg("--no-emulate");
                 }

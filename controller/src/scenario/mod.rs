@@ -594,11 +594,13 @@ impl FleetEntry {
             "gp3" => {
                 let iops = s.iops.as_ref().map_or(GP3_BASELINE_IOPS, |x| x.value);
                 let mbps = s.mbps.as_ref().map_or(GP3_BASELINE_MIBPS, |x| x.value);
+                // One budget for reads and writes, as EBS counts them.
                 Caps {
                     read_iops: scaled(iops),
                     write_iops: scaled(iops),
                     read_mbps: mbps,
                     write_mbps: mbps,
+                    combined: true,
                 }
             }
             "nvme" => match s
@@ -612,6 +614,7 @@ impl FleetEntry {
                     write_iops: scaled(write),
                     read_mbps: 0,
                     write_mbps: 0,
+                    combined: false,
                 },
                 None => Caps::default(),
             },
@@ -620,6 +623,7 @@ impl FleetEntry {
                 write_iops: v(&s.write_iops),
                 read_mbps: v(&s.read_mbps),
                 write_mbps: v(&s.write_mbps),
+                combined: false,
             },
             _ => Caps::default(),
         }

@@ -1045,6 +1045,7 @@ mod tests {
             write_iops: 3000,
             read_mbps: 0,
             write_mbps: 100_000,
+            combined: false,
         };
         let c = Capacity {
             cpus: 2.0,

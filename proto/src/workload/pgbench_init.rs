@@ -305,6 +305,7 @@ mod tests {
                 write_iops: 3000,
                 read_mbps: 125,
                 write_mbps: 125,
+                combined: true,
             },
             ..two
         };
