@@ -444,7 +444,7 @@ pub fn unbound(classes: &Classes, results: &[Json]) -> Vec<String> {
         });
         out.push(format!(
             "warning: class `{class}`: its cells read at most {per_s:.0} blocks/s from outside shared buffers, {:.0} % of the {cap} read IOPS its profile `{profile}` emulates, while class `{bound}`'s reads met its cap: \
-             `{class}`'s cap never bound, so its figures follow this host's disk{latency} rather than the profile, and ratios against `{bound}` move with the host's per-read latency (BENCHMARKS.md, \"Both sides emulated\": 22.7x on one host, 10.7x on another). \
+             `{class}`'s cap never bound, so its figures follow this host's disk{latency} rather than the profile, and ratios against `{bound}` move with the host's per-read latency (BENCHMARKS.md, \"Both sides emulated\": 10.7x to 22.7x over four hosts). \
              Compare runs of one host, and read the ratio as this host's",
             100.0 * sh
         ));

@@ -575,7 +575,7 @@ fn emulation_limits(md: &mut String, doc: &Json) {
          every 250 ms where the profile's figures cover both (gp3) — and nothing else: it adds no per-I/O latency \
          (an EBS volume's network round trip), and a read or write is as fast as this host's disk until the cap queues it. \
          Where a workload waits on single I/Os rather than on the rate, the emulated device is faster than the real one, and a ratio \
-         against it is understated (BENCHMARKS.md measured nvme / gp3 TPS at 22.7x here against the seeds' 9.24x on EBS, and why).",
+         against it is understated (BENCHMARKS.md, \"nvme-vs-gp3\", measures how far its ratios land from the seeds' on EBS, and why).",
         emulated
             .iter()
             .map(|c| format!("`{c}`"))
