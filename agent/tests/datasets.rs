@@ -390,6 +390,7 @@ async fn a_restore_into_a_capped_class_is_written_at_its_cap() {
         seconds >= floor,
         "{bytes} bytes restored in {seconds:.1} s: faster than {MIB_S} MiB/s"
     );
+    std::fs::remove_dir_all(&root).unwrap();
 }
 
 /// `reuse_cluster`: a succeeded cell's cluster is kept and the next cell
