@@ -27,7 +27,8 @@ pub(crate) struct Kube {
     pub(crate) client: kube::Client,
     pub(crate) opts: KubeOptions,
     /// The dataset snapshots last listed (`refresh_snapshots`: at start,
-    /// then every minute), for the plans of runs submitted meanwhile.
+    /// every minute and after each run), for the plans of runs submitted
+    /// meanwhile.
     pub(crate) snapshots: Mutex<Vec<Snapshot>>,
 }
 
@@ -69,9 +70,6 @@ pub(crate) enum Source {
 }
 
 impl Source {
-    /// Where its agents keep datasets, for the plan's estimates: pods
-    /// without an object store each their own; otherwise taken as one
-    /// store (the scheduler checks what the agents register).
     /// What its agents' dataset stores hold before a run of `sc`, for the
     /// plan's estimates: local agents' one store; on Kubernetes, per pod,
     /// the dataset snapshot its volume will start from (or one object

@@ -99,7 +99,8 @@ pub async fn serve(opts: ServeOptions, shutdown: CancellationToken) -> Result<()
         }
         _ => None,
     };
-    // Kept runs' objects (`cleanup: keep`) go when their time is up.
+    // Kept runs' objects (`cleanup: keep`) go when their time is up, and
+    // the dataset snapshots are listed again for the next plans.
     let minutely = match &controller.served.source {
         Source::Kubernetes(_) => Some(tokio::spawn(every_minute(
             controller.served.clone(),
