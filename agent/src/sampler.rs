@@ -8,11 +8,17 @@
 //! cell reports: totals over the whole window, checkpoints and the top wait
 //! events.
 //!
+//! Where the cluster has a block device of its own, each snapshot also
+//! reads that device's counters (group `device`: reads, writes, their bytes
+//! and flushes), so a cell reports how many I/Os the storage under test
+//! did per transaction, beside what PostgreSQL asked of it.
+//!
 //! Every group reports the same names whatever the version (e.g.
 //! `bgwriter.checkpoints_timed` is pg_stat_checkpointer's `num_timed` on 17+),
 //! so reports and dashboards do not depend on the server's version.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value as Json, json};
@@ -21,6 +27,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::Server;
+use crate::cluster::device::DeviceStat;
 use crate::{Error, Result};
 use pgfleet_proto::v1::{AgentMessage, CellSample, agent_message::Msg};
 use pgfleet_proto::workload::{Internals, WaitShare};
@@ -117,6 +124,15 @@ const IO_FROM_16: Group = Group {
     ],
 };
 
+/// Before pg_stat_io (up to 15): the relation pages written, from
+/// pg_stat_bgwriter (by the checkpointer, the background writer and
+/// backends), under pg_stat_io's name.
+const IO_UP_TO_15: Group = Group {
+    name: "io",
+    sql: "SELECT (buffers_checkpoint + buffers_clean + buffers_backend)::float8 FROM pg_stat_bgwriter",
+    cols: &["writes"],
+};
+
 /// The counter groups a server of this major version has.
 pub fn groups(major: u32) -> Vec<Group> {
     let mut g = vec![DATABASE];
@@ -130,9 +146,7 @@ pub fn groups(major: u32) -> Vec<Group> {
         14..=17 => g.push(WAL_14_TO_17),
         _ => {}
     }
-    if major >= 16 {
-        g.push(IO_FROM_16);
-    }
+    g.push(if major >= 16 { IO_FROM_16 } else { IO_UP_TO_15 });
     g
 }
 
@@ -144,10 +158,16 @@ pub struct Sampler {
     task: JoinHandle<Result<Summary>>,
 }
 
+/// The `device` group's columns (see `device_values`).
+const DEVICE_COLS: &[&str] = &["reads", "writes", "read_bytes", "write_bytes", "flushes"];
+
 /// What a cell reports from the samples.
 #[derive(Debug, Clone, Default)]
 pub struct Summary {
     pub samples: u64,
+    /// Transactions the sampler itself committed in the window (each of
+    /// its statements is one): `commits` leaves them out.
+    pub own_commits: f64,
     pub checkpoints: f64,
     /// (wait event, share of sampled active backends), most frequent first.
     pub top_waits: Vec<(String, f64)>,
@@ -169,10 +189,24 @@ impl Summary {
         (n > 0.0).then_some(t / n)
     }
 
+    /// Transactions the workload committed in the window (the database's
+    /// commits less the sampler's own statements).
+    pub fn commits(&self) -> Option<f64> {
+        Some((self.total("database.xact_commit")? - self.own_commits).max(0.0))
+    }
+
     /// The window's figures as every sampling kind reports them.
     pub fn internals(&self) -> Internals {
         let count = |k: &str| self.total(k).map(|v| v.max(0.0) as u64);
         Internals {
+            commits: self.commits().map(|c| c as u64),
+            page_writes: count("io.writes"),
+            wal_writes: count("wal.wal_write"),
+            device_reads: count("device.reads"),
+            device_writes: count("device.writes"),
+            device_read_bytes: count("device.read_bytes"),
+            device_write_bytes: count("device.write_bytes"),
+            device_flushes: count("device.flushes"),
             page_read_ms_avg: self.per("database.blk_read_time_ms", "database.blks_read"),
             blocks_read: count("database.blks_read"),
             wal_sync_ms_avg: self.per("wal.wal_sync_time_ms", "wal.wal_sync"),
@@ -192,9 +226,16 @@ impl Summary {
 }
 
 impl Sampler {
+    /// Starts sampling `server`; `device` is the stat file of the block
+    /// device the cluster has to itself (`Cluster::device_stat_file`),
+    /// whose counters join each sample. Samples stream from now on; the
+    /// window `finish` sums (totals, wait events) starts at the first tick
+    /// `warmup` after now, where a driver's warm-up ends and it measures.
     pub async fn start(
         server: &Server,
+        device: Option<PathBuf>,
         interval: Duration,
+        warmup: Duration,
         events: mpsc::Sender<AgentMessage>,
         cell_id: String,
     ) -> Result<Sampler> {
@@ -202,33 +243,51 @@ impl Sampler {
         let groups = groups(server.major);
         let stop = CancellationToken::new();
         let s = stop.clone();
-        // The first snapshot before returning, so the window starts here.
-        let first = snapshot(&client, &groups).await?;
+        // The first snapshot before returning, so the samples (and without
+        // a warm-up, the window) start here.
+        let first = snapshot(&client, &groups, device.as_deref()).await?;
+        // Each statement of the sampler's is one commit in the database's
+        // count: those after the window's first read of pg_stat_database
+        // (the first group) are the sampler's own.
+        let per_snapshot = groups.len() as f64;
         let started = Instant::now();
         let task = tokio::spawn(async move {
             let mut prev = first.clone();
+            // The window's first snapshot, and the sampler's own commits
+            // since (the statements after its pg_stat_database read).
+            let mut base = (first, per_snapshot - 1.0);
+            let mut in_window = warmup.is_zero();
             let mut waits: BTreeMap<String, f64> = BTreeMap::new();
             let mut samples = 0;
             let mut tick = tokio::time::interval(interval);
             tick.tick().await;
+            let warmed = tokio::time::sleep_until((started + warmup).into());
+            tokio::pin!(warmed);
             loop {
                 tokio::select! {
                     _ = tick.tick() => {}
+                    // The measured window starts with a snapshot of its own.
+                    _ = &mut warmed, if !in_window => {
+                        base = (snapshot(&client, &groups, device.as_deref()).await?, per_snapshot - 1.0);
+                        in_window = true;
+                        continue;
+                    }
                     _ = s.cancelled() => break,
                 }
-                let now = snapshot(&client, &groups).await?;
+                let now = snapshot(&client, &groups, device.as_deref()).await?;
                 let mut data = serde_json::Map::new();
                 data.insert("t".into(), json!(started.elapsed().as_secs_f64()));
-                for g in &groups {
-                    let delta: serde_json::Map<String, Json> = g
-                        .cols
+                let sampled = groups.iter().map(|g| (g.name, g.cols));
+                let device_group = device.is_some().then_some(("device", DEVICE_COLS));
+                for (name, cols) in sampled.chain(device_group) {
+                    let delta: serde_json::Map<String, Json> = cols
                         .iter()
                         .filter_map(|c| {
-                            let key = format!("{}.{c}", g.name);
+                            let key = format!("{name}.{c}");
                             Some((c.to_string(), json!(now.get(&key)? - prev.get(&key)?)))
                         })
                         .collect();
-                    data.insert(g.name.into(), Json::Object(delta));
+                    data.insert(name.into(), Json::Object(delta));
                 }
                 let w: BTreeMap<String, f64> = client
                     .query(WAITS, &[])
@@ -236,8 +295,13 @@ impl Sampler {
                     .iter()
                     .map(|r| (r.get::<_, String>(0), r.get::<_, f64>(1)))
                     .collect();
-                for (k, v) in &w {
-                    *waits.entry(k.clone()).or_default() += v;
+                // This tick's snapshot and wait events. (Stopped during the
+                // warm-up, the window is all of it.)
+                base.1 += per_snapshot + 1.0;
+                if in_window {
+                    for (k, v) in &w {
+                        *waits.entry(k.clone()).or_default() += v;
+                    }
                 }
                 data.insert("waits".into(), json!(w));
                 let _ = events
@@ -253,10 +317,11 @@ impl Sampler {
                 samples += 1;
                 prev = now;
             }
-            let last = snapshot(&client, &groups).await?;
+            let last = snapshot(&client, &groups, device.as_deref()).await?;
+            let (base, own_commits) = base;
             let totals: BTreeMap<String, f64> = last
                 .iter()
-                .filter_map(|(k, v)| Some((k.clone(), v - first.get(k)?)))
+                .filter_map(|(k, v)| Some((k.clone(), v - base.get(k)?)))
                 .collect();
             let d = |k: &str| totals.get(k).copied().unwrap_or(0.0);
             let total: f64 = waits.values().sum();
@@ -268,6 +333,7 @@ impl Sampler {
             top.truncate(5);
             Ok(Summary {
                 samples,
+                own_commits,
                 checkpoints: d("bgwriter.checkpoints_timed") + d("bgwriter.checkpoints_req"),
                 top_waits: top,
                 totals,
@@ -284,10 +350,12 @@ impl Sampler {
     }
 }
 
-/// Cumulative counters as `group.column` -> value.
+/// Cumulative counters as `group.column` -> value, the device's (when it
+/// can be read) as group `device`.
 async fn snapshot(
     client: &tokio_postgres::Client,
     groups: &[Group],
+    device: Option<&Path>,
 ) -> Result<BTreeMap<String, f64>> {
     let mut m = BTreeMap::new();
     for g in groups {
@@ -296,5 +364,15 @@ async fn snapshot(
             m.insert(format!("{}.{c}", g.name), row.get::<_, f64>(i));
         }
     }
+    if let Some(d) = device.and_then(DeviceStat::read) {
+        for (c, v) in DEVICE_COLS.iter().zip(device_values(&d)) {
+            m.insert(format!("device.{c}"), v as f64);
+        }
+    }
     Ok(m)
+}
+
+/// A device's counters in `DEVICE_COLS`' order.
+fn device_values(d: &DeviceStat) -> [u64; 5] {
+    [d.reads, d.writes, d.read_bytes, d.write_bytes, d.flushes]
 }

@@ -371,12 +371,19 @@ async fn internals_have_the_same_names_on_every_version() {
         ),
         ("wal", vec!["wal_bytes", "wal_sync", "wal_sync_time_ms"]),
     ];
-    if major >= 16 {
-        expect.push((
+    expect.push(if major >= 16 {
+        (
             "io",
             vec!["reads", "read_time_ms", "writes", "extends", "hits"],
-        ));
+        )
+    } else {
+        ("io", vec!["writes"])
+    });
+    // What a cell reports per transaction: the same on every version.
+    for k in ["commits", "page_writes", "wal_writes"] {
+        assert!(m[k].is_u64(), "PG {major}: no {k} in {m}");
     }
+    assert!(m["commits"].as_u64().unwrap() > 0, "PG {major}: {m}");
     for s in &samples {
         for (group, cols) in &expect {
             for c in cols {
@@ -396,6 +403,30 @@ async fn internals_have_the_same_names_on_every_version() {
             .sum();
         assert!(hits > 0.0, "PG {major}: {samples:?}");
     }
+    cl.teardown().await.unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// The sampler's totals cover the measured window, not the warm-up: its
+/// commits (less its own statements) are the driver's measured
+/// transactions, within what PostgreSQL's statistics lag (a backend
+/// flushes its counts at most once a second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sampled_window_is_the_measured_one() {
+    let (cl, root) = cluster("window").await;
+    let params = json!({"scale": 1, "script": "random-update", "clients": 2, "threads": 1,
+        "warmup_s": 3.0, "duration_s": 4.0});
+    let out = run(&cl, "pgbench", params).await.unwrap();
+    let m = out.points[0].metrics();
+    let (n, commits) = (
+        m["transactions"].as_f64().unwrap(),
+        m["commits"].as_f64().unwrap(),
+    );
+    // With the warm-up counted it would be ~1.75.
+    assert!(
+        (0.8..1.35).contains(&(commits / n)),
+        "{commits} commits sampled for {n} measured transactions: {m}"
+    );
     cl.teardown().await.unwrap();
     std::fs::remove_dir_all(&root).unwrap();
 }
@@ -463,6 +494,21 @@ async fn a_low_iops_cap_clearly_lowers_tps() {
             let limited = run(&capped, "pgbench", params).await.unwrap();
             capped.teardown().await.unwrap();
             assert!(!has(), "`{rule}` left in {rules}");
+            // The cluster's own device counts what it did per transaction.
+            let m = limited.points[0].metrics();
+            let f = |k: &str| m[k].as_f64().unwrap_or_else(|| panic!("no {k} in {m}"));
+            let (n, commits) = (f("transactions"), f("commits"));
+            assert!(
+                (0.7 * n..=1.3 * n).contains(&commits),
+                "{commits} commits for the driver's {n} transactions: {m}"
+            );
+            // Every WAL sync waits for at least one write of its own.
+            assert!(f("device_writes") >= 0.9 * f("wal_syncs"), "{m}");
+            let per_txn = (f("device_reads") + f("device_writes")) / commits;
+            assert!(
+                (f("device_ios_per_txn") - per_txn).abs() < 1e-9 && per_txn > 0.5,
+                "{m}"
+            );
             limited
         }
         None => {
@@ -482,6 +528,13 @@ async fn a_low_iops_cap_clearly_lowers_tps() {
         }
     };
 
+    // No device of its own (uncapped, not accounting): no device figures,
+    // rather than a host-wide count.
+    let m = uncapped.points[0].metrics();
+    assert!(
+        m.get("device_ios_per_txn").is_none() && m.get("device_reads").is_none(),
+        "{m}"
+    );
     let (a, b) = (tps(&uncapped), tps(&limited));
     eprintln!("uncapped {a:.0} tps, capped at 300 IOPS {b:.0} tps");
     assert!(b < 400.0, "capped at 300 write IOPS yet {b:.0} tps");

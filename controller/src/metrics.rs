@@ -8,6 +8,7 @@
 //! PostgreSQL's own figures, merged by the controller from the per-second
 //! `pg_stat` samples the agents stream while they measure: transactions,
 //! block reads and their time, WAL bytes, syncs and their time, checkpoints,
+//! the cluster's own device's requests and bytes (where it has one),
 //! and the wait events of active backends — labelled `scenario`, `run_id`,
 //! `instance_class`, `storage_profile`, `workload` (no per-cell or
 //! per-client label). A run's series leave `/metrics` a retention period
@@ -49,6 +50,8 @@ pub struct Metrics {
     wal_syncs: IntCounterVec,
     wal_sync_seconds: prometheus::CounterVec,
     checkpoints: IntCounterVec,
+    device_ios: IntCounterVec,
+    device_bytes: IntCounterVec,
     waits: prometheus::GaugeVec,
     driver_transactions: IntCounterVec,
     driver_failures: IntCounterVec,
@@ -304,6 +307,14 @@ impl Metrics {
                 Opts::new("pgfleet_postgres_checkpoints_total", "Checkpoints, by what started them (timed, requested)."),
                 &with("trigger")
             )),
+            device_ios: reg!(IntCounterVec::new(
+                Opts::new("pgfleet_device_ios_total", "Requests the cluster's own block device completed while the cell measures, by direction (read, write); only clusters with a device of their own."),
+                &with("direction")
+            )),
+            device_bytes: reg!(IntCounterVec::new(
+                Opts::new("pgfleet_device_bytes_total", "Bytes the cluster's own block device read and wrote while the cell measures, by direction."),
+                &with("direction")
+            )),
             waits: reg!(prometheus::GaugeVec::new(
                 Opts::new("pgfleet_postgres_wait_event_backends", "Active client backends in each wait event at the last sample (CPU:running when none)."),
                 &with("wait_event")
@@ -425,6 +436,21 @@ impl Metrics {
         self.wal_sync_seconds
             .with_label_values(l)
             .inc_by(f("wal", "wal_sync_time_ms") / 1000.0);
+        if data["device"].is_object() {
+            for (direction, ios, bytes) in [
+                ("read", "reads", "read_bytes"),
+                ("write", "writes", "write_bytes"),
+            ] {
+                let mut v = l.to_vec();
+                v.push(direction);
+                self.device_ios
+                    .with_label_values(&v)
+                    .inc_by(f("device", ios) as u64);
+                self.device_bytes
+                    .with_label_values(&v)
+                    .inc_by(f("device", bytes) as u64);
+            }
+        }
         for (trigger, key) in [
             ("timed", "checkpoints_timed"),
             ("requested", "checkpoints_req"),
@@ -629,6 +655,12 @@ impl Metrics {
                 v.push(t);
                 let _ = self.checkpoints.remove_label_values(&v);
             }
+            for d in ["read", "write"] {
+                let mut v = l.clone();
+                v.push(d);
+                let _ = self.device_ios.remove_label_values(&v);
+                let _ = self.device_bytes.remove_label_values(&v);
+            }
             let events = self
                 .wait_events
                 .lock()
@@ -781,6 +813,39 @@ mod tests {
             ),
             8.0
         );
+    }
+
+    /// A sample's device group becomes per-direction counters; a sample
+    /// without one (a cluster with no device of its own) adds no series.
+    #[test]
+    fn a_clusters_device_requests_and_bytes_are_counted_by_direction() {
+        let m = Metrics::new();
+        let sample = serde_json::json!({"database": {"xact_commit": 70.0},
+            "device": {"reads": 180.0, "writes": 190.0, "read_bytes": 1474560.0, "write_bytes": 4194304.0}});
+        m.pg_stat(LABELS, &sample);
+        m.pg_stat(LABELS, &sample);
+        let other = ["sc", "run-1", "slow", "gp3", "pgbench"];
+        m.pg_stat(
+            other,
+            &serde_json::json!({"database": {"xact_commit": 5.0}}),
+        );
+        let get = |c: &IntCounterVec, l: [&str; 5], d: &str| {
+            let mut v = l.to_vec();
+            v.push(d);
+            c.with_label_values(&v).get()
+        };
+        assert_eq!(get(&m.device_ios, LABELS, "read"), 360);
+        assert_eq!(get(&m.device_ios, LABELS, "write"), 380);
+        assert_eq!(get(&m.device_bytes, LABELS, "write"), 8388608);
+        let text = m.render();
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("pgfleet_device_ios_total{") && l.contains("\"slow\"")),
+            "{text}"
+        );
+        m.forget_run("run-1");
+        assert!(!m.render().contains("pgfleet_device_ios_total{"));
     }
 
     #[tokio::test]

@@ -1094,6 +1094,21 @@ workloads:
         blocks > 1_000.0,
         "only {blocks} blocks read on gp3: the data stayed cached"
     );
+    // gp3's capped cluster has a device of its own, which counts what the
+    // storage did per transaction: reads reach it (the page cache is the
+    // instance's) and no more of them than PostgreSQL asked for.
+    let device_reads = metric("gp3", "device_reads");
+    assert!(
+        (0.3 * blocks..=1.2 * blocks).contains(&device_reads),
+        "gp3: {device_reads} device reads for {blocks} blocks read"
+    );
+    assert!(metric("gp3", "device_ios_per_txn") > 0.5);
+    let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
+    let section = md
+        .split("### I/O per transaction")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no I/O per transaction section in\n{md}"));
+    assert!(section.lines().any(|l| l.contains("| gp3 |")), "{section}");
     // The data does not fit the instances' memory, and the classes differ
     // only in storage: no guard speaks. (The storage probe may: it runs
     // while the other class loads its data on the same disk, and then says

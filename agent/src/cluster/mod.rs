@@ -26,6 +26,7 @@ use tokio::process::{Child, Command};
 use crate::pgbin::PgBin;
 use crate::{Error, Result};
 
+pub mod device;
 pub mod throttle;
 pub mod volume;
 use throttle::Caps;
@@ -236,20 +237,24 @@ impl Cluster {
     /// `ClusterSpec::account_io`); `device_source` says which.
     pub fn io_bytes(&self) -> Option<(u64, u64)> {
         if let Some(v) = &self.volume {
-            return v.io_bytes();
+            return v.stat().map(|s| (s.read_bytes, s.write_bytes));
         }
         self.cgroups
             .iter()
             .find_map(|c| throttle::io_bytes(&c.path))
     }
-    /// The cluster's own device (`major:minor`) when its storage caps hold
-    /// device-wide, for every writer (cgroup v1 with its own volume).
+    /// The stat file of the cluster's own device, when it has one: every
+    /// I/O there is the cluster's (what a sampler counts per transaction).
+    pub fn device_stat_file(&self) -> Option<PathBuf> {
+        self.volume.as_ref().map(|v| v.stat_file())
+    }
     /// The emulated instance's memory its processes are held to, page
     /// cache included (0: the host's).
     pub fn memory_bytes(&self) -> u64 {
         self.spec.memory_bytes
     }
-
+    /// The cluster's own device (`major:minor`) when its storage caps hold
+    /// device-wide, for every writer (cgroup v1 with its own volume).
     pub fn capped_device(&self) -> Option<&str> {
         self.capped_device.as_deref()
     }

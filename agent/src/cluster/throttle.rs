@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::RunAs;
+use super::device::DeviceStat;
 use crate::{Error, Result};
 
 /// I/O caps; 0 means uncapped (the type the environment reports).
@@ -429,20 +430,20 @@ impl Budget {
         let iops = caps.read_iops.max(caps.write_iops);
         let bps = caps.read_mbps.max(caps.write_mbps) << 20;
         let mut rules = Rules {
-            dev: dev.to_string(),
             iops: (iops, (iops / 2, iops - iops / 2)),
             bps: (bps, (bps / 2, bps - bps / 2)),
         };
-        rules.write()?;
+        rules.write(dev)?;
+        let dev = dev.to_string();
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name(format!("io-budget-{dev}"))
             .spawn(move || {
-                let mut last = (std::time::Instant::now(), device_stat(&rules.dev));
+                let mut last = (std::time::Instant::now(), DeviceStat::of(&dev));
                 while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
                     stopped.recv_timeout(BUDGET_TICK)
                 {
-                    let now = (std::time::Instant::now(), device_stat(&rules.dev));
+                    let now = (std::time::Instant::now(), DeviceStat::of(&dev));
                     if let (Some(a), Some(b)) = (last.1, now.1) {
                         let secs = now.0.duration_since(last.0).as_secs_f64().max(1e-3);
                         let rate = |x: u64, y: u64| y.saturating_sub(x) as f64 / secs;
@@ -452,16 +453,12 @@ impl Budget {
                             rate(a.write_bytes, b.write_bytes),
                         );
                         let next = Rules {
-                            dev: rules.dev.clone(),
                             iops: (rules.iops.0, split(rules.iops.0, rules.iops.1, iops)),
                             bps: (rules.bps.0, split(rules.bps.0, rules.bps.1, bps)),
                         };
                         if (next.iops, next.bps) != (rules.iops, rules.bps) {
-                            if let Err(e) = next.write() {
-                                tracing::warn!(
-                                    "splitting the I/O budget of device {}: {e}",
-                                    rules.dev
-                                );
+                            if let Err(e) = next.write(&dev) {
+                                tracing::warn!("splitting the I/O budget of device {dev}: {e}");
                             }
                             rules = next;
                         }
@@ -489,13 +486,12 @@ impl Drop for Budget {
 /// A device's throttle rules under a budget: (budget, (read cap, write
 /// cap)) for IOPS and for bytes/s; a budget of 0 is uncapped.
 struct Rules {
-    dev: String,
     iops: (u64, (u64, u64)),
     bps: (u64, (u64, u64)),
 }
 
 impl Rules {
-    fn write(&self) -> Result<()> {
+    fn write(&self, dev: &str) -> Result<()> {
         let root = Path::new(V1_ROOT);
         for (file, budget, v) in [
             (
@@ -512,35 +508,11 @@ impl Rules {
             ("blkio.throttle.write_bps_device", self.bps.0, self.bps.1.1),
         ] {
             if budget > 0 {
-                write(&root.join(file), &format!("{} {v}", self.dev))?;
+                write(&root.join(file), &format!("{dev} {v}"))?;
             }
         }
         Ok(())
     }
-}
-
-/// What a block device did since boot (`/sys/dev/block/<dev>/stat`).
-#[derive(Debug, Clone, Copy)]
-struct DeviceStat {
-    reads: u64,
-    read_bytes: u64,
-    writes: u64,
-    write_bytes: u64,
-}
-
-fn device_stat(dev: &str) -> Option<DeviceStat> {
-    let t = std::fs::read_to_string(format!("/sys/dev/block/{dev}/stat")).ok()?;
-    let f: Vec<u64> = t
-        .split_whitespace()
-        .take(7)
-        .map(|x| x.parse().ok())
-        .collect::<Option<_>>()?;
-    Some(DeviceStat {
-        reads: *f.first()?,
-        read_bytes: f.get(2)? * 512,
-        writes: *f.get(4)?,
-        write_bytes: f.get(6)? * 512,
-    })
 }
 
 /// One budget's split for the next tick, from each direction's cap and

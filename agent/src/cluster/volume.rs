@@ -17,6 +17,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use super::device::DeviceStat;
 use crate::{Error, Result};
 
 /// A mounted per-cluster volume; `remove` (or Drop) unmounts, detaches
@@ -152,15 +153,14 @@ impl Volume {
             .map_err(|e| Error::io(format!("reading {path}"), e))
     }
 
-    /// Bytes (read, written) the device completed since it was attached:
-    /// `/sys/block/loopN/stat`'s sectors read and written (512 bytes each).
-    pub fn io_bytes(&self) -> Option<(u64, u64)> {
-        let stat = std::fs::read_to_string(format!("/sys/block/{}/stat", self.name())).ok()?;
-        let f: Vec<u64> = stat
-            .split_whitespace()
-            .map(|x| x.parse().unwrap_or(0))
-            .collect();
-        Some((f.get(2)? * 512, f.get(6)? * 512))
+    /// The device's stat file (what `DeviceStat::read` takes).
+    pub fn stat_file(&self) -> PathBuf {
+        format!("/sys/block/{}/stat", self.name()).into()
+    }
+
+    /// What the device completed since it was attached.
+    pub fn stat(&self) -> Option<DeviceStat> {
+        DeviceStat::read(&self.stat_file())
     }
 
     /// Unmounts, detaches and deletes the volume (idempotent).

@@ -118,7 +118,9 @@ pub async fn drive_until(
 
     let sampler = Sampler::start(
         server,
+        ctx.cluster.device_stat_file(),
         Duration::from_secs(1),
+        cfg.warmup,
         ctx.events.clone(),
         ctx.cell_id.clone(),
     )

@@ -215,7 +215,9 @@ async fn measure(
 
     let sampler = Sampler::start(
         &ctx.cluster.server(),
+        ctx.cluster.device_stat_file(),
         Duration::from_secs(1),
+        Duration::ZERO,
         ctx.events.clone(),
         ctx.cell_id.clone(),
     )

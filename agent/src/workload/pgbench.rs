@@ -67,6 +67,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                 retries: result.retries,
                 skipped: result.skipped,
                 late: result.late,
+                device_ios_per_txn: internals.device_ios_per_transaction(),
                 internals,
                 load: loaded,
             },

@@ -84,7 +84,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
             Cache::Warm => 0,
         };
 
-        let sampler = Sampler::start(&ctx.cluster.server(), Duration::from_secs(1), ctx.events.clone(), ctx.cell_id.clone()).await?;
+        let sampler = Sampler::start(&ctx.cluster.server(), ctx.cluster.device_stat_file(), Duration::from_secs(1), Duration::ZERO, ctx.events.clone(), ctx.cell_id.clone()).await?;
         let (vacuum_client, mut notices) = ctx.cluster.connect_with_notices().await?;
         let sql = p.vacuum_sql();
         let started = Instant::now();

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use pgfleet_proto::workload::Cache;
 use pgfleet_proto::workload::pgbench::{Metrics, PointParams};
+use pgfleet_proto::workload::{Cache, per};
 use serde_json::Value as Json;
 
 use super::markdown::{Plots, Row, num};
@@ -49,6 +49,7 @@ pub fn section(md: &mut String, plots: &mut Plots, doc: &Json, rs: &[Row<PointPa
                 .join(", ")
         );
     }
+    io_per_transaction(md, rs);
     for (gi, sm) in doc["summaries"]
         .as_array()
         .into_iter()
@@ -80,7 +81,7 @@ pub fn section(md: &mut String, plots: &mut Plots, doc: &Json, rs: &[Row<PointPa
              Cache when the measurement started: **{cache}**. \
              Latency quantiles are those of all the class's transactions (its clusters' histograms merged); \
              the other figures are medians over clusters. In brackets: min–max over clusters.\n\n\
-             | class | clusters | tps | latency p50 ms | latency p99 ms | page read ms | WAL sync ms |\n|---|---|---|---|---|---|---|"
+             | class | clusters | tps | latency p50 ms | latency p99 ms | page read ms | WAL sync ms | device I/O per txn |\n|---|---|---|---|---|---|---|---|"
         );
         let Some(classes) = sm["classes"].as_object() else {
             continue;
@@ -101,13 +102,14 @@ pub fn section(md: &mut String, plots: &mut Plots, doc: &Json, rs: &[Row<PointPa
         for (name, c) in classes {
             let _ = writeln!(
                 md,
-                "| {name} | {} | {} | {} | {} | {} | {} |",
+                "| {name} | {} | {} | {} | {} | {} | {} | {} |",
                 c["cells"],
                 cell(c, "tps", 1),
                 cell(c, "latency_ms_p50", 3),
                 cell(c, "latency_ms_p99", 3),
                 cell(c, "page_read_ms_avg", 3),
-                cell(c, "wal_sync_ms_avg", 3)
+                cell(c, "wal_sync_ms_avg", 3),
+                cell(c, "device_ios_per_txn", 2)
             );
         }
         let ratios: Vec<String> = doc["comparisons"]
@@ -214,5 +216,57 @@ pub fn section(md: &mut String, plots: &mut Plots, doc: &Json, rs: &[Row<PointPa
                 let _ = writeln!(md, "\n![{alt}]({name})");
             }
         }
+    }
+}
+
+/// Per cell: what the storage under test did per committed transaction,
+/// beside what PostgreSQL asked of it, where the cluster had a device of
+/// its own (nothing otherwise: no exact count exists).
+fn io_per_transaction(md: &mut String, rs: &[Row<PointParams, Metrics>]) {
+    let rows: Vec<String> = rs
+        .iter()
+        .filter_map(|r| {
+            let i = &r.metrics.internals;
+            let n = i.commits.filter(|&n| n > 0)?;
+            let (reads, writes) = (i.device_reads?, i.device_writes?);
+            let p = |v: Option<u64>| v.map(|v| v as f64 / n as f64);
+            let kib_per_write = i
+                .device_write_bytes
+                .and_then(|b| per(b, writes))
+                .map(|b| b / 1024.0);
+            Some(format!(
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                r.cell_id,
+                r.class,
+                n,
+                num(p(Some(reads)), 2),
+                num(p(Some(writes)), 2),
+                num(kib_per_write, 1),
+                num(p(i.device_flushes), 2),
+                num(p(i.blocks_read), 2),
+                num(p(i.page_writes), 2),
+                num(p(i.wal_writes), 2),
+                num(p(i.wal_syncs), 2),
+            ))
+        })
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\n### I/O per transaction\n\n\
+         What each cluster's own block device completed per committed transaction over the measured window \
+         (requests after the block layer merged adjacent ones, as a cloud volume's IOPS count them), \
+         beside what PostgreSQL asked for: blocks read from outside shared buffers (pg_stat_database), pages written \
+         (pg_stat_io: backends, checkpointer, background writer), WAL writes and syncs. Device reads below \
+         PostgreSQL's were served by the page cache; device writes above its page and WAL writes are the \
+         filesystem's (its journal, after each sync). An IOPS cap divided by the device's reads and writes per \
+         transaction bounds the TPS.\n\n\
+         | cell | class | transactions | device reads | device writes | KiB per device write | device flushes | \
+         PostgreSQL page reads | page writes | WAL writes | WAL syncs |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for r in rows {
+        let _ = writeln!(md, "{r}");
     }
 }

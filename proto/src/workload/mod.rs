@@ -1128,6 +1128,44 @@ pub struct Internals {
     pub wal_bytes: Option<u64>,
     /// Wait events by share of sampled active backends, most frequent first.
     pub top_wait_events: Vec<WaitShare>,
+    /// Transactions the workload committed in the window
+    /// (pg_stat_database's, less the sampler's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commits: Option<u64>,
+    /// Relation pages PostgreSQL wrote out (pg_stat_io, 16+: backends,
+    /// checkpointer, background writer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_writes: Option<u64>,
+    /// WAL writes (pg_stat_wal; pg_stat_io from 18).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal_writes: Option<u64>,
+    /// What the cluster's own block device completed in the window (read
+    /// and write requests after the block layer's merging, their bytes,
+    /// cache flushes); None where the cluster has no device of its own
+    /// (then no exact count exists).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_reads: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_writes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_read_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_write_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_flushes: Option<u64>,
+}
+
+impl Internals {
+    /// The device's I/Os (reads and writes) per committed transaction.
+    pub fn device_ios_per_transaction(&self) -> Option<f64> {
+        let ios = self.device_reads? + self.device_writes?;
+        per(ios, self.commits?)
+    }
+}
+
+/// `n / of`, None when `of` is 0.
+pub fn per(n: u64, of: u64) -> Option<f64> {
+    (of > 0).then(|| n as f64 / of as f64)
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

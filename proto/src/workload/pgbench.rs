@@ -21,6 +21,7 @@ pub const COMPARED: &[&str] = &[
     "latency_ms_p99",
     "page_read_ms_avg",
     "wal_sync_ms_avg",
+    "device_ios_per_txn",
 ];
 /// Keys a scenario may sweep: a list of values is one point per value.
 pub const SWEPT: &[&str] = &[
@@ -206,6 +207,10 @@ pub struct Metrics {
     pub retries: u64,
     pub skipped: u64,
     pub late: u64,
+    /// The cluster's own device's reads and writes per committed
+    /// transaction over the sampled window; None without such a device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_ios_per_txn: Option<f64>,
     #[serde(flatten)]
     pub internals: Internals,
     #[serde(flatten)]
