@@ -101,6 +101,7 @@ pub fn evaluate(checks: &[Check], summaries: &[Json]) -> Vec<Json> {
             };
             let mut e = base.clone();
             e["entry"] = s["entry"].clone();
+            e["label"] = s["label"].clone();
             e["point"] = s["params"].clone();
             e["sweep"] = s["point"].clone();
             e["observed"] = finite(observed);
@@ -144,11 +145,13 @@ pub fn summary(evaluated: &[Json]) -> Json {
     })
 }
 
-/// A check's point in words: the parameters that tell points apart.
+/// A check's point in words: the parameters that tell points apart, then
+/// those that tell its workload entry from the kind's others.
 pub fn point_label(e: &Json) -> String {
     let Some(p) = e["point"].as_object() else {
         return String::new();
     };
+    let entry = e["label"].as_str().filter(|l| !l.is_empty());
     let keys = [
         "script", "size", "storage", "offset", "length", "mode", "clients",
     ];
@@ -161,6 +164,7 @@ pub fn point_label(e: &Json) -> String {
                 v.as_str().map(str::to_string).unwrap_or(v.to_string())
             )
         })
+        .chain(entry.map(str::to_string))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -350,5 +354,27 @@ mod tests {
         assert!(x.contains("tests=\"2\" failures=\"1\""), "{x}");
         assert_eq!(x.matches("<testcase ").count(), 2);
         assert!(x.contains("[script random-update]"), "{x}");
+    }
+
+    /// Two entries of one kind at the same point: each evaluation names
+    /// its entry by what sets it apart.
+    #[test]
+    fn a_checks_point_names_its_entry() {
+        let mut s = summaries();
+        let mut short = s[0].clone();
+        short["entry"] = json!(1);
+        short["params"]["duration_s"] = json!(6);
+        s[0]["params"]["duration_s"] = json!(60);
+        s.push(short);
+        crate::report::entries::label(&mut s);
+        let e = evaluate(&[check("tps", "gp3", Some("nvme"), None, Some(0.5))], &s);
+        let labels: Vec<String> = e.iter().map(point_label).collect();
+        assert_eq!(
+            labels,
+            [
+                "script random-update, duration_s 60",
+                "script random-update, duration_s 6"
+            ]
+        );
     }
 }
