@@ -452,9 +452,170 @@ pub fn unbound(classes: &Classes, results: &[Json]) -> Vec<String> {
     out
 }
 
+/// Page writes per transaction below this before some second of a window
+/// and at least `DIRTY_AFTER` from it on: shared_buffers filled with dirty
+/// pages then.
+const CLEAN_BEFORE: f64 = 0.2;
+const DIRTY_AFTER: f64 = 0.8;
+
+/// pgbench points whose shared_buffers filled with dirty pages inside the
+/// measured window: until then a read takes a free or clean buffer, after
+/// it each read first writes a dirty page out, so I/O per transaction
+/// about doubles and a capped class's TPS falls (BENCHMARKS.md, "I/O per
+/// transaction": gp3 165 TPS, then 75). Such a point's figures average two
+/// regimes. From the sampler's per-second `pg_stat` samples
+/// (`io.writes` per `database.xact_commit`, after the warm-up); one
+/// warning per class and point, counting its cells.
+pub fn dirty_fill(results: &[Json], pg_stat: &[(String, Json)]) -> Vec<String> {
+    let mut by_cell: BTreeMap<&str, Vec<&Json>> = BTreeMap::new();
+    for (cell, s) in pg_stat {
+        by_cell.entry(cell.as_str()).or_default().push(s);
+    }
+    // (class, point) -> (cells, cells that filled, an example).
+    let mut seen: BTreeMap<(&str, String), (usize, usize, Option<Fill>)> = BTreeMap::new();
+    for r in results.iter().filter(|r| r["workload"] == "pgbench") {
+        let (Some(cell), Some(class)) = (r["cell_id"].as_str(), r["instance_class"].as_str())
+        else {
+            continue;
+        };
+        let warmup = r["params"]["warmup_s"].as_f64().unwrap_or(0.0);
+        let window: Vec<&Json> = by_cell
+            .get(cell)
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(|s| s["t"].as_f64().is_some_and(|t| t > warmup + 0.5))
+            .collect();
+        let Some(fill) = filled(&window) else {
+            continue;
+        };
+        let e = seen.entry((class, r["params"].to_string())).or_default();
+        e.0 += 1;
+        if let Some(f) = fill {
+            e.1 += 1;
+            e.2.get_or_insert(Fill {
+                second: f.second - warmup,
+                ..f
+            });
+        }
+    }
+    let mut out = Vec::new();
+    for ((class, params), (cells, n, fill)) in seen {
+        let Some(f) = fill else { continue };
+        let p: Json = serde_json::from_str(&params).unwrap_or(Json::Null);
+        out.push(format!(
+            "warning: class `{class}` ({} at {} clients, {} s measured): shared_buffers filled with dirty pages during the measured window, \
+             in {n} of its {cells} cells (about second {:.0}): PostgreSQL wrote {:.2} pages out per transaction until then and {:.2} after, \
+             each read then first evicting a dirty page, so its figures average two regimes. Measure one: a window that ends before they fill \
+             (as the seeds' gp3 did, BENCHMARKS.md \"I/O per transaction\"), or a warm-up that runs past it",
+            p["script"].as_str().unwrap_or("pgbench"),
+            p["clients"],
+            p["duration_s"].as_f64().map_or("–".into(), |d| format!("{d:.0}")),
+            f.second,
+            f.before,
+            f.after,
+        ));
+    }
+    out
+}
+
+/// Where a window's page writes per transaction went from none to about
+/// one per read.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Fill {
+    /// Seconds from the sampler's start to the first sample at
+    /// `DIRTY_AFTER` or more.
+    second: f64,
+    before: f64,
+    after: f64,
+}
+
+/// None when the window is too short to tell (fewer than five samples or
+/// no page-write counter); Some(None) when it stayed in one regime: no
+/// sample at `DIRTY_AFTER`, or less than a tenth of the window on either
+/// side of the first that is.
+fn filled(window: &[&Json]) -> Option<Option<Fill>> {
+    if window.len() < 5 || window.iter().any(|s| s["io"]["writes"].as_f64().is_none()) {
+        return None;
+    }
+    let per = |s: &[&Json]| {
+        let sum = |g: &str, k: &str| s.iter().filter_map(|x| x[g][k].as_f64()).sum::<f64>();
+        sum("io", "writes") / sum("database", "xact_commit").max(1.0)
+    };
+    let Some(i) = window.iter().position(|s| per(&[*s]) >= DIRTY_AFTER) else {
+        return Some(None);
+    };
+    let (clean, dirty) = window.split_at(i);
+    let tenth = window.len().div_ceil(10);
+    let (before, after) = (per(clean), per(dirty));
+    if clean.len() < tenth || dirty.len() < tenth || before >= CLEAN_BEFORE || after < DIRTY_AFTER {
+        return Some(None);
+    }
+    Some(Some(Fill {
+        second: dirty[0]["t"].as_f64()?,
+        before,
+        after,
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// gp3's 70 s of BENCHMARKS.md's "I/O per transaction" (rounded):
+    /// clean for 10 s, then a page written per read. With the warm-up
+    /// ending at 10 s the window is one regime; without, two; a short
+    /// window stays clean; nvme, dirty from the start, is one.
+    #[test]
+    fn a_window_in_which_shared_buffers_fill_with_dirty_pages_is_warned_about() {
+        let samples = |cell: &str, clean_until: u32, secs: u32| -> Vec<(String, Json)> {
+            (1..=secs)
+                .map(|t| {
+                    let (commits, writes) = if t <= clean_until { (165.0, 0.0) } else { (75.0, 130.0) };
+                    (cell.to_string(), json!({"t": t as f64 + 0.01, "database": {"xact_commit": commits}, "io": {"writes": writes}}))
+                })
+                .collect()
+        };
+        let result = |cell: &str, class: &str, warmup: f64, duration: f64| {
+            json!({"cell_id": cell, "instance_class": class, "workload": "pgbench",
+                   "params": {"script": "random-update", "clients": 8, "warmup_s": warmup, "duration_s": duration}})
+        };
+        let mut pg_stat = samples("a1", 10, 70);
+        pg_stat.extend(samples("a2", 10, 70));
+        pg_stat.extend(samples("b", 10, 70));
+        pg_stat.extend(samples("c", 10, 6));
+        pg_stat.extend(samples("n", 0, 70));
+        let results = [
+            result("a1", "gp3", 0.0, 70.0),
+            result("a2", "gp3", 0.0, 70.0),
+            result("b", "gp3x", 10.0, 60.0),
+            result("c", "gp3y", 0.0, 6.0),
+            result("n", "nvme", 0.0, 70.0),
+        ];
+        let w = dirty_fill(&results, &pg_stat);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("class `gp3` (random-update at 8 clients, 70 s measured)"),
+            "{w:?}"
+        );
+        assert!(
+            w[0].contains("in 2 of its 2 cells (about second 11)"),
+            "{w:?}"
+        );
+        assert!(
+            w[0].contains("0.00 pages out per transaction until then and 1.73 after"),
+            "{w:?}"
+        );
+        // A server without the counter, or too few samples: nothing said.
+        let none: Vec<(String, Json)> = samples("a1", 10, 70)
+            .into_iter()
+            .map(|(c, mut s)| {
+                s["io"] = json!({});
+                (c, s)
+            })
+            .collect();
+        assert!(dirty_fill(&results[..1], &none).is_empty());
+    }
 
     /// Run C of BENCHMARKS.md's "Both sides emulated" (rounded): gp3 read
     /// at its cap, nvme at a few % of its own.

@@ -179,6 +179,12 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
     warnings.extend(guards::delivered(&classes));
     warnings.extend(guards::unbound(&classes, &results));
     warnings.extend(guards::datasets(&cells));
+    if results.iter().any(|r| r["workload"] == "pgbench") {
+        warnings.extend(guards::dirty_fill(
+            &results,
+            &store.samples(run_id, "pg_stat")?,
+        ));
+    }
     let mut timeseries = serde_json::Map::new();
     for (cell, data) in store.samples(run_id, "second")? {
         let e = timeseries.entry(cell).or_insert_with(|| json!([]));
