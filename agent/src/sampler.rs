@@ -229,8 +229,9 @@ impl Sampler {
     /// Starts sampling `server`; `device` is the stat file of the block
     /// device the cluster has to itself (`Cluster::device_stat_file`),
     /// whose counters join each sample. Samples stream from now on; the
-    /// window `finish` sums (totals, wait events) starts at the first tick
-    /// `warmup` after now, where a driver's warm-up ends and it measures.
+    /// window `finish` sums (totals, wait events) starts `warmup` after now
+    /// (a snapshot of its own), where a driver's warm-up ends and it
+    /// measures.
     pub async fn start(
         server: &Server,
         device: Option<PathBuf>,

@@ -26,23 +26,26 @@ fn werr(message: String) -> Error {
     }
 }
 
-/// Runs a driver script against `server` (the schema loaded at `scale`),
-/// sampling its statistics over the measured window. Shared by every kind
-/// that drives a script; the cell's `cancel` stops it.
+/// Runs a driver script against `server`, the cell's own cluster (the
+/// schema loaded at `scale`), sampling its statistics and its device's
+/// over the measured window. Shared by every kind that drives a script;
+/// the cell's `cancel` stops it.
 pub async fn drive(
     ctx: &CellContext<'_>,
     server: &Server,
     d: &DriveParams,
     scale: u64,
 ) -> Result<(DriverResult, Internals)> {
-    drive_until(ctx, server, d, scale, None).await
+    drive_until(ctx, server, ctx.cluster.device_stat_file(), d, scale, None).await
 }
 
-/// `drive`, ended early when `stop` fires (the built-in driver then returns
-/// what it measured until then).
+/// `drive` against any server (a peer's has no `device` here: its
+/// device's I/Os are not the cell's cluster's), ended early when `stop`
+/// fires (the built-in driver then returns what it measured until then).
 pub async fn drive_until(
     ctx: &CellContext<'_>,
     server: &Server,
+    device: Option<std::path::PathBuf>,
     d: &DriveParams,
     scale: u64,
     stop: Option<&tokio_util::sync::CancellationToken>,
@@ -118,7 +121,7 @@ pub async fn drive_until(
 
     let sampler = Sampler::start(
         server,
-        ctx.cluster.device_stat_file(),
+        device,
         Duration::from_secs(1),
         cfg.warmup,
         ctx.events.clone(),

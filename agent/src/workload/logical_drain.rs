@@ -175,7 +175,7 @@ async fn measure(
         driver: "pgfleet".into(),
         allow_shell: false,
     };
-    let builder = drive_until(ctx, publisher, &drive, p.init.scale, Some(&stop));
+    let builder = drive_until(ctx, publisher, None, &drive, p.init.scale, Some(&stop));
     tokio::pin!(builder);
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     let driven = loop {

@@ -259,10 +259,11 @@ fn io_per_transaction(md: &mut String, rs: &[Row<PointParams, Metrics>]) {
          What each cluster's own block device completed per committed transaction over the measured window \
          (requests after the block layer merged adjacent ones, as a cloud volume's IOPS count them), \
          beside what PostgreSQL asked for: blocks read from outside shared buffers (pg_stat_database), pages written \
-         (pg_stat_io: backends, checkpointer, background writer), WAL writes and syncs. Device reads below \
-         PostgreSQL's were served by the page cache; device writes above its page and WAL writes are the \
-         filesystem's (its journal, after each sync). An IOPS cap divided by the device's reads and writes per \
-         transaction bounds the TPS.\n\n\
+         (backends, checkpointer, background writer: pg_stat_io, pg_stat_bgwriter before 16), WAL writes and syncs. \
+         Device reads below PostgreSQL's were served by the page cache; device writes above its page and WAL writes \
+         are the filesystem's (its journal, after each sync). An IOPS cap divided by the device's reads and writes per \
+         transaction bounds the TPS (an emulated cap counts I/Os before the block layer merges them, so it binds \
+         somewhat lower when writes merge).\n\n\
          | cell | class | transactions | device reads | device writes | KiB per device write | device flushes | \
          PostgreSQL page reads | page writes | WAL writes | WAL syncs |\n|---|---|---|---|---|---|---|---|---|---|---|"
     );
