@@ -422,9 +422,10 @@ async fn the_sampled_window_is_the_measured_one() {
         m["transactions"].as_f64().unwrap(),
         m["commits"].as_f64().unwrap(),
     );
-    // With the warm-up counted it would be ~1.75.
+    // With the warm-up counted it would be ~1.75; each end may be off by
+    // up to a second of commits (of 4).
     assert!(
-        (0.8..1.35).contains(&(commits / n)),
+        (0.7..1.4).contains(&(commits / n)),
         "{commits} commits sampled for {n} measured transactions: {m}"
     );
     cl.teardown().await.unwrap();
@@ -498,8 +499,10 @@ async fn a_low_iops_cap_clearly_lowers_tps() {
             let m = limited.points[0].metrics();
             let f = |k: &str| m[k].as_f64().unwrap_or_else(|| panic!("no {k} in {m}"));
             let (n, commits) = (f("transactions"), f("commits"));
+            // (A backend flushes its counts at most once a second: the
+            // last second's may come after the final snapshot.)
             assert!(
-                (0.7 * n..=1.3 * n).contains(&commits),
+                (0.5 * n..=1.3 * n).contains(&commits),
                 "{commits} commits for the driver's {n} transactions: {m}"
             );
             // Every WAL sync waits for at least one write of its own.
