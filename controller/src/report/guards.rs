@@ -471,8 +471,9 @@ pub fn dirty_fill(results: &[Json], pg_stat: &[(String, Json)]) -> Vec<String> {
     for (cell, s) in pg_stat {
         by_cell.entry(cell.as_str()).or_default().push(s);
     }
-    // (class, point) -> (cells, cells that filled, an example).
-    let mut seen: BTreeMap<(&str, String), (usize, usize, Option<Fill>)> = BTreeMap::new();
+    // (class, point) -> (its parameters, cells, cells that filled, an example).
+    type Seen<'a> = (&'a Json, usize, usize, Option<Fill>);
+    let mut seen: BTreeMap<(&str, String), Seen> = BTreeMap::new();
     for r in results.iter().filter(|r| r["workload"] == "pgbench") {
         let (Some(cell), Some(class)) = (r["cell_id"].as_str(), r["instance_class"].as_str())
         else {
@@ -489,20 +490,21 @@ pub fn dirty_fill(results: &[Json], pg_stat: &[(String, Json)]) -> Vec<String> {
         let Some(fill) = filled(&window) else {
             continue;
         };
-        let e = seen.entry((class, r["params"].to_string())).or_default();
-        e.0 += 1;
+        let e = seen
+            .entry((class, r["params"].to_string()))
+            .or_insert((&r["params"], 0, 0, None));
+        e.1 += 1;
         if let Some(f) = fill {
-            e.1 += 1;
-            e.2.get_or_insert(Fill {
+            e.2 += 1;
+            e.3.get_or_insert(Fill {
                 second: f.second - warmup,
                 ..f
             });
         }
     }
     let mut out = Vec::new();
-    for ((class, params), (cells, n, fill)) in seen {
+    for ((class, _), (p, cells, n, fill)) in seen {
         let Some(f) = fill else { continue };
-        let p: Json = serde_json::from_str(&params).unwrap_or(Json::Null);
         out.push(format!(
             "warning: class `{class}` ({} at {} clients, {} s measured): shared_buffers filled with dirty pages during the measured window, \
              in {n} of its {cells} cells (about second {:.0}): PostgreSQL wrote {:.2} pages out per transaction until then and {:.2} after, \
