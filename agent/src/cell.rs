@@ -170,7 +170,6 @@ async fn run_inner(
     })?;
     let pg = env.pg.clone().map_err(Error::PgBin)?;
     let run_as = env.run_as.clone().map_err(Error::Provision)?;
-    check_disk(&env.clusters_dir(), &params)?;
     let spec = ClusterSpec {
         pg,
         clusters_dir: env.clusters_dir(),
@@ -251,6 +250,16 @@ async fn run_inner(
             }));
             return Ok(Output::default());
         }
+    }
+    // A cell whose dataset waits on a volume of its own needs no room in
+    // the data root (its cluster goes there).
+    let on_cell_volume = wanted.as_ref().is_some_and(|w| {
+        env.snapshot
+            .as_deref()
+            .is_some_and(|s| !Cluster::own_volume(&spec) && s.has_volume(&w.fingerprint))
+    });
+    if !on_cell_volume {
+        check_disk(&env.clusters_dir(), &params)?;
     }
     let mut prov = declared.as_ref().map(|d| crate::dataset::Provenance {
         label: d.label.clone(),
@@ -554,6 +563,22 @@ async fn provision_with_dataset(
                 return Ok((Cluster::provision(spec).await?, Source::Build(lock)));
             }
             Ticket::Restore(m, lock) => {
+                // A volume of the snapshot for this cell alone: no copy.
+                // (Not where the cluster gets a device of its own: that is
+                // another filesystem.)
+                if let Some(snap) = env.snapshot.as_deref()
+                    && !Cluster::own_volume(spec)
+                    && let Some(v) = snap.take_volume(fp)
+                {
+                    drop(lock);
+                    match in_place(snap, v, spec, prov, events, cell, cancel).await {
+                        Err(Error::DatasetCorrupt { detail, .. }) => {
+                            tracing::warn!(dataset = %fp, %detail, "a cell volume's dataset does not match its manifest; restoring by copy instead");
+                            continue;
+                        }
+                        r => return r,
+                    }
+                }
                 if let Some(snap) = env.snapshot.as_deref() {
                     prov.hydration = snap
                         .before_restore(
@@ -628,6 +653,72 @@ async fn provision_with_dataset(
             }
         }
     }
+}
+
+/// Provisions the cell's cluster on a volume made from the dataset snapshot
+/// for this cell alone (`hydrate::Snapshot::take_volume`): its blocks are
+/// read first (hydration, `storage.hydrate`), then the dataset's PGDATA
+/// becomes the cluster's by a rename (`dataset::adopt`): nothing is copied.
+/// The volume's store no longer holds the dataset afterwards.
+async fn in_place(
+    snap: &crate::hydrate::Snapshot,
+    v: crate::hydrate::CellVolume,
+    spec: &ClusterSpec,
+    prov: &mut crate::dataset::Provenance,
+    events: &mpsc::Sender<AgentMessage>,
+    cell: &str,
+    cancel: &CancellationToken,
+) -> Result<(Cluster, Source)> {
+    let m = &v.manifest;
+    let fp = &m.fingerprint;
+    prov.hydration = Some(
+        snap.hydrate_volume(
+            &v,
+            cell,
+            |done, total| {
+                let message = format!(
+                    "hydrating dataset {fp} on this cell's volume (from snapshot {})",
+                    snap.name
+                );
+                let _ = events.try_send(transfer(cell, "hydrate", done, total, message));
+            },
+            cancel,
+        )
+        .await?,
+    );
+    let _ = events.try_send(progress(
+        cell,
+        "dataset",
+        &format!("using dataset {fp} in place on {}", v.root.display()),
+    ));
+    let spec = ClusterSpec {
+        clusters_dir: v.root.join("clusters"),
+        ..spec.clone()
+    };
+    let (src, owner) = (v.store().path(fp).join("data"), spec.run_as.clone());
+    let mut seconds = 0.0;
+    let cluster = Cluster::provision_restored(&spec, &m.superuser_password, |data| {
+        let (src, owner, seconds) = (&src, owner.as_ref(), &mut seconds);
+        async move {
+            let started = std::time::Instant::now();
+            crate::dataset::adopt(m, src, &data, owner).await?;
+            *seconds = started.elapsed().as_secs_f64();
+            Ok(())
+        }
+    })
+    .await?;
+    if let Err(e) = v.store().discard(fp) {
+        tracing::warn!(dataset = %fp, "removing the adopted dataset's manifest from {}: {e}", v.root.display());
+    }
+    prov.how = "restored";
+    prov.method = "in-place";
+    prov.store = v.store().dir.display().to_string();
+    prov.bytes = m.bytes;
+    prov.restore_seconds = seconds;
+    prov.load_seconds = m.build_seconds;
+    prov.built_by = format!("{} on {}", m.built_by, m.host);
+    prov.built_at = m.created_at;
+    Ok((cluster, Source::Restored(m.load.clone())))
 }
 
 /// Uploads the dataset just published locally to the remote store, before

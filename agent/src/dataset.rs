@@ -268,6 +268,58 @@ pub async fn restore(
     Ok(copied)
 }
 
+/// Takes a published dataset's PGDATA as the cell's own, without a copy:
+/// the dataset sits on a volume the cell has to itself (a volume made from
+/// a dataset snapshot for this cell, `hydrate::Snapshot::take_volume`), so
+/// `data` (on the same filesystem) becomes its files by one rename. Each
+/// file's size is checked against the manifest (its SHA-256 would take a
+/// second read of every byte: the snapshot is a block copy of a store
+/// whose restore checked them, as a reflink's shared extents are); a
+/// mismatch is `Error::DatasetCorrupt` and nothing is moved.
+pub async fn adopt(m: &Manifest, src: &Path, data: &Path, owner: Option<&RunAs>) -> Result<()> {
+    let (m, src, data) = (m.clone(), src.to_path_buf(), data.to_path_buf());
+    let owner = owner.map(|u| (u.uid, u.gid));
+    let fp = m.fingerprint.clone();
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        for f in &m.files {
+            let found = std::fs::metadata(src.join(&f.path)).map(|md| md.len());
+            if found.as_ref().ok() != Some(&f.bytes) {
+                return Err(Error::DatasetCorrupt {
+                    fingerprint: m.fingerprint.clone(),
+                    detail: format!(
+                        "{}: {} where the manifest says {} bytes",
+                        f.path,
+                        found.map_or_else(|e| e.to_string(), |n| format!("{n} bytes")),
+                        f.bytes
+                    ),
+                });
+            }
+        }
+        let io = |what: String, e| Error::io(what, e);
+        std::fs::rename(&src, &data)
+            .map_err(|e| io(format!("moving {} to {}", src.display(), data.display()), e))?;
+        for name in SKIPPED {
+            let _ = std::fs::remove_file(data.join(name));
+        }
+        if let Some((uid, gid)) = owner {
+            let chown = |p: &Path| {
+                std::os::unix::fs::lchown(p, Some(uid), Some(gid))
+                    .map_err(|e| io(format!("chown {}", p.display()), e))
+            };
+            chown(&data)?;
+            let (dirs, files) =
+                list_tree(&data).map_err(|e| io(format!("listing {}", data.display()), e))?;
+            for rel in dirs.iter().chain(files.iter().map(|f| &f.path)) {
+                chown(&data.join(rel))?;
+            }
+        }
+        std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| io(format!("chmod {}", data.display()), e))
+    })
+    .await
+    .map_err(|e| Error::io(format!("adopting dataset {fp}"), std::io::Error::other(e)))?
+}
+
 /// What a build publishes besides the files.
 pub struct Build<'a> {
     pub wanted: &'a Wanted,

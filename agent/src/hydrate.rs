@@ -80,22 +80,96 @@ pub struct Snapshot {
     pub mode: Mode,
     /// fingerprint -> (the copy's `created_at`, its hydration once read).
     found: tokio::sync::Mutex<BTreeMap<String, (u64, Option<Hydration>)>>,
+    /// Volumes made from the same snapshot for one cell each
+    /// (`--cell-volume`), not taken yet: the datasets each holds.
+    volumes: std::sync::Mutex<Vec<(PathBuf, Vec<String>)>>,
+}
+
+/// A volume of the snapshot a cell took for itself: its dataset is used
+/// in place (`dataset::adopt`), no copy.
+#[derive(Debug, Clone)]
+pub struct CellVolume {
+    /// Its mount point: its store is `datasets/` below it, and the cell's
+    /// cluster goes in `clusters/`.
+    pub root: PathBuf,
+    /// The dataset's manifest, as that volume's store has it.
+    pub manifest: Manifest,
+}
+
+impl CellVolume {
+    pub fn store(&self) -> LocalStore {
+        LocalStore::new(self.root.join("datasets"))
+    }
 }
 
 impl Snapshot {
-    /// The datasets `store` holds now came with the snapshot `name`.
-    pub fn at_start(name: &str, mode: Mode, store: &LocalStore) -> Snapshot {
-        let found = store
-            .list()
-            .unwrap_or_default()
-            .into_iter()
+    /// The datasets `store` holds now came with the snapshot `name`, and
+    /// so did those of `volumes`, each for one cell.
+    pub fn at_start(name: &str, mode: Mode, store: &LocalStore, volumes: &[PathBuf]) -> Snapshot {
+        let fingerprints = |s: &LocalStore| s.list().unwrap_or_default().into_iter();
+        let found = fingerprints(store)
             .map(|m| (m.fingerprint, (m.created_at, None)))
+            .collect();
+        let volumes = volumes
+            .iter()
+            .map(|root| {
+                let held = fingerprints(&LocalStore::new(root.join("datasets")));
+                (root.clone(), held.map(|m| m.fingerprint).collect())
+            })
             .collect();
         Snapshot {
             name: name.to_string(),
             mode,
             found: tokio::sync::Mutex::new(found),
+            volumes: std::sync::Mutex::new(volumes),
         }
+    }
+
+    /// Whether a volume for one cell holding dataset `fp` is left.
+    pub fn has_volume(&self, fp: &str) -> bool {
+        let volumes = self.volumes.lock().unwrap_or_else(|e| e.into_inner());
+        volumes.iter().any(|(_, held)| held.iter().any(|h| h == fp))
+    }
+
+    /// Takes a volume for one cell holding dataset `fp`, if one is left:
+    /// no other cell gets it.
+    pub fn take_volume(&self, fp: &str) -> Option<CellVolume> {
+        let mut volumes = self.volumes.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let i = volumes
+                .iter()
+                .position(|(_, held)| held.iter().any(|h| h == fp))?;
+            let (root, _) = volumes.remove(i);
+            // Unreadable since the start: that volume is of no use.
+            if let Ok(Some(manifest)) = LocalStore::new(root.join("datasets")).find(fp) {
+                return Some(CellVolume { root, manifest });
+            }
+        }
+    }
+
+    /// The hydration of a cell volume's dataset, before the cell adopts
+    /// it: read in full (`read-all`), or left lazy (`none`).
+    pub async fn hydrate_volume(
+        &self,
+        v: &CellVolume,
+        cell_id: &str,
+        progress: impl FnMut(u64, u64),
+        cancel: &CancellationToken,
+    ) -> Result<Hydration> {
+        let mut h = Hydration {
+            snapshot: self.name.clone(),
+            mode: self.mode.as_str(),
+            ..Default::default()
+        };
+        if self.mode == Mode::None {
+            return Ok(h);
+        }
+        let dir = v.store().path(&v.manifest.fingerprint).join("data");
+        h.read(
+            read_all(&dir, &v.manifest.files, progress, cancel).await?,
+            cell_id,
+        );
+        Ok(h)
     }
 
     /// Before cell `cell_id` restores `m` from the store: reads it in full
@@ -136,14 +210,21 @@ impl Snapshot {
             cancel,
         )
         .await?;
-        h.hydrated = true;
-        h.by_cell = cell_id.to_string();
-        h.ttfb_ms = read.ttfb_s * 1e3;
-        h.seconds = read.seconds;
-        h.bytes = read.bytes;
-        h.mb_per_s = read.bytes as f64 / 1e6 / read.seconds.max(1e-9);
+        h.read(read, cell_id);
         *done = Some(h.clone());
         Ok(Some(h))
+    }
+}
+
+impl Hydration {
+    /// Cell `cell_id` read every block (`read`).
+    fn read(&mut self, read: Read, cell_id: &str) {
+        self.hydrated = true;
+        self.by_cell = cell_id.to_string();
+        self.ttfb_ms = read.ttfb_s * 1e3;
+        self.seconds = read.seconds;
+        self.bytes = read.bytes;
+        self.mb_per_s = read.bytes as f64 / 1e6 / read.seconds.max(1e-9);
     }
 }
 

@@ -142,6 +142,20 @@ struct RunArgs {
     #[arg(long, env = "PGFLEET_HYDRATE", default_value = "read-all",
           value_parser = clap::builder::PossibleValuesParser::new(pgfleet_agent::hydrate::Mode::NAMES))]
     hydrate: String,
+    /// With --volume-snapshot: the mount point of a volume made from the
+    /// same snapshot for one cell alone (repeatable; comma-separated in
+    /// PGFLEET_CELL_VOLUMES; the Kubernetes source mounts them). A cell
+    /// restoring a dataset such a volume holds takes the volume: its
+    /// blocks are hydrated, then the dataset's files become the cell's
+    /// cluster in place (a rename, no copy). Cells past the volumes restore
+    /// by copy from the data root's store.
+    #[arg(
+        long = "cell-volume",
+        env = "PGFLEET_CELL_VOLUMES",
+        value_delimiter = ',',
+        requires = "volume_snapshot"
+    )]
+    cell_volumes: Vec<PathBuf>,
     /// Directory with initdb and postgres. Default: `pg_config --bindir`,
     /// then the newest /usr/lib/postgresql/*/bin.
     #[arg(long, env = "PGFLEET_PG_BIN")]
@@ -261,10 +275,12 @@ async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     let snapshot = args.volume_snapshot.as_deref().map(|name| {
         let mode = pgfleet_agent::hydrate::Mode::parse(&args.hydrate)
             .unwrap_or(pgfleet_agent::hydrate::Mode::ReadAll);
-        let s = pgfleet_agent::hydrate::Snapshot::at_start(name, mode, &datasets);
+        let s =
+            pgfleet_agent::hydrate::Snapshot::at_start(name, mode, &datasets, &args.cell_volumes);
         tracing::info!(
             snapshot = name,
             hydrate = mode.as_str(),
+            cell_volumes = args.cell_volumes.len(),
             "the data root's volume came from a snapshot"
         );
         Arc::new(s)

@@ -477,6 +477,7 @@ async fn a_volume_snapshots_datasets_are_hydrated_once_before_their_first_restor
             "pgfleet-ds-nvme-1",
             mode,
             &ls,
+            &[],
         )))
     };
     let from_snapshot = AgentEnv {
@@ -524,6 +525,108 @@ async fn a_volume_snapshots_datasets_are_hydrated_once_before_their_first_restor
     assert_eq!(prov_f["hydration"]["mode"], "none", "{prov_f}");
     assert_eq!(prov_f["hydration"]["hydrated"], false);
     assert_eq!(prov_f["hydration"]["bytes"], 0);
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// Volumes made from the snapshot for one cell each (`--cell-volume`, the
+/// Kubernetes source mounts them): a cell takes one and its dataset
+/// becomes the cell's cluster in place after its blocks are read, no copy,
+/// and it measures as a built cell; a volume whose dataset does not match
+/// its manifest is left for a copy from the data root's store, as is every
+/// cell past the volumes. Here a volume is a directory holding a copy of
+/// the store, as a volume made from its snapshot would (no CSI driver).
+#[tokio::test]
+async fn a_cell_volume_from_the_snapshot_is_used_in_place_without_a_copy() {
+    use pgfleet_agent::hydrate::{Mode, Snapshot};
+    let root = scratch("ds-cell-volume");
+    let store = root.join("store");
+    let ls = LocalStore::new(&store);
+    let (prov_a, m_a) = succeeded(&run_cell(&env(&root, &store), "a", VACUUM, "reuse").await);
+    assert_eq!(prov_a["how"], "built");
+    let fp = prov_a["fingerprint"].as_str().unwrap().to_string();
+    let published = ls.find(&fp).unwrap().unwrap();
+    let volumes: Vec<PathBuf> = ["vol-1", "vol-2"].iter().map(|v| root.join(v)).collect();
+    for v in &volumes {
+        std::fs::create_dir_all(v.join("datasets")).unwrap();
+        let ok = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(store.join(&fp))
+            .arg(v.join("datasets"))
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+    // The second volume's copy lost a file's tail.
+    let biggest = published.files.iter().max_by_key(|f| f.bytes).unwrap();
+    let torn = volumes[1]
+        .join("datasets")
+        .join(&fp)
+        .join("data")
+        .join(&biggest.path);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&torn)
+        .unwrap()
+        .set_len(biggest.bytes / 2)
+        .unwrap();
+    let on_volumes = AgentEnv {
+        snapshot: Some(std::sync::Arc::new(Snapshot::at_start(
+            "pgfleet-ds-gp3-1",
+            Mode::ReadAll,
+            &ls,
+            &volumes,
+        ))),
+        ..env(&root, &store)
+    };
+
+    let (prov_b, m_b) = succeeded(&run_cell(&on_volumes, "b", VACUUM, "reuse").await);
+    assert_eq!(prov_b["how"], "restored", "{prov_b}");
+    assert_eq!(prov_b["method"], "in-place", "{prov_b}");
+    let vol_store = volumes[0].join("datasets");
+    assert_eq!(prov_b["store"], vol_store.display().to_string().as_str());
+    let h = &prov_b["hydration"];
+    assert_eq!(h["hydrated"], true, "{prov_b}");
+    assert_eq!(h["by_cell"], "b");
+    assert_eq!(
+        h["bytes"].as_u64(),
+        Some(published.bytes),
+        "every byte, once"
+    );
+    assert_eq!(prov_b["cache"], "rewarmed");
+    assert_eq!(
+        prov_a["rewarm_bytes"], prov_b["rewarm_bytes"],
+        "the same relations read back"
+    );
+    assert_eq!(data_figures(&m_a), data_figures(&m_b), "the same data");
+    // Used up: the volume's store no longer lists it and the cluster that
+    // had its files was removed with the cell; the data root's store is
+    // untouched.
+    assert!(LocalStore::new(&vol_store).list().unwrap().is_empty());
+    assert!(
+        std::fs::read_dir(volumes[0].join("clusters"))
+            .unwrap()
+            .next()
+            .is_none(),
+        "the cell's cluster was removed"
+    );
+    assert_eq!(
+        ls.find(&fp).unwrap().unwrap().created_at,
+        published.created_at
+    );
+
+    // The torn volume: refused before anything moved, restored by copy.
+    let (prov_c, m_c) = succeeded(&run_cell(&on_volumes, "c", VACUUM, "reuse").await);
+    assert_eq!(prov_c["method"], "copy", "{prov_c}");
+    assert_eq!(prov_c["store"], store.display().to_string().as_str());
+    assert_eq!(data_figures(&m_a), data_figures(&m_c));
+    assert!(torn.exists(), "nothing was moved off the torn volume");
+    // The data root's copy came with the snapshot too: hydrated first.
+    assert_eq!(prov_c["hydration"]["by_cell"], "c", "{prov_c}");
+
+    // No volume left: a copy, the data root's copy already read.
+    let (prov_d, _) = succeeded(&run_cell(&on_volumes, "d", VACUUM, "reuse").await);
+    assert_eq!(prov_d["method"], "copy", "{prov_d}");
+    assert_eq!(prov_d["hydration"]["by_cell"], "c", "{prov_d}");
     std::fs::remove_dir_all(&root).unwrap();
 }
 

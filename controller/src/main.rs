@@ -371,6 +371,25 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
                     if let Some(line) = applied.describe(cells.len()) {
                         eprintln!("{line}");
                     }
+                    // A later run, whose volumes start from the snapshots
+                    // this one leaves.
+                    let assumed = kubernetes::assumed_snapshots(&sc, &opts);
+                    if !assumed.is_empty() {
+                        let mut later = scenario::plan::plan_for(
+                            &sc,
+                            &kubernetes::holdings(&sc, &opts, &assumed),
+                        );
+                        learned.apply(&mut later);
+                        let t = scenario::plan::estimate(&sc, &later);
+                        let classes: Vec<&str> =
+                            assumed.iter().map(|s| s.storage_class.as_str()).collect();
+                        eprintln!(
+                            "a later run, its {} volumes made from the dataset snapshots this one leaves (each restoring cell on a volume of its own): {} of cells, about {} on this fleet",
+                            classes.join(", "),
+                            pgfleet_proto::workload::approx_seconds(t.cell_seconds),
+                            pgfleet_proto::workload::approx_seconds(t.wall_seconds)
+                        );
+                    }
                 }
                 #[cfg(not(feature = "server"))]
                 {

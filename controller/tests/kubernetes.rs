@@ -2121,9 +2121,9 @@ async fn a_submitted_runs_plan_restores_what_its_volumes_snapshot_holds() {
         empty
             .iter()
             .find(|c| c.instance_class == class)
-            .and_then(|c| c.share.clone())
-            .expect("pgbench shares a dataset")
-            .key
+            .and_then(|c| c.params.dataset())
+            .expect("pgbench has a dataset")
+            .plan_key()
     };
     let held = Held {
         fingerprint: "pgbench-s1-0123456789abcdef".into(),
@@ -2152,6 +2152,11 @@ async fn a_submitted_runs_plan_restores_what_its_volumes_snapshot_holds() {
             BTreeMap::from([(held.plan_key.clone(), held.bytes)])
         )])
     );
+    // gp3's one agent restores one cell of it: one volume of its own.
+    assert_eq!(
+        holdings.cell_volumes,
+        BTreeMap::from([("gp3".to_string(), 1)])
+    );
     let controller = Controller::build(&ControllerConfig {
         service: service_config(&s, true),
         agents: Agents::KubernetesClient(opts.clone(), client),
@@ -2174,7 +2179,6 @@ async fn a_submitted_runs_plan_restores_what_its_volumes_snapshot_holds() {
     for c in &stored {
         let with = planned.iter().find(|p| p.cell_id == c.cell_id).unwrap();
         let without = empty.iter().find(|p| p.cell_id == c.cell_id).unwrap();
-        let share = with.share.as_ref().unwrap();
         assert_eq!(
             c.estimate_seconds,
             Some(with.estimate().seconds),
@@ -2182,11 +2186,17 @@ async fn a_submitted_runs_plan_restores_what_its_volumes_snapshot_holds() {
             c.cell_id
         );
         if c.instance_class == "gp3" {
-            assert_eq!((with.how(), share.hydrates), ("restored", true));
+            let share = with.share.as_ref().unwrap();
+            assert_eq!(
+                (with.how(), share.hydrates, share.in_place),
+                ("restored", true, true)
+            );
             assert_ne!(with.estimate(), without.estimate());
         } else {
+            // nvme's volumes are not kept as snapshots and its one agent
+            // has no second cell: a build would publish for nobody.
             assert_eq!(with, without, "{}", c.cell_id);
-            assert_eq!(with.how(), "built");
+            assert_eq!(with.how(), "loaded");
         }
     }
     assert!(stored.iter().any(|c| c.instance_class == "gp3"));
@@ -2738,6 +2748,48 @@ async fn snapshot_flow() -> Vec<Recorded> {
             .contains(&json!({"name": "PGFLEET_VOLUME_SNAPSHOT", "value": snap})),
         "{env}"
     );
+    // Its one cell of that dataset gets a volume of the snapshot to
+    // itself, which the agent uses in place (no copy): made with the data
+    // volume, owned by the run, mounted and named to the agent.
+    let cell = fake
+        .object("persistentvolumeclaims", &format!("{}-cell-0", gp3(run2)))
+        .unwrap();
+    assert_eq!(cell["spec"]["dataSource"], pvc["spec"]["dataSource"]);
+    assert_eq!(cell["spec"]["resources"]["requests"]["storage"], "120Gi");
+    assert_eq!(cell["spec"]["storageClassName"], "gp3");
+    assert_eq!(
+        cell["metadata"]["labels"]["app.kubernetes.io/component"],
+        "agent-cell-data"
+    );
+    let owner_uid = &pvc["metadata"]["ownerReferences"][0]["uid"];
+    assert!(owner_uid.as_str().is_some_and(|u| !u.is_empty()), "{pvc}");
+    assert_eq!(&cell["metadata"]["ownerReferences"][0]["uid"], owner_uid);
+    assert!(
+        fake.object("persistentvolumeclaims", &format!("{}-cell-1", gp3(run2)))
+            .is_none(),
+        "one volume per cell the agent restores"
+    );
+    let claim = format!("{}-cell-0", gp3(run2));
+    assert!(
+        pod["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "cell-0", "persistentVolumeClaim": {"claimName": claim}})),
+        "{pod}"
+    );
+    assert!(
+        pod["spec"]["containers"][0]["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "cell-0", "mountPath": "/cells/0"})),
+        "{pod}"
+    );
+    assert!(
+        env.as_array()
+            .unwrap()
+            .contains(&json!({"name": "PGFLEET_CELL_VOLUMES", "value": "/cells/0"})),
+        "{env}"
+    );
     let nvme = fake
         .object(
             "persistentvolumeclaims",
@@ -2745,6 +2797,13 @@ async fn snapshot_flow() -> Vec<Recorded> {
         )
         .unwrap();
     assert!(nvme["spec"]["dataSource"].is_null());
+    assert!(
+        fake.object(
+            "persistentvolumeclaims",
+            &format!("pgfleet-{run2}-nvme-0-cell-0")
+        )
+        .is_none()
+    );
 
     // serve restarts mid-run: the run is attached again, and knows what
     // its volumes came with from their annotation. It gained another

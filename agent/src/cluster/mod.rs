@@ -309,6 +309,14 @@ impl Cluster {
         Ok(cluster)
     }
 
+    /// Whether a cluster of `spec` gets a block device of its own (a loop
+    /// device and filesystem under its directory): where its device bytes
+    /// must be exact, and where capped storage must cap every writer (on
+    /// cgroup v1 a blkio cgroup does not see buffered writeback).
+    pub fn own_volume(spec: &ClusterSpec) -> bool {
+        (spec.account_io || (spec.caps.is_capped() && throttle::v1())) && volume::available()
+    }
+
     /// The cluster's directory, empty, owned by its OS user; no server yet.
     /// From here on, Drop removes the directory on any error.
     fn prepare(spec: &ClusterSpec) -> Result<Cluster> {
@@ -356,7 +364,7 @@ impl Cluster {
         // capped storage must cap everything written to it: on cgroup v1 a
         // blkio cgroup does not see buffered writeback (loads,
         // checkpoints), the volume's device-wide caps do (`boot`).
-        if (spec.account_io || (spec.caps.is_capped() && throttle::v1())) && volume::available() {
+        if Cluster::own_volume(spec) {
             // Sparse: it takes the disk the data takes, up to what is free.
             let size = (crate::host::free_bytes(&cluster.dir).unwrap_or(0) / 10 * 9).max(1 << 30);
             let owner = spec.run_as.as_ref().map(|u| (u.uid, u.gid));

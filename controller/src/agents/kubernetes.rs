@@ -127,6 +127,8 @@ impl Default for KubeOptions {
 pub struct AgentObjects {
     pub launched: Launched,
     pub pvc: PersistentVolumeClaim,
+    /// Volumes made from a dataset snapshot for one cell each (`from_snapshots`).
+    pub cell_pvcs: Vec<PersistentVolumeClaim>,
     pub pod: Pod,
 }
 
@@ -548,6 +550,7 @@ fn agent_objects(
             instance_class: class.clone(),
         },
         pvc,
+        cell_pvcs: Vec::new(),
         pod,
     }
 }
@@ -641,20 +644,28 @@ impl KubeAgents {
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
         for mut a in objects.agents {
-            for r in a.pvc.metadata.owner_references.iter_mut().flatten() {
+            let claims = std::iter::once(&mut a.pvc).chain(a.cell_pvcs.iter_mut());
+            let refs = claims
+                .map(|c| &mut c.metadata)
+                .chain([&mut a.pod.metadata])
+                .flat_map(|m| m.owner_references.iter_mut().flatten());
+            for r in refs {
                 r.uid = uid.clone();
             }
-            for r in a.pod.metadata.owner_references.iter_mut().flatten() {
-                r.uid = uid.clone();
+            let mut created = Ok(());
+            for claim in std::iter::once(&a.pvc).chain(&a.cell_pvcs) {
+                if let Err(e) = pvcs.create(&pp, claim).await {
+                    created = Err(("PersistentVolumeClaim", e));
+                    break;
+                }
             }
-            let created = match pvcs.create(&pp, &a.pvc).await {
-                Ok(_) => pods
+            if created.is_ok() {
+                created = pods
                     .create(&pp, &a.pod)
                     .await
                     .map(|_| ())
-                    .map_err(|e| ("Pod", e)),
-                Err(e) => Err(("PersistentVolumeClaim", e)),
-            };
+                    .map_err(|e| ("Pod", e));
+            }
             if let Err((kind, e)) = created {
                 let mut me = me;
                 me.stop(false).await;
@@ -1152,23 +1163,90 @@ pub fn chosen_snapshots<'a>(
 pub fn holdings(sc: &Scenario, opts: &KubeOptions, found: &[Snapshot]) -> Holdings {
     match opts.dataset_stores() {
         Stores::Shared => Holdings::default(),
-        Stores::PerAgent => Holdings::per_agent(
-            chosen_snapshots(sc, opts, found)
+        Stores::PerAgent => {
+            let mut held = Holdings::per_agent(
+                chosen_snapshots(sc, opts, found)
+                    .into_iter()
+                    .map(|(class, snap)| {
+                        let held = snap.datasets.iter().map(|d| (d.plan_key.clone(), d.bytes));
+                        (class, held.collect())
+                    })
+                    .collect(),
+            );
+            held.cell_volumes = crate::scenario::plan::restores_per_agent(sc, &held)
                 .into_iter()
-                .map(|(class, snap)| {
-                    let held = snap.datasets.iter().map(|d| (d.plan_key.clone(), d.bytes));
-                    (class, held.collect())
+                .map(|(class, n)| (class, n.min(MAX_CELL_VOLUMES)))
+                .collect();
+            held.snapshotted = sc
+                .fleet
+                .value
+                .iter()
+                .filter(|f| {
+                    f.storage
+                        .as_ref()
+                        .and_then(|s| s.storage_class.as_ref())
+                        .is_some_and(|c| opts.dataset_snapshots.contains_key(&c.value))
                 })
-                .collect(),
-        ),
+                .map(|f| f.name.value.clone())
+                .collect();
+            held
+        }
     }
+}
+
+/// Volumes made from a dataset snapshot for one cell each that an agent's
+/// pod gets at most (past them, cells restore by copy from its data
+/// volume): a node attaches a few dozen volumes at most (EBS: 28
+/// attachments on most Nitro instances, network interfaces and instance
+/// store included).
+pub const MAX_CELL_VOLUMES: u32 = 8;
+/// Where an agent's pod mounts its cell volumes: `<dir>/<n>`.
+const CELL_VOLUMES_DIR: &str = "/cells";
+
+/// The snapshots a run of `sc` would leave for the next (`validate
+/// --kubernetes` has no cluster to list): one per class whose storage class
+/// keeps dataset snapshots, holding every dataset its cells need.
+pub fn assumed_snapshots(sc: &Scenario, opts: &KubeOptions) -> Vec<Snapshot> {
+    let mut needs: BTreeMap<String, BTreeMap<String, Held>> = BTreeMap::new();
+    for c in crate::scenario::plan::plan(sc) {
+        let (Some(share), Some(d)) = (&c.share, c.params.dataset()) else {
+            continue;
+        };
+        let held = Held {
+            fingerprint: format!("{}-assumed", d.label),
+            plan_key: share.key.clone(),
+            label: d.label.clone(),
+            bytes: d.pgdata_bytes(),
+        };
+        let class = needs.entry(c.dataset_class().to_string()).or_default();
+        class.insert(share.key.clone(), held);
+    }
+    sc.fleet
+        .value
+        .iter()
+        .filter_map(|f| {
+            let storage_class = f.storage.as_ref()?.storage_class.as_ref()?.value.clone();
+            opts.dataset_snapshots.get(&storage_class)?;
+            let datasets: Vec<Held> = needs.get(&f.name.value)?.values().cloned().collect();
+            Some(Snapshot {
+                name: format!("{}-assumed", f.name.value),
+                storage_class,
+                ready: true,
+                restore_bytes: datasets.iter().map(|d| d.bytes).sum(),
+                created: String::new(),
+                datasets,
+            })
+        })
+        .collect()
 }
 
 /// Gives each agent whose storage class keeps dataset snapshots a volume
 /// made from the snapshot holding its class's datasets, if there is one
-/// (`choose`), annotated with them, and tells its pod. A snapshot list
-/// that fails is said and the run goes on without (its cells build or
-/// download their data).
+/// (`choose`), annotated with them, and tells its pod; and as many more
+/// volumes of that snapshot as the plan has it restore cells of them
+/// (`Holdings::cell_volumes`), one per cell, which the agent uses in place
+/// (`--cell-volume`). A snapshot list that fails is said and the run goes
+/// on without (its cells build or download their data).
 async fn from_snapshots(
     client: &kube::Client,
     sc: &Scenario,
@@ -1186,8 +1264,10 @@ async fn from_snapshots(
         }
     };
     let chosen = chosen_snapshots(sc, opts, &found);
+    let cell_volumes = holdings(sc, opts, &found).cell_volumes;
     for a in agents.iter_mut() {
-        let Some(snap) = chosen.get(&a.launched.instance_class) else {
+        let class = &a.launched.instance_class;
+        let Some(snap) = chosen.get(class) else {
             continue;
         };
         let mut pvc = to_value(&a.pvc);
@@ -1205,10 +1285,32 @@ async fn from_snapshots(
         if snap.restore_bytes > asked {
             pvc["spec"]["resources"]["requests"]["storage"] = json!(quantity(snap.restore_bytes));
         }
-        a.pvc = from_value(pvc);
         let mut pod = to_value(&a.pod);
+        let n = cell_volumes.get(class).copied().unwrap_or(0);
+        let mut mounted = Vec::new();
+        for i in 0..n {
+            let mut cell = pvc.clone();
+            let name = format!("{}-cell-{i}", a.launched.agent_id);
+            cell["metadata"]["name"] = json!(name);
+            cell["metadata"]["labels"] = pvc["metadata"]["labels"].clone();
+            cell["metadata"]["labels"]["app.kubernetes.io/component"] = json!("agent-cell-data");
+            a.cell_pvcs.push(from_value(cell));
+            let path = format!("{CELL_VOLUMES_DIR}/{i}");
+            let volume = format!("cell-{i}");
+            if let Some(v) = pod["spec"]["volumes"].as_array_mut() {
+                v.push(json!({"name": volume, "persistentVolumeClaim": {"claimName": name}}));
+            }
+            if let Some(m) = pod["spec"]["containers"][0]["volumeMounts"].as_array_mut() {
+                m.push(json!({"name": volume, "mountPath": path}));
+            }
+            mounted.push(path);
+        }
+        a.pvc = from_value(pvc);
         if let Some(env) = pod["spec"]["containers"][0]["env"].as_array_mut() {
             env.push(json!({"name": "PGFLEET_VOLUME_SNAPSHOT", "value": snap.name}));
+            if !mounted.is_empty() {
+                env.push(json!({"name": "PGFLEET_CELL_VOLUMES", "value": mounted.join(",")}));
+            }
         }
         a.pod = from_value(pod);
         tracing::info!(

@@ -972,7 +972,8 @@ fn datasets(md: &mut String, doc: &Json) {
          Built and restored cells start alike: the server freshly started, the data's files dropped from the page cache, then read back through the server as a load leaves them (`rewarmed`); `fresh` cells measure right after their own load (`as loaded`). \
          A restored cell's load figures are its builder's. \
          With `reuse_cluster: true` a cell may instead reuse the cluster the previous cell of its dataset left on its agent, after the kind's reset (`reused`: its cache is as that cell left it, not rewarmed). \
-         On an agent whose volume was created from a dataset snapshot (Kubernetes, `--dataset-snapshots`), the first cell restoring a dataset the snapshot brought reads every block of it first (`storage.hydrate: read-all`): such a volume fetches blocks lazily on first touch.\n\n\
+         On an agent whose volume was created from a dataset snapshot (Kubernetes, `--dataset-snapshots`), the first cell restoring a dataset the snapshot brought reads every block of it first (`storage.hydrate: read-all`): such a volume fetches blocks lazily on first touch. \
+         A cell given a volume of that snapshot for itself reads its blocks the same way, then uses the dataset where it lies (`in place`: no copy).\n\n\
          | cell | dataset | how | wait s | load s | publish s | restore s | restore MB/s | cache | note |\n|---|---|---|---|---|---|---|---|---|---|"
     );
     let s = |v: &Json| v.as_str().unwrap_or("").to_string();
@@ -993,6 +994,12 @@ fn datasets(md: &mut String, doc: &Json) {
         let mut note = Vec::new();
         if let Some(b) = d["built_by"].as_str().filter(|b| !b.is_empty()) {
             note.push(format!("built by {b}"));
+        }
+        if d["method"] == "in-place" {
+            note.push(format!(
+                "in place on a volume of its own ({}), no copy",
+                s(&d["store"])
+            ));
         }
         if let Some(why) = d["discarded"].as_str() {
             note.push(format!("**a published copy did not match its manifest and was discarded** ({why}); this cell built it again"));
@@ -1158,8 +1165,20 @@ mod render_tests {
             "by_cell": "a", "ttfb_ms": 41.5, "seconds": 310.2, "bytes": 7_600_000_000u64, "mb_per_s": 24.5});
         let lazy =
             serde_json::json!({"snapshot": "s2", "mode": "none", "hydrated": false, "bytes": 0});
+        let mut own = cell("d", h.clone());
+        own["environment"]["dataset"]["method"] = "in-place".into();
+        own["environment"]["dataset"]["store"] = "/cells/0/datasets".into();
         let (md, _) = render(&serde_json::json!({"run_id": "r",
-            "cells": [cell("a", h.clone()), cell("b", h), cell("c", lazy)]}));
+            "cells": [cell("a", h.clone()), cell("b", h), cell("c", lazy), own]}));
+        assert!(
+            md.contains("in place on a volume of its own (/cells/0/datasets), no copy"),
+            "{md}"
+        );
+        assert_eq!(
+            md.matches("no copy").count(),
+            2,
+            "the intro and cell d alone: {md}"
+        );
         assert!(
             md.contains("volume from snapshot pgfleet-r-gp3-0-datasets, hydrated by this cell: first byte after 42 ms, 7.1 GiB in 310.2 s (24 MB/s)"),
             "{md}"

@@ -43,6 +43,9 @@ pub struct PlannedCell {
     /// `learned_fresh` the same for `fresh_estimate` (a load of its own).
     pub learned: Option<Factor>,
     pub learned_fresh: Option<Factor>,
+    /// `data: reuse`, but the plan has it load its own data, and why
+    /// (`load_where_restoring_is_slower`).
+    pub loads_instead: Option<&'static str>,
 }
 
 /// A correction of the model's estimate learned from earlier cells: the
@@ -92,9 +95,14 @@ pub struct Share {
     /// agent (`reuse_cluster`): a reset instead of a restore.
     pub reuses_cluster: bool,
     /// Its agent's volume was made from a dataset snapshot holding it
-    /// (Kubernetes) and this cell is that agent's first of it: it reads
-    /// the dataset in full (hydration) before restoring it.
+    /// (Kubernetes) and this cell is that agent's first of it, or it has a
+    /// volume of the snapshot to itself (`in_place`): it reads the dataset
+    /// in full (hydration) before restoring it.
     pub hydrates: bool,
+    /// It has a volume made from the snapshot for itself (Kubernetes,
+    /// `Holdings::cell_volumes`): the dataset is used where it lies, no
+    /// copy.
+    pub in_place: bool,
 }
 
 impl Share {
@@ -201,6 +209,14 @@ pub struct Holdings {
     /// such a dataset restores it; each agent's first reads it in full
     /// first (hydration: the volume fetches its blocks lazily).
     pub snapshots: BTreeMap<String, BTreeMap<String, u64>>,
+    /// By instance class, how many volumes made from its snapshot for one
+    /// cell each every agent of it gets (`restores_per_agent`, bounded):
+    /// its first cells of a held dataset use one in place.
+    pub cell_volumes: BTreeMap<String, u32>,
+    /// With a store per agent, the classes whose agents' volumes are kept
+    /// as dataset snapshots at a run's end (`--dataset-snapshots`): a
+    /// dataset built there serves later runs too.
+    pub snapshotted: std::collections::BTreeSet<String>,
 }
 
 impl Holdings {
@@ -219,6 +235,36 @@ impl Holdings {
             ..Holdings::default()
         }
     }
+}
+
+/// By instance class, the most cells of datasets its snapshot holds
+/// (`held.snapshots`) that one agent of it restores (not reusing a kept
+/// cluster, nor loading because that is faster) given a volume of the
+/// snapshot each: what a volume per cell would take.
+pub fn restores_per_agent(s: &Scenario, held: &Holdings) -> BTreeMap<String, u32> {
+    // As if every such cell had a volume: those that would restore in
+    // place rather than load (`load_where_restoring_is_slower`).
+    let unbounded = Holdings {
+        cell_volumes: held
+            .snapshots
+            .keys()
+            .map(|c| (c.clone(), 100_000))
+            .collect(),
+        ..held.clone()
+    };
+    let mut cells: BTreeMap<String, u32> = BTreeMap::new();
+    for c in plan_for(s, &unbounded) {
+        if c.share.as_ref().is_some_and(|sh| sh.in_place) {
+            *cells.entry(c.dataset_class().to_string()).or_default() += 1;
+        }
+    }
+    cells
+        .into_iter()
+        .map(|(class, n)| {
+            let agents = agents_of(s, &class);
+            (class, n.div_ceil(agents))
+        })
+        .collect()
 }
 
 /// `Published` of a store's manifests.
@@ -291,15 +337,22 @@ fn reuse_estimates(s: &Scenario, cells: &mut [PlannedCell], held: &Holdings) {
             ready_seconds: 0.0,
             reuses_cluster: false,
             hydrates: false,
+            in_place: false,
         });
         if stores == Stores::PerAgent {
             let agents = agents_of(s, &class);
+            // Each agent's first `volumes` cells of a held dataset use a
+            // volume of their own; its next one hydrates the data root's
+            // copy and copies it, later ones copy.
+            let volumes = held.cell_volumes.get(&class).copied().unwrap_or(0);
             let n = per_agent.entry((class, key)).or_default();
             *n += 1;
-            let first = *n <= agents;
             match c.share.as_mut() {
-                Some(share) if snapshotted => share.hydrates = first,
-                _ => builds[i] = first,
+                Some(share) if snapshotted => {
+                    share.in_place = *n <= agents * volumes;
+                    share.hydrates = *n <= agents * (volumes + 1);
+                }
+                _ => builds[i] = *n <= agents,
             }
             continue;
         }
@@ -351,9 +404,17 @@ fn reuse_estimates(s: &Scenario, cells: &mut [PlannedCell], held: &Holdings) {
             } else {
                 0.0
             };
+            // A copy reads the store's copy too where the store is on the
+            // class's own volume (a pod's), not the host's disk.
+            let restore = match (share.in_place, stores) {
+                (true, _) => 0.0,
+                (false, Stores::PerAgent) => {
+                    copy.reading(pgdata).writing(pgdata).seconds(&c.capacity)
+                }
+                (false, Stores::Shared) => copy.writing(pgdata).seconds(&c.capacity),
+            };
             let (seconds, load) = (e.seconds, e.load_seconds);
-            e.load_seconds =
-                hydrate + copy.writing(pgdata).seconds(&c.capacity) + rewarm.seconds(&c.capacity);
+            e.load_seconds = hydrate + restore + rewarm.seconds(&c.capacity);
             e.seconds = (seconds - load).max(0.0) + e.load_seconds;
         }
     }
@@ -430,6 +491,7 @@ pub fn plan_for(s: &Scenario, held: &Holdings) -> Vec<PlannedCell> {
                         share: None,
                         learned: None,
                         learned_fresh: None,
+                        loads_instead: None,
                     });
                 }
             }
@@ -437,8 +499,63 @@ pub fn plan_for(s: &Scenario, held: &Holdings) -> Vec<PlannedCell> {
     }
     reuse_estimates(s, &mut cells, held);
     reused_cluster_estimates(s, &mut cells);
+    load_where_restoring_is_slower(&mut cells, held);
     cells
 }
+
+/// With a store per agent (Kubernetes pods without an object store), a
+/// restore the model says takes longer than the cell loading its own data
+/// does not pay: the cell loads instead (`data: fresh` for it). That
+/// happens where the copy shares one budget with its own reads (a pod's
+/// gp3 volume holds both the store and the cluster: 125 MiB/s for the read
+/// and the write together) and the load is bound by the same storage.
+/// Then a build none of its class's cells restores would publish a copy
+/// for nobody, unless the class's volumes are kept as snapshots for later
+/// runs: its builders load too. Restored and loaded cells measure alike,
+/// so only the time changes; the plan's text says how many. (With one
+/// store for the fleet, the store is read off the class's storage and
+/// outlives the run: cells restore as asked.)
+fn load_where_restoring_is_slower(cells: &mut [PlannedCell], held: &Holdings) {
+    if held.stores != Stores::PerAgent {
+        return;
+    }
+    let fresh = |c: &mut PlannedCell, why| {
+        c.dataset = pgfleet_proto::dataset::Mode::Fresh;
+        c.share = None;
+        c.estimate = c.params.estimate(&c.capacity);
+        c.loads_instead = Some(why);
+    };
+    for c in cells.iter_mut() {
+        let Some(share) = &c.share else { continue };
+        if share.builds || share.reuses_cluster {
+            continue;
+        }
+        if c.estimate.load_seconds > c.params.estimate(&c.capacity).load_seconds {
+            fresh(c, LOADS_FASTER);
+        }
+    }
+    let used: std::collections::BTreeSet<(String, String)> = cells
+        .iter()
+        .filter_map(|c| {
+            let share = c.share.as_ref().filter(|s| !s.builds)?;
+            Some((c.dataset_class().to_string(), share.key.clone()))
+        })
+        .collect();
+    for c in cells.iter_mut() {
+        let class = c.dataset_class().to_string();
+        let Some(share) = c.share.as_ref().filter(|s| s.builds) else {
+            continue;
+        };
+        if !held.snapshotted.contains(&class) && !used.contains(&(class, share.key.clone())) {
+            fresh(c, NOBODY_RESTORES);
+        }
+    }
+}
+
+/// Why a `data: reuse` cell loads its own data (`PlannedCell::loads_instead`).
+const LOADS_FASTER: &str = "a restore there would take longer than the load";
+const NOBODY_RESTORES: &str =
+    "they would build a copy no cell restores (a store per agent, gone with the run's volume)";
 
 /// `reuse_cluster`: a class's agents each keep one cluster of a dataset,
 /// so past its first `count` cells of that dataset a class's cells reuse
@@ -690,11 +807,18 @@ pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> 
                 .as_ref()
                 .is_some_and(|s| s.stores == Stores::PerAgent)
         });
+        let in_place = cells
+            .iter()
+            .any(|c| c.share.as_ref().is_some_and(|s| s.in_place));
         let (once, there, then) = if per_agent {
             (
                 "built once per agent",
                 "already in the snapshots the agents' volumes start from",
-                "hydrated once per agent and restored",
+                if in_place {
+                    "hydrated on a volume of the snapshot per cell and used in place"
+                } else {
+                    "hydrated once per agent and restored"
+                },
             )
         } else {
             ("built once", "already in the store", "restored")
@@ -711,7 +835,7 @@ pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> 
                 names(&ready)
             ),
             _ => format!(
-                "{} dataset(s) {once} and restored ({}), {} {there} ({})",
+                "{} dataset(s) {once} and restored ({}), {} {there}, {then} ({})",
                 built.len(),
                 names(&built),
                 ready.len(),
@@ -723,6 +847,21 @@ pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> 
             approx_seconds(fresh.cell_seconds),
             approx_seconds(fresh.wall_seconds)
         );
+    }
+    for why in [LOADS_FASTER, NOBODY_RESTORES] {
+        let of: Vec<&PlannedCell> = cells
+            .iter()
+            .filter(|c| c.loads_instead == Some(why))
+            .collect();
+        let classes: std::collections::BTreeSet<&str> =
+            of.iter().map(|c| c.instance_class.as_str()).collect();
+        if !of.is_empty() {
+            out += &format!(
+                "  {} cell(s) of {} load their own data: {why}\n",
+                of.len(),
+                classes.into_iter().collect::<Vec<_>>().join(", ")
+            );
+        }
     }
     out
 }
@@ -936,25 +1075,70 @@ workloads:
     fn with_a_store_per_agent_each_agent_builds_its_first_and_nothing_waits() {
         let text = AB.replace("replicas: 2", "replicas: 3");
         let s = super::super::parse(std::path::Path::new("ab.yaml"), &text).unwrap();
-        let cells = plan_for(&s, &Holdings::per_agent(BTreeMap::new()));
-        let builds: Vec<(&str, bool)> = cells
+        // Volumes kept as snapshots: every build serves later runs.
+        let kept = Holdings {
+            snapshotted: ["nvme", "gp3"].map(String::from).into(),
+            ..Holdings::per_agent(BTreeMap::new())
+        };
+        let cells = plan_for(&s, &kept);
+        let steps: Vec<(&str, &str)> = cells
             .iter()
-            .filter_map(|c| Some((c.cell_id.as_str(), c.share.as_ref()?.builds)))
+            .map(|c| (c.cell_id.as_str(), c.how()))
             .collect();
         assert_eq!(
-            builds,
+            steps,
             [
-                ("w0-nvme-select-only-r1", true),
-                ("w0-nvme-select-only-r2", true),
-                ("w0-nvme-select-only-r3", false),
-                ("w0-gp3-select-only-r1", true),
-                ("w0-gp3-select-only-r2", true),
-                ("w0-gp3-select-only-r3", false),
-                ("w1-nvme-backlog-64MiB", true),
-                ("w1-gp3-backlog-64MiB", true),
+                ("w0-nvme-select-only-r1", "built"),
+                ("w0-nvme-select-only-r2", "built"),
+                ("w0-nvme-select-only-r3", "restored"),
+                ("w0-gp3-select-only-r1", "built"),
+                ("w0-gp3-select-only-r2", "built"),
+                // A copy on gp3 reads and writes through one 125 MiB/s:
+                // slower than loading at that scale.
+                ("w0-gp3-select-only-r3", "loaded"),
+                ("w1-nvme-backlog-64MiB", "built"),
+                ("w1-gp3-backlog-64MiB", "built"),
             ]
         );
-        assert!(cells.iter().all(|c| !c.share.as_ref().unwrap().waits()));
+        let g3 = cell(&cells, "w0-gp3-select-only-r3");
+        assert_eq!(g3.loads_instead, Some(LOADS_FASTER));
+        assert_eq!(
+            g3.dataset,
+            pgfleet_proto::dataset::Mode::Fresh,
+            "the agent is told to load"
+        );
+        assert!(
+            cells
+                .iter()
+                .all(|c| c.share.as_ref().is_none_or(|s| !s.waits()))
+        );
+        // Volumes that go with the run: a build that no cell of its class
+        // restores publishes for nobody, so it loads (gp3's, the drains').
+        let gone = plan_for(&s, &Holdings::per_agent(BTreeMap::new()));
+        let steps: Vec<(&str, &str)> = gone.iter().map(|c| (c.cell_id.as_str(), c.how())).collect();
+        assert_eq!(
+            steps,
+            [
+                ("w0-nvme-select-only-r1", "built"),
+                ("w0-nvme-select-only-r2", "built"),
+                ("w0-nvme-select-only-r3", "restored"),
+                ("w0-gp3-select-only-r1", "loaded"),
+                ("w0-gp3-select-only-r2", "loaded"),
+                ("w0-gp3-select-only-r3", "loaded"),
+                ("w1-nvme-backlog-64MiB", "loaded"),
+                ("w1-gp3-backlog-64MiB", "loaded"),
+            ]
+        );
+        assert_eq!(
+            cell(&gone, "w1-nvme-backlog-64MiB").loads_instead,
+            Some(NOBODY_RESTORES)
+        );
+        let text = describe(&s, &gone, std::path::Path::new("ab.yaml"));
+        assert!(
+            text.contains("1 cell(s) of gp3 load their own data: a restore there would take longer than the load")
+                && text.contains("4 cell(s) of gp3, nvme load their own data: they would build a copy no cell restores"),
+            "{text}"
+        );
         // gp3 builds its own at its cap instead of waiting for nvme's.
         let g1 = cell(&cells, "w0-gp3-select-only-r1");
         assert!(g1.estimate().seconds > g1.fresh_estimate().seconds);
@@ -971,7 +1155,7 @@ workloads:
         let published = Published::from([(d.plan_key(), (d.loader_version, d.pgdata_bytes()))]);
         let held = Holdings {
             published,
-            ..Holdings::per_agent(BTreeMap::new())
+            ..kept.clone()
         };
         assert_eq!(plan_for(&s, &held), cells);
         let text = describe(&s, &cells, std::path::Path::new("ab.yaml"));
@@ -979,23 +1163,32 @@ workloads:
     }
 
     /// Pods whose volumes come from a dataset snapshot holding a dataset
-    /// (Kubernetes, `--dataset-snapshots`): none of their class's cells
-    /// builds it, each agent's first reads it in full (hydration) and then
-    /// restores it, the later ones restore it; a class whose volumes start
-    /// empty still builds its own.
+    /// (Kubernetes, `--dataset-snapshots`), no volume per cell: none of
+    /// their class's cells builds it, each agent's first reads it in full
+    /// (hydration) and then restores it, the later ones restore it; the
+    /// other class and the drain are planned as without the snapshot.
     #[test]
     fn volumes_made_from_a_dataset_snapshot_hydrate_then_restore() {
         let text = AB.replace("replicas: 2", "replicas: 3");
         let s = super::super::parse(std::path::Path::new("ab.yaml"), &text).unwrap();
-        let empty = plan_for(&s, &Holdings::per_agent(BTreeMap::new()));
+        let kept = Holdings {
+            snapshotted: ["nvme", "gp3"].map(String::from).into(),
+            ..Holdings::per_agent(BTreeMap::new())
+        };
+        let empty = plan_for(&s, &kept);
         let d = empty[0].params.dataset().unwrap();
         let bytes = d.pgdata_bytes();
-        let snapshots =
-            BTreeMap::from([("gp3".to_string(), BTreeMap::from([(d.plan_key(), bytes)]))]);
-        let cells = plan_for(&s, &Holdings::per_agent(snapshots));
+        let held = Holdings {
+            snapshots: BTreeMap::from([(
+                "nvme".to_string(),
+                BTreeMap::from([(d.plan_key(), bytes)]),
+            )]),
+            ..kept.clone()
+        };
+        let cells = plan_for(&s, &held);
         let steps: Vec<(&str, &str, bool)> = cells
             .iter()
-            .filter(|c| c.cell_id.starts_with("w0-"))
+            .filter(|c| c.cell_id.starts_with("w0-nvme"))
             .map(|c| {
                 let share = c.share.as_ref().unwrap();
                 (c.cell_id.as_str(), c.how(), share.hydrates)
@@ -1004,39 +1197,108 @@ workloads:
         assert_eq!(
             steps,
             [
-                ("w0-nvme-select-only-r1", "built", false),
-                ("w0-nvme-select-only-r2", "built", false),
+                ("w0-nvme-select-only-r1", "restored", true),
+                ("w0-nvme-select-only-r2", "restored", true),
                 ("w0-nvme-select-only-r3", "restored", false),
-                ("w0-gp3-select-only-r1", "restored", true),
-                ("w0-gp3-select-only-r2", "restored", true),
-                ("w0-gp3-select-only-r3", "restored", false),
             ]
         );
-        // nvme's cells and the drain are planned as without the snapshot.
         for (a, b) in cells.iter().zip(&empty) {
-            if a.instance_class == "nvme" || a.cell_id.starts_with("w1-") {
+            if a.instance_class == "gp3" || a.cell_id.starts_with("w1-") {
                 assert_eq!(a, b);
             }
         }
-        let (g1, g3) = (
-            cell(&cells, "w0-gp3-select-only-r1"),
-            cell(&cells, "w0-gp3-select-only-r3"),
+        let (n1, n3) = (
+            cell(&cells, "w0-nvme-select-only-r1"),
+            cell(&cells, "w0-nvme-select-only-r3"),
         );
-        // On each agent's first, a read of the dataset at gp3's 125 MiB/s
-        // before the restore.
-        let hydration = g1.estimate().load_seconds - g3.estimate().load_seconds;
-        let at_cap = bytes as f64 / (125.0 * 1024.0 * 1024.0);
+        // On each agent's first, a read of the dataset before the restore.
+        use pgfleet_proto::workload::Work;
+        let read = Work::cpu(
+            bytes as f64 / pgfleet_proto::dataset::ESTIMATE_COPY_BYTES_PER_SECOND,
+            2.0,
+        )
+        .reading(bytes as f64)
+        .seconds(&n1.capacity);
+        let hydration = n1.estimate().load_seconds - n3.estimate().load_seconds;
         assert!(
-            (hydration - at_cap).abs() < at_cap * 0.05,
+            (hydration - read).abs() < read * 0.05 && read > 0.0,
             "{hydration} s for {bytes} bytes"
         );
         let text = describe(&s, &cells, std::path::Path::new("ab.yaml"));
         assert!(
             text.contains(
-                "1 already in the snapshots the agents' volumes start from (pgbench-s200)"
+                "1 already in the snapshots the agents' volumes start from, hydrated once per agent and restored (pgbench-s200)"
             ),
             "{text}"
         );
+    }
+
+    /// Volumes of the snapshot for one cell each (Kubernetes): the plan
+    /// counts the restores an agent of a class makes (what the source
+    /// gives each pod), and a cell with a volume of its own hydrates it
+    /// and uses it in place, no copy; past them, an agent's next cell
+    /// hydrates its data volume's copy and copies it.
+    #[test]
+    fn cells_with_a_volume_of_their_own_hydrate_it_and_copy_nothing() {
+        // A pod's gp3 volume (not emulated), on a node of 1 GiB.
+        let text = AB.replace("replicas: 2", "replicas: 3").replace(
+            "storage: {profile: gp3}}",
+            "storage: {profile: gp3, emulate: false}, instance: {memory: 1GiB, emulate: false}}",
+        );
+        let s = super::super::parse(std::path::Path::new("ab.yaml"), &text).unwrap();
+        let d = plan(&s)[0].params.dataset().unwrap().clone();
+        let bytes = d.pgdata_bytes();
+        let snapshots =
+            BTreeMap::from([("gp3".to_string(), BTreeMap::from([(d.plan_key(), bytes)]))]);
+        let mut held = Holdings::per_agent(snapshots);
+        // Three gp3 cells restore the snapshot's dataset on two agents.
+        assert_eq!(
+            restores_per_agent(&s, &held),
+            BTreeMap::from([("gp3".to_string(), 2)])
+        );
+        held.cell_volumes = BTreeMap::from([("gp3".to_string(), 1)]);
+        let cells = plan_for(&s, &held);
+        // (cell, how, (in place, hydrates))
+        type Step<'a> = (&'a str, &'a str, Option<(bool, bool)>);
+        let steps: Vec<Step> = cells
+            .iter()
+            .filter(|c| c.cell_id.starts_with("w0-gp3"))
+            .map(|c| {
+                let share = c.share.as_ref().map(|s| (s.in_place, s.hydrates));
+                (c.cell_id.as_str(), c.how(), share)
+            })
+            .collect();
+        // Past the volumes a copy would read and write every byte through
+        // gp3's one 125 MiB/s after hydrating: slower than a load.
+        assert_eq!(
+            steps,
+            [
+                ("w0-gp3-select-only-r1", "restored", Some((true, true))),
+                ("w0-gp3-select-only-r2", "restored", Some((true, true))),
+                ("w0-gp3-select-only-r3", "loaded", None),
+            ]
+        );
+        // In place: the hydration's read of the dataset and the read back
+        // of what the node's memory holds, both at gp3's 125 MiB/s, and no
+        // copy.
+        let g1 = cell(&cells, "w0-gp3-select-only-r1");
+        let at_cap = (bytes as f64 + (1u64 << 30) as f64) / (125.0 * 1024.0 * 1024.0);
+        let took = g1.estimate().load_seconds;
+        assert!(
+            (took - at_cap).abs() < at_cap * 0.1,
+            "{took} s for {bytes} bytes"
+        );
+        assert!(
+            took < g1.fresh_estimate().load_seconds,
+            "faster than a load"
+        );
+        let text = describe(&s, &cells, std::path::Path::new("ab.yaml"));
+        assert!(
+            text.contains("hydrated on a volume of the snapshot per cell and used in place"),
+            "{text}"
+        );
+        // Without a snapshot nothing restores from one.
+        assert!(restores_per_agent(&s, &Holdings::per_agent(BTreeMap::new())).is_empty());
     }
 
     /// `reuse_cluster`: past a class's first cell per agent, a dataset's
@@ -1102,7 +1364,7 @@ workloads:
         assert_eq!(plan_with(&s, &other), built);
         let text = describe(&s, &cells, std::path::Path::new("ab.yaml"));
         assert!(
-            text.contains("1 already in the store (pgbench-s200)"),
+            text.contains("1 already in the store, restored (pgbench-s200)"),
             "{text}"
         );
     }

@@ -399,17 +399,27 @@ impl Work {
             ..self
         }
     }
+    /// Where the storage's caps are one budget for reads and writes
+    /// (`Caps::combined`, gp3 as EBS counts it), a step's reads and writes
+    /// share it: their times add up.
     pub fn seconds(&self, c: &Capacity) -> f64 {
         let cores = self.threads.max(1.0).min(c.cpus.max(0.1));
-        [
-            self.cpu_seconds / cores,
+        let (rb, wb) = (
             self.read_bytes / c.read_bytes_per_s(),
             self.write_bytes / c.write_bytes_per_s(),
+        );
+        let (ri, wi) = (
             self.read_ios / c.read_iops(),
             self.write_ios / c.write_iops(),
-        ]
-        .into_iter()
-        .fold(0.0, f64::max)
+        );
+        let io = if c.caps.combined {
+            [rb + wb, ri + wi]
+        } else {
+            [rb.max(wb), ri.max(wi)]
+        };
+        [self.cpu_seconds / cores, io[0], io[1]]
+            .into_iter()
+            .fold(0.0, f64::max)
     }
 }
 
@@ -580,7 +590,22 @@ pub fn approx_seconds(s: f64) -> String {
     } else if s < 7200 {
         format!("{} min", (s + 30) / 60)
     } else {
-        format!("{} h {} min", s / 3600, (s % 3600 + 30) / 60)
+        // Rounded to the minute first, so 3 h 59 min 40 s is 4 h 0 min.
+        let m = (s + 30) / 60;
+        format!("{} h {} min", m / 60, m % 60)
+    }
+}
+
+#[cfg(test)]
+mod approx_tests {
+    #[test]
+    fn durations_round_to_the_minute_across_the_hour() {
+        use super::approx_seconds as a;
+        assert_eq!(a(45.0), "45 s");
+        assert_eq!(a(720.0), "12 min");
+        assert_eq!(a(5400.0), "90 min");
+        assert_eq!(a(3.0 * 3600.0 + 59.0 * 60.0 + 40.0), "4 h 0 min");
+        assert_eq!(a(3.0 * 3600.0 + 59.0 * 60.0 + 20.0), "3 h 59 min");
     }
 }
 
