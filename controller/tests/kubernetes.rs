@@ -2862,6 +2862,11 @@ async fn snapshot_flow() -> Vec<Recorded> {
         "a failed snapshot is deleted"
     );
     assert!(!fake.names("volumesnapshots").contains(&snap2));
+    assert!(
+        fake.names("persistentvolumeclaims").is_empty(),
+        "the data and cell volumes went with the run's owner: {:?}",
+        fake.names("persistentvolumeclaims")
+    );
     // Pruned: the older snapshot of the same datasets (run 1's supersedes
     // it); not the others (not ready, another class, other datasets).
     let mut left = fake.names("volumesnapshots");
