@@ -307,6 +307,26 @@ pub struct Capacity {
 }
 
 impl Capacity {
+    /// Two cores of the reference host, uncapped, and the same behind
+    /// gp3's baseline (3,000 IOPS and 125 MiB/s of reads and writes
+    /// together): the classes the kinds' estimate tests compare.
+    #[cfg(test)]
+    pub(crate) fn two_cores_and_gp3() -> (Capacity, Capacity) {
+        let two = Capacity {
+            cpus: 2.0,
+            memory_bytes: 0,
+            caps: Default::default(),
+        };
+        let gp3 = crate::environment::Caps {
+            read_iops: 3000,
+            write_iops: 3000,
+            read_mbps: 125,
+            write_mbps: 125,
+            combined: true,
+        };
+        (two, Capacity { caps: gp3, ..two })
+    }
+
     /// This host, uncapped.
     pub fn host() -> Capacity {
         Capacity {

@@ -294,21 +294,7 @@ mod tests {
     /// 125 MiB/s, and partitions spread over the class's CPUs.
     #[test]
     fn the_load_estimate_follows_the_class_cpus_and_caps() {
-        let two = Capacity {
-            cpus: 2.0,
-            memory_bytes: 0,
-            caps: Caps::default(),
-        };
-        let gp3 = Capacity {
-            caps: Caps {
-                read_iops: 3000,
-                write_iops: 3000,
-                read_mbps: 125,
-                write_mbps: 125,
-                combined: true,
-            },
-            ..two
-        };
+        let (two, gp3) = Capacity::two_cores_and_gp3();
         let flat = init("{kind: pgbench-init, scale: 100}");
         // 0.065 s per scale unit on one backend, then the key on two cores.
         let uncapped = flat.load_seconds(&two);
