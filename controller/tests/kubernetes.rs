@@ -1476,9 +1476,12 @@ fn the_at_scale_scenario_plans_eight_agents_on_two_node_pools() {
     let yaml = String::from_utf8(out.stdout.clone()).unwrap();
     let summary = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(summary.contains("8 agents on 2 node pools"), "{summary}");
-    // What it takes there: the pods' datasets on their own volumes.
+    // What it takes there: the pods' datasets would be on their own
+    // volumes, gone with the run, and each agent runs one cell: a build
+    // would publish a copy for nobody, so every cell loads its own.
     assert!(
-        summary.contains("valid; ") && summary.contains("built once per agent and restored"),
+        summary.contains("valid; ")
+            && summary.contains("8 cell(s) of m6id-4xlarge-gp3, m6id-4xlarge-nvme load their own data: they would build a copy no cell restores"),
         "{summary}"
     );
     validate_objects(&yaml, "the dry run");
@@ -1532,6 +1535,55 @@ fn the_at_scale_scenario_plans_eight_agents_on_two_node_pools() {
         classes,
         BTreeMap::from([("gp3".to_string(), 4), ("local-nvme".to_string(), 4)])
     );
+}
+
+/// Every scenario of scenarios/at-scale/ is for a Kubernetes fleet: each
+/// of its pods goes to a node of its instance type and pool, and each
+/// volume names its storage class and a size for ~500 GB of data (the
+/// storage suite once had none: 10 GiB volumes of the default class on
+/// any node).
+#[test]
+fn every_at_scale_scenario_pins_its_pods_to_node_pools() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .join("scenarios/at-scale");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 4, "{files:?}");
+    for f in &files {
+        let out = Command::new(pgfleet())
+            .args(["validate", "--kubernetes"])
+            .arg(f)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}: {}", f.display(), show(&out));
+        let yaml = String::from_utf8(out.stdout).unwrap();
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&yaml).unwrap();
+        for d in &docs {
+            let at = format!("{}: {}", f.display(), d["metadata"]["name"]);
+            if d["kind"] == "Pod" {
+                let sel = &d["spec"]["nodeSelector"];
+                assert_eq!(
+                    sel["node.kubernetes.io/instance-type"], "m6id.4xlarge",
+                    "{at}"
+                );
+                assert!(sel["pgfleet.io/pool"].is_string(), "{at}");
+            }
+            if d["kind"] == "PersistentVolumeClaim" {
+                assert!(d["spec"]["storageClassName"].is_string(), "{at}");
+                let size = d["spec"]["resources"]["requests"]["storage"]
+                    .as_str()
+                    .unwrap();
+                let bytes = kubernetes::parse_quantity(size).unwrap();
+                assert!(bytes >= 800 << 30, "{at}: {size}");
+            }
+        }
+    }
 }
 
 /// Kubernetes keys are validated like the rest, with file:line errors; a

@@ -1196,9 +1196,9 @@ pub fn holdings(sc: &Scenario, opts: &KubeOptions, found: &[Snapshot]) -> Holdin
 
 /// Volumes made from a dataset snapshot for one cell each that an agent's
 /// pod gets at most (past them, cells restore by copy from its data
-/// volume): a node attaches a few dozen volumes at most (EBS: 28
-/// attachments on most Nitro instances, network interfaces and instance
-/// store included).
+/// volume): a node attaches a few dozen volumes at most (EBS on Nitro
+/// instances shares its attachment limit with network interfaces and
+/// instance store), and the node's other pods need some.
 pub const MAX_CELL_VOLUMES: u32 = 8;
 /// Where an agent's pod mounts its cell volumes: `<dir>/<n>`.
 const CELL_VOLUMES_DIR: &str = "/cells";
@@ -1292,7 +1292,6 @@ async fn from_snapshots(
             let mut cell = pvc.clone();
             let name = format!("{}-cell-{i}", a.launched.agent_id);
             cell["metadata"]["name"] = json!(name);
-            cell["metadata"]["labels"] = pvc["metadata"]["labels"].clone();
             cell["metadata"]["labels"]["app.kubernetes.io/component"] = json!("agent-cell-data");
             a.cell_pvcs.push(from_value(cell));
             let path = format!("{CELL_VOLUMES_DIR}/{i}");
