@@ -201,7 +201,7 @@ async fn bench(
                         Value::Int(scale as i64 * 100_000).into(),
                     ),
                 ]),
-                shell_as: None,
+                shell: None,
                 seed: 42,
                 stop_when: None,
                 live: None,

@@ -83,8 +83,10 @@ pub fn check_endpoint(e: &Endpoint) -> Result<(), String> {
     if !ident(&e.user) || !ident(&e.dbname) {
         return Err("peer user or database is not an identifier".into());
     }
-    if e.password.len() > 256 || e.password.chars().any(|c| c.is_control()) {
-        return Err("peer password is not a password".into());
+    for p in [&e.password, &e.workload_password] {
+        if p.len() > 256 || p.chars().any(|c| c.is_control()) {
+            return Err("peer password is not a password".into());
+        }
     }
     if e.loaded_json.len() > MAX_LOADED_JSON {
         return Err(format!(
@@ -159,6 +161,7 @@ mod tests {
             password: "abc".into(),
             dbname: "postgres".into(),
             loaded_json: String::new(),
+            workload_password: "def".into(),
         };
         assert!(check_endpoint(&e).is_ok());
         e.loaded_json = "x".repeat(MAX_LOADED_JSON + 1);

@@ -18,6 +18,7 @@ pub mod pgbin;
 pub mod pglz;
 pub mod remote;
 pub mod sampler;
+pub mod sandbox;
 pub mod session;
 pub mod workload;
 

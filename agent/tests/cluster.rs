@@ -115,7 +115,10 @@ async fn reserved_settings_are_refused() {
     let mut s = spec(&root, "c1");
     s.settings.insert("port".into(), "5432".into());
     let err = Cluster::provision(&s).await.err().unwrap().to_string();
-    assert!(err.contains("`port` is managed by pgfleet"), "{err}");
+    assert!(
+        err.contains("`port` cannot be set: managed by pgfleet"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&root).unwrap();
 }
 
@@ -247,7 +250,7 @@ async fn an_emulated_instance_bounds_the_page_cache_and_the_cpus() {
         .find_map(|cg| std::fs::read_to_string(cg.join("cpu.cfs_quota_us")).ok())
         .expect("a CPU cgroup");
     assert_eq!(quota.trim(), "100000", "one CPU's time per 100 ms period");
-    let c = cluster.connect().await.unwrap();
+    let c = cluster.connect_own().await.unwrap();
     // ~250 MiB of heap, well over the limit.
     c.batch_execute(
         "CREATE TABLE t (id int, pad text); \

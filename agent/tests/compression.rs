@@ -45,9 +45,10 @@ async fn pages_compress_as_postgres_and_the_libraries_do() {
     let cl = Cluster::provision(&common::spec(&root, "c", "64MB", Default::default()))
         .await
         .unwrap();
-    let c = cl.connect().await.unwrap();
+    // The test's tables are the agent's own (its schema, first in the path).
+    let c = cl.connect_own().await.unwrap();
     c.batch_execute(
-        "CREATE SCHEMA pgfleet_agent; CREATE EXTENSION pageinspect WITH SCHEMA pgfleet_agent; \
+        "CREATE EXTENSION pageinspect WITH SCHEMA pgfleet_agent; \
          CREATE TABLE data AS SELECT i AS id, md5(i::text) AS h, repeat(chr(65 + i % 26), i % 50) AS pad, i * 7 AS n \
            FROM generate_series(1, 20000) i; \
          CREATE INDEX ON data (h); \

@@ -140,7 +140,7 @@ async fn a_restored_cluster_is_taken_over_with_new_passwords() {
     let cluster = restore_into(&spec, &ls, &m).await.unwrap();
     let c = cluster.connect().await.unwrap();
     let n: i64 = c
-        .query_one("SELECT count(*) FROM pgbench_accounts", &[])
+        .query_one("SELECT count(*) FROM public.pgbench_accounts", &[])
         .await
         .unwrap()
         .get(0);
@@ -153,7 +153,7 @@ async fn a_restored_cluster_is_taken_over_with_new_passwords() {
     // The workload role has this cluster's password, and gets the tables.
     cluster.hand_over().await.unwrap();
     let w = cluster.workload_server().connect().await.unwrap();
-    w.batch_execute("UPDATE pgbench_accounts SET abalance = 1 WHERE aid = 1")
+    w.batch_execute("UPDATE public.pgbench_accounts SET abalance = 1 WHERE aid = 1")
         .await
         .unwrap();
     drop((c, w));

@@ -59,30 +59,43 @@ async fn loader_matches_pgbench_row_counts_and_key_ranges() {
     assert_eq!(m["rows_loaded"], 300_033);
     assert!(m["rows_per_second"].as_f64().unwrap() > 0.0);
     let c = cl.connect().await.unwrap();
-    assert_eq!(one(&c, "SELECT count(*) FROM pgbench_branches").await, 3);
-    assert_eq!(one(&c, "SELECT count(*) FROM pgbench_tellers").await, 30);
     assert_eq!(
-        one(&c, "SELECT count(*) FROM pgbench_accounts").await,
+        one(&c, "SELECT count(*) FROM public.pgbench_branches").await,
+        3
+    );
+    assert_eq!(
+        one(&c, "SELECT count(*) FROM public.pgbench_tellers").await,
+        30
+    );
+    assert_eq!(
+        one(&c, "SELECT count(*) FROM public.pgbench_accounts").await,
         300_000
     );
-    assert_eq!(one(&c, "SELECT count(*) FROM pgbench_history").await, 0);
     assert_eq!(
-        one(&c, "SELECT min(aid)::int8 FROM pgbench_accounts").await,
+        one(&c, "SELECT count(*) FROM public.pgbench_history").await,
+        0
+    );
+    assert_eq!(
+        one(&c, "SELECT min(aid)::int8 FROM public.pgbench_accounts").await,
         1
     );
     assert_eq!(
-        one(&c, "SELECT max(aid)::int8 FROM pgbench_accounts").await,
+        one(&c, "SELECT max(aid)::int8 FROM public.pgbench_accounts").await,
         300_000
     );
     assert_eq!(
-        one(&c, "SELECT count(DISTINCT aid) FROM pgbench_accounts").await,
+        one(
+            &c,
+            "SELECT count(DISTINCT aid) FROM public.pgbench_accounts"
+        )
+        .await,
         300_000
     );
     // bid = (aid - 1) / 100000 + 1; tellers: bid = (tid - 1) / 10 + 1; all balances 0.
     assert_eq!(
         one(
             &c,
-            "SELECT count(*) FROM pgbench_accounts WHERE bid <> (aid - 1) / 100000 + 1"
+            "SELECT count(*) FROM public.pgbench_accounts WHERE bid <> (aid - 1) / 100000 + 1"
         )
         .await,
         0
@@ -90,22 +103,22 @@ async fn loader_matches_pgbench_row_counts_and_key_ranges() {
     assert_eq!(
         one(
             &c,
-            "SELECT count(*) FROM pgbench_tellers WHERE bid <> (tid - 1) / 10 + 1"
+            "SELECT count(*) FROM public.pgbench_tellers WHERE bid <> (tid - 1) / 10 + 1"
         )
         .await,
         0
     );
-    assert_eq!(one(&c, "SELECT sum(abalance) + (SELECT sum(bbalance) FROM pgbench_branches) FROM pgbench_accounts").await, 0);
+    assert_eq!(one(&c, "SELECT sum(abalance) + (SELECT sum(bbalance) FROM public.pgbench_branches) FROM public.pgbench_accounts").await, 0);
     assert_eq!(
-        one(&c, "SELECT count(*) FROM pg_constraint WHERE contype = 'p' AND conrelid::regclass::text LIKE 'pgbench_%'").await,
+        one(&c, "SELECT count(*) FROM pg_constraint WHERE contype = 'p' AND conrelid::regclass::text LIKE 'public.pgbench_%'").await,
         3
     );
-    assert_eq!(one(&c, "SELECT count(*) FROM pg_attribute WHERE attrelid = 'pgbench_accounts'::regclass AND attname = 'aid' AND atttypid = 'int4'::regtype").await, 1);
+    assert_eq!(one(&c, "SELECT count(*) FROM pg_attribute WHERE attrelid = 'public.pgbench_accounts'::regclass AND attname = 'aid' AND atttypid = 'int4'::regtype").await, 1);
     // pgbench's filler: empty, blank-padded to 84 characters.
     assert_eq!(
         one(
             &c,
-            "SELECT count(*) FROM pgbench_accounts WHERE octet_length(filler) <> 84 OR filler <> ''"
+            "SELECT count(*) FROM public.pgbench_accounts WHERE octet_length(filler) <> 84 OR filler <> ''"
         )
         .await,
         0
@@ -119,7 +132,7 @@ async fn loader_matches_pgbench_row_counts_and_key_ranges() {
     .await
     .unwrap();
     assert_eq!(
-        one(&c, "SELECT count(*) FROM pgbench_accounts").await,
+        one(&c, "SELECT count(*) FROM public.pgbench_accounts").await,
         100_000
     );
     assert_eq!(
@@ -136,17 +149,17 @@ async fn loader_matches_pgbench_row_counts_and_key_ranges() {
         .await
         .unwrap();
     assert_eq!(
-        one(&c, "SELECT count(*) FROM pg_constraint WHERE contype = 'p' AND conrelid::regclass::text LIKE 'pgbench_accounts%'").await,
+        one(&c, "SELECT count(*) FROM pg_constraint WHERE contype = 'p' AND conrelid::regclass::text LIKE 'public.pgbench_accounts%'").await,
         4
     );
     assert_eq!(
-        one(&c, "SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'pgbench_accounts_pkey'::regclass AND c.relkind = 'i'").await,
+        one(&c, "SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'public.pgbench_accounts_pkey'::regclass AND c.relkind = 'i'").await,
         3
     );
     assert_eq!(
         one(
             &c,
-            "SELECT count(DISTINCT aid) FROM pgbench_accounts WHERE bid = 1"
+            "SELECT count(DISTINCT aid) FROM public.pgbench_accounts WHERE bid = 1"
         )
         .await,
         100_000
@@ -154,13 +167,13 @@ async fn loader_matches_pgbench_row_counts_and_key_ranges() {
     assert_eq!(
         one(
             &c,
-            "SELECT count(*) FROM pg_inherits WHERE inhparent = 'pgbench_accounts'::regclass"
+            "SELECT count(*) FROM pg_inherits WHERE inhparent = 'public.pgbench_accounts'::regclass"
         )
         .await,
         3
     );
     assert_eq!(
-        one(&c, "SELECT count(*) FROM pgbench_accounts").await,
+        one(&c, "SELECT count(*) FROM public.pgbench_accounts").await,
         100_000
     );
     drop(c);
@@ -184,7 +197,11 @@ async fn random_update_commits_exactly_what_it_counts() {
     assert_eq!(m["failures"], 0);
     let c = cl.connect().await.unwrap();
     assert_eq!(
-        one(&c, "SELECT sum(abalance)::int8 FROM pgbench_accounts").await,
+        one(
+            &c,
+            "SELECT sum(abalance)::int8 FROM public.pgbench_accounts"
+        )
+        .await,
         n
     );
     for k in [
@@ -231,9 +248,12 @@ async fn random_update_commits_exactly_what_it_counts() {
     .await
     .unwrap();
     assert_eq!(out.points[0].metrics()["transactions"], 120);
-    assert_eq!(one(&c, "SELECT count(*) FROM pgbench_history").await, 120);
     assert_eq!(
-        one(&c, "SELECT (SELECT sum(abalance) FROM pgbench_accounts) - (SELECT sum(delta) FROM pgbench_history)").await,
+        one(&c, "SELECT count(*) FROM public.pgbench_history").await,
+        120
+    );
+    assert_eq!(
+        one(&c, "SELECT (SELECT sum(abalance) FROM public.pgbench_accounts) - (SELECT sum(delta) FROM public.pgbench_history)").await,
         0
     );
     drop(c);
@@ -279,7 +299,7 @@ async fn serialization_failures_are_retried_or_counted_as_pgbench_does() {
     // Four clients updating one row under REPEATABLE READ: concurrent
     // updates fail with 40001, which pgbench retries (same random values).
     let script = "BEGIN ISOLATION LEVEL REPEATABLE READ;\n\
-                  UPDATE pgbench_branches SET bbalance = bbalance + 1 WHERE bid = 1;\n\
+                  UPDATE public.pgbench_branches SET bbalance = bbalance + 1 WHERE bid = 1;\n\
                   END;\n";
     let c = cl.connect().await.unwrap();
     // The same with the real pgbench binary (`driver: pgbench`), whose log
@@ -304,7 +324,7 @@ async fn serialization_failures_are_retried_or_counted_as_pgbench_does() {
         assert_eq!(
             one(
                 &c,
-                "SELECT bbalance::int8 FROM pgbench_branches WHERE bid = 1"
+                "SELECT bbalance::int8 FROM public.pgbench_branches WHERE bid = 1"
             )
             .await,
             n,
@@ -567,7 +587,11 @@ async fn the_pgbench_binary_driver_reports_what_it_committed() {
     assert_eq!(out.points[0].params()["driver"], "pgbench");
     let c = cl.connect().await.unwrap();
     assert_eq!(
-        one(&c, "SELECT sum(abalance)::int8 FROM pgbench_accounts").await,
+        one(
+            &c,
+            "SELECT sum(abalance)::int8 FROM public.pgbench_accounts"
+        )
+        .await,
         n
     );
     assert!(m["latency_ms_p99"].as_f64().unwrap() > 0.0);

@@ -136,7 +136,7 @@ async fn the_agent_refuses_what_a_hostile_controller_sends() {
             assign("c-negative", "pgbench-init", init(1, -1)),
             "integer `-1`",
         ),
-        (with_setting, "`archive_command` runs a shell command"),
+        (with_setting, "`archive_command` takes free text"),
     ];
     let (results_tx, mut results) = mpsc::channel(16);
     let svc = Hostile {

@@ -108,7 +108,7 @@ async fn pgbench_once(
         .args(args)
         .arg("-f")
         .arg(&file)
-        .arg(cl.conninfo())
+        .arg(common::conninfo_public(cl))
         .output()
         .await
         .unwrap();
@@ -131,7 +131,7 @@ INSERT INTO draws (client, a, b, c, d, e, f, g, h) VALUES (:client_id, :a, :b, :
 ";
 
 async fn draws(cl: &Cluster, driver: &str, script: &str) -> Vec<Vec<String>> {
-    let c = cl.connect().await.unwrap();
+    let c = common::sql(cl).await;
     c.batch_execute(
         "DROP TABLE IF EXISTS draws; CREATE TABLE draws (id bigserial, client int, a int8, b int8, \
          c int8, d int8, e int8, f int8, g int8, h float8)",
@@ -173,8 +173,10 @@ async fn a_seeded_run_draws_what_pgbench_draws_client_by_client() {
     let history = |script: &'static str, driver: &'static str| {
         let cl = &cl;
         async move {
-            let c = cl.connect().await.unwrap();
-            c.batch_execute("TRUNCATE pgbench_history").await.unwrap();
+            let c = common::sql(cl).await;
+            c.batch_execute("TRUNCATE public.pgbench_history")
+                .await
+                .unwrap();
             let params = common::params(
                 &json!({
                     "kind": "pgbench", "scale": 1, "script": script, "clients": 2,
@@ -185,7 +187,7 @@ async fn a_seeded_run_draws_what_pgbench_draws_client_by_client() {
             common::run(cl, &params).await.unwrap();
             let mut rows: Vec<String> = c
                 .query(
-                    "SELECT tid || ',' || bid || ',' || aid || ',' || delta FROM pgbench_history",
+                    "SELECT tid || ',' || bid || ',' || aid || ',' || delta FROM public.pgbench_history",
                     &[],
                 )
                 .await
@@ -205,7 +207,7 @@ async fn a_seeded_run_draws_what_pgbench_draws_client_by_client() {
     }
     // select-only writes nothing: its draws are read from the server's
     // statement log, each session's parameters in order.
-    let c = cl.connect().await.unwrap();
+    let c = common::sql(&cl).await;
     for set in [
         "ALTER SYSTEM SET log_statement = 'all'",
         "ALTER SYSTEM SET log_line_prefix = '%c '",
@@ -272,7 +274,7 @@ INSERT INTO results VALUES ('never');
 /// Runs a pgbench cell (`entry`: its keys) into a fresh `results (v
 /// text)` table and returns the rows, sorted.
 async fn results(cl: &Cluster, entry: serde_json::Value) -> Vec<String> {
-    let c = cl.connect().await.unwrap();
+    let c = common::sql(cl).await;
     c.batch_execute("DROP TABLE IF EXISTS results; CREATE TABLE results (v text)")
         .await
         .unwrap();
@@ -444,7 +446,7 @@ async fn gset_keeps_text_and_refuses_what_pgbench_refuses() {
 /// `\\shell` and `\\setshell` run only when the scenario allows them, as
 /// the cluster's OS user, under both drivers alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shell_commands_run_as_the_cluster_user_only_when_allowed() {
+async fn shell_commands_run_in_the_sandbox_only_when_allowed() {
     let script = "\\setshell uid id -u
 \\setshell n echo :base
 \\shell test $(id -u) -ne 0
@@ -463,7 +465,11 @@ INSERT INTO results VALUES (:uid::text), (:m::text);
         assert!(e.contains("allow_shell"), "{driver}: {e}");
     }
     let (cl, root) = cluster("pgbench-shell").await;
-    let uid = cl.run_as().map(|u| u.uid.to_string()).unwrap_or_default();
+    // They run as the sandbox user (not root, not PostgreSQL's user).
+    let uid = pgfleet_agent::sandbox::user(cl.run_as())
+        .unwrap()
+        .map(|u| u.uid.to_string())
+        .unwrap_or_else(|| nix::unistd::geteuid().to_string());
     for driver in ["pgfleet", "pgbench"] {
         let keys: serde_json::Value = serde_json::from_str(&entry(driver, true)).unwrap();
         let rows = results(&cl, keys).await;
@@ -579,7 +585,7 @@ async fn the_invalid_script_list_fails_as_pgbench_fails_it() {
             json!({
                 "kind": "pgbench", "scale": 1, "script_text": case.script, "transactions": 1,
                 "warmup_s": 0, "driver": driver, "defines": defines.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
-                "allow_shell": pgfleet_proto::script::uses_shell(&case.script),
+                "allow_shell": pgfleet_proto::script::may_run_shell(&case.script),
             })
             .to_string()
         };

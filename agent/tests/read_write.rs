@@ -88,7 +88,7 @@ async fn device_writes_are_the_clusters_own() {
         );
     }
     // The other cluster writes several times what the test does, all along.
-    let noisy = other.connect().await.unwrap();
+    let noisy = other.connect_own().await.unwrap();
     noisy
         .batch_execute("CREATE TABLE junk (pad text) WITH (autovacuum_enabled = false)")
         .await

@@ -40,7 +40,7 @@ async fn vacuum_removes_the_bloat_it_was_given() {
     let c = cl.connect().await.unwrap();
     let dead: i64 = c
         .query_one(
-            "SELECT dead_tuple_count FROM pgstattuple('pgbench_accounts')",
+            "SELECT dead_tuple_count FROM pgfleet_agent.pgstattuple('public.pgbench_accounts')",
             &[],
         )
         .await
@@ -74,7 +74,7 @@ async fn evicting_a_table_empties_its_page_cache() {
     let cl = Cluster::provision(&common::spec(&root, "c", "16MB", Default::default()))
         .await
         .unwrap();
-    let c = cl.connect().await.unwrap();
+    let c = cl.connect_own().await.unwrap();
     c.batch_execute(
         "CREATE TABLE t (id int PRIMARY KEY, pad text); \
          INSERT INTO t SELECT i, repeat('x', 200) FROM generate_series(1, 100000) i; CHECKPOINT",

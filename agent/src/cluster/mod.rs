@@ -36,11 +36,30 @@ use throttle::Caps;
 pub const SUPERUSER: &str = "pgfleet";
 
 /// The role scenario SQL runs as (pgbench scripts and their defines,
-/// `setup_sql`): owns the `postgres` database and the workload's tables, reads
+/// `setup_sql`): owns the workload's tables, may create in the `postgres`
+/// database (not own it: an owner could `ALTER DATABASE … SET`), reads
 /// statistics (`pg_monitor`), and has none of the roles that reach the host
 /// (`pg_execute_server_program`, `pg_read_server_files`,
 /// `pg_write_server_files`). A superuser only with `allow_shell`.
 pub const WORKLOAD_ROLE: &str = "pgfleet_workload";
+
+/// What every superuser session of the agent starts with (in the startup
+/// packet, so it beats `ALTER DATABASE/ROLE … SET` and no call site can
+/// forget it): names resolve in `pg_catalog` only, never in a schema the
+/// workload role can create objects in (CVE-2018-1058's advice). The
+/// agent's own SQL names its tables with their schema (`public.…`).
+pub const SUPERUSER_OPTIONS: &str = "-c search_path=pg_catalog,pg_temp";
+
+/// The schema of the agent's own objects: extensions it calls (pageinspect,
+/// pgstattuple, pg_prewarm) and the tables of kinds that measure the
+/// agent's own data (toast-probe, toast-slice, read-write). Only the
+/// superuser can create in it (no grant to anyone).
+pub const AGENT_SCHEMA: &str = "pgfleet_agent";
+
+/// What a superuser session over the agent's own tables starts with: its
+/// schema first (where unqualified names are created), then the catalog.
+/// Still no schema the workload role can create objects in.
+pub const OWN_OPTIONS: &str = "-c search_path=pgfleet_agent,pg_catalog,pg_temp";
 
 /// Who the server runs as: the agent's own user, or (when the agent is root)
 /// an unprivileged account such as `postgres`.
@@ -90,25 +109,49 @@ pub struct Server {
 }
 
 impl Server {
+    /// A peer's server as its superuser (what the peer reported), with the
+    /// search path pinned (`SUPERUSER_OPTIONS`).
     pub fn of(ep: &pgfleet_proto::v1::Endpoint, major: u32) -> Server {
+        Server::peer(ep, &ep.user, &ep.password, Some(SUPERUSER_OPTIONS), major)
+    }
+
+    /// A peer's server as its workload role, for what the scenario's data
+    /// sees (scripts the agent drives there): no superuser involved.
+    pub fn of_workload(ep: &pgfleet_proto::v1::Endpoint, major: u32) -> Server {
+        Server::peer(ep, WORKLOAD_ROLE, &ep.workload_password, None, major)
+    }
+
+    fn peer(
+        ep: &pgfleet_proto::v1::Endpoint,
+        user: &str,
+        password: &str,
+        options: Option<&str>,
+        major: u32,
+    ) -> Server {
         let mut config = tokio_postgres::Config::new();
         config
             .host(&ep.host)
             .port(ep.port as u16)
-            .user(&ep.user)
-            .password(&ep.password)
+            .user(user)
+            .password(password)
             .dbname(&ep.dbname)
             .application_name("pgfleet-agent")
             .connect_timeout(Duration::from_secs(10));
+        let port = ep.port.to_string();
+        let mut info = vec![
+            ("host", ep.host.as_str()),
+            ("port", port.as_str()),
+            ("user", user),
+            ("password", password),
+            ("dbname", ep.dbname.as_str()),
+        ];
+        if let Some(o) = options {
+            config.options(o);
+            info.push(("options", o));
+        }
         Server {
             config,
-            conninfo: quote_conninfo(&[
-                ("host", &ep.host),
-                ("port", &ep.port.to_string()),
-                ("user", &ep.user),
-                ("password", &ep.password),
-                ("dbname", &ep.dbname),
-            ]),
+            conninfo: quote_conninfo(&info),
             major,
         }
     }
@@ -676,8 +719,12 @@ impl Cluster {
              END$$;
              ALTER ROLE {WORKLOAD_ROLE} LOGIN {attrs} PASSWORD '{}';
              GRANT pg_monitor TO {WORKLOAD_ROLE};
-             ALTER DATABASE postgres OWNER TO {WORKLOAD_ROLE};
-             GRANT ALL ON SCHEMA public TO {WORKLOAD_ROLE};",
+             ALTER DATABASE postgres OWNER TO {SUPERUSER};
+             GRANT CONNECT, CREATE, TEMPORARY ON DATABASE postgres TO {WORKLOAD_ROLE};
+             GRANT ALL ON SCHEMA public TO {WORKLOAD_ROLE};
+             CREATE SCHEMA IF NOT EXISTS {AGENT_SCHEMA} AUTHORIZATION {SUPERUSER};
+             ALTER SCHEMA {AGENT_SCHEMA} OWNER TO {SUPERUSER};
+             REVOKE ALL ON SCHEMA {AGENT_SCHEMA} FROM PUBLIC;",
             self.workload_password
         );
         // pgbench scripts checkpoint; PostgreSQL 15 has a role for it.
@@ -750,7 +797,9 @@ impl Cluster {
         std::fs::write(&hba, text).map_err(|e| Error::io("writing pg_hba.conf", e))
     }
 
-    /// Where a peer on `host` reaches this cluster as the superuser.
+    /// Where a peer on `host` reaches this cluster: as the superuser (for
+    /// publications, slots, statistics) and as the workload role (for
+    /// driving scripts over the data).
     pub fn endpoint(&self, host: &str) -> pgfleet_proto::v1::Endpoint {
         pgfleet_proto::v1::Endpoint {
             host: host.to_string(),
@@ -759,6 +808,7 @@ impl Cluster {
             password: self.password.clone(),
             dbname: "postgres".to_string(),
             loaded_json: String::new(),
+            workload_password: self.workload_password.clone(),
         }
     }
 
@@ -1025,9 +1075,10 @@ impl Cluster {
         }
     }
 
-    /// This cluster as a `Server` for scenario SQL: as `WORKLOAD_ROLE`.
+    /// This cluster as a `Server` for scenario SQL: as `WORKLOAD_ROLE`, with
+    /// the search path its own settings give it.
     pub fn workload_server(&self) -> Server {
-        let mut config = self.pg_config();
+        let mut config = self.base_config();
         config.user(WORKLOAD_ROLE).password(&self.workload_password);
         Server {
             config,
@@ -1052,8 +1103,49 @@ impl Cluster {
     }
 
     /// Connection settings (superuser, loopback TCP), for callers that open
-    /// connections on their own runtime (the driver's client threads).
+    /// connections on their own runtime (the driver's client threads). The
+    /// one factory of the agent's superuser sessions: each starts with
+    /// `SUPERUSER_OPTIONS`, so no call site can forget them.
     pub fn pg_config(&self) -> tokio_postgres::Config {
+        let mut cfg = self.base_config();
+        cfg.options(SUPERUSER_OPTIONS);
+        cfg
+    }
+
+    /// A new superuser connection for a kind that works on the agent's own
+    /// tables, in `AGENT_SCHEMA` (see `OWN_OPTIONS`).
+    pub async fn connect_own(&self) -> Result<tokio_postgres::Client> {
+        let (client, conn) = self
+            .own_server()
+            .config
+            .connect(tokio_postgres::NoTls)
+            .await?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(client)
+    }
+
+    /// This cluster as a `Server` over the agent's own tables (the driver
+    /// reads them by their unqualified names).
+    pub fn own_server(&self) -> Server {
+        let mut config = self.base_config();
+        config.options(OWN_OPTIONS);
+        Server {
+            config,
+            conninfo: quote_conninfo(&[
+                ("host", "127.0.0.1"),
+                ("port", &self.port.to_string()),
+                ("user", SUPERUSER),
+                ("password", &self.password),
+                ("dbname", "postgres"),
+                ("options", OWN_OPTIONS),
+            ]),
+            major: self.pg.major,
+        }
+    }
+
+    fn base_config(&self) -> tokio_postgres::Config {
         let mut cfg = tokio_postgres::Config::new();
         cfg.host("127.0.0.1")
             .port(self.port)
@@ -1065,12 +1157,17 @@ impl Cluster {
         cfg
     }
 
-    /// A libpq connection string (for standard tools such as pgbench/psql).
+    /// A libpq connection string (for standard tools such as pgbench/psql),
+    /// as the superuser: with `SUPERUSER_OPTIONS` too.
     pub fn conninfo(&self) -> String {
-        format!(
-            "host=127.0.0.1 port={} user={} password={} dbname=postgres",
-            self.port, SUPERUSER, self.password
-        )
+        quote_conninfo(&[
+            ("host", "127.0.0.1"),
+            ("port", &self.port.to_string()),
+            ("user", SUPERUSER),
+            ("password", &self.password),
+            ("dbname", "postgres"),
+            ("options", SUPERUSER_OPTIONS),
+        ])
     }
 
     /// Stops the server (fast shutdown, then immediate, then SIGKILL) and

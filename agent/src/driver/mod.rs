@@ -29,6 +29,8 @@ pub mod wire;
 use rng::{Rng, Seeds};
 use script::{Command, Env, Expr, Script, Value, Var, Vars, eval};
 
+use crate::sandbox::Sandbox;
+
 #[derive(Debug, Clone)]
 pub struct DriverConfig {
     pub script: Script,
@@ -49,9 +51,10 @@ pub struct DriverConfig {
     /// Script variables (`scale`, `naccounts`, defines; a text define is
     /// kept as text, as pgbench's -D keeps it).
     pub vars: HashMap<String, Var>,
-    /// `\shell` / `\setshell` run as this (uid, gid): the cluster's OS
-    /// user. None: as the agent itself.
-    pub shell_as: Option<(u32, u32)>,
+    /// Where `\shell` / `\setshell` run: a sandbox (see `sandbox`), given
+    /// only when the workload has `allow_shell`. None: they fail, whatever
+    /// the script's validation said.
+    pub shell: Option<Arc<Sandbox>>,
     pub seed: u64,
     /// Ends the run early as its duration would (results are kept), e.g.
     /// once a backlog reached its size. None: duration or transactions.
@@ -666,7 +669,7 @@ async fn transaction(
             }
             Command::Fail(m) => return Err(fatal(line, m)),
             Command::Shell { var, args } => {
-                let out = shell(args, vars, cfg.shell_as, var.is_some())
+                let out = shell(args, vars, cfg.shell.as_deref(), var.is_some())
                     .await
                     .map_err(|e| TxnError::Fatal(format!("{name}:{line}: {e}")))?;
                 if let Some(var) = var {
@@ -778,14 +781,20 @@ fn keep_rows(
 }
 
 /// `\shell` / `\setshell`: the words (`:name` a variable's text, `::x`
-/// a literal `:x`) joined by spaces and run by `/bin/sh -c` as `run_as`;
-/// returns its standard output when `capture`.
+/// a literal `:x`) joined by spaces and run by `/bin/sh -c` in `sandbox`;
+/// returns its standard output when `capture`. Without a sandbox nothing
+/// runs: the workload did not opt in.
 async fn shell(
     args: &[String],
     vars: &Vars,
-    run_as: Option<(u32, u32)>,
+    sandbox: Option<&Sandbox>,
     capture: bool,
 ) -> Result<String, String> {
+    let Some(sandbox) = sandbox else {
+        return Err(
+            "\\shell and \\setshell are not allowed: the workload does not set allow_shell".into(),
+        );
+    };
     let mut words = Vec::with_capacity(args.len());
     for a in args {
         if let Some(rest) = a.strip_prefix("::") {
@@ -800,21 +809,17 @@ async fn shell(
         }
     }
     let command = words.join(" ");
-    let mut cmd = tokio::process::Command::new("/bin/sh");
+    let mut cmd = sandbox
+        .command(std::path::Path::new("/bin/sh"))
+        .map_err(|e| e.to_string())?;
     cmd.arg("-c")
         .arg(&command)
-        .current_dir("/")
-        .stdin(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .stdout(if capture {
             std::process::Stdio::piped()
         } else {
             std::process::Stdio::null()
-        })
-        .kill_on_drop(true);
-    if let Some((uid, gid)) = run_as {
-        cmd.uid(uid).gid(gid);
-    }
+        });
     let out = cmd
         .output()
         .await

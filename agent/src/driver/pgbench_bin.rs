@@ -17,6 +17,7 @@ use hdrhistogram::Histogram;
 
 use super::{DriverConfig, DriverError, DriverResult, SecondStat};
 use crate::pgbin::PgBin;
+use crate::sandbox::Sandbox;
 
 pub async fn run(
     cfg: &DriverConfig,
@@ -24,14 +25,19 @@ pub async fn run(
     pg: &PgBin,
     conninfo: &str,
     password: Option<&str>,
-    workdir: &Path,
+    sandbox: &Sandbox,
     cancel: &tokio_util::sync::CancellationToken,
 ) -> Result<DriverResult, DriverError> {
     let e = |m: String| DriverError(m);
-    let script = workdir.join("pgbench-script.sql");
-    std::fs::write(&script, script_text).map_err(|x| e(format!("writing the script: {x}")))?;
-    let prefix = workdir.join("pgbench_log");
-    let mut cmd = tokio::process::Command::new(pg.tool("pgbench"));
+    // pgbench reads the scenario's script: it runs in the sandbox, always
+    // (with `\shell` allowed or not), its files in the sandbox's /tmp.
+    let script = sandbox
+        .put("pgbench-script.sql", script_text)
+        .map_err(|x| e(format!("writing the script: {x}")))?;
+    let prefix = sandbox.inside("pgbench_log");
+    let mut cmd = sandbox
+        .command(&pg.tool("pgbench"))
+        .map_err(|x| e(x.to_string()))?;
     let mode = pgfleet_proto::workload::pgbench::pgbench_query_mode(script_text);
     cmd.args(["-n", "-M", mode])
         .arg(format!("--client={}", cfg.clients.max(1)))
@@ -42,13 +48,7 @@ pub async fn run(
         .arg(format!("--file={}", script.display()))
         .arg(format!("--random-seed={}", cfg.seed))
         .arg("--log")
-        .arg(format!("--log-prefix={}", prefix.display()))
-        .kill_on_drop(true);
-    // A script allowed to run \shell / \setshell runs them as the
-    // cluster's OS user: so does pgbench then.
-    if let Some((uid, gid)) = cfg.shell_as {
-        cmd.uid(uid).gid(gid);
-    }
+        .arg(format!("--log-prefix={}", prefix.display()));
     match (cfg.duration, cfg.transactions) {
         (Some(d), _) => {
             let total = (cfg.warmup + d).as_secs_f64();
@@ -93,7 +93,7 @@ pub async fn run(
         )));
     }
     let mut text = String::new();
-    for entry in std::fs::read_dir(workdir)
+    for entry in std::fs::read_dir(sandbox.tmp())
         .map_err(|x| e(x.to_string()))?
         .flatten()
     {
@@ -102,11 +102,9 @@ pub async fn run(
             .to_string_lossy()
             .starts_with("pgbench_log")
         {
-            text += &std::fs::read_to_string(entry.path()).map_err(|x| e(x.to_string()))?;
-            let _ = std::fs::remove_file(entry.path());
+            text += &read_no_follow(&entry.path()).map_err(|x| e(x.to_string()))?;
         }
     }
-    let _ = std::fs::remove_file(&script);
     // pgbench logs `schedule_lag` with --rate, then `retries` unless
     // --max-tries is 1.
     let retries_field = (pg.major >= 15 && cfg.max_tries.max(1) != 1)
@@ -118,6 +116,19 @@ pub async fn run(
         cfg.latency_limit,
         retries_field,
     )
+}
+
+/// A file the sandbox wrote, never through a symlink it may have planted.
+fn read_no_follow(p: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(p)?;
+    let mut text = String::new();
+    f.read_to_string(&mut text)?;
+    Ok(text)
 }
 
 /// Turns pgbench's per-transaction log into the driver's result.

@@ -50,10 +50,12 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                 pgbench_init::load(ctx, init).await?;
             }
             "json" => {
-                client
-                    .batch_execute("DROP TABLE IF EXISTS orders; CREATE TABLE orders (id int PRIMARY KEY, body jsonb)")
+                // The documents' source table is the agent's own; `orders`,
+                // the relation analysed, is the dataset's (public).
+                let own = ctx.cluster.connect_own().await?;
+                own.batch_execute("DROP TABLE IF EXISTS public.orders; CREATE TABLE public.orders (id int PRIMARY KEY, body jsonb)")
                     .await?;
-                toast_probe::load_documents(&client, "orders", p.json_documents, (25, 100), 0.42).await?;
+                toast_probe::load_documents(&own, "public.orders", p.json_documents, (25, 100), 0.42).await?;
             }
             // Scenario text: as the workload role, never the superuser.
             _ => ctx
@@ -65,9 +67,6 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                 .await
                 .map_err(|e| werr(format!("setup_sql failed (it runs as {}, not a superuser): {}", crate::cluster::WORKLOAD_ROLE, e.as_db_error().map(|d| d.message().to_string()).unwrap_or_else(|| e.to_string()))))?,
         }
-        // What scenario SQL created cannot be reached by name from here on
-        // (a function of its own in `public` would run as the superuser).
-        client.batch_execute("SET search_path = pg_catalog, pg_temp").await?;
         ctx.check_cancel()?;
         client.batch_execute("VACUUM ANALYZE").await?;
         client.batch_execute("CHECKPOINT").await?;

@@ -12,6 +12,7 @@ use crate::cluster::Server;
 use crate::driver::script::{Script, Value, Var};
 use crate::driver::{self, DriverConfig, DriverResult};
 use crate::sampler::Sampler;
+use crate::sandbox::Sandbox;
 use crate::{Error, Result};
 use pgfleet_proto::v1::{AgentMessage, CellProgress, agent_message::Msg};
 use tokio_util::sync::CancellationToken;
@@ -51,6 +52,8 @@ pub async fn drive_until(
     stop: Option<&tokio_util::sync::CancellationToken>,
 ) -> Result<(DriverResult, Internals)> {
     let text = d.text().map_err(werr)?.to_string();
+    // Whatever the scenario's script can steer runs in here (see `sandbox`).
+    let sandbox = Arc::new(Sandbox::for_cluster(ctx.cluster)?);
     // The real pgbench parses its own script (it may use what pgfleet's
     // driver does not run).
     let script = if d.driver == "pgbench" {
@@ -103,14 +106,14 @@ pub async fn drive_until(
             .map(|ms| Duration::from_secs_f64(ms / 1000.0)),
         max_tries: d.max_tries.max(1),
         vars,
-        // Checked at validation; checked again here, as the host is ours.
-        shell_as: if driver::script::uses_shell(&text) {
+        // Checked at validation (a superset of both drivers' parsers);
+        // checked again here, as the host is ours. Without the opt-in the
+        // driver gets no sandbox for a shell, so none can run.
+        shell: if d.may_run_shell() {
             if !d.allow_shell {
-                return Err(werr(
-                    "the script runs \\shell or \\setshell and allow_shell is not set".into(),
-                ));
+                return Err(werr(pgfleet_proto::workload::pgbench::SHELL_REFUSED.into()));
             }
-            ctx.cluster.run_as().map(|u| (u.uid, u.gid))
+            Some(sandbox.clone())
         } else {
             None
         },
@@ -159,7 +162,7 @@ pub async fn drive_until(
                     &ctx.cluster.pg,
                     &server.conninfo_without_password(),
                     server.password().as_deref(),
-                    ctx.cluster.dir(),
+                    &sandbox,
                     &ctx.cancel,
                 )
                 .await

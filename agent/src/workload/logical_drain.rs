@@ -45,7 +45,11 @@ const MARKER: &str = "pgfleet_drain_marker";
 pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Result<Output>> {
     async move {
         match ctx.role.as_str() {
-            PUBLISHER => ctx.serve_until_released().await,
+            PUBLISHER => {
+                // The subscriber drives its backlog as the workload role.
+                ctx.cluster.hand_over().await?;
+                ctx.serve_until_released().await
+            }
             SUBSCRIBER => {
                 let publisher = ctx.peer(PUBLISHER).await?;
                 let loaded: pgbench_init::Metrics = serde_json::from_str(&publisher.loaded_json)
@@ -53,6 +57,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                         role: PUBLISHER.into(),
                         message: format!("its cluster came without pgbench's load figures: {e}"),
                     })?;
+                let driven = Server::of_workload(&publisher, ctx.cluster.pg.major);
                 let publisher = Server::of(&publisher, ctx.cluster.pg.major);
                 let here = ctx.cluster.connect().await?;
                 let there = publisher.connect().await.map_err(|e| Error::Peer {
@@ -62,7 +67,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                         publisher.conninfo_without_password()
                     ),
                 })?;
-                let measured = measure(ctx, p, &publisher, loaded, &here, &there).await;
+                let measured = measure(ctx, p, &publisher, &driven, loaded, &here, &there).await;
                 // Whatever happened, leave no subscription, slot or
                 // publication behind (a slot pins the publisher's WAL).
                 let cleanup = drop_replication(&here, &there).await;
@@ -97,6 +102,8 @@ async fn measure(
     ctx: &CellContext<'_>,
     p: &Params,
     publisher: &Server,
+    // The publisher as its workload role: the backlog's writer.
+    driven: &Server,
     loaded: pgbench_init::Metrics,
     here: &Client,
     there: &Client,
@@ -107,9 +114,9 @@ async fn measure(
         here.batch_execute(&stmt).await?;
     }
     here.batch_execute(
-        "ALTER TABLE pgbench_accounts ADD PRIMARY KEY (aid); \
-         ALTER TABLE pgbench_branches ADD PRIMARY KEY (bid); \
-         ALTER TABLE pgbench_tellers ADD PRIMARY KEY (tid)",
+        "ALTER TABLE public.pgbench_accounts ADD PRIMARY KEY (aid); \
+         ALTER TABLE public.pgbench_branches ADD PRIMARY KEY (bid); \
+         ALTER TABLE public.pgbench_tellers ADD PRIMARY KEY (tid)",
     )
     .await?;
     let marker = format!("CREATE TABLE {MARKER} (id int PRIMARY KEY, at timestamptz)");
@@ -117,7 +124,7 @@ async fn measure(
     there.batch_execute(&marker).await.map_err(on_publisher)?;
     there
         .batch_execute(&format!(
-            "CREATE PUBLICATION {NAME} FOR TABLE pgbench_accounts, {MARKER}"
+            "CREATE PUBLICATION {NAME} FOR TABLE public.pgbench_accounts, {MARKER}"
         ))
         .await
         .map_err(on_publisher)?;
@@ -175,7 +182,7 @@ async fn measure(
         driver: "pgfleet".into(),
         allow_shell: false,
     };
-    let builder = drive_until(ctx, publisher, None, &drive, p.init.scale, Some(&stop));
+    let builder = drive_until(ctx, driven, None, &drive, p.init.scale, Some(&stop));
     tokio::pin!(builder);
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     let driven = loop {
@@ -375,7 +382,7 @@ async fn received_lag(here: &Client, target: &str) -> Result<u64> {
 async fn checksum(c: &Client) -> Result<(u64, String)> {
     let r = c
         .query_one(
-            "SELECT count(*), coalesce(sum(hashtext(aid::text || ':' || abalance::text)::numeric), 0)::text FROM pgbench_accounts",
+            "SELECT count(*), coalesce(sum(hashtext(aid::text || ':' || abalance::text)::numeric), 0)::text FROM public.pgbench_accounts",
             &[],
         )
         .await?;

@@ -91,23 +91,23 @@ pub fn ddl(p: &InitParams) -> Vec<String> {
     };
     let ff = format!(" WITH (fillfactor = {})", p.fillfactor);
     let mut v = vec![
-        "DROP TABLE IF EXISTS pgbench_accounts, pgbench_branches, pgbench_history, pgbench_tellers"
+        "DROP TABLE IF EXISTS public.pgbench_accounts, public.pgbench_branches, public.pgbench_history, public.pgbench_tellers"
             .to_string(),
         format!(
-            "CREATE TABLE pgbench_history (tid int, bid int, aid {aid}, delta int, mtime timestamp, filler char(22))"
+            "CREATE TABLE public.pgbench_history (tid int, bid int, aid {aid}, delta int, mtime timestamp, filler char(22))"
         ),
         format!(
-            "CREATE TABLE pgbench_tellers (tid int NOT NULL, bid int, tbalance int, filler char(84)){ff}"
+            "CREATE TABLE public.pgbench_tellers (tid int NOT NULL, bid int, tbalance int, filler char(84)){ff}"
         ),
         format!(
-            "CREATE TABLE pgbench_branches (bid int NOT NULL, bbalance int, filler char(88)){ff}"
+            "CREATE TABLE public.pgbench_branches (bid int NOT NULL, bbalance int, filler char(88)){ff}"
         ),
     ];
     if p.partitions == 0 {
-        v.push(format!("CREATE TABLE pgbench_accounts (aid {aid} NOT NULL, bid int, abalance int, filler char(84)){ff}"));
+        v.push(format!("CREATE TABLE public.pgbench_accounts (aid {aid} NOT NULL, bid int, abalance int, filler char(84)){ff}"));
     } else {
         v.push(format!(
-            "CREATE TABLE pgbench_accounts (aid {aid} NOT NULL, bid int, abalance int, filler char(84)) PARTITION BY RANGE (aid)"
+            "CREATE TABLE public.pgbench_accounts (aid {aid} NOT NULL, bid int, abalance int, filler char(84)) PARTITION BY RANGE (aid)"
         ));
         let n = p.scale * ACCOUNTS_PER_BRANCH;
         let parts = u64::from(p.partitions);
@@ -124,7 +124,7 @@ pub fn ddl(p: &InitParams) -> Vec<String> {
                 (i * size + 1).to_string()
             };
             v.push(format!(
-                "CREATE TABLE pgbench_accounts_{i} PARTITION OF pgbench_accounts FOR VALUES FROM ({lo}) TO ({hi}){ff}"
+                "CREATE TABLE public.pgbench_accounts_{i} PARTITION OF public.pgbench_accounts FOR VALUES FROM ({lo}) TO ({hi}){ff}"
             ));
         }
     }
@@ -169,13 +169,13 @@ pub fn plan(p: &InitParams, conns: u32) -> Vec<Unit> {
     if p.partitions > 0 {
         split(
             u64::from(p.partitions),
-            &|i| format!("pgbench_accounts_{i}"),
+            &|i| format!("public.pgbench_accounts_{i}"),
             true,
         )
     } else {
         split(
             u64::from(conns.max(1)),
-            &|_| "pgbench_accounts".to_string(),
+            &|_| "public.pgbench_accounts".to_string(),
             conns <= 1,
         )
     }
@@ -275,8 +275,8 @@ async fn load_unspanned(ctx: &CellContext<'_>, server: &Server, p: &InitParams) 
     }
     client
         .batch_execute(&format!(
-            "INSERT INTO pgbench_branches (bid, bbalance) SELECT bid, 0 FROM generate_series(1, {s}) AS bid;
-             INSERT INTO pgbench_tellers (tid, bid, tbalance) SELECT tid, (tid - 1) / 10 + 1, 0 FROM generate_series(1, {t}) AS tid;",
+            "INSERT INTO public.pgbench_branches (bid, bbalance) SELECT bid, 0 FROM generate_series(1, {s}) AS bid;
+             INSERT INTO public.pgbench_tellers (tid, bid, tbalance) SELECT tid, (tid - 1) / 10 + 1, 0 FROM generate_series(1, {t}) AS tid;",
             s = p.scale,
             t = 10 * p.scale
         ))
@@ -312,23 +312,29 @@ async fn load_unspanned(ctx: &CellContext<'_>, server: &Server, p: &InitParams) 
     ctx.progress("load", accounts, accounts, "vacuum analyze");
     let accounts_tables: Vec<String> = if p.partitions > 0 {
         (1..=p.partitions)
-            .map(|i| format!("pgbench_accounts_{i}"))
+            .map(|i| format!("public.pgbench_accounts_{i}"))
             .collect()
     } else {
-        vec!["pgbench_accounts".into()]
+        vec!["public.pgbench_accounts".into()]
     };
     let analyze = if p.partitions > 0 { "" } else { " ANALYZE" };
     let vacuum: Vec<String> = accounts_tables
         .iter()
         .map(|t| format!("VACUUM{analyze} {t}"))
         .chain(
-            ["pgbench_branches", "pgbench_tellers", "pgbench_history"]
-                .map(|t| format!("VACUUM ANALYZE {t}")),
+            [
+                "public.pgbench_branches",
+                "public.pgbench_tellers",
+                "public.pgbench_history",
+            ]
+            .map(|t| format!("VACUUM ANALYZE {t}")),
         )
         .collect();
     sql_all(&conns, &vacuum).await?;
     if p.partitions > 0 {
-        client.batch_execute("ANALYZE pgbench_accounts").await?;
+        client
+            .batch_execute("ANALYZE public.pgbench_accounts")
+            .await?;
     }
     let vacuum_s = started.elapsed().as_secs_f64() - schema_s - generate_s;
     ctx.progress("load", accounts, accounts, "primary keys");
@@ -336,12 +342,12 @@ async fn load_unspanned(ctx: &CellContext<'_>, server: &Server, p: &InitParams) 
         .iter()
         .map(|t| format!("ALTER TABLE {t} ADD PRIMARY KEY (aid)"))
         .collect();
-    keys.push("ALTER TABLE pgbench_branches ADD PRIMARY KEY (bid)".into());
-    keys.push("ALTER TABLE pgbench_tellers ADD PRIMARY KEY (tid)".into());
+    keys.push("ALTER TABLE public.pgbench_branches ADD PRIMARY KEY (bid)".into());
+    keys.push("ALTER TABLE public.pgbench_tellers ADD PRIMARY KEY (tid)".into());
     sql_all(&conns, &keys).await?;
     if p.partitions > 0 {
         client
-            .batch_execute("ALTER TABLE pgbench_accounts ADD PRIMARY KEY (aid)")
+            .batch_execute("ALTER TABLE public.pgbench_accounts ADD PRIMARY KEY (aid)")
             .await?;
     }
     let seconds = started.elapsed().as_secs_f64();

@@ -38,7 +38,7 @@ const SCAN: &str = "SELECT count(*) FROM test_table WHERE txt <> 'no such string
 
 pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Result<Output>> {
     async move {
-        let client = ctx.cluster.connect().await?;
+        let client = ctx.cluster.connect_own().await?;
         let version: i32 = client
             .query_one("SELECT current_setting('server_version_num')::int", &[])
             .await?
@@ -118,7 +118,7 @@ fn point(p: &Params, test: &str, method: &str, metrics: Metrics) -> Point {
 /// The article's test_table, loaded in slices, vacuumed, checkpointed:
 /// the kind's dataset (`workload::load`).
 pub async fn load(ctx: &CellContext<'_>, p: &Params) -> Result<crate::workload::Loaded> {
-    let client = ctx.cluster.connect().await?;
+    let client = ctx.cluster.connect_own().await?;
     client
         .batch_execute(
             "DROP TABLE IF EXISTS test_table; \
@@ -163,7 +163,7 @@ async fn set_io_method(
     version: i32,
     method: &str,
 ) -> std::result::Result<(), String> {
-    let client = ctx.cluster.connect().await.map_err(|e| e.to_string())?;
+    let client = ctx.cluster.connect_own().await.map_err(|e| e.to_string())?;
     let sql = if method == "default" {
         "ALTER SYSTEM RESET io_method".to_string()
     } else {
@@ -181,7 +181,7 @@ async fn set_io_method(
     // Applied by a restart; a server that cannot start with it is put back.
     let restarted = ctx.cluster.restart().await;
     if restarted.is_ok() && method != "default" {
-        let c = ctx.cluster.connect().await.map_err(|e| e.to_string())?;
+        let c = ctx.cluster.connect_own().await.map_err(|e| e.to_string())?;
         let now: String = c
             .query_one("SHOW io_method", &[])
             .await
@@ -240,7 +240,7 @@ async fn explain_scan(client: &Client) -> Result<(f64, f64, f64, f64)> {
 async fn seq_scan(ctx: &CellContext<'_>, p: &Params, cold: bool) -> Result<Metrics> {
     if !cold {
         // One unrecorded scan brings the table into the OS page cache.
-        ctx.cluster.connect().await?.batch_execute(SCAN).await?;
+        ctx.cluster.connect_own().await?.batch_execute(SCAN).await?;
     }
     let mut runs = Vec::new();
     let mut evicted = 0;
@@ -259,7 +259,7 @@ async fn seq_scan(ctx: &CellContext<'_>, p: &Params, cold: bool) -> Result<Metri
         } else {
             ctx.cluster.restart().await?;
         }
-        let client = ctx.cluster.connect().await?;
+        let client = ctx.cluster.connect_own().await?;
         let before = ctx.cluster.io_bytes();
         runs.push(explain_scan(&client).await?);
         match (before, ctx.cluster.io_bytes()) {
@@ -304,7 +304,7 @@ async fn random_read(ctx: &CellContext<'_>, p: &Params) -> Result<Metrics> {
         allow_shell: false,
     };
     let before = ctx.cluster.io_bytes();
-    let (result, internals) = drive::drive(ctx, &ctx.cluster.server(), &drive, 0).await?;
+    let (result, internals) = drive::drive(ctx, &ctx.cluster.own_server(), &drive, 0).await?;
     let dev = match (before, ctx.cluster.io_bytes()) {
         (Some(b), Some(a)) => Some(a.0.saturating_sub(b.0)),
         _ => None,
@@ -355,7 +355,7 @@ async fn writes_so_far(client: &Client, version: i32) -> Result<(u64, u64)> {
 }
 
 async fn write(ctx: &CellContext<'_>, p: &Params) -> Result<Metrics> {
-    let client = ctx.cluster.connect().await?;
+    let client = ctx.cluster.connect_own().await?;
     let version: i32 = client
         .query_one("SELECT current_setting('server_version_num')::int", &[])
         .await?

@@ -43,9 +43,9 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
         if p.probes.is_empty() || p.storage_modes.is_empty() {
             return Err(werr("probes and storage_modes must not be empty".into()));
         }
-        let client = ctx.cluster.connect().await?;
+        let client = ctx.cluster.connect_own().await?;
         client
-            .batch_execute("CREATE EXTENSION IF NOT EXISTS pageinspect; SET max_parallel_workers_per_gather = 0; SET jit = off")
+            .batch_execute("CREATE EXTENSION IF NOT EXISTS pageinspect WITH SCHEMA pgfleet_agent; SET max_parallel_workers_per_gather = 0; SET jit = off")
             .await
             .map_err(|e| werr(format!("pageinspect is needed to read heap tuples: {}", db_message(&e))))?;
         let version: i32 = client

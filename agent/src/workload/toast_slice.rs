@@ -62,7 +62,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                 return Err(werr(format!("offset {} (byte {}) is outside the value (1..={})", o.label, o.byte, p.value_bytes)));
             }
         }
-        let client = ctx.cluster.connect().await?;
+        let client = ctx.cluster.connect_own().await?;
 
         ctx.progress("load", 0, p.storage_modes.len() as u64, format!("{} x {} B", p.dataset.name(), p.value_bytes));
         setup(&client, p).await?;
@@ -138,7 +138,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                         // One read from a cold cache: restart (the old
                         // session ends with it), evict, connect, read.
                         ctx.cluster.make_cold().await?;
-                        let c = ctx.cluster.connect().await?;
+                        let c = ctx.cluster.connect_own().await?;
                         let stmt = c.prepare(&QUERY.replace("{table}", &mode.table())).await?;
                         measure(&c, &stmt, o.byte, p.slice_bytes, p.value_bytes, Duration::ZERO, &ctx.cancel).await?
                     } else {

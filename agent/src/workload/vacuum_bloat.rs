@@ -46,9 +46,16 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
         let client = ctx.cluster.connect().await?;
         let loaded = ctx.loaded()?;
         client
-            .batch_execute("ALTER TABLE pgbench_accounts SET (autovacuum_enabled = false); CHECKPOINT")
+            .batch_execute("ALTER TABLE public.pgbench_accounts SET (autovacuum_enabled = false); CHECKPOINT")
             .await?;
-        let exact = client.batch_execute("CREATE EXTENSION IF NOT EXISTS pgstattuple").await.is_ok();
+        let exact = client
+            .batch_execute(
+                "CREATE SCHEMA IF NOT EXISTS pgfleet_agent; \
+                 REVOKE ALL ON SCHEMA pgfleet_agent FROM PUBLIC; \
+                 CREATE EXTENSION IF NOT EXISTS pgstattuple WITH SCHEMA pgfleet_agent",
+            )
+            .await
+            .is_ok();
         let method = if exact { "pgstattuple_approx" } else { "statistics" };
         let fresh = measure(&client, exact).await?;
         let avg = fresh.live_tuple_bytes as f64 / fresh.live_tuples.max(1) as f64;
@@ -63,7 +70,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
             let last = (first + chunk - 1).min(rows);
             client
                 .execute(
-                    &format!("UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid BETWEEN {first} AND {last}"),
+                    &format!("UPDATE public.pgbench_accounts SET abalance = abalance + 1 WHERE aid BETWEEN {first} AND {last}"),
                     &[],
                 )
                 .await?;
@@ -80,13 +87,13 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
         .await?;
         client.batch_execute("CHECKPOINT").await?;
         let evicted_bytes = match p.cache {
-            Cache::Cold => ctx.cluster.evict_from_page_cache(&client, "pgbench_accounts").await?,
+            Cache::Cold => ctx.cluster.evict_from_page_cache(&client, "public.pgbench_accounts").await?,
             Cache::Warm => 0,
         };
 
         let sampler = Sampler::start(&ctx.cluster.server(), ctx.cluster.device_stat_file(), Duration::from_secs(1), Duration::ZERO, ctx.events.clone(), ctx.cell_id.clone()).await?;
         let (vacuum_client, mut notices) = ctx.cluster.connect_with_notices().await?;
-        let sql = p.vacuum_sql();
+        let sql = p.vacuum_sql_qualified();
         let started = Instant::now();
         let vacuum = vacuum_client.batch_execute(&sql);
         tokio::pin!(vacuum);
@@ -175,7 +182,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
 pub async fn measure(client: &tokio_postgres::Client, exact: bool) -> Result<TableState> {
     let sizes = client
         .query_one(
-            "SELECT pg_relation_size('pgbench_accounts')::int8, pg_indexes_size('pgbench_accounts')::int8",
+            "SELECT pg_relation_size('public.pgbench_accounts')::int8, pg_indexes_size('public.pgbench_accounts')::int8",
             &[],
         )
         .await?;
@@ -191,8 +198,8 @@ pub async fn measure(client: &tokio_postgres::Client, exact: bool) -> Result<Tab
         let r = client
             .query_one(
                 "SELECT approx_tuple_count::int8, dead_tuple_count::int8, dead_tuple_len::int8, \
-                 (SELECT avg(pg_column_size(a))::float8 FROM (SELECT * FROM pgbench_accounts LIMIT 10000) a) \
-                 FROM pgstattuple_approx('pgbench_accounts')",
+                 (SELECT avg(pg_column_size(a))::float8 FROM (SELECT * FROM public.pgbench_accounts LIMIT 10000) a) \
+                 FROM pgfleet_agent.pgstattuple_approx('public.pgbench_accounts')",
                 &[],
             )
             .await?;
@@ -222,8 +229,8 @@ pub async fn measure(client: &tokio_postgres::Client, exact: bool) -> Result<Tab
         .await;
     let r = client
         .query_one(
-            "SELECT n_live_tup::int8, n_dead_tup::int8, (SELECT avg(pg_column_size(a))::float8 FROM (SELECT * FROM pgbench_accounts LIMIT 10000) a) \
-             FROM pg_stat_user_tables WHERE relname = 'pgbench_accounts'",
+            "SELECT n_live_tup::int8, n_dead_tup::int8, (SELECT avg(pg_column_size(a))::float8 FROM (SELECT * FROM public.pgbench_accounts LIMIT 10000) a) \
+             FROM pg_stat_user_tables WHERE schemaname = 'public' AND relname = 'pgbench_accounts'",
             &[],
         )
         .await?;
@@ -271,7 +278,7 @@ async fn progress(client: &tokio_postgres::Client, started: Instant) -> Result<O
     let row = client
         .query_opt(
             "SELECT phase, heap_blks_total::int8, heap_blks_scanned::int8, heap_blks_vacuumed::int8, index_vacuum_count::int8 \
-             FROM pg_stat_progress_vacuum WHERE relid = 'pgbench_accounts'::regclass",
+             FROM pg_stat_progress_vacuum WHERE relid = 'public.pgbench_accounts'::regclass",
             &[],
         )
         .await

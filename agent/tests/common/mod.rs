@@ -156,3 +156,22 @@ pub fn succeeded(r: &pgfleet_proto::v1::CellResult) -> (serde_json::Value, serde
     let metrics: serde_json::Value = serde_json::from_str(&r.points[0].metrics_json).unwrap();
     (env["dataset"].clone(), metrics)
 }
+
+/// A superuser connection for a test's own SQL over the scenario's schema
+/// (`public` first). The agent's own sessions never search `public`
+/// (`cluster::SUPERUSER_OPTIONS`); a test's trusted SQL may.
+pub async fn sql(cl: &Cluster) -> tokio_postgres::Client {
+    let c = cl.connect().await.unwrap();
+    c.batch_execute("SET search_path = public, pg_catalog")
+        .await
+        .unwrap();
+    c
+}
+
+/// `cl.conninfo()` for a standard tool run by a test over `public`.
+pub fn conninfo_public(cl: &Cluster) -> String {
+    cl.conninfo().replace(
+        "search_path=pg_catalog,pg_temp",
+        "search_path=public,pg_catalog",
+    )
+}

@@ -677,17 +677,21 @@ pub fn substitute(sql: &str, vars: &Vars) -> String {
     out
 }
 
-/// Whether a script runs commands on the host (`\shell`, `\setshell`),
-/// by pgbench's reading of a meta-command line (case-insensitive).
-pub fn uses_shell(text: &str) -> bool {
-    text.lines().any(|l| {
-        let w = l.trim_start().to_ascii_lowercase();
-        ["\\shell", "\\setshell"]
-            .iter()
-            .any(|c| w.starts_with(c) && w[c.len()..].starts_with(|ch: char| ch.is_whitespace()))
-            || w == "\\shell"
-            || w == "\\setshell"
-    })
+/// Whether `text` might run a command on the host (`\\shell`,
+/// `\\setshell`) under **any** parser that will read it: pgfleet's, or the
+/// real pgbench's, which both take a meta-command after SQL or a comment on
+/// the same line, any letter case, and backslash-newline continuations.
+/// A superset by construction: every whitespace character is removed and
+/// the ASCII-lowercased rest is searched for either name anywhere, so a
+/// false positive is possible (`SELECT '\\shell'`), a miss is not. Scenario
+/// text that reaches a script (its `defines` too) is judged with this.
+pub fn may_run_shell(text: &str) -> bool {
+    let squeezed: String = text
+        .chars()
+        .filter(|c| !c.is_whitespace() && *c != '\0')
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    squeezed.contains("\\shell") || squeezed.contains("\\setshell")
 }
 
 /// pgbench's limit on a statement's variables (MAX_ARGS - 1).

@@ -79,8 +79,8 @@ with_load_keys! {
         pub defines: Option<BTreeMap<String, Spanned<Define>>>,
         #[serde(default)]
         pub seed: Option<Spanned<u64>>,
-        /// Let `\shell` and `\setshell` run commands on the agent's host (as
-        /// the cluster's OS user). Off by default.
+        /// Let `\shell` and `\setshell` run commands on the agent's host (in
+        /// its sandbox: an unprivileged user, a private /tmp). Off by default.
         #[serde(default)]
         pub allow_shell: Option<Spanned<bool>>,
         /// `pgfleet` (built-in driver, default) or `pgbench` (the real binary).
@@ -114,12 +114,15 @@ pub struct DriveParams {
     pub defines: BTreeMap<String, Define>,
     pub seed: Option<u64>,
     pub driver: String,
-    /// `\shell` / `\setshell` may run (as the cluster's OS user).
+    /// `\shell` / `\setshell` may run (in the agent's sandbox).
     #[serde(default)]
     pub allow_shell: bool,
 }
 
 const MAX_SECONDS: f64 = 86_400.0;
+
+/// Why a script that might run `\\shell` / `\\setshell` is refused.
+pub const SHELL_REFUSED: &str = "the script (or a value substituted into it) contains \\shell or \\setshell, which run commands on the agent's host: set allow_shell: true to let them (the check is deliberately wide: a backslash-shell anywhere, any case, even inside a string or comment, counts)";
 const MAX_WARMUP_S: f64 = 3_600.0;
 const MAX_CLIENTS: u32 = 10_000;
 const MAX_TRIES: u32 = 1000;
@@ -136,9 +139,23 @@ impl DriveParams {
         within("warmup_s", self.warmup_s, 0.0, MAX_WARMUP_S)?;
         within("max_tries", self.max_tries, 1, MAX_TRIES)?;
         match &self.script_text {
-            Some(t) => within("script_text bytes", t.len(), 1, 1 << 20),
-            None => self.text().map(|_| ()),
+            Some(t) => within("script_text bytes", t.len(), 1, 1 << 20)?,
+            None => self.text().map(|_| ())?,
         }
+        if self.may_run_shell() && !self.allow_shell {
+            return Err(SHELL_REFUSED.into());
+        }
+        Ok(())
+    }
+    /// Whether the script, or a value substituted into it, might run a
+    /// host command under either driver (`script::may_run_shell`, a
+    /// superset of both parsers).
+    pub fn may_run_shell(&self) -> bool {
+        self.text().is_ok_and(crate::script::may_run_shell)
+            || self
+                .defines
+                .values()
+                .any(|d| matches!(d, Define::Str(s) if crate::script::may_run_shell(s)))
     }
     /// The script's text: `script_text`, or the built-in's.
     pub fn text(&self) -> Result<&str, String> {
@@ -294,15 +311,19 @@ pub fn check_drive(f: &Field, s: &Spec) -> Checked<DriveParams> {
             ),
         );
     }
-    if let Some(t) = &s.script_text
-        && crate::script::uses_shell(&t.value)
-        && !s.allow_shell.as_ref().is_some_and(|a| a.value)
-    {
-        return f.err(
-            t.referenced,
-            "script_text",
-            "\\shell and \\setshell run commands on the agent's host (as the cluster's OS user): set allow_shell: true to let them",
-        );
+    if !s.allow_shell.as_ref().is_some_and(|a| a.value) {
+        if let Some(t) = &s.script_text
+            && crate::script::may_run_shell(&t.value)
+        {
+            return f.err(t.referenced, "script_text", SHELL_REFUSED);
+        }
+        for (k, v) in s.defines.iter().flatten() {
+            if let Define::Str(text) = &v.value
+                && crate::script::may_run_shell(text)
+            {
+                return f.err(v.referenced, &format!("defines.{k}"), SHELL_REFUSED);
+            }
+        }
     }
     // Under driver: pgbench the script is pgbench's own to judge: the
     // real pgbench, where one is installed (the agent's run judges again).

@@ -121,6 +121,12 @@ impl Params {
         }
         format!("VACUUM ({}) pgbench_accounts", opts.join(", "))
     }
+    /// `vacuum_sql` as the agent runs it: the table named with its schema
+    /// (its superuser sessions search `pg_catalog` only).
+    pub fn vacuum_sql_qualified(&self) -> String {
+        self.vacuum_sql()
+            .replacen(") pgbench_accounts", ") public.pgbench_accounts", 1)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

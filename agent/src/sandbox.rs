@@ -1,0 +1,566 @@
+//! The sandbox that every program scenario text can steer runs in: the real
+//! `pgbench` (always: it reads the scenario's script) and `\shell` /
+//! `\setshell` of pgfleet's own driver (only with `allow_shell`).
+//!
+//! What holds by construction (SECURITY.md, "The sandbox"):
+//! - **Another user.** As root, the program runs as the sandbox user
+//!   (`PGFLEET_SANDBOX_USER`, default `nobody`): never root, never the
+//!   agent's user, never the user PostgreSQL runs as (so it cannot read any
+//!   cluster's files). No supplementary groups; `PR_SET_NO_NEW_PRIVS`, so no
+//!   setuid program gives privileges back.
+//! - **An allowlisted filesystem.** As root, it runs in a mount namespace of
+//!   its own, chrooted into a root that holds only the system's programs and
+//!   libraries (`/usr`, `/bin`, `/lib*`, the PostgreSQL install it needs, a
+//!   few files of `/etc`: users, groups, hosts, the loader's cache), all
+//!   read-only, `/dev` read-only, and `/tmp`: its private temp dir, the only
+//!   place it can write. The agent's tokens, TLS keys, stores, datasets and
+//!   every cluster are not in its world at all. The mounts live only in the
+//!   namespace, which dies with its last process.
+//! - **No inherited secrets.** Its environment is cleared (`PATH`, `HOME`
+//!   and `TMPDIR` pointing at its temp dir, `LANG=C`, and what the caller
+//!   adds, e.g. `PGPASSWORD` for pgbench).
+//! - **Nothing left.** Every process it starts (a backgrounded `\shell`
+//!   command too) joins a pids cgroup of its own, and `Drop` kills them all,
+//!   then removes the cgroup and the sandbox's directory.
+//!
+//! An agent that is not root can switch neither user nor filesystem: its
+//! sandbox is `Isolation::SameUser` (a private temp dir, a cleared
+//! environment, `PR_SET_NO_NEW_PRIVS`), and `describe()` says so in the
+//! cell's report. Run such an agent only for your own scenarios.
+
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::cluster::RunAs;
+use crate::{Error, Result};
+
+/// The user sandboxed programs run as when the agent is root.
+pub const DEFAULT_USER: &str = "nobody";
+
+/// Files of `/etc` a program may read: who users are (`id`, libpq's
+/// default user), how names resolve, the dynamic loader's cache.
+const ETC_FILES: &[&str] = &[
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/hosts",
+    "/etc/ld.so.cache",
+    "/etc/localtime",
+];
+
+/// The system's programs and libraries (symlinks such as merged-usr's
+/// `/bin -> usr/bin` are recreated as symlinks).
+const SYSTEM_DIRS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+];
+
+/// How far a sandbox separates its programs from the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// Another user, an allowlisted read-only filesystem, a private /tmp.
+    Full,
+    /// The agent's own user (it is not root): a private temp dir, a cleared
+    /// environment and no new privileges only.
+    SameUser,
+}
+
+/// One sandbox: a private temp dir, a root to chroot into, a cgroup.
+/// Dropping it kills what still runs in it and removes it.
+#[derive(Debug)]
+pub struct Sandbox {
+    dir: PathBuf,
+    user: Option<RunAs>,
+    /// Host directories bound read-only besides the system's.
+    extra: Vec<PathBuf>,
+    cgroup: Option<PathBuf>,
+}
+
+/// The sandbox user, resolved when the agent is root: `PGFLEET_SANDBOX_USER`
+/// or `nobody`. It must not be root nor the user PostgreSQL runs as.
+pub fn user(pg_user: Option<&RunAs>) -> Result<Option<RunAs>> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(None);
+    }
+    let name = std::env::var("PGFLEET_SANDBOX_USER").unwrap_or_else(|_| DEFAULT_USER.into());
+    let u = nix::unistd::User::from_name(&name)
+        .map_err(|e| Error::Provision(format!("looking up the sandbox user `{name}`: {e}")))?
+        .ok_or_else(|| {
+            Error::Provision(format!(
+                "the sandbox user `{name}` does not exist: create it (useradd --system {name}) \
+                 or set PGFLEET_SANDBOX_USER to an unprivileged user"
+            ))
+        })?;
+    if u.uid.is_root() || pg_user.is_some_and(|p| p.uid == u.uid.as_raw()) {
+        return Err(Error::Provision(format!(
+            "the sandbox user `{name}` is root or the user PostgreSQL runs as: \
+             set PGFLEET_SANDBOX_USER to a user of its own"
+        )));
+    }
+    Ok(Some(RunAs {
+        uid: u.uid.as_raw(),
+        gid: u.gid.as_raw(),
+        name,
+    }))
+}
+
+static SERIAL: AtomicU64 = AtomicU64::new(0);
+
+impl Sandbox {
+    /// A new sandbox under `parent` (a directory only the agent can reach:
+    /// `<data root>/sandboxes`), for programs run as `user` (None: the
+    /// agent's own, when it is not root), seeing `extra` read-only besides
+    /// the system's directories (e.g. the PostgreSQL install).
+    pub fn new(parent: &Path, user: Option<RunAs>, extra: &[&Path]) -> Result<Sandbox> {
+        let io = |what: &str, e| Error::io(format!("sandbox: {what}"), e);
+        std::fs::create_dir_all(parent).map_err(|e| io("creating its parent", e))?;
+        set_mode(parent, 0o700)?;
+        let dir = loop {
+            let n = SERIAL.fetch_add(1, Ordering::Relaxed);
+            let dir = parent.join(format!("{}-{n}", std::process::id()));
+            match std::fs::create_dir(&dir) {
+                Ok(()) => break dir,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(io("creating its directory", e)),
+            }
+        };
+        let mut sb = Sandbox {
+            dir,
+            user,
+            extra: extra.iter().map(|p| p.to_path_buf()).collect(),
+            cgroup: None,
+        };
+        let tmp = sb.tmp();
+        std::fs::create_dir(&tmp).map_err(|e| io("creating its temp dir", e))?;
+        set_mode(&tmp, 0o700)?;
+        if let Some(u) = &sb.user {
+            nix::unistd::chown(&tmp, Some(u.uid.into()), Some(u.gid.into()))
+                .map_err(|e| Error::Provision(format!("sandbox: chown its temp dir: {e}")))?;
+            sb.make_root()?;
+            sb.cgroup = make_cgroup(&sb.dir);
+        }
+        Ok(sb)
+    }
+
+    /// A sandbox for the programs of a cell on `cluster`: under the agent's
+    /// data root, seeing the cluster's PostgreSQL install read-only.
+    pub fn for_cluster(cluster: &crate::cluster::Cluster) -> Result<Sandbox> {
+        let clusters = cluster.dir().parent().unwrap_or(Path::new("/"));
+        let parent = clusters.parent().unwrap_or(clusters).join("sandboxes");
+        let install = cluster.pg.dir.parent().unwrap_or(&cluster.pg.dir);
+        Sandbox::new(&parent, user(cluster.run_as())?, &[install])
+    }
+
+    pub fn isolation(&self) -> Isolation {
+        if self.user.is_some() {
+            Isolation::Full
+        } else {
+            Isolation::SameUser
+        }
+    }
+
+    /// One line for reports and logs: who runs what, how separated.
+    pub fn describe(&self) -> String {
+        match &self.user {
+            Some(u) => format!(
+                "as `{}` (uid {}), no new privileges, in a mount namespace that sees only the system's programs read-only and a private /tmp",
+                u.name, u.uid
+            ),
+            None => "as the agent's own user (it is not root): a private temp dir and a cleared environment only".into(),
+        }
+    }
+
+    /// The private temp dir, as the agent sees it.
+    pub fn tmp(&self) -> PathBuf {
+        self.dir.join("tmp")
+    }
+
+    /// Where a file of the temp dir is, as the sandboxed program sees it.
+    pub fn inside(&self, name: &str) -> PathBuf {
+        match self.isolation() {
+            Isolation::Full => Path::new("/tmp").join(name),
+            Isolation::SameUser => self.tmp().join(name),
+        }
+    }
+
+    /// Writes `text` into the temp dir as `name`, readable by the sandbox
+    /// user; returns its path inside.
+    pub fn put(&self, name: &str, text: &str) -> Result<PathBuf> {
+        let host = self.tmp().join(name);
+        std::fs::write(&host, text)
+            .map_err(|e| Error::io(format!("sandbox: writing {name}"), e))?;
+        if let Some(u) = &self.user {
+            nix::unistd::chown(&host, Some(u.uid.into()), Some(u.gid.into()))
+                .map_err(|e| Error::Provision(format!("sandbox: chown {name}: {e}")))?;
+        }
+        Ok(self.inside(name))
+    }
+
+    fn root(&self) -> PathBuf {
+        self.dir.join("root")
+    }
+
+    /// The read-only binds: (host path, mount point under the root).
+    fn binds(&self) -> Vec<(PathBuf, PathBuf)> {
+        let root = self.root();
+        let under = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
+        let mut v: Vec<(PathBuf, PathBuf)> = SYSTEM_DIRS
+            .iter()
+            .map(Path::new)
+            .filter(|p| p.is_dir() && !p.is_symlink())
+            .chain(ETC_FILES.iter().map(Path::new).filter(|p| p.is_file()))
+            .chain(
+                self.extra
+                    .iter()
+                    .map(PathBuf::as_path)
+                    .filter(|p| !SYSTEM_DIRS.iter().any(|d| p.starts_with(d))),
+            )
+            .chain([Path::new("/dev")])
+            .map(|p| (p.to_path_buf(), under(p)))
+            .collect();
+        v.dedup();
+        v
+    }
+
+    /// The chroot's skeleton: a mount point per bind, the system's
+    /// symlinks, `/tmp`. Only the agent (root) can reach it.
+    fn make_root(&self) -> Result<()> {
+        let root = self.root();
+        let io = |what: String, e| Error::io(format!("sandbox: {what}"), e);
+        std::fs::create_dir(&root).map_err(|e| io("creating its root".into(), e))?;
+        set_mode(&root, 0o755)?;
+        for d in SYSTEM_DIRS.iter().map(Path::new).filter(|p| p.is_symlink()) {
+            let target =
+                std::fs::read_link(d).map_err(|e| io(format!("reading {}", d.display()), e))?;
+            let at = root.join(d.strip_prefix("/").unwrap_or(d));
+            std::os::unix::fs::symlink(target, &at)
+                .map_err(|e| io(format!("linking {}", at.display()), e))?;
+        }
+        for (src, at) in self.binds() {
+            if let Some(p) = at.parent() {
+                std::fs::create_dir_all(p)
+                    .map_err(|e| io(format!("creating {}", p.display()), e))?;
+            }
+            if src.is_dir() {
+                std::fs::create_dir_all(&at)
+            } else {
+                std::fs::write(&at, b"")
+            }
+            .map_err(|e| io(format!("creating {}", at.display()), e))?;
+        }
+        std::fs::create_dir(root.join("tmp")).map_err(|e| io("creating /tmp".into(), e))?;
+        Ok(())
+    }
+
+    /// A command for `program` (a path as the sandboxed program sees it:
+    /// absolute, under a bound directory) that runs inside this sandbox.
+    pub fn command(&self, program: &Path) -> Result<tokio::process::Command> {
+        let mut cmd = tokio::process::Command::new(program);
+        let home = self.inside("");
+        cmd.env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("HOME", &home)
+            .env("TMPDIR", &home)
+            .env("LANG", "C")
+            .current_dir(self.tmp())
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true);
+        let c = |p: &Path| {
+            CString::new(p.as_os_str().as_encoded_bytes())
+                .map_err(|e| Error::Provision(format!("sandbox: path {}: {e}", p.display())))
+        };
+        let procs = match &self.cgroup {
+            Some(cg) => Some(c(&cg.join("cgroup.procs"))?),
+            None => None,
+        };
+        let isolate = match &self.user {
+            Some(u) => {
+                let mut binds = Vec::new();
+                for (src, at) in self.binds() {
+                    binds.push((c(&src)?, c(&at)?));
+                }
+                Some(Isolate {
+                    binds,
+                    tmp: (c(&self.tmp())?, c(&self.root().join("tmp"))?),
+                    root: c(&self.root())?,
+                    slash: c(Path::new("/"))?,
+                    slash_tmp: c(Path::new("/tmp"))?,
+                    uid: u.uid,
+                    gid: u.gid,
+                })
+            }
+            None => None,
+        };
+        let parent = std::process::id();
+        // SAFETY: the closure runs between fork and exec; it makes only
+        // async-signal-safe system calls on memory prepared before the fork
+        // (no allocation, no locks).
+        unsafe {
+            cmd.pre_exec(move || {
+                let fail = || Err(std::io::Error::last_os_error());
+                if libc::setsid() < 0 {
+                    return fail();
+                }
+                if let Some(procs) = &procs {
+                    let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                    if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                        return fail();
+                    }
+                    libc::close(fd);
+                }
+                if let Some(i) = &isolate
+                    && i.enter() != 0
+                {
+                    return fail();
+                }
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                    return fail();
+                }
+                // After the uid switch, which clears it.
+                if libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGKILL as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                ) != 0
+                {
+                    return fail();
+                }
+                if libc::getppid() as u32 != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        Ok(cmd)
+    }
+}
+
+/// What the child does, as root, before it becomes the sandbox user.
+struct Isolate {
+    binds: Vec<(CString, CString)>,
+    tmp: (CString, CString),
+    root: CString,
+    slash: CString,
+    slash_tmp: CString,
+    uid: u32,
+    gid: u32,
+}
+
+impl Isolate {
+    /// Between fork and exec: a mount namespace whose mounts never reach
+    /// the host's (private, recursively, before anything is mounted), the
+    /// binds, the chroot, then the user. Returns -1 on the first failure
+    /// (errno says why).
+    unsafe fn enter(&self) -> i32 {
+        use libc::{MS_BIND, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_RDONLY, MS_REC, MS_REMOUNT};
+        let null: *const libc::c_char = std::ptr::null();
+        let no_data: *const libc::c_void = std::ptr::null();
+        unsafe {
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                return -1;
+            }
+            if libc::mount(
+                null,
+                self.slash.as_ptr(),
+                null,
+                MS_REC | MS_PRIVATE,
+                no_data,
+            ) != 0
+            {
+                return -1;
+            }
+            for (src, at) in &self.binds {
+                if libc::mount(src.as_ptr(), at.as_ptr(), null, MS_BIND | MS_REC, no_data) != 0 {
+                    return -1;
+                }
+                let ro = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID;
+                if libc::mount(null, at.as_ptr(), null, ro, no_data) != 0 {
+                    return -1;
+                }
+            }
+            let (src, at) = &self.tmp;
+            if libc::mount(src.as_ptr(), at.as_ptr(), null, MS_BIND, no_data) != 0 {
+                return -1;
+            }
+            let rw = MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV;
+            if libc::mount(null, at.as_ptr(), null, rw, no_data) != 0 {
+                return -1;
+            }
+            if libc::chroot(self.root.as_ptr()) != 0 || libc::chdir(self.slash_tmp.as_ptr()) != 0 {
+                return -1;
+            }
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(self.gid) != 0
+                || libc::setuid(self.uid) != 0
+            {
+                return -1;
+            }
+        }
+        0
+    }
+}
+
+/// A pids cgroup every sandboxed process joins (v1 `pids/pgfleet/…`, or
+/// v2 `pgfleet-sandbox/…`), so `Drop` finds and kills them all. None where
+/// no cgroup can be made: the process group is killed instead.
+fn make_cgroup(dir: &Path) -> Option<PathBuf> {
+    let name = format!("sandbox-{}", dir.file_name()?.to_string_lossy());
+    let base = Path::new("/sys/fs/cgroup");
+    let parent = if base.join("pids").is_dir() {
+        base.join("pids/pgfleet")
+    } else if base.join("cgroup.controllers").exists() {
+        base.join("pgfleet-sandbox")
+    } else {
+        return None;
+    };
+    let _ = std::fs::create_dir(&parent);
+    let path = parent.join(name);
+    std::fs::create_dir(&path).ok()?;
+    Some(path)
+}
+
+fn set_mode(p: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| Error::io(format!("sandbox: chmod {}", p.display()), e))
+}
+
+/// Removes the sandbox's directory without ever descending into a mount:
+/// the temp dir (never a mount point on the host) recursively, the root's
+/// known entries one by one, each with `rmdir`/`unlink` (had a mount reached
+/// the host, `rmdir` of its non-empty point fails and it is left, logged).
+fn remove_tree(dir: &Path, points: &[PathBuf]) {
+    let _ = std::fs::remove_dir_all(dir.join("tmp"));
+    let root = dir.join("root");
+    let mut dirs: Vec<PathBuf> = vec![root.join("tmp")];
+    for p in points {
+        match std::fs::symlink_metadata(p) {
+            Ok(m) if m.is_dir() => dirs.push(p.clone()),
+            Ok(m) if m.len() == 0 || m.file_type().is_symlink() => {
+                let _ = std::fs::remove_file(p);
+            }
+            _ => {}
+        }
+        // Parents made for the point (root/etc, root/opt/...).
+        let mut up = p.parent();
+        while let Some(d) = up.filter(|d| d.starts_with(&root)) {
+            dirs.push(d.to_path_buf());
+            up = d.parent();
+        }
+    }
+    // Deepest first, so each is empty by its turn.
+    dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+    dirs.dedup();
+    for d in dirs {
+        if let Err(e) = std::fs::remove_dir(&d)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %d.display(), error = %e, "sandbox: a directory could not be removed");
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if let Some(cg) = &self.cgroup {
+            let procs = cg.join("cgroup.procs");
+            for _ in 0..100 {
+                let pids = std::fs::read_to_string(&procs).unwrap_or_default();
+                let pids: Vec<i32> = pids.lines().filter_map(|l| l.trim().parse().ok()).collect();
+                if pids.is_empty() {
+                    break;
+                }
+                for pid in pids {
+                    // SAFETY: a plain kill(2) of a process in our cgroup.
+                    unsafe {
+                        libc::kill(pid, libc::SIGKILL);
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            if let Err(e) = std::fs::remove_dir(cg) {
+                tracing::warn!(cgroup = %cg.display(), error = %e, "sandbox: its cgroup could not be removed");
+            }
+        }
+        let root = self.root();
+        let mut points: Vec<PathBuf> = SYSTEM_DIRS
+            .iter()
+            .map(|d| root.join(d.trim_start_matches('/')))
+            .collect();
+        points.extend(self.binds().into_iter().map(|(_, at)| at));
+        remove_tree(&self.dir, &points);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sandboxed shell as root: another user, no new privileges, a world
+    /// of system files only, its /tmp the one place it writes; and nothing
+    /// of it left afterwards, a process it left running included.
+    #[tokio::test]
+    async fn a_sandboxed_program_sees_only_the_system_and_its_tmp() {
+        let scratch =
+            std::env::temp_dir().join(format!("pgfleet-sandbox-test-{}", std::process::id()));
+        let secret = scratch.join("secret.txt");
+        std::fs::create_dir_all(&scratch).unwrap();
+        std::fs::write(&secret, "agent secret").unwrap();
+        let sb = Sandbox::new(&scratch.join("sandboxes"), user(None).unwrap(), &[]).unwrap();
+        let script = format!(
+            "id -u; cat {} 2>&1; ls /root 2>&1; cat /proc/self/status 2>&1 | grep NoNewPrivs; \
+             echo written > /tmp/mine && cat /tmp/mine; touch /usr/x 2>&1; ls /work 2>&1; \
+             (sleep 600 >/dev/null 2>&1 &) ; echo done",
+            secret.display()
+        );
+        let out = sb
+            .command(Path::new("/bin/sh"))
+            .unwrap()
+            .arg("-c")
+            .arg(&script)
+            .output()
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("done"),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!text.contains("agent secret"), "{text}");
+        assert!(text.contains("written"), "{text}");
+        let dir = sb.dir.clone();
+        match sb.isolation() {
+            Isolation::Full => {
+                let uid = text.lines().next().unwrap();
+                assert_ne!(uid, "0", "{text}");
+                // /usr is read-only inside.
+                assert!(text.contains("Read-only file system"), "{text}");
+                // The host beyond the system is not there at all.
+                assert!(text.contains("cannot access '/work'"), "{text}");
+                assert!(!Path::new("/usr/x").exists(), "{text}");
+                let cg = sb.cgroup.clone();
+                drop(sb);
+                // The `sleep` it left is gone with its cgroup.
+                if let Some(cg) = cg {
+                    assert!(!cg.exists(), "{}", cg.display());
+                }
+                let sleeping = std::process::Command::new("pgrep")
+                    .args(["-u", "nobody", "-f", "sleep 600"])
+                    .output()
+                    .unwrap();
+                assert!(
+                    sleeping.stdout.is_empty(),
+                    "{}",
+                    String::from_utf8_lossy(&sleeping.stdout)
+                );
+            }
+            Isolation::SameUser => drop(sb),
+        }
+        assert!(!dir.exists(), "{}", dir.display());
+        std::fs::remove_dir_all(&scratch).unwrap();
+    }
+}
