@@ -151,6 +151,7 @@ impl Controller {
             live: Default::default(),
             next_seq: AtomicU64::new(0),
             wake: Notify::new(),
+            admitted: Default::default(),
         });
         let scrapes = Arc::new(AtomicU64::new(0));
         let http = match &cfg.http {

@@ -133,6 +133,18 @@ pub struct Served {
     /// The next run's place in the queue.
     pub(crate) next_seq: AtomicU64,
     pub(crate) wake: Notify,
+    /// Submissions admitted but not yet in `live` (see `admit`).
+    pub(crate) admitted: std::sync::atomic::AtomicUsize,
+}
+
+/// A place in the queue, taken by `admit` together with the count; given
+/// back when the submission is queued (it then counts in `live`) or not.
+pub(crate) struct Admission<'q>(&'q std::sync::atomic::AtomicUsize);
+
+impl Drop for Admission<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A validated run to store and queue.
@@ -206,10 +218,7 @@ impl Served {
                 Rejected::Invalid(scenario::ScenarioError::located(Path::new(name), yaml, e))
             })?;
         }
-        let queued = self.lock().values().filter(|l| !l.started).count();
-        if queued >= self.max_queued_runs {
-            return Err(Rejected::Busy(queued));
-        }
+        let admission = self.admit()?;
         let mut cells = scenario::plan::plan_for(&sc, &self.source.holdings(&sc));
         self.learn_estimates(&mut cells);
         let run_id = self.queue_run(Queued {
@@ -222,7 +231,24 @@ impl Served {
             cells,
             report_dir: None,
         })?;
+        drop(admission);
         Ok((run_id, true))
+    }
+
+    /// Admits one submission when fewer than `max_queued_runs` wait,
+    /// counting those admitted but not yet queued: the count and the
+    /// reservation happen under the queue's lock, so concurrent
+    /// submissions never queue more than the bound.
+    fn admit(&self) -> Result<Admission<'_>, Rejected> {
+        let live = self.lock();
+        let waiting = live.values().filter(|l| !l.started).count()
+            + self.admitted.load(Ordering::SeqCst);
+        if waiting >= self.max_queued_runs {
+            return Err(Rejected::Busy(waiting));
+        }
+        self.admitted.fetch_add(1, Ordering::SeqCst);
+        drop(live);
+        Ok(Admission(&self.admitted))
     }
 
     /// Stores a validated run, queued, with its cells, and queues it.

@@ -1236,3 +1236,57 @@ fn the_client_only_build_submits_follows_and_downloads_the_report() {
         );
     }
 }
+
+/// Queue admission is atomic: 200 submissions at once against
+/// `--max-queued-runs 100` queue at most 100 (plus the one that started,
+/// waiting for agents), and every run stored was answered 202, every 202
+/// names a stored run.
+#[test]
+fn concurrent_submissions_never_queue_past_the_bound() {
+    let s = Scratch::new("serve-admission");
+    let token = tokens(&s);
+    let mut server = start_serve(
+        &s,
+        0,
+        0,
+        &["--max-queued-runs", "100", "--registration-timeout-s", "600"],
+    );
+    let api = server.api.clone();
+    let sc = std::fs::read_to_string(scenario(&s, "q.yaml", "queued", &["local"], 1)).unwrap();
+    let answers: Vec<(u16, String)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..200)
+            .map(|_| {
+                scope.spawn(|| {
+                    let (code, _, body) = http(&api, "POST", "/v1/runs", Some(&token), &[], &sc);
+                    (code, body)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let accepted: std::collections::BTreeSet<String> = answers
+        .iter()
+        .filter(|(c, _)| *c == 202)
+        .map(|(_, b)| json(b)["id"].as_str().unwrap().to_string())
+        .collect();
+    let refused = answers.iter().filter(|(c, _)| *c == 429).count();
+    assert_eq!(accepted.len() + refused, 200, "{answers:?}");
+    let (code, _, body) = http(&api, "GET", "/v1/runs", Some(&token), &[], "");
+    assert_eq!(code, 200, "{body}");
+    let stored: std::collections::BTreeSet<String> = json(&body)
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(stored, accepted, "every stored run was answered 202");
+    assert!(
+        (100..=101).contains(&accepted.len()),
+        "{} accepted: at most 100 wait, one may have started",
+        accepted.len()
+    );
+    for id in &accepted {
+        http(&api, "DELETE", &format!("/v1/runs/{id}"), Some(&token), &[], "");
+    }
+    server.proc.stop();
+}
