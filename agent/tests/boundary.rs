@@ -190,3 +190,14 @@ async fn allow_shell_makes_the_workload_role_a_superuser() {
     cl.teardown().await.unwrap();
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// The settings allowlist knows exactly this server's settings (PostgreSQL
+/// 15 here; 18 in pg18.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_settings_table_is_the_servers() {
+    let root = common::scratch("boundary-settings");
+    let cl = cluster(&root, false).await;
+    assert!(common::assert_settings_table_is_the_servers(&cl).await);
+    cl.teardown().await.unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+}

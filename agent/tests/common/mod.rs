@@ -175,3 +175,40 @@ pub fn conninfo_public(cl: &Cluster) -> String {
         "search_path=public,pg_catalog",
     )
 }
+
+/// The settings judgement's table for this server's major version equals
+/// what the live server lists in `pg_settings` (name, type, context,
+/// category), so the allowlist judges every setting the server has and
+/// nothing it lacks. Versions without a table are skipped (false).
+pub async fn assert_settings_table_is_the_servers(cl: &Cluster) -> bool {
+    let Some((_, table)) = pgfleet_proto::settings::VERSIONS
+        .iter()
+        .find(|(v, _)| *v == cl.pg.major)
+    else {
+        return false;
+    };
+    let c = cl.connect().await.unwrap();
+    let live: Vec<String> = c
+        .query(
+            "SELECT name || E'\\t' || vartype || E'\\t' || context || E'\\t' || category \
+             FROM pg_settings ORDER BY name",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let ours: Vec<String> = pgfleet_proto::settings::rows(table)
+        .map(|s| format!("{}\t{}\t{}\t{}", s.name, s.vartype, s.context, s.category))
+        .collect();
+    assert_eq!(
+        ours, live,
+        "proto/data/pg_settings_{}.tsv differs from the server's pg_settings",
+        cl.pg.major
+    );
+    for s in pgfleet_proto::settings::rows(table) {
+        assert!(pgfleet_proto::settings::verdict(s.name).is_some(), "{}", s.name);
+    }
+    true
+}

@@ -677,16 +677,19 @@ pub fn substitute(sql: &str, vars: &Vars) -> String {
     out
 }
 
-/// Whether `text` might run a command on the host (`\\shell`,
-/// `\\setshell`) under **any** parser that will read it: pgfleet's, or the
+/// Whether `text` might run a command on the host (`\shell`,
+/// `\setshell`) under **any** parser that will read it: pgfleet's, or the
 /// real pgbench's, which both take a meta-command after SQL or a comment on
 /// the same line, any letter case, and backslash-newline continuations.
 /// A superset by construction: every whitespace character is removed and
 /// the ASCII-lowercased rest is searched for either name anywhere, so a
-/// false positive is possible (`SELECT '\\shell'`), a miss is not. Scenario
+/// false positive is possible (`SELECT '\shell'`), a miss is not. Scenario
 /// text that reaches a script (its `defines` too) is judged with this.
 pub fn may_run_shell(text: &str) -> bool {
-    let squeezed: String = text
+    // A backslash-newline continues a line for pgbench's lexer: joined
+    // first, so `\she\` + newline + `ll` is read as pgbench would.
+    let joined = text.replace("\\\r\n", "").replace("\\\n", "");
+    let squeezed: String = joined
         .chars()
         .filter(|c| !c.is_whitespace() && *c != '\0')
         .map(|c| c.to_ascii_lowercase())
@@ -852,6 +855,30 @@ fn is_var_name(s: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    /// Every placement the break-in probe used, and variants: the check is
+    /// a superset of both parsers (a miss would run a command as root).
+    #[test]
+    fn a_shell_anywhere_in_the_text_is_found() {
+        for t in [
+            "\\shell id",
+            "SELECT 1; \\shell id > /tmp/x",
+            "SELECT 1; -- note \\shell id",
+            "/* c */ \\shell id",
+            "\\SHELL id",
+            "\\SetShell x id",
+            "  \t\\shell\tid",
+            "\\she\\\nll id",
+            "\\set\\\r\nshell x id",
+            "\\ shell id",
+            "SELECT '\\shell';",
+        ] {
+            assert!(may_run_shell(t), "{t:?}");
+        }
+        for t in ["SELECT 1;", "\\set aid random(1, 10)\nSELECT :aid;", "\\sleep 1 ms", "\\setrandom x 1 2"] {
+            assert!(!may_run_shell(t), "{t:?}");
+        }
+    }
     use super::*;
 
     fn ev(s: &str) -> Result<Value, String> {
