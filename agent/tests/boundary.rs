@@ -201,3 +201,228 @@ async fn the_settings_table_is_the_servers() {
     cl.teardown().await.unwrap();
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// Every file of the agent's sources, as text (what its SQL is made of).
+fn agent_sources() -> String {
+    fn walk(dir: &Path, out: &mut String) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push_str(&std::fs::read_to_string(&p).unwrap());
+                out.push('\n');
+            }
+        }
+    }
+    let mut text = String::new();
+    walk(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut text,
+    );
+    text
+}
+
+/// The names the agent's SQL could call: every identifier written before
+/// `(` and every run of operator characters in its sources (a superset:
+/// the server's catalog narrows it to what exists).
+fn called_names(src: &str) -> (Vec<String>, Vec<String>) {
+    let mut funcs = std::collections::BTreeSet::new();
+    let mut ops = std::collections::BTreeSet::new();
+    let b = src.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if c.is_ascii_alphabetic() || c == b'_' {
+            let start = i;
+            while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
+                i += 1;
+            }
+            let mut j = i;
+            while j < b.len() && b[j] == b' ' {
+                j += 1;
+            }
+            if j < b.len() && b[j] == b'(' {
+                funcs.insert(src[start..i].to_ascii_lowercase());
+            }
+            continue;
+        }
+        if b"+-*/<>=~!@#%^&|`?".contains(&c) {
+            let start = i;
+            while i < b.len() && b"+-*/<>=~!@#%^&|`?".contains(&b[i]) {
+                i += 1;
+            }
+            ops.insert(src[start..i].to_string());
+            continue;
+        }
+        i += 1;
+    }
+    (funcs.into_iter().collect(), ops.into_iter().collect())
+}
+
+/// The workload role plants, in `public`, a function for every catalog
+/// function the agent's SQL names (each overload, plus better-matching
+/// variants: text for regclass, integer for oid and bigint, varchar for
+/// text) and an operator for every catalog operator it uses (plus
+/// (oid, integer)-style variants), each recording who called it; it also
+/// tries to put `public` first in the database's search path. Then every
+/// kind runs on that cluster, and the kept-cluster inventory reads it:
+/// nothing planted is ever called by the agent's superuser.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_superuser_never_calls_what_the_workload_role_planted() {
+    let root = common::scratch("boundary-planted");
+    let cl = cluster(&root, false).await;
+    // pgbench's tables first, handed to the workload role.
+    let entry = json!({"kind": "pgbench", "scale": 1, "transactions": 1, "warmup_s": 0});
+    common::run(&cl, &common::params(&entry.to_string()))
+        .await
+        .unwrap();
+    let (funcs, ops) = called_names(&agent_sources());
+    let su = cl.connect().await.unwrap();
+    let w = cl.workload_server().connect().await.unwrap();
+    w.batch_execute(
+        "CREATE TABLE public.planted_calls (who text, what text);
+         GRANT INSERT ON public.planted_calls TO PUBLIC;
+         CREATE FUNCTION public.pgfleet_note(what text) RETURNS void LANGUAGE sql
+           AS $$ INSERT INTO public.planted_calls VALUES (current_user, what) $$;",
+    )
+    .await
+    .unwrap();
+    // Each catalog overload of a named function, and its better matches.
+    let rows = su
+        .query(
+            "SELECT p.proname::text, pg_catalog.oidvectortypes(p.proargtypes), pg_catalog.format_type(p.prorettype, NULL)
+             FROM pg_catalog.pg_proc p
+             WHERE p.pronamespace = 'pg_catalog'::regnamespace AND p.prokind = 'f' AND NOT p.proretset
+               AND p.proname = ANY($1) AND p.provariadic = 0
+               AND NOT EXISTS (SELECT 1 FROM unnest(p.proargtypes::oid[] || p.prorettype) t(o)
+                               JOIN pg_catalog.pg_type ty ON ty.oid = t.o WHERE ty.typtype = 'p')",
+            &[&funcs],
+        )
+        .await
+        .unwrap();
+    let mut planted = 0;
+    let mut made = std::collections::BTreeSet::new();
+    for r in &rows {
+        let (name, args, ret): (String, String, String) = (r.get(0), r.get(1), r.get(2));
+        let variants = [
+            args.clone(),
+            args.replace("regclass", "text"),
+            args.replace("oid", "integer"),
+            args.replace("bigint", "integer"),
+            args.replace("text", "character varying"),
+        ];
+        for a in variants {
+            if !made.insert((name.clone(), a.clone())) {
+                continue;
+            }
+            let sql = format!(
+                "CREATE FUNCTION public.\"{name}\"({a}) RETURNS {ret} LANGUAGE plpgsql AS \
+                 $$BEGIN PERFORM public.pgfleet_note('function {name}({a})'); RETURN NULL; END$$"
+            );
+            if w.batch_execute(&sql).await.is_ok() {
+                planted += 1;
+            }
+        }
+    }
+    assert!(
+        planted > 50,
+        "only {planted} functions planted from {} names",
+        funcs.len()
+    );
+    // Each catalog operator the sources use, and (oid, integer)-style twins.
+    let rows = su
+        .query(
+            "SELECT o.oprname::text, pg_catalog.format_type(o.oprleft, NULL), pg_catalog.format_type(o.oprright, NULL),
+                    pg_catalog.format_type(o.oprresult, NULL)
+             FROM pg_catalog.pg_operator o
+             JOIN pg_catalog.pg_type l ON l.oid = o.oprleft JOIN pg_catalog.pg_type r ON r.oid = o.oprright
+             JOIN pg_catalog.pg_type t ON t.oid = o.oprresult
+             WHERE o.oprname = ANY($1) AND o.oprkind = 'b'
+               AND l.typtype <> 'p' AND r.typtype <> 'p' AND t.typtype <> 'p'",
+            &[&ops],
+        )
+        .await
+        .unwrap();
+    let mut operators = 0;
+    let mut made = std::collections::BTreeSet::new();
+    for (n, r) in rows.iter().enumerate() {
+        let (op, left, right, ret): (String, String, String, String) =
+            (r.get(0), r.get(1), r.get(2), r.get(3));
+        for (i, (l, rt)) in [
+            (left.clone(), right.clone()),
+            (
+                left.replace("oid", "integer"),
+                right.replace("oid", "integer"),
+            ),
+            (
+                left.clone(),
+                right.replace("bigint", "integer").replace("oid", "integer"),
+            ),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            if !made.insert((op.clone(), l.clone(), rt.clone())) {
+                continue;
+            }
+            let f = format!("planted_op_{n}_{i}");
+            let sql = format!(
+                "CREATE FUNCTION public.{f}({l}, {rt}) RETURNS {ret} LANGUAGE plpgsql AS \
+                 $$BEGIN PERFORM public.pgfleet_note('operator {op}({l}, {rt})'); RETURN NULL; END$$;
+                 CREATE OPERATOR public.{op} (LEFTARG = {l}, RIGHTARG = {rt}, FUNCTION = public.{f})"
+            );
+            if w.batch_execute(&sql).await.is_ok() {
+                operators += 1;
+            }
+        }
+    }
+    assert!(
+        operators > 50,
+        "only {operators} operators planted from {ops:?}"
+    );
+    // The database's own settings are not the workload role's to change.
+    let e = w
+        .batch_execute("ALTER DATABASE postgres SET search_path = public, pg_catalog")
+        .await
+        .unwrap_err();
+    assert!(format!("{e:?}").contains("must be owner"), "{e:?}");
+    // Every kind's superuser steps on this cluster, and the inventory.
+    for entry in [
+        json!({"kind": "pgbench", "scale": 1, "transactions": 5, "warmup_s": 0}),
+        json!({"kind": "vacuum-bloat", "scale": 1, "bloat_bytes": "4MiB"}),
+        json!({"kind": "toast-slice", "storage_modes": ["external", "pglz"], "datasets": ["mixed"],
+               "value_bytes": 100_000, "offsets": ["50%"], "duration_s": 0.2, "repeats": 1}),
+        json!({"kind": "toast-probe", "probes": ["placement"], "storage_modes": ["external", "pglz"]}),
+        json!({"kind": "read-write", "rows": 2000, "tests": ["seq-cold", "write"], "repeats": 1}),
+        json!({"kind": "compression-analysis", "dataset": "pgbench", "scale": 1}),
+        json!({"kind": "compression-analysis", "dataset": "json", "json_documents": 50}),
+    ] {
+        let params = pgfleet_proto::workload::plan_entry(&entry.to_string())
+            .unwrap_or_else(|e| panic!("{entry}: {e}"))
+            .remove(0)
+            .1;
+        common::run(&cl, &params)
+            .await
+            .unwrap_or_else(|e| panic!("{entry}: {e}"));
+    }
+    pgfleet_agent::keep::inventory(&cl).await.unwrap();
+    // (Kinds restart the server: a new connection.)
+    let calls: Vec<(String, String)> = common::sql(&cl)
+        .await
+        .query(
+            "SELECT DISTINCT who, what FROM public.planted_calls WHERE who <> $1 LIMIT 20",
+            &[&WORKLOAD_ROLE],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert!(
+        calls.is_empty(),
+        "the superuser called planted objects: {calls:?}"
+    );
+    cl.teardown().await.unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+}

@@ -241,8 +241,8 @@ impl Served {
     /// submissions never queue more than the bound.
     fn admit(&self) -> Result<Admission<'_>, Rejected> {
         let live = self.lock();
-        let waiting = live.values().filter(|l| !l.started).count()
-            + self.admitted.load(Ordering::SeqCst);
+        let waiting =
+            live.values().filter(|l| !l.started).count() + self.admitted.load(Ordering::SeqCst);
         if waiting >= self.max_queued_runs {
             return Err(Rejected::Busy(waiting));
         }

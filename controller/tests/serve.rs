@@ -1249,7 +1249,12 @@ fn concurrent_submissions_never_queue_past_the_bound() {
         &s,
         0,
         0,
-        &["--max-queued-runs", "100", "--registration-timeout-s", "600"],
+        &[
+            "--max-queued-runs",
+            "100",
+            "--registration-timeout-s",
+            "600",
+        ],
     );
     let api = server.api.clone();
     let sc = std::fs::read_to_string(scenario(&s, "q.yaml", "queued", &["local"], 1)).unwrap();
@@ -1286,7 +1291,14 @@ fn concurrent_submissions_never_queue_past_the_bound() {
         accepted.len()
     );
     for id in &accepted {
-        http(&api, "DELETE", &format!("/v1/runs/{id}"), Some(&token), &[], "");
+        http(
+            &api,
+            "DELETE",
+            &format!("/v1/runs/{id}"),
+            Some(&token),
+            &[],
+            "",
+        );
     }
     server.proc.stop();
 }

@@ -208,7 +208,11 @@ pub async fn assert_settings_table_is_the_servers(cl: &Cluster) -> bool {
         cl.pg.major
     );
     for s in pgfleet_proto::settings::rows(table) {
-        assert!(pgfleet_proto::settings::verdict(s.name).is_some(), "{}", s.name);
+        assert!(
+            pgfleet_proto::settings::verdict(s.name).is_some(),
+            "{}",
+            s.name
+        );
     }
     true
 }

@@ -875,7 +875,12 @@ mod tests {
         ] {
             assert!(may_run_shell(t), "{t:?}");
         }
-        for t in ["SELECT 1;", "\\set aid random(1, 10)\nSELECT :aid;", "\\sleep 1 ms", "\\setrandom x 1 2"] {
+        for t in [
+            "SELECT 1;",
+            "\\set aid random(1, 10)\nSELECT :aid;",
+            "\\sleep 1 ms",
+            "\\setrandom x 1 2",
+        ] {
             assert!(!may_run_shell(t), "{t:?}");
         }
     }
