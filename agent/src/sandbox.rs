@@ -113,14 +113,23 @@ impl Sandbox {
     /// the system's directories (e.g. the PostgreSQL install).
     pub fn new(parent: &Path, user: Option<RunAs>, extra: &[&Path]) -> Result<Sandbox> {
         let io = |what: &str, e| Error::io(format!("sandbox: {what}"), e);
-        std::fs::create_dir_all(parent).map_err(|e| io("creating its parent", e))?;
-        set_mode(parent, 0o700)?;
         let dir = loop {
+            // The parent goes with its last sandbox (`Drop`): made again if
+            // another sandbox's end removed it meanwhile.
+            std::fs::create_dir_all(parent).map_err(|e| io("creating its parent", e))?;
+            set_mode(parent, 0o700)?;
             let n = SERIAL.fetch_add(1, Ordering::Relaxed);
             let dir = parent.join(format!("{}-{n}", std::process::id()));
             match std::fs::create_dir(&dir) {
                 Ok(()) => break dir,
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::AlreadyExists | std::io::ErrorKind::NotFound
+                    ) =>
+                {
+                    continue;
+                }
                 Err(e) => return Err(io("creating its directory", e)),
             }
         };
@@ -492,6 +501,10 @@ impl Drop for Sandbox {
             .collect();
         points.extend(self.binds().into_iter().map(|(_, at)| at));
         remove_tree(&self.dir, &points);
+        // The parent too, once no other sandbox is in it.
+        if let Some(parent) = self.dir.parent() {
+            let _ = std::fs::remove_dir(parent);
+        }
     }
 }
 

@@ -299,3 +299,79 @@ workloads:
         );
     }
 }
+
+/// The break-in corpus (`scenarios/attacks/`), each file run with `pgfleet
+/// run`: what it says is refused is refused before anything starts, located
+/// (exit 2, `file:line:` and the field); what it says is contained runs and
+/// reaches nothing: no marker in the world-writable directory it aims at,
+/// no host file text in any report or log, nothing left behind.
+#[test]
+fn the_break_in_corpus_fails_safely_under_run() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Scratch::new("corpus");
+    let markers = s.dir.join("markers");
+    std::fs::create_dir_all(&markers).unwrap();
+    std::fs::set_permissions(&markers, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/attacks");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 15, "{files:?}");
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        let name = f.file_name().unwrap().to_string_lossy().to_string();
+        let refused = text.contains("# expect: refused");
+        assert!(
+            refused || text.contains("# expect: contained"),
+            "{name} says neither"
+        );
+        let sc = s.write(
+            &name,
+            &text.replace("MARKER_DIR", markers.to_str().unwrap()),
+        );
+        let _ = std::fs::remove_dir_all(s.out());
+        let out = s.run_cmd(&sc, &[]).output().unwrap();
+        if refused {
+            assert_eq!(out.status.code(), Some(2), "{name}: {}", show(&out));
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                err.contains(&format!("{name}:")) && err.contains("field `"),
+                "{name}: {err}"
+            );
+        } else {
+            assert!(
+                matches!(out.status.code(), Some(0) | Some(3)),
+                "{name}: {}",
+                show(&out)
+            );
+        }
+        let planted: Vec<_> = std::fs::read_dir(&markers)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        assert!(
+            planted.is_empty(),
+            "{name} reached the host: {planted:?}\n{}",
+            show(&out)
+        );
+        let mut seen = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        for e in std::fs::read_dir(s.out()).into_iter().flatten().flatten() {
+            if e.path().is_file() {
+                seen += &String::from_utf8_lossy(&std::fs::read(e.path()).unwrap());
+            }
+        }
+        assert!(
+            !seen.contains("root:x:0:0"),
+            "{name}: host file text in its output"
+        );
+        if !refused {
+            s.assert_clean(&common::ports(&s.report()));
+        }
+    }
+}

@@ -1302,3 +1302,82 @@ fn concurrent_submissions_never_queue_past_the_bound() {
     }
     server.proc.stop();
 }
+
+/// The break-in corpus through `serve` (no --allow-shell-scenarios) with a
+/// joined agent: every refused file is refused at submission, located
+/// (422; an allow_shell one 403); every contained one runs to its end with
+/// no marker written and no host file text in its report or the agent's log.
+#[test]
+fn the_break_in_corpus_fails_safely_under_serve() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Scratch::new("serve-corpus");
+    let token = tokens(&s);
+    let markers = s.dir.join("markers");
+    std::fs::create_dir_all(&markers).unwrap();
+    std::fs::set_permissions(&markers, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let server = start_serve(&s, 0, 0, &[]);
+    let api = server.api.clone();
+    let _agent = start_agent(&s, "a-1", "local", server.grpc);
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/attacks");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    for f in &files {
+        let name = f.file_name().unwrap().to_string_lossy().to_string();
+        let text = std::fs::read_to_string(f)
+            .unwrap()
+            .replace("MARKER_DIR", markers.to_str().unwrap());
+        let (code, _, body) = http(
+            &api,
+            "POST",
+            &format!("/v1/runs?name={name}"),
+            Some(&token),
+            &[],
+            &text,
+        );
+        if text.contains("# expect: refused") || text.contains("allow_shell: true") {
+            assert!(matches!(code, 403 | 422), "{name}: {code} {body}");
+            assert!(
+                json(&body)["location"]["line"].as_u64().is_some(),
+                "{name}: {body}"
+            );
+            continue;
+        }
+        assert_eq!(code, 202, "{name}: {body}");
+        let id = json(&body)["id"].as_str().unwrap().to_string();
+        wait_for(&format!("{name} to end"), Duration::from_secs(180), || {
+            let (_, _, run) = http(
+                &api,
+                "GET",
+                &format!("/v1/runs/{id}"),
+                Some(&token),
+                &[],
+                "",
+            );
+            matches!(json(&run)["status"].as_str(), Some("succeeded" | "failed"))
+        });
+        let (_, _, md) = http(
+            &api,
+            "GET",
+            &format!("/v1/runs/{id}/report.md"),
+            Some(&token),
+            &[],
+            "",
+        );
+        assert!(
+            !md.contains("root:x:0:0"),
+            "{name}: host file text in its report"
+        );
+        let planted: Vec<_> = std::fs::read_dir(&markers)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        assert!(planted.is_empty(), "{name} reached the host: {planted:?}");
+    }
+    assert!(!agent_log(&s, "a-1").contains("root:x:0:0"));
+}
