@@ -173,6 +173,8 @@ struct RunArgs {
     #[arg(long, env = "PGFLEET_FIO", default_value = "fio")]
     fio: PathBuf,
     /// File holding the controller's join token (sent with every session).
+    /// Without it, the token may come in PGFLEET_JOIN_TOKEN (what pods do):
+    /// read once at start, then removed from the agent's environment.
     #[arg(long, env = "PGFLEET_TOKEN_FILE")]
     token_file: Option<PathBuf>,
     /// PEM CA certificate to trust for an https:// controller.
@@ -192,6 +194,18 @@ struct RunArgs {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // Before any thread exists: a join token given in the environment
+    // (pods: a Secret's key) is read once and removed from it, and the agent
+    // becomes non-dumpable, so a process of its own uid (PostgreSQL in a
+    // pod, whose scenario-steered server shares it) can read neither its
+    // memory nor its /proc environ. Children get a cleared environment.
+    let env_token = std::env::var(JOIN_TOKEN_ENV).ok();
+    // SAFETY: single-threaded here (the runtime is built below).
+    unsafe { std::env::remove_var(JOIN_TOKEN_ENV) };
+    // SAFETY: prctl on the calling process, no memory passed.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        eprintln!("warning: could not make the agent non-dumpable");
+    }
     // Processes this agent starts must be spawned from threads that live as
     // long as the agent (the parent-death signal follows the spawning
     // thread), so the runtime's worker threads do it.
@@ -218,11 +232,14 @@ fn main() -> anyhow::Result<()> {
             eprintln!("removed {n} stale cluster(s) under {}", data_root.display());
             Ok(())
         }
-        Command::Run(args) => rt.block_on(run(*args)),
+        Command::Run(args) => rt.block_on(run(*args, env_token)),
     }
 }
 
-async fn run(mut args: RunArgs) -> anyhow::Result<()> {
+/// The join token in the environment (read once at start, then removed).
+const JOIN_TOKEN_ENV: &str = "PGFLEET_JOIN_TOKEN";
+
+async fn run(mut args: RunArgs, env_token: Option<String>) -> anyhow::Result<()> {
     let agent_id = match args.agent_id.take() {
         Some(id) => id,
         None => nix::unistd::gethostname()
@@ -329,7 +346,7 @@ async fn run(mut args: RunArgs) -> anyhow::Result<()> {
                 .trim()
                 .to_string(),
         ),
-        None => None,
+        None => env_token.map(|t| t.trim().to_string()),
     };
     let ca = match &args.ca {
         Some(f) => {

@@ -784,28 +784,26 @@ async fn launch_creates_an_owner_then_a_volume_and_a_pod_per_agent_and_the_end_d
         env["PGFLEET_ADVERTISE_ADDRESS"]["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP",
         "the pod IP is the advertised address"
     );
-    let token_dir = c["volumeMounts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["name"] == "join-token")
-        .unwrap()["mountPath"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    // The join token comes as a Secret's key in the environment (the agent
+    // reads it once and removes it), never as a file PostgreSQL, of the
+    // same uid in the pod, could read.
     assert_eq!(
-        env["PGFLEET_TOKEN_FILE"]["value"],
-        format!("{token_dir}/token")
+        env["PGFLEET_JOIN_TOKEN"]["valueFrom"]["secretKeyRef"],
+        json!({"name": "pgfleet-tokens", "key": "join-token"})
     );
+    assert!(env.get("PGFLEET_TOKEN_FILE").is_none(), "{env:?}");
     let volumes = spec["volumes"].as_array().unwrap();
     let data = volumes.iter().find(|v| v["name"] == "data").unwrap();
     assert_eq!(
         data["persistentVolumeClaim"]["claimName"], "pgfleet-20261201-100000-abcdef-nvme-0-data",
         "the volume is the data root"
     );
-    let token = volumes.iter().find(|v| v["name"] == "join-token").unwrap();
-    assert_eq!(token["secret"]["secretName"], "pgfleet-tokens");
-    assert_eq!(token["secret"]["items"][0]["key"], "join-token");
+    assert!(
+        volumes
+            .iter()
+            .all(|v| v["secret"]["secretName"] != "pgfleet-tokens"),
+        "no volume of the join token: {volumes:?}"
+    );
     // The gp3 class has no node selector beyond its instance type.
     assert_eq!(
         creates[6].body["spec"]["nodeSelector"],

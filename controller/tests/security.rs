@@ -375,3 +375,75 @@ fn the_break_in_corpus_fails_safely_under_run() {
         }
     }
 }
+
+/// In a pod PostgreSQL runs as the agent's own uid, so the join token comes
+/// in the environment, not as a file: the agent reads it once, removes it
+/// and makes itself non-dumpable. A process of the same uid (what a
+/// scenario-steered server would be) cannot read the agent's environment.
+#[test]
+fn a_process_of_the_agents_uid_cannot_read_its_join_token() {
+    use std::os::unix::process::CommandExt;
+    let s = Scratch::new("token-env");
+    let pg = nix::unistd::User::from_name("postgres")
+        .unwrap()
+        .expect("user postgres");
+    let (uid, gid) = (pg.uid.as_raw(), pg.gid.as_raw());
+    let data = s.dir.join("agent-data");
+    std::fs::create_dir_all(&data).unwrap();
+    nix::unistd::chown(&data, Some(pg.uid), Some(pg.gid)).unwrap();
+    let secret = "join-token-that-must-stay-secret-0123456789";
+    let mut agent = Command::new(agent_bin())
+        .args([
+            "run",
+            "--controller",
+            "http://127.0.0.1:9",
+            "--class",
+            "local",
+        ])
+        .args(["--agent-id", "token-env", "--give-up-after-s", "30"])
+        .arg("--data-root")
+        .arg(&data)
+        .env("PGFLEET_JOIN_TOKEN", secret)
+        .uid(uid)
+        .gid(gid)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let pid = agent.id();
+    let peek = Command::new("cat")
+        .arg(format!("/proc/{pid}/environ"))
+        .uid(uid)
+        .gid(gid)
+        .output()
+        .unwrap();
+    let _ = agent.kill();
+    let _ = agent.wait();
+    assert!(
+        !String::from_utf8_lossy(&peek.stdout).contains(secret),
+        "the token was readable by the agent's uid"
+    );
+    assert!(
+        !peek.status.success(),
+        "{}",
+        String::from_utf8_lossy(&peek.stderr)
+    );
+    // Control: the same read of a dumpable process of that uid works.
+    let mut other = Command::new("sleep")
+        .arg("5")
+        .env("X", secret)
+        .uid(uid)
+        .gid(gid)
+        .spawn()
+        .unwrap();
+    let control = Command::new("cat")
+        .arg(format!("/proc/{}/environ", other.id()))
+        .uid(uid)
+        .gid(gid)
+        .output()
+        .unwrap();
+    let _ = other.kill();
+    let _ = other.wait();
+    assert!(String::from_utf8_lossy(&control.stdout).contains(secret));
+}

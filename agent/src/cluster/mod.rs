@@ -1256,17 +1256,22 @@ fn stop_blocking(child: &mut Child) {
 }
 
 fn apply_identity(cmd: &mut Command, run_as: Option<&RunAs>) {
+    // The server and its tools inherit nothing of the agent's environment
+    // (its secrets: a dataset store's credentials, a caller's PG*) but the
+    // program path, the locale and the time zone.
+    cmd.env_clear();
+    for (k, v) in std::env::vars_os() {
+        if k.to_str().is_some_and(|k| {
+            matches!(k, "PATH" | "LANG" | "LANGUAGE" | "TZ") || k.starts_with("LC_")
+        }) {
+            cmd.env(k, v);
+        }
+    }
     if let Some(u) = run_as {
         cmd.uid(u.uid).gid(u.gid);
         cmd.env("HOME", "/")
             .env("USER", &u.name)
             .env("LOGNAME", &u.name);
-    }
-    // Never let a caller's PG* environment leak into our tools.
-    for (k, _) in std::env::vars_os() {
-        if k.to_str().is_some_and(|k| k.starts_with("PG")) {
-            cmd.env_remove(k);
-        }
     }
 }
 

@@ -65,7 +65,6 @@ const AGENT_GIVE_UP_S: u64 = 600;
 pub const AGENT_METRICS_PORT: u16 = 9187;
 /// Where the volume is mounted in the agent's pod (its data root).
 const DATA_ROOT: &str = "/data";
-const TOKEN_DIR: &str = "/var/run/pgfleet/token";
 const CA_DIR: &str = "/var/run/pgfleet/ca";
 const DEFAULT_VOLUME_BYTES: u64 = 10 << 30;
 
@@ -447,7 +446,12 @@ fn agent_objects(
         json!({"name": "PGFLEET_STORAGE_PROFILE", "value": f.profile()}),
         json!({"name": "PGFLEET_INSTANCE_TYPE", "value": inst.instance_type}),
         json!({"name": "PGFLEET_DATA_ROOT", "value": DATA_ROOT}),
-        json!({"name": "PGFLEET_TOKEN_FILE", "value": format!("{TOKEN_DIR}/token")}),
+        // The join token as an environment variable, not a file: the agent
+        // reads it once and removes it; PostgreSQL, which runs as the same
+        // uid here, could read a mounted file (SECURITY.md, "In pods").
+        json!({"name": "PGFLEET_JOIN_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": opts.token_secret, "key": "join-token",
+        }}}),
         json!({"name": "PGFLEET_ADVERTISE_ADDRESS",
                "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}),
     ];
@@ -457,17 +461,9 @@ fn agent_objects(
     if let Some(h) = storage.and_then(|s| s.hydrate.as_ref()) {
         env.push(json!({"name": "PGFLEET_HYDRATE", "value": h.value}));
     }
-    let mut mounts = vec![
-        json!({"name": "data", "mountPath": DATA_ROOT}),
-        json!({"name": "join-token", "mountPath": TOKEN_DIR, "readOnly": true}),
-    ];
+    let mut mounts = vec![json!({"name": "data", "mountPath": DATA_ROOT})];
     let mut volumes = vec![
         json!({"name": "data", "persistentVolumeClaim": {"claimName": format!("{name}-data")}}),
-        json!({"name": "join-token", "secret": {
-            "secretName": opts.token_secret,
-            "items": [{"key": "join-token", "path": "token"}],
-            "defaultMode": 0o440,
-        }}),
     ];
     if let Some(ca) = &opts.ca_secret {
         env.push(json!({"name": "PGFLEET_CA", "value": format!("{CA_DIR}/ca.pem")}));
