@@ -12,7 +12,8 @@
 //!   its own, chrooted into a root that holds only the system's programs and
 //!   libraries (`/usr`, `/bin`, `/lib*`, the PostgreSQL install it needs, a
 //!   few files of `/etc`: users, groups, hosts, the loader's cache), all
-//!   read-only, `/dev` read-only, and `/tmp`: its private temp dir, the only
+//!   read-only, `/dev/null`, `zero`, `full`, `random` and `urandom` (no other
+//!   device), and `/tmp`: its private temp dir, the only
 //!   place it can write. The agent's tokens, TLS keys, stores, datasets and
 //!   every cluster are not in its world at all. The mounts live only in the
 //!   namespace, which dies with its last process.
@@ -47,6 +48,16 @@ const ETC_FILES: &[&str] = &[
     "/etc/hosts",
     "/etc/ld.so.cache",
     "/etc/localtime",
+];
+
+/// The devices a program may open (no disks, no kernel log, no shared
+/// memory of others).
+const DEV_FILES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
 ];
 
 /// The system's programs and libraries (symlinks such as merged-usr's
@@ -218,13 +229,13 @@ impl Sandbox {
             .map(Path::new)
             .filter(|p| p.is_dir() && !p.is_symlink())
             .chain(ETC_FILES.iter().map(Path::new).filter(|p| p.is_file()))
+            .chain(DEV_FILES.iter().map(Path::new).filter(|p| p.exists()))
             .chain(
                 self.extra
                     .iter()
                     .map(PathBuf::as_path)
                     .filter(|p| !SYSTEM_DIRS.iter().any(|d| p.starts_with(d))),
             )
-            .chain([Path::new("/dev")])
             .map(|p| (p.to_path_buf(), under(p)))
             .collect();
         v.dedup();
@@ -492,6 +503,10 @@ impl Drop for Sandbox {
             }
             if let Err(e) = std::fs::remove_dir(cg) {
                 tracing::warn!(cgroup = %cg.display(), error = %e, "sandbox: its cgroup could not be removed");
+            }
+            // Its parent too, once no other sandbox's is in it.
+            if let Some(parent) = cg.parent() {
+                let _ = std::fs::remove_dir(parent);
             }
         }
         let root = self.root();
