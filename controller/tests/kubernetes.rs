@@ -791,7 +791,7 @@ async fn launch_creates_an_owner_then_a_volume_and_a_pod_per_agent_and_the_end_d
         env["PGFLEET_JOIN_TOKEN"]["valueFrom"]["secretKeyRef"],
         json!({"name": "pgfleet-tokens", "key": "join-token"})
     );
-    assert!(env.get("PGFLEET_TOKEN_FILE").is_none(), "{env:?}");
+    assert!(!env.contains_key("PGFLEET_TOKEN_FILE"), "{env:?}");
     let volumes = spec["volumes"].as_array().unwrap();
     let data = volumes.iter().find(|v| v["name"] == "data").unwrap();
     assert_eq!(
