@@ -228,6 +228,7 @@ fn main() -> anyhow::Result<()> {
         Command::Cleanup { data_root } => {
             let n = cluster::reap_stale(&data_root.join("clusters"))?;
             let _ = std::fs::remove_dir(data_root.join("clusters"));
+            pgfleet_agent::sandbox::reap_stale(&data_root.join("sandboxes"));
             let _ = std::fs::remove_dir(&data_root);
             eprintln!("removed {n} stale cluster(s) under {}", data_root.display());
             Ok(())
@@ -260,7 +261,8 @@ async fn run(mut args: RunArgs, env_token: Option<String>) -> anyhow::Result<()>
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755));
     }
-    let stale = cluster::reap_stale(&data_root.join("clusters"))?;
+    let stale = cluster::reap_stale(&data_root.join("clusters"))?
+        + pgfleet_agent::sandbox::reap_stale(&data_root.join("sandboxes"));
     if stale > 0 {
         tracing::warn!(stale, "removed stale clusters left by an earlier agent");
     }
@@ -402,6 +404,7 @@ async fn run(mut args: RunArgs, env_token: Option<String>) -> anyhow::Result<()>
     // Whatever happened, leave nothing behind.
     let _ = cluster::reap_stale(&data_root.join("clusters"));
     let _ = std::fs::remove_dir(data_root.join("clusters"));
+    pgfleet_agent::sandbox::reap_stale(&data_root.join("sandboxes"));
     // The dataset store stays when it holds datasets (that is its point).
     let _ = std::fs::remove_dir(&store_dir);
     let _ = std::fs::remove_dir(&data_root);

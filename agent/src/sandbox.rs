@@ -71,6 +71,10 @@ const SYSTEM_DIRS: &[&str] = &[
 pub enum Isolation {
     /// Another user, an allowlisted read-only filesystem, a private /tmp.
     Full,
+    /// Another user with no new privileges, in its private temp dir (whose
+    /// parent it cannot traverse), seeing the host's files as that user
+    /// does: where no mount namespace can be made (a container).
+    User,
     /// The agent's own user (it is not root): a private temp dir, a cleared
     /// environment and no new privileges only.
     SameUser,
@@ -85,6 +89,9 @@ pub struct Sandbox {
     /// Host directories bound read-only besides the system's.
     extra: Vec<PathBuf>,
     cgroup: Option<PathBuf>,
+    /// The mount namespace and chroot work here (a container without
+    /// CAP_SYS_ADMIN cannot make them: then only the user is switched).
+    mounts: bool,
 }
 
 /// The sandbox user, resolved when the agent is root: `PGFLEET_SANDBOX_USER`
@@ -149,6 +156,7 @@ impl Sandbox {
             user,
             extra: extra.iter().map(|p| p.to_path_buf()).collect(),
             cgroup: None,
+            mounts: false,
         };
         let tmp = sb.tmp();
         std::fs::create_dir(&tmp).map_err(|e| io("creating its temp dir", e))?;
@@ -158,6 +166,19 @@ impl Sandbox {
                 .map_err(|e| Error::Provision(format!("sandbox: chown its temp dir: {e}")))?;
             sb.make_root()?;
             sb.cgroup = make_cgroup(&sb.dir);
+            // Whether this host lets it make its own mount namespace: a
+            // `true` run the full way tells (a container without
+            // CAP_SYS_ADMIN does not), else the user alone is switched.
+            sb.mounts = true;
+            let mut probe = std::process::Command::new("/bin/true");
+            sb.prepare(&mut probe)?;
+            if !probe.status().is_ok_and(|s| s.success()) {
+                sb.mounts = false;
+                tracing::warn!(
+                    "sandbox: no mount namespace here (a container without CAP_SYS_ADMIN?): \
+                     scenario-steered programs run as another user only"
+                );
+            }
         }
         Ok(sb)
     }
@@ -172,21 +193,25 @@ impl Sandbox {
     }
 
     pub fn isolation(&self) -> Isolation {
-        if self.user.is_some() {
-            Isolation::Full
-        } else {
-            Isolation::SameUser
+        match (&self.user, self.mounts) {
+            (Some(_), true) => Isolation::Full,
+            (Some(_), false) => Isolation::User,
+            (None, _) => Isolation::SameUser,
         }
     }
 
     /// One line for reports and logs: who runs what, how separated.
     pub fn describe(&self) -> String {
-        match &self.user {
-            Some(u) => format!(
+        match (&self.user, self.isolation()) {
+            (Some(u), Isolation::Full) => format!(
                 "as `{}` (uid {}), no new privileges, in a mount namespace that sees only the system's programs read-only and a private /tmp",
                 u.name, u.uid
             ),
-            None => "as the agent's own user (it is not root): a private temp dir and a cleared environment only".into(),
+            (Some(u), _) => format!(
+                "as `{}` (uid {}), no new privileges, in a private temp dir (no mount namespace could be made here)",
+                u.name, u.uid
+            ),
+            (None, _) => "as the agent's own user (it is not root): a private temp dir and a cleared environment only".into(),
         }
     }
 
@@ -195,11 +220,13 @@ impl Sandbox {
         self.dir.join("tmp")
     }
 
-    /// Where a file of the temp dir is, as the sandboxed program sees it.
+    /// Where a file of the temp dir is, as the sandboxed program sees it:
+    /// under /tmp in its own root, else relative to its working directory
+    /// (the temp dir, whose parent it may not be able to traverse).
     pub fn inside(&self, name: &str) -> PathBuf {
         match self.isolation() {
             Isolation::Full => Path::new("/tmp").join(name),
-            Isolation::SameUser => self.tmp().join(name),
+            Isolation::User | Isolation::SameUser => PathBuf::from(name),
         }
     }
 
@@ -276,15 +303,26 @@ impl Sandbox {
     /// absolute, under a bound directory) that runs inside this sandbox.
     pub fn command(&self, program: &Path) -> Result<tokio::process::Command> {
         let mut cmd = tokio::process::Command::new(program);
-        let home = self.inside("");
+        self.prepare(cmd.as_std_mut())?;
+        cmd.kill_on_drop(true);
+        Ok(cmd)
+    }
+
+    /// Sets `cmd` up to run inside: environment, working directory, and
+    /// what the child does between fork and exec.
+    fn prepare(&self, cmd: &mut std::process::Command) -> Result<()> {
+        use std::os::unix::process::CommandExt;
+        let home = match self.isolation() {
+            Isolation::Full => PathBuf::from("/tmp"),
+            _ => self.tmp(),
+        };
         cmd.env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
             .env("HOME", &home)
             .env("TMPDIR", &home)
             .env("LANG", "C")
             .current_dir(self.tmp())
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true);
+            .stdin(std::process::Stdio::null());
         let c = |p: &Path| {
             CString::new(p.as_os_str().as_encoded_bytes())
                 .map_err(|e| Error::Provision(format!("sandbox: path {}: {e}", p.display())))
@@ -300,6 +338,7 @@ impl Sandbox {
                     binds.push((c(&src)?, c(&at)?));
                 }
                 Some(Isolate {
+                    mounts: self.mounts,
                     binds,
                     tmp: (c(&self.tmp())?, c(&self.root().join("tmp"))?),
                     root: c(&self.root())?,
@@ -353,12 +392,14 @@ impl Sandbox {
                 Ok(())
             });
         }
-        Ok(cmd)
+        Ok(())
     }
 }
 
 /// What the child does, as root, before it becomes the sandbox user.
 struct Isolate {
+    /// Make the mount namespace and chroot (else only switch the user).
+    mounts: bool,
     binds: Vec<(CString, CString)>,
     tmp: (CString, CString),
     root: CString,
@@ -374,6 +415,22 @@ impl Isolate {
     /// binds, the chroot, then the user. Returns -1 on the first failure
     /// (errno says why).
     unsafe fn enter(&self) -> i32 {
+        unsafe {
+            if self.mounts && self.enter_root() != 0 {
+                return -1;
+            }
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(self.gid) != 0
+                || libc::setuid(self.uid) != 0
+            {
+                return -1;
+            }
+        }
+        0
+    }
+
+    /// The mount namespace, its binds and the chroot.
+    unsafe fn enter_root(&self) -> i32 {
         use libc::{MS_BIND, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_RDONLY, MS_REC, MS_REMOUNT};
         let null: *const libc::c_char = std::ptr::null();
         let no_data: *const libc::c_void = std::ptr::null();
@@ -411,12 +468,6 @@ impl Isolate {
             if libc::chroot(self.root.as_ptr()) != 0 || libc::chdir(self.slash_tmp.as_ptr()) != 0 {
                 return -1;
             }
-            if libc::setgroups(0, std::ptr::null()) != 0
-                || libc::setgid(self.gid) != 0
-                || libc::setuid(self.uid) != 0
-            {
-                return -1;
-            }
         }
         0
     }
@@ -426,19 +477,93 @@ impl Isolate {
 /// v2 `pgfleet-sandbox/…`), so `Drop` finds and kills them all. None where
 /// no cgroup can be made: the process group is killed instead.
 fn make_cgroup(dir: &Path) -> Option<PathBuf> {
-    let name = format!("sandbox-{}", dir.file_name()?.to_string_lossy());
-    let base = Path::new("/sys/fs/cgroup");
-    let parent = if base.join("pids").is_dir() {
-        base.join("pids/pgfleet")
-    } else if base.join("cgroup.controllers").exists() {
-        base.join("pgfleet-sandbox")
+    let name = dir.file_name()?.to_string_lossy().to_string();
+    let [v1, v2] = cgroups_of(&name);
+    let path = if Path::new("/sys/fs/cgroup/pids").is_dir() {
+        v1
+    } else if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        v2
     } else {
         return None;
     };
-    let _ = std::fs::create_dir(&parent);
-    let path = parent.join(name);
+    let _ = std::fs::create_dir(path.parent()?);
     std::fs::create_dir(&path).ok()?;
     Some(path)
+}
+
+/// The candidate cgroups of a sandbox directory named `name` (v1, v2).
+fn cgroups_of(name: &str) -> [PathBuf; 2] {
+    let base = Path::new("/sys/fs/cgroup");
+    let leaf = format!("sandbox-{name}");
+    [
+        base.join("pids/pgfleet").join(&leaf),
+        base.join("pgfleet-sandbox").join(&leaf),
+    ]
+}
+
+/// Kills every process in `cg` (until none is left, bounded), then
+/// removes it and, when empty, its parent.
+fn kill_cgroup(cg: &Path) {
+    let procs = cg.join("cgroup.procs");
+    for _ in 0..100 {
+        let pids = std::fs::read_to_string(&procs).unwrap_or_default();
+        let pids: Vec<i32> = pids.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        if pids.is_empty() {
+            break;
+        }
+        for pid in pids {
+            // SAFETY: a plain kill(2) of a process in our cgroup.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    if cg.exists()
+        && let Err(e) = std::fs::remove_dir(cg)
+    {
+        tracing::warn!(cgroup = %cg.display(), error = %e, "sandbox: its cgroup could not be removed");
+    }
+    if let Some(parent) = cg.parent() {
+        let _ = std::fs::remove_dir(parent);
+    }
+}
+
+/// Whether any mount of this process's namespace lies under `dir`.
+fn mounts_under(dir: &Path) -> bool {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    text.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|m| Path::new(m).starts_with(dir))
+}
+
+/// Removes the sandboxes an agent left under `parent` (killed before their
+/// steps ended): their processes killed, their cgroups and files removed.
+/// A sandbox with a mount visible here is never walked (logged instead).
+/// Returns how many were removed.
+pub fn reap_stale(parent: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return 0;
+    };
+    let mut n = 0;
+    for e in entries.flatten() {
+        let dir = e.path();
+        let name = e.file_name().to_string_lossy().to_string();
+        for cg in cgroups_of(&name) {
+            if cg.exists() {
+                kill_cgroup(&cg);
+            }
+        }
+        if mounts_under(&dir) {
+            tracing::warn!(dir = %dir.display(), "sandbox: a mount lies under it: left in place");
+            continue;
+        }
+        if std::fs::remove_dir_all(&dir).is_ok() {
+            n += 1;
+        }
+    }
+    let _ = std::fs::remove_dir(parent);
+    n
 }
 
 fn set_mode(p: &Path, mode: u32) -> Result<()> {
@@ -486,28 +611,7 @@ fn remove_tree(dir: &Path, points: &[PathBuf]) {
 impl Drop for Sandbox {
     fn drop(&mut self) {
         if let Some(cg) = &self.cgroup {
-            let procs = cg.join("cgroup.procs");
-            for _ in 0..100 {
-                let pids = std::fs::read_to_string(&procs).unwrap_or_default();
-                let pids: Vec<i32> = pids.lines().filter_map(|l| l.trim().parse().ok()).collect();
-                if pids.is_empty() {
-                    break;
-                }
-                for pid in pids {
-                    // SAFETY: a plain kill(2) of a process in our cgroup.
-                    unsafe {
-                        libc::kill(pid, libc::SIGKILL);
-                    }
-                }
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            if let Err(e) = std::fs::remove_dir(cg) {
-                tracing::warn!(cgroup = %cg.display(), error = %e, "sandbox: its cgroup could not be removed");
-            }
-            // Its parent too, once no other sandbox's is in it.
-            if let Some(parent) = cg.parent() {
-                let _ = std::fs::remove_dir(parent);
-            }
+            kill_cgroup(cg);
         }
         let root = self.root();
         let mut points: Vec<PathBuf> = SYSTEM_DIRS
@@ -586,9 +690,54 @@ mod tests {
                     String::from_utf8_lossy(&sleeping.stdout)
                 );
             }
-            Isolation::SameUser => drop(sb),
+            Isolation::User | Isolation::SameUser => drop(sb),
         }
         assert!(!dir.exists(), "{}", dir.display());
+        std::fs::remove_dir_all(&scratch).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod user_only {
+    use super::*;
+
+    /// Where no mount namespace can be made (a container without
+    /// CAP_SYS_ADMIN), the program still runs as the sandbox user with no
+    /// new privileges, in its temp dir, and cannot reach its siblings.
+    #[tokio::test]
+    async fn without_a_mount_namespace_the_user_is_still_switched() {
+        let scratch =
+            std::env::temp_dir().join(format!("pgfleet-sandbox-user-{}", std::process::id()));
+        std::fs::create_dir_all(&scratch).unwrap();
+        let Some(u) = user(None).unwrap() else {
+            return; // not root: nothing to switch
+        };
+        let mut sb = Sandbox::new(&scratch.join("sandboxes"), Some(u.clone()), &[]).unwrap();
+        sb.mounts = false;
+        assert_eq!(sb.isolation(), Isolation::User);
+        let sibling = Sandbox::new(&scratch.join("sandboxes"), Some(u), &[]).unwrap();
+        std::fs::write(sibling.tmp().join("theirs"), "sibling secret").unwrap();
+        let script = sb
+            .put(
+                "s.sh",
+                &format!(
+                    "id -u; cat {} 2>&1; ls .. 2>&1; grep NoNewPrivs /proc/self/status",
+                    sibling.tmp().join("theirs").display()
+                ),
+            )
+            .unwrap();
+        let out = sb
+            .command(Path::new("/bin/sh"))
+            .unwrap()
+            .arg(&script)
+            .output()
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_ne!(text.lines().next(), Some("0"), "{text}");
+        assert!(!text.contains("sibling secret"), "{text}");
+        assert!(text.contains("NoNewPrivs:\t1"), "{text}");
+        drop((sb, sibling));
         std::fs::remove_dir_all(&scratch).unwrap();
     }
 }

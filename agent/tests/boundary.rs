@@ -426,3 +426,44 @@ async fn the_superuser_never_calls_what_the_workload_role_planted() {
     cl.teardown().await.unwrap();
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// Every superuser session starts with the pinned search path, whichever
+/// client opens it: tokio-postgres, pgfleet's own driver (its wire client
+/// sends the startup options), a standard tool given `conninfo()`; and the
+/// workload role's own `ALTER ROLE … SET` does not change it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_superuser_session_starts_with_the_pinned_search_path() {
+    let root = common::scratch("boundary-pinned");
+    let cl = cluster(&root, false).await;
+    let w = cl.workload_server().connect().await.unwrap();
+    w.batch_execute("ALTER ROLE pgfleet_workload SET search_path = public, pg_catalog")
+        .await
+        .unwrap();
+    let c = cl.connect().await.unwrap();
+    let sp: String = c.query_one("SHOW search_path", &[]).await.unwrap().get(0);
+    assert_eq!(sp.replace(" ", ""), "pg_catalog,pg_temp");
+    let mut wire = pgfleet_agent::driver::wire::Conn::connect(&cl.pg_config())
+        .await
+        .unwrap();
+    let rows = wire.simple_rows("SHOW search_path").await.unwrap();
+    assert_eq!(
+        rows[0].rows[0][0]
+            .as_deref()
+            .map(|s| s.replace(" ", ""))
+            .as_deref(),
+        Some("pg_catalog,pg_temp")
+    );
+    let psql = cl.pg.tool("psql");
+    let out = std::process::Command::new(psql)
+        .args(["-At", "-c", "SHOW search_path"])
+        .arg(cl.conninfo())
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim().replace(" ", ""),
+        "pg_catalog,pg_temp",
+        "{out:?}"
+    );
+    cl.teardown().await.unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+}

@@ -142,6 +142,11 @@ impl Conn {
             "application_name",
             cfg.get_application_name().unwrap_or("pgfleet-driver"),
         ));
+        // The session's startup options (the superuser's pinned search
+        // path, `cluster::SUPERUSER_OPTIONS`), as libpq sends them.
+        if let Some(o) = cfg.get_options() {
+            params.push(("options", o));
+        }
         frontend::startup_message(params, &mut c.out)?;
         c.flush().await?;
         let password = cfg.get_password().unwrap_or_default();

@@ -40,7 +40,9 @@ pub use pgfleet_proto::workload::logical_drain::{
     Lag, Metrics, NAME, PUBLISHER, Params, PointParams, SUBSCRIBER,
 };
 
-const MARKER: &str = "pgfleet_drain_marker";
+/// The marker table (named with its schema: the agent's superuser sessions
+/// search pg_catalog only).
+const MARKER: &str = "public.pgfleet_drain_marker";
 
 pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Result<Output>> {
     async move {
