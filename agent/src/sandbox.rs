@@ -542,6 +542,20 @@ fn mounts_under(dir: &Path) -> bool {
 /// A sandbox with a mount visible here is never walked (logged instead).
 /// Returns how many were removed.
 pub fn reap_stale(parent: &Path) -> usize {
+    // Sandboxes of agents that died and whose data root went with them:
+    // their cgroups carry the dead agent's pid (`sandbox-<pid>-<n>`).
+    for base in cgroups_of("").iter().filter_map(|p| p.parent()) {
+        for e in std::fs::read_dir(base).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let pid = name
+                .strip_prefix("sandbox-")
+                .and_then(|r| r.split('-').next())
+                .and_then(|p| p.parse::<u32>().ok());
+            if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+                kill_cgroup(&e.path());
+            }
+        }
+    }
     let Ok(entries) = std::fs::read_dir(parent) else {
         return 0;
     };
@@ -739,5 +753,24 @@ mod user_only {
         assert!(text.contains("NoNewPrivs:\t1"), "{text}");
         drop((sb, sibling));
         std::fs::remove_dir_all(&scratch).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod reaping {
+    use super::*;
+
+    /// The cgroup of a sandbox whose agent died (its pid gone) is killed
+    /// and removed by the next agent's start, whatever its data root.
+    #[test]
+    fn a_dead_agents_sandbox_cgroup_is_reaped() {
+        if !nix::unistd::geteuid().is_root() || !Path::new("/sys/fs/cgroup/pids").is_dir() {
+            return; // no cgroups to make here
+        }
+        // A pid above pid_max cannot be alive.
+        let [cg, _] = cgroups_of("4194305-0");
+        std::fs::create_dir_all(&cg).unwrap();
+        reap_stale(Path::new("/nonexistent/sandboxes"));
+        assert!(!cg.exists(), "{}", cg.display());
     }
 }
