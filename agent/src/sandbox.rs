@@ -645,15 +645,21 @@ impl Drop for Sandbox {
 mod tests {
     use super::*;
 
+    /// A scratch directory of the test's own (removed by the test).
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("pgfleet-sandbox-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
     /// A sandboxed shell as root: another user, no new privileges, a world
     /// of system files only, its /tmp the one place it writes; and nothing
     /// of it left afterwards, a process it left running included.
     #[tokio::test]
     async fn a_sandboxed_program_sees_only_the_system_and_its_tmp() {
-        let scratch =
-            std::env::temp_dir().join(format!("pgfleet-sandbox-test-{}", std::process::id()));
+        let scratch = scratch("view");
         let secret = scratch.join("secret.txt");
-        std::fs::create_dir_all(&scratch).unwrap();
         std::fs::write(&secret, "agent secret").unwrap();
         let sb = Sandbox::new(&scratch.join("sandboxes"), user(None).unwrap(), &[]).unwrap();
         let script = format!(
@@ -709,20 +715,13 @@ mod tests {
         assert!(!dir.exists(), "{}", dir.display());
         std::fs::remove_dir_all(&scratch).unwrap();
     }
-}
-
-#[cfg(test)]
-mod user_only {
-    use super::*;
 
     /// Where no mount namespace can be made (a container without
     /// CAP_SYS_ADMIN), the program still runs as the sandbox user with no
     /// new privileges, in its temp dir, and cannot reach its siblings.
     #[tokio::test]
     async fn without_a_mount_namespace_the_user_is_still_switched() {
-        let scratch =
-            std::env::temp_dir().join(format!("pgfleet-sandbox-user-{}", std::process::id()));
-        std::fs::create_dir_all(&scratch).unwrap();
+        let scratch = scratch("user");
         let Some(u) = user(None).unwrap() else {
             return; // not root: nothing to switch
         };
@@ -754,11 +753,6 @@ mod user_only {
         drop((sb, sibling));
         std::fs::remove_dir_all(&scratch).unwrap();
     }
-}
-
-#[cfg(test)]
-mod reaping {
-    use super::*;
 
     /// The cgroup of a sandbox whose agent died (its pid gone) is killed
     /// and removed by the next agent's start, whatever its data root.

@@ -312,14 +312,7 @@ fn the_break_in_corpus_fails_safely_under_run() {
     let markers = s.dir.join("markers");
     std::fs::create_dir_all(&markers).unwrap();
     std::fs::set_permissions(&markers, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/attacks");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    files.sort();
+    let files = common::attack_files();
     assert!(files.len() >= 15, "{files:?}");
     for f in &files {
         let text = std::fs::read_to_string(f).unwrap();

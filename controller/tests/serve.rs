@@ -1318,14 +1318,7 @@ fn the_break_in_corpus_fails_safely_under_serve() {
     let server = start_serve(&s, 0, 0, &[]);
     let api = server.api.clone();
     let _agent = start_agent(&s, "a-1", "local", server.grpc);
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/attacks");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    files.sort();
+    let files = common::attack_files();
     for f in &files {
         let name = f.file_name().unwrap().to_string_lossy().to_string();
         let text = std::fs::read_to_string(f)

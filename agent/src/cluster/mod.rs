@@ -1066,108 +1066,78 @@ impl Cluster {
     }
 
     /// This cluster as a `Server` (loopback) for the agent's own steps: as
-    /// the superuser.
+    /// the superuser, with `SUPERUSER_OPTIONS`.
     pub fn server(&self) -> Server {
-        Server {
-            config: self.pg_config(),
-            conninfo: self.conninfo(),
-            major: self.pg.major,
-        }
+        self.loopback(SUPERUSER, &self.password, Some(SUPERUSER_OPTIONS))
     }
 
     /// This cluster as a `Server` for scenario SQL: as `WORKLOAD_ROLE`, with
     /// the search path its own settings give it.
     pub fn workload_server(&self) -> Server {
-        let mut config = self.base_config();
-        config.user(WORKLOAD_ROLE).password(&self.workload_password);
+        self.loopback(WORKLOAD_ROLE, &self.workload_password, None)
+    }
+
+    /// This cluster as a `Server` over the agent's own tables, in
+    /// `AGENT_SCHEMA` (see `OWN_OPTIONS`; the driver reads them by their
+    /// unqualified names).
+    pub fn own_server(&self) -> Server {
+        self.loopback(SUPERUSER, &self.password, Some(OWN_OPTIONS))
+    }
+
+    /// The one builder of this cluster's loopback `Server`s: the same
+    /// settings as a tokio-postgres config and as a libpq string.
+    fn loopback(&self, user: &str, password: &str, options: Option<&str>) -> Server {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host("127.0.0.1")
+            .port(self.port)
+            .user(user)
+            .password(password)
+            .dbname("postgres")
+            .application_name("pgfleet-agent")
+            .connect_timeout(Duration::from_secs(5));
+        let port = self.port.to_string();
+        let mut info = vec![
+            ("host", "127.0.0.1"),
+            ("port", port.as_str()),
+            ("user", user),
+            ("password", password),
+            ("dbname", "postgres"),
+        ];
+        if let Some(o) = options {
+            config.options(o);
+            info.push(("options", o));
+        }
         Server {
             config,
-            conninfo: quote_conninfo(&[
-                ("host", "127.0.0.1"),
-                ("port", &self.port.to_string()),
-                ("user", WORKLOAD_ROLE),
-                ("password", &self.workload_password),
-                ("dbname", "postgres"),
-            ]),
+            conninfo: quote_conninfo(&info),
             major: self.pg.major,
         }
     }
 
     /// A new connection as the superuser over loopback TCP.
     pub async fn connect(&self) -> Result<tokio_postgres::Client> {
-        let (client, conn) = self.pg_config().connect(tokio_postgres::NoTls).await?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        Ok(client)
-    }
-
-    /// Connection settings (superuser, loopback TCP), for callers that open
-    /// connections on their own runtime (the driver's client threads). The
-    /// one factory of the agent's superuser sessions: each starts with
-    /// `SUPERUSER_OPTIONS`, so no call site can forget them.
-    pub fn pg_config(&self) -> tokio_postgres::Config {
-        let mut cfg = self.base_config();
-        cfg.options(SUPERUSER_OPTIONS);
-        cfg
+        self.server().connect().await
     }
 
     /// A new superuser connection for a kind that works on the agent's own
-    /// tables, in `AGENT_SCHEMA` (see `OWN_OPTIONS`).
+    /// tables (`own_server`).
     pub async fn connect_own(&self) -> Result<tokio_postgres::Client> {
-        let (client, conn) = self
-            .own_server()
-            .config
-            .connect(tokio_postgres::NoTls)
-            .await?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        Ok(client)
+        self.own_server().connect().await
     }
 
-    /// This cluster as a `Server` over the agent's own tables (the driver
-    /// reads them by their unqualified names).
-    pub fn own_server(&self) -> Server {
-        let mut config = self.base_config();
-        config.options(OWN_OPTIONS);
-        Server {
-            config,
-            conninfo: quote_conninfo(&[
-                ("host", "127.0.0.1"),
-                ("port", &self.port.to_string()),
-                ("user", SUPERUSER),
-                ("password", &self.password),
-                ("dbname", "postgres"),
-                ("options", OWN_OPTIONS),
-            ]),
-            major: self.pg.major,
-        }
-    }
-
-    fn base_config(&self) -> tokio_postgres::Config {
-        let mut cfg = tokio_postgres::Config::new();
-        cfg.host("127.0.0.1")
-            .port(self.port)
-            .user(SUPERUSER)
-            .password(&self.password)
-            .dbname("postgres")
-            .application_name("pgfleet-agent")
-            .connect_timeout(Duration::from_secs(5));
-        cfg
+    /// Connection settings (superuser, loopback TCP), for callers that open
+    /// connections on their own runtime (the driver's client threads). Every
+    /// superuser session of the agent comes from `server()`: each starts
+    /// with `SUPERUSER_OPTIONS`, so no call site can forget them.
+    pub fn pg_config(&self) -> tokio_postgres::Config {
+        self.server().config
     }
 
     /// A libpq connection string (for standard tools such as pgbench/psql),
     /// as the superuser: with `SUPERUSER_OPTIONS` too.
     pub fn conninfo(&self) -> String {
-        quote_conninfo(&[
-            ("host", "127.0.0.1"),
-            ("port", &self.port.to_string()),
-            ("user", SUPERUSER),
-            ("password", &self.password),
-            ("dbname", "postgres"),
-            ("options", SUPERUSER_OPTIONS),
-        ])
+        self.server().conninfo
     }
 
     /// Stops the server (fast shutdown, then immediate, then SIGKILL) and

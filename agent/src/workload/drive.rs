@@ -52,8 +52,14 @@ pub async fn drive_until(
     stop: Option<&tokio_util::sync::CancellationToken>,
 ) -> Result<(DriverResult, Internals)> {
     let text = d.text().map_err(werr)?.to_string();
-    // Whatever the scenario's script can steer runs in here (see `sandbox`).
-    let sandbox = Arc::new(Sandbox::for_cluster(ctx.cluster)?);
+    // Whatever the scenario's script can steer runs in here (see `sandbox`):
+    // the real pgbench, and a shell the workload allows. pgfleet's driver
+    // without a shell runs nothing outside the agent, so it makes none.
+    let sandbox = if d.driver == "pgbench" || d.may_run_shell() {
+        Some(Arc::new(Sandbox::for_cluster(ctx.cluster)?))
+    } else {
+        None
+    };
     // The real pgbench parses its own script (it may use what pgfleet's
     // driver does not run).
     let script = if d.driver == "pgbench" {
@@ -113,7 +119,7 @@ pub async fn drive_until(
             if !d.allow_shell {
                 return Err(werr(pgfleet_proto::workload::pgbench::SHELL_REFUSED.into()));
             }
-            Some(sandbox.clone())
+            sandbox.clone()
         } else {
             None
         },
@@ -162,7 +168,9 @@ pub async fn drive_until(
                     &ctx.cluster.pg,
                     &server.conninfo_without_password(),
                     server.password().as_deref(),
-                    &sandbox,
+                    sandbox
+                        .as_deref()
+                        .ok_or_else(|| werr("no sandbox for pgbench".into()))?,
                     &ctx.cancel,
                 )
                 .await

@@ -223,3 +223,16 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// The break-in corpus's files (`scenarios/attacks/*.yaml`), sorted.
+pub fn attack_files() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/attacks");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
