@@ -1,0 +1,319 @@
+//! `pgfleet compare BASELINE CANDIDATE`: two runs' reports (run ids in the
+//! store, or `report.json` files such as a baseline kept as a CI artifact)
+//! matched point by point (same workload, same parameters, same instance
+//! class), and per compared metric the ratio of the candidate's median to
+//! the baseline's with a bootstrap confidence interval and a verdict:
+//! faster, slower, or no difference at the given level. Gates such as
+//! `--fail-if 'tps < -5%'` judge the change's interval like checks do.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use serde_json::{Value as Json, json};
+
+use crate::figure::{Figure, higher_is_better};
+use pgfleet_scenario::stats::{self, Verdict};
+
+/// A gate: fail when `metric` changed by less than (`<`) or more than
+/// (`>`) `percent`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gate {
+    pub text: String,
+    pub metric: String,
+    pub below: bool,
+    pub percent: f64,
+}
+
+/// Parses `tps < -5%`, `latency_ms_p99 > +10%`.
+pub fn parse_gate(s: &str) -> Result<Gate, String> {
+    let bad = || {
+        format!(
+            "`{s}` is not a gate: write METRIC < -N% or METRIC > +N%, e.g. 'tps < -5%' or 'latency_ms_p99 > 10%'"
+        )
+    };
+    let (metric, rest, below) = match (s.split_once('<'), s.split_once('>')) {
+        (Some((m, r)), None) => (m, r, true),
+        (None, Some((m, r))) => (m, r, false),
+        _ => return Err(bad()),
+    };
+    let metric = metric.trim();
+    let pct = rest.trim().strip_suffix('%').ok_or_else(bad)?;
+    let percent: f64 = pct
+        .trim()
+        .trim_start_matches('+')
+        .parse()
+        .map_err(|_| bad())?;
+    if metric.is_empty()
+        || !metric
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_')
+        || !percent.is_finite()
+    {
+        return Err(bad());
+    }
+    Ok(Gate {
+        text: s.trim().to_string(),
+        metric: metric.to_string(),
+        below,
+        percent,
+    })
+}
+
+/// A comparable point: workload and parameters.
+fn point_key(s: &Json) -> String {
+    format!("{}|{}", s["workload"].as_str().unwrap_or(""), s["params"])
+}
+
+/// Rows: one per matched (point, class, metric).
+pub fn compare(baseline: &Json, candidate: &Json, level: f64) -> Vec<Json> {
+    let index = |doc: &Json| -> BTreeMap<String, Json> {
+        doc["summaries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| (point_key(s), s.clone()))
+            .collect()
+    };
+    let (base, cand) = (index(baseline), index(candidate));
+    let mut rows = Vec::new();
+    for (key, b) in &base {
+        let Some(c) = cand.get(key) else { continue };
+        let Some(classes) = b["classes"].as_object() else {
+            continue;
+        };
+        for (class, bm) in classes {
+            let cm = &c["classes"][class.as_str()];
+            let Some(metrics) = bm.as_object() else {
+                continue;
+            };
+            for metric in metrics.keys() {
+                let (Some(fb), Some(fc)) = (Figure::of(bm, metric), Figure::of(cm, metric)) else {
+                    continue;
+                };
+                let seed = stats::seed_of(&format!("{key}{class}{metric}"));
+                let (ratio, i) = fc.ratio(&fb, level, seed);
+                let up = higher_is_better(metric);
+                let verdict = if !(i.lo.is_finite() && i.hi.is_finite()) {
+                    "no difference"
+                } else if i.lo > 1.0 {
+                    if up { "faster" } else { "slower" }
+                } else if i.hi < 1.0 {
+                    if up { "slower" } else { "faster" }
+                } else {
+                    "no difference"
+                };
+                rows.push(json!({
+                    "workload": b["workload"], "params": b["params"], "class": class, "metric": metric,
+                    "baseline_value": fb.value(), "candidate_value": fc.value(),
+                    "baseline_clusters": fb.clusters(), "candidate_clusters": fc.clusters(),
+                    "merged": fb.merged() && fc.merged(),
+                    "ratio": ratio, "interval": [i.lo, i.hi], "confidence": level,
+                    "change_percent": (ratio - 1.0) * 100.0, "verdict": verdict,
+                }));
+            }
+        }
+    }
+    rows
+}
+
+/// Each gate on each row of its metric, judged like a check: `passes`
+/// when the whole interval of the change is on the allowed side.
+pub fn judge_gates(rows: &[Json], gates: &[Gate], inconclusive_passes: bool) -> Vec<Json> {
+    let mut out = Vec::new();
+    for g in gates {
+        for r in rows.iter().filter(|r| r["metric"] == g.metric.as_str()) {
+            let lo = r["interval"][0].as_f64().unwrap_or(f64::NAN);
+            let hi = r["interval"][1].as_f64().unwrap_or(f64::NAN);
+            let change = stats::Interval {
+                lo: (lo - 1.0) * 100.0,
+                hi: (hi - 1.0) * 100.0,
+            };
+            let (min, max) = if g.below {
+                (Some(g.percent), None)
+            } else {
+                (None, Some(g.percent))
+            };
+            let verdict = stats::judge(change, min, max);
+            let passes = match verdict {
+                Verdict::Passed => true,
+                Verdict::Failed => false,
+                Verdict::Inconclusive => inconclusive_passes,
+            };
+            let point = json!({"point": r["params"]});
+            let label = crate::checks::point_label(&point);
+            out.push(json!({
+                "name": format!("{} ({}{})", g.text, r["class"].as_str().unwrap_or(""),
+                                if label.is_empty() { String::new() } else { format!(", {label}") }),
+                "gate": g.text, "class": r["class"], "metric": g.metric, "point": r["params"],
+                "observed": r["change_percent"], "interval": [change.lo, change.hi],
+                "confidence": r["confidence"],
+                "verdict": verdict.as_str(), "passes": passes,
+            }));
+        }
+    }
+    out
+}
+
+/// The comparison as Markdown.
+/// The cost of a million transactions per class on both sides (when both
+/// reports priced their classes in one currency), beside the TPS ratio.
+pub fn costs(baseline: &Json, candidate: &Json) -> Vec<Json> {
+    let (b, c) = (&baseline["costs"], &candidate["costs"]);
+    if b["currency"] != c["currency"] || b["currency"].is_null() {
+        return Vec::new();
+    }
+    let tps = |doc: &Json, class: &str| {
+        crate::figure::first_value(crate::figure::summaries(doc), "pgbench", class, "tps")
+    };
+    let mut out = Vec::new();
+    for (class, bc) in b["classes"].as_object().into_iter().flatten() {
+        let (Some(x), Some(y)) = (
+            bc["per_million_transactions"].as_f64(),
+            c["classes"][class.as_str()]["per_million_transactions"].as_f64(),
+        ) else {
+            continue;
+        };
+        let tps_ratio = match (tps(candidate, class), tps(baseline, class)) {
+            (Some(n), Some(d)) if d > 0.0 => json!(n / d),
+            _ => Json::Null,
+        };
+        out.push(json!({
+            "class": class, "currency": b["currency"],
+            "baseline_per_million_transactions": x, "candidate_per_million_transactions": y,
+            "ratio": if x > 0.0 { json!(y / x) } else { Json::Null }, "tps_ratio": tps_ratio,
+        }));
+    }
+    out
+}
+
+pub fn markdown(baseline: &str, candidate: &str, rows: &[Json], gates: &[Json]) -> String {
+    use crate::checks::point_label;
+    let sig = crate::markdown::sig;
+    let f = |v: &Json| v.as_f64().map(sig).unwrap_or_else(|| "–".into());
+    let mut md = format!(
+        "# pgfleet compare\n\nbaseline `{baseline}`, candidate `{candidate}`: the candidate's median over clusters divided by the baseline's, with a bootstrap interval.\n\n"
+    );
+    if !gates.is_empty() {
+        let ok = gates.iter().all(|g| g["passes"] == true);
+        let _ = writeln!(
+            md,
+            "## Gates: {}\n\n| | gate | change | interval |\n|---|---|---|---|",
+            if ok { "passed" } else { "FAILED" }
+        );
+        for g in gates {
+            let mark = match (g["verdict"].as_str(), g["passes"] == true) {
+                (Some("passed"), _) => "✅ passed",
+                (Some("failed"), _) => "❌ failed",
+                (_, true) => "⚠️ inconclusive (counts as passed)",
+                _ => "⚠️ inconclusive",
+            };
+            let _ = writeln!(
+                md,
+                "| {mark} | {} | {} % | {} % … {} % |",
+                g["name"].as_str().unwrap_or(""),
+                f(&g["observed"]),
+                f(&g["interval"][0]),
+                f(&g["interval"][1])
+            );
+        }
+        md.push('\n');
+    }
+    let _ = writeln!(
+        md,
+        "## Metrics\n\n| workload | point | class | metric | baseline | candidate | ratio | interval | verdict |\n|---|---|---|---|---|---|---|---|---|"
+    );
+    for r in rows {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {}x | {}–{} | {} |",
+            r["workload"].as_str().unwrap_or(""),
+            point_label(&json!({"point": r["params"]})),
+            r["class"].as_str().unwrap_or(""),
+            r["metric"].as_str().unwrap_or(""),
+            f(&r["baseline_value"]),
+            f(&r["candidate_value"]),
+            f(&r["ratio"]),
+            f(&r["interval"][0]),
+            f(&r["interval"][1]),
+            r["verdict"].as_str().unwrap_or("")
+        );
+    }
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(values: &[f64], p99: &[f64]) -> Json {
+        json!({"summaries": [{
+            "workload": "pgbench", "params": {"script": "random-update", "clients": 8},
+            "classes": {"nvme": {"tps": {"values": values}, "latency_ms_p99": {"values": p99}, "cells": values.len()}},
+        }]})
+    }
+
+    #[test]
+    fn gates_parse_and_refuse_with_an_example() {
+        assert_eq!(
+            parse_gate("tps < -5%").unwrap(),
+            Gate {
+                text: "tps < -5%".into(),
+                metric: "tps".into(),
+                below: true,
+                percent: -5.0
+            }
+        );
+        let g = parse_gate(" latency_ms_p99 > +10 % ").unwrap();
+        assert!(!g.below && g.percent == 10.0 && g.metric == "latency_ms_p99");
+        for bad in ["tps", "tps < 5", "< -5%", "tps <> 5%", "t ps < 5%"] {
+            let e = parse_gate(bad).unwrap_err();
+            assert!(e.contains("e.g. 'tps < -5%'"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_clear_drop_is_slower_and_fails_the_gate_and_noise_is_no_difference() {
+        let base = doc(
+            &[1000.0, 1010.0, 990.0, 1005.0, 995.0],
+            &[10.0, 11.0, 10.5, 9.5, 10.2],
+        );
+        // 20 % fewer transactions; p99 unchanged within noise.
+        let cand = doc(
+            &[800.0, 805.0, 795.0, 810.0, 790.0],
+            &[10.1, 10.9, 10.4, 9.7, 10.3],
+        );
+        let rows = compare(&base, &cand, 0.95);
+        let tps = rows.iter().find(|r| r["metric"] == "tps").unwrap();
+        assert_eq!(tps["verdict"], "slower");
+        assert!((tps["ratio"].as_f64().unwrap() - 0.8).abs() < 0.01);
+        let p99 = rows
+            .iter()
+            .find(|r| r["metric"] == "latency_ms_p99")
+            .unwrap();
+        assert_eq!(p99["verdict"], "no difference", "{p99}");
+        let gates = judge_gates(&rows, &[parse_gate("tps < -5%").unwrap()], false);
+        assert_eq!(gates.len(), 1);
+        assert_eq!(gates[0]["verdict"], "failed");
+        // A 2 % drop passes a 5 % gate; latency down is faster.
+        let cand = doc(
+            &[985.0, 990.0, 980.0, 992.0, 978.0],
+            &[5.0, 5.2, 5.1, 4.9, 5.0],
+        );
+        let rows = compare(&base, &cand, 0.95);
+        let gates = judge_gates(&rows, &[parse_gate("tps < -5%").unwrap()], false);
+        assert_eq!(gates[0]["verdict"], "passed", "{}", gates[0]);
+        let p99 = rows
+            .iter()
+            .find(|r| r["metric"] == "latency_ms_p99")
+            .unwrap();
+        assert_eq!(p99["verdict"], "faster");
+    }
+
+    #[test]
+    fn points_match_on_workload_parameters_only() {
+        let base = doc(&[1000.0], &[10.0]);
+        let mut other = doc(&[500.0], &[10.0]);
+        other["summaries"][0]["params"]["clients"] = json!(16);
+        assert!(compare(&base, &other, 0.95).is_empty());
+    }
+}

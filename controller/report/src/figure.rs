@@ -1,0 +1,123 @@
+//! A class's figure for one metric, as summaries, checks and `compare` use
+//! it: for latency quantiles (`latency_ms_p50`, `_p90`, `_p99`, `_p999`)
+//! when every cluster of the class sent its latency histogram, the
+//! quantile of the merged distribution (all the class's transactions
+//! together); for everything else, the median over the class's clusters.
+//! Intervals resample clusters either way.
+
+use serde_json::Value as Json;
+
+use pgfleet_scenario::stats::{self, Histograms, Interval};
+
+/// The quantile a metric names, for metrics read off a latency histogram.
+fn quantile_of(metric: &str) -> Option<f64> {
+    match metric {
+        "latency_ms_p50" => Some(0.5),
+        "latency_ms_p90" => Some(0.9),
+        "latency_ms_p99" => Some(0.99),
+        "latency_ms_p999" => Some(0.999),
+        _ => None,
+    }
+}
+
+/// Whether more is better for a metric (throughput) or less (latency,
+/// durations, read times, sizes).
+pub fn higher_is_better(metric: &str) -> bool {
+    ["tps", "per_s", "per_second", "mbps", "mb_per_s", "rows_per"]
+        .iter()
+        .any(|k| metric.contains(k))
+}
+
+/// The class's figure for `metric` in the first summary of `kind` that
+/// has one (e.g. a class's pgbench TPS), from report.json's `summaries`.
+pub fn first_value(summaries: &[Json], kind: &str, class: &str, metric: &str) -> Option<f64> {
+    summaries
+        .iter()
+        .find(|s| s["workload"] == kind && !s["classes"][class][metric].is_null())
+        .and_then(|s| s["classes"][class][metric]["value"].as_f64())
+}
+
+/// A report's `summaries`.
+pub fn summaries(doc: &Json) -> &[Json] {
+    doc["summaries"].as_array().map_or(&[], Vec::as_slice)
+}
+
+/// The class the report compares the others with (the comparisons'
+/// baseline: the fleet's first class that has results).
+pub fn baseline_class(doc: &Json) -> Option<&str> {
+    doc["comparisons"].as_array()?.first()?["baseline_class"].as_str()
+}
+
+pub struct Figure {
+    values: Vec<f64>,
+    merged: Option<(Histograms, f64)>,
+}
+
+impl Figure {
+    /// From a summary's class entry (`{<metric>: {values}, latency_histograms_us}`).
+    pub fn of(class: &Json, metric: &str) -> Option<Figure> {
+        let values: Vec<f64> = class[metric]["values"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Json::as_f64)
+            .collect();
+        if values.is_empty() {
+            return None;
+        }
+        let merged = quantile_of(metric).and_then(|q| {
+            let hs = histograms(&class["latency_histograms_us"])?;
+            (hs.len() == values.len()).then(|| (Histograms::new(&hs), q))
+        });
+        Some(Figure { values, merged })
+    }
+
+    pub fn clusters(&self) -> usize {
+        self.values.len()
+    }
+
+    /// Whether the figure is a merged distribution's quantile.
+    pub fn merged(&self) -> bool {
+        self.merged.is_some()
+    }
+
+    /// The figure over clusters `idx` (a resample may repeat one).
+    pub fn at(&self, idx: &[usize]) -> f64 {
+        match &self.merged {
+            Some((h, q)) => h.quantile(idx, *q) / 1000.0,
+            None => stats::median(&idx.iter().map(|&i| self.values[i]).collect::<Vec<_>>()),
+        }
+    }
+
+    pub fn value(&self) -> f64 {
+        self.at(&(0..self.clusters()).collect::<Vec<_>>())
+    }
+
+    pub fn interval(&self, level: f64, seed: u64) -> Interval {
+        stats::bootstrap(self.clusters(), level, seed, |i| self.at(i))
+    }
+
+    /// `self / base` and its interval.
+    pub fn ratio(&self, base: &Figure, level: f64, seed: u64) -> (f64, Interval) {
+        let i = stats::bootstrap_ratio(
+            (self.clusters(), |i: &[usize]| self.at(i)),
+            (base.clusters(), |i: &[usize]| base.at(i)),
+            level,
+            seed,
+        );
+        (self.value() / base.value(), i)
+    }
+}
+
+/// Per-cluster histograms from JSON (`[[[value, count], ...], ...]`).
+pub fn histograms(v: &Json) -> Option<Vec<Vec<[u64; 2]>>> {
+    v.as_array()?
+        .iter()
+        .map(|h| {
+            h.as_array()?
+                .iter()
+                .map(|b| Some([b[0].as_u64()?, b[1].as_u64()?]))
+                .collect()
+        })
+        .collect()
+}
