@@ -12,7 +12,7 @@ use tracing::Instrument;
 use crate::cluster::throttle::Caps;
 use crate::cluster::{Cluster, ClusterSpec, RunAs};
 use crate::pgbin::PgBin;
-use crate::workload::{self, CellContext, Output};
+use crate::workload::{self, CellContext, Output, phase};
 use crate::{Error, Result, host};
 use pgfleet_proto::v1::{
     AgentMessage, Assign, CellProgress, CellResult, CellStatus, Endpoint, Point, RoleReady,
@@ -923,11 +923,6 @@ async fn load_dataset(
         }
     }
     Ok(loaded)
-}
-
-/// A phase of a cell, as a span under the current one (the cell's).
-pub fn phase(name: &'static str) -> tracing::Span {
-    tracing::info_span!(target: "pgfleet", "phase", otel.name = name, phase = name)
 }
 
 /// Refuses a cell whose estimated disk need exceeds the free space under the

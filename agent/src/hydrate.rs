@@ -291,15 +291,9 @@ pub async fn read_all(
             })
         }
     };
-    let out = crate::dataset::blocking_with_progress(
-        work,
-        &shared.done,
-        &stop,
-        total,
-        &mut progress,
-        cancel,
-    )
-    .await;
+    let out =
+        crate::blocking::with_progress(work, &shared.done, &stop, total, &mut progress, cancel)
+            .await;
     let io = |e| Error::io(format!("hydrating {}", dir.display()), e);
     out.map_err(|e| io(std::io::Error::other(e)))?.map_err(io)?;
     if cancel.is_cancelled() {

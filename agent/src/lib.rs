@@ -6,6 +6,7 @@
 //! is assigned, one cell at a time, and reports; the controller decides.
 
 pub mod assign;
+pub mod blocking;
 pub mod cell;
 pub mod cluster;
 pub mod dataset;

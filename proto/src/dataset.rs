@@ -101,7 +101,7 @@ pub struct Dataset {
 impl Dataset {
     /// Bytes of its PGDATA as published.
     pub fn pgdata_bytes(&self) -> u64 {
-        crate::workload::pgdata_bytes(self.bytes)
+        pgdata_bytes(self.bytes)
     }
     /// What makes two cells of one plan need the same bytes: the loader
     /// and its data-shaping keys (the fingerprint without the PostgreSQL
@@ -383,6 +383,14 @@ fn remove_all(dir: &Path) -> io::Result<()> {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }
+}
+
+/// Bytes of an empty cluster (catalog, first WAL segments).
+pub const CLUSTER_BASE_BYTES: u64 = 64 << 20;
+/// PGDATA holding `data` bytes after a load: the data, the load's WAL up
+/// to max_wal_size (1 GB default), an empty cluster's catalog.
+pub fn pgdata_bytes(data: u64) -> u64 {
+    CLUSTER_BASE_BYTES + data + data.min(1 << 30)
 }
 
 #[cfg(test)]

@@ -22,8 +22,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::RunAs;
 use super::device::DeviceStat;
+use super::identity::RunAs;
 use crate::{Error, Result};
 
 /// I/O caps; 0 means uncapped (the type the environment reports).

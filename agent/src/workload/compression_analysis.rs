@@ -20,7 +20,8 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio_postgres::Client;
 
-use super::{CellContext, Output, pgbench_init, toast_probe};
+use super::context::{CellContext, Output};
+use super::{pgbench_init, toast_probe};
 use crate::{Error, Result};
 
 pub use pgfleet_proto::workload::compression_analysis::{

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::CellContext;
+use super::context::CellContext;
 use crate::cluster::Server;
 use crate::driver::script::{Script, Value, Var};
 use crate::driver::{self, DriverConfig, DriverResult};
@@ -223,13 +223,13 @@ pub async fn drive_until(
 async fn phase_spans(warmup_s: f64, done: &CancellationToken) {
     let parent = tracing::Span::current();
     if warmup_s > 0.0 {
-        let _warm = parent.in_scope(|| crate::cell::phase("warm-up"));
+        let _warm = parent.in_scope(|| super::context::phase("warm-up"));
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs_f64(warmup_s)) => {}
             _ = done.cancelled() => return,
         }
     }
-    let _measure = parent.in_scope(|| crate::cell::phase("measure"));
+    let _measure = parent.in_scope(|| super::context::phase("measure"));
     done.cancelled().await;
 }
 

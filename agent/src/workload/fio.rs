@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 use serde_json::Value as Json;
 use tokio_util::sync::CancellationToken;
 
-use super::{CellContext, Output};
+use super::context::{CellContext, Output};
 use crate::cluster::Cluster;
 use crate::cluster::throttle::Caps;
 use crate::{Error, Result};

@@ -30,8 +30,9 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio_postgres::Client;
 
+use super::context::{CellContext, Output};
 use super::drive::{DriveParams, drive_until};
-use super::{CellContext, Output, pgbench_init};
+use super::pgbench_init;
 use crate::cluster::Server;
 use crate::sampler::Sampler;
 use crate::{Error, Result};

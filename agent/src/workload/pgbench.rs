@@ -4,8 +4,8 @@
 //! window: average page read time (pg_stat_database, `track_io_timing`) and
 //! WAL sync time per sync (pg_stat_wal, `track_wal_io_timing`).
 
+use super::context::{CellContext, Output};
 use super::drive::{drive, per_second};
-use super::{CellContext, Output};
 use crate::Result;
 use futures::FutureExt;
 use futures::future::BoxFuture;

@@ -12,7 +12,7 @@ use std::time::Instant;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use super::{CellContext, Output};
+use super::context::{CellContext, Output};
 use crate::cluster::Server;
 use crate::{Error, Result};
 
@@ -260,7 +260,7 @@ async fn sql_all(conns: &[tokio_postgres::Client], stmts: &[String]) -> Result<(
 pub async fn load(ctx: &CellContext<'_>, p: &InitParams) -> Result<Loaded> {
     use tracing::Instrument;
     load_unspanned(ctx, &ctx.cluster.server(), p)
-        .instrument(crate::cell::phase("load"))
+        .instrument(super::context::phase("load"))
         .await
 }
 

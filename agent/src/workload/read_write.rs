@@ -27,7 +27,8 @@ use futures::future::BoxFuture;
 use serde_json::{Value as Json, json};
 use tokio_postgres::Client;
 
-use super::{CellContext, Output, drive};
+use super::context::{CellContext, Output};
+use super::drive;
 use crate::{Error, Result};
 
 use pgfleet_proto::workload::pgbench::{Define, DriveParams};
@@ -117,7 +118,7 @@ fn point(p: &Params, test: &str, method: &str, metrics: Metrics) -> Point {
 
 /// The article's test_table, loaded in slices, vacuumed, checkpointed:
 /// the kind's dataset (`workload::load`).
-pub async fn load(ctx: &CellContext<'_>, p: &Params) -> Result<crate::workload::Loaded> {
+pub async fn load(ctx: &CellContext<'_>, p: &Params) -> Result<super::context::Loaded> {
     let client = ctx.cluster.connect_own().await?;
     client
         .batch_execute(
@@ -144,7 +145,7 @@ pub async fn load(ctx: &CellContext<'_>, p: &Params) -> Result<crate::workload::
     client.batch_execute("VACUUM (ANALYZE) test_table").await?;
     client.batch_execute("CHECKPOINT").await?;
     let seconds = started.elapsed().as_secs_f64();
-    Ok(crate::workload::Loaded {
+    Ok(super::context::Loaded {
         rows_loaded: p.rows,
         load_seconds: seconds,
         rows_per_second: p.rows as f64 / seconds.max(1e-9),

@@ -30,7 +30,7 @@ use futures::future::BoxFuture;
 use serde_json::json;
 use tokio_postgres::Client;
 
-use super::{CellContext, Output, RepeatSummary, closed_loop, explain_buffers, median};
+use super::context::{CellContext, Output, RepeatSummary, closed_loop, explain_buffers, median};
 use crate::{Error, Result};
 
 pub use pgfleet_proto::workload::toast_probe::{

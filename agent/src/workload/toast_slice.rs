@@ -27,7 +27,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::json;
 
-use super::{CellContext, Output, RepeatSummary, closed_loop, explain_buffers, median};
+use super::context::{CellContext, Output, RepeatSummary, closed_loop, explain_buffers, median};
 use crate::{Error, Result};
 use pgfleet_proto::workload::Cache;
 

@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use super::{CellContext, Output, pgbench_init};
+use super::context::{CellContext, Output};
+use super::pgbench_init;
 use crate::sampler::Sampler;
 use crate::{Error, Result};
 pub use pgfleet_proto::workload::vacuum_bloat::{Metrics, Params, PointParams, Progress};

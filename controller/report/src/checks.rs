@@ -214,7 +214,7 @@ pub fn junit(suite: &str, evaluated: &[Json]) -> String {
 /// `observed 0.31 (95 % interval 0.28–0.35), bound ≤ 0.5: passed`.
 pub fn describe(e: &Json) -> String {
     let n = |v: &Json| match v.as_f64() {
-        Some(x) => super::markdown::sig(x),
+        Some(x) => super::table::sig(x),
         None => "–".to_string(),
     };
     let what = match e["baseline"].as_str() {
@@ -231,13 +231,11 @@ pub fn describe(e: &Json) -> String {
         ),
     };
     let bound = match (e["min"].as_f64(), e["max"].as_f64()) {
-        (Some(lo), Some(hi)) => format!(
-            "{} ≤ x ≤ {}",
-            super::markdown::sig(lo),
-            super::markdown::sig(hi)
-        ),
-        (Some(lo), None) => format!("≥ {}", super::markdown::sig(lo)),
-        (None, Some(hi)) => format!("≤ {}", super::markdown::sig(hi)),
+        (Some(lo), Some(hi)) => {
+            format!("{} ≤ x ≤ {}", super::table::sig(lo), super::table::sig(hi))
+        }
+        (Some(lo), None) => format!("≥ {}", super::table::sig(lo)),
+        (None, Some(hi)) => format!("≤ {}", super::table::sig(hi)),
         (None, None) => String::new(),
     };
     let mut s = format!(

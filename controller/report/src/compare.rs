@@ -188,7 +188,7 @@ pub fn costs(baseline: &Json, candidate: &Json) -> Vec<Json> {
 
 pub fn markdown(baseline: &str, candidate: &str, rows: &[Json], gates: &[Json]) -> String {
     use crate::checks::point_label;
-    let sig = crate::markdown::sig;
+    let sig = crate::table::sig;
     let f = |v: &Json| v.as_f64().map(sig).unwrap_or_else(|| "–".into());
     let mut md = format!(
         "# pgfleet compare\n\nbaseline `{baseline}`, candidate `{candidate}`: the candidate's median over clusters divided by the baseline's, with a bootstrap interval.\n\n"

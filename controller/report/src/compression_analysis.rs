@@ -8,7 +8,7 @@ use std::fmt::Write;
 use pgfleet_proto::workload::compression_analysis::{Metrics, PointParams};
 use serde_json::Value as Json;
 
-use super::markdown::{Plots, Row, by_class, mib, num};
+use super::table::{Plots, Row, by_class, mib, num};
 
 type R<'a> = Row<'a, PointParams, Metrics>;
 

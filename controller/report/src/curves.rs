@@ -12,8 +12,8 @@ use std::fmt::Write;
 use serde_json::Value as Json;
 
 use super::figure::summaries;
-use super::markdown::sig;
 use super::plot::{Series, class_color, line_chart};
+use super::table::sig;
 
 /// A swept value on an axis: a number, or a size such as `1GiB` in MiB.
 fn x_of(v: &Json) -> Option<f64> {

@@ -7,8 +7,8 @@ use std::fmt::Write;
 
 use serde_json::Value as Json;
 
-use super::markdown::{Plots, Row, by_class, mib, sig};
 use super::plot::{Series, line_chart};
+use super::table::{Plots, Row, by_class, mib, sig};
 use pgfleet_proto::workload::fio::{Metrics, PointParams};
 
 /// The cap a job is held to by the class's profile, when emulated and

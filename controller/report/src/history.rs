@@ -365,8 +365,8 @@ pub fn markdown(h: &History) -> (String, Vec<(String, String)>) {
                 md,
                 "Latest run {}: {} against {} (median of the {} run{} since the last change): **{:+.1} %**{}.\n",
                 l.run_id,
-                crate::markdown::sig(l.value),
-                crate::markdown::sig(l.segment_median),
+                crate::table::sig(l.value),
+                crate::table::sig(l.segment_median),
                 l.segment_runs,
                 if l.segment_runs == 1 { "" } else { "s" },
                 l.change_percent,
@@ -389,8 +389,8 @@ pub fn markdown(h: &History) -> (String, Vec<(String, String)>) {
                     md,
                     "| {} | {} | {} | {:+.1} % | {:.3} |",
                     c.run_id,
-                    crate::markdown::sig(c.at.before),
-                    crate::markdown::sig(c.at.after),
+                    crate::table::sig(c.at.before),
+                    crate::table::sig(c.at.after),
                     c.change_percent,
                     c.at.p_value
                 );
@@ -450,9 +450,9 @@ pub fn markdown(h: &History) -> (String, Vec<(String, String)>) {
                 "| {} | {} | {} | {} – {} |",
                 v.run_id,
                 labels.replace('|', "\\|").replace('`', "'"),
-                crate::markdown::sig(v.value),
-                crate::markdown::sig(v.interval[0]),
-                crate::markdown::sig(v.interval[1])
+                crate::table::sig(v.value),
+                crate::table::sig(v.interval[0]),
+                crate::table::sig(v.interval[1])
             );
         }
         plots.push((name, svg));

@@ -61,6 +61,7 @@ mod pgbench;
 mod pgbench_init;
 pub mod plot;
 mod read_write;
+pub mod table;
 mod toast_probe;
 mod toast_slice;
 pub mod trend;

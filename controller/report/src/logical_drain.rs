@@ -8,7 +8,7 @@ use pgfleet_proto::workload::Kind;
 use pgfleet_proto::workload::logical_drain::{Lag, Metrics, PointParams};
 use serde_json::Value as Json;
 
-use super::markdown::{Column, Plots, Row, Seeds, class_table, mib, num, samples_plot};
+use super::table::{Column, Plots, Row, Seeds, class_table, mib, num, samples_plot};
 
 /// seeds/002: draining a 10 GB logical-replication backlog, NVMe vs EBS gp3.
 const SEEDS_NVME_S: f64 = 139.0;

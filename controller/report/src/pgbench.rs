@@ -8,8 +8,8 @@ use pgfleet_proto::workload::pgbench::{Metrics, PointParams};
 use pgfleet_proto::workload::{Cache, per};
 use serde_json::Value as Json;
 
-use super::markdown::{Plots, Row, num};
 use super::plot::{Series, line_chart};
+use super::table::{Plots, Row, num};
 
 /// pgbench: every cell's figures, per-class medians, ratios, TPS over time.
 pub fn section(md: &mut String, plots: &mut Plots, doc: &Json, rs: &[Row<PointParams, Metrics>]) {

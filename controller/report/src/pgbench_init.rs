@@ -5,7 +5,7 @@ use std::fmt::Write;
 use pgfleet_proto::workload::pgbench_init::{InitParams, Metrics};
 use serde_json::Value as Json;
 
-use super::markdown::{Plots, Row, num};
+use super::table::{Plots, Row, num};
 
 pub fn section(
     md: &mut String,

@@ -7,7 +7,7 @@ use std::fmt::Write;
 use pgfleet_proto::workload::read_write::{Metrics, PointParams};
 use serde_json::Value as Json;
 
-use super::markdown::{Number, Plots, Row, by_class, mib, num, sig};
+use super::table::{Number, Plots, Row, by_class, mib, num, sig};
 
 fn f(v: impl Number) -> String {
     v.number().map(sig).unwrap_or_else(|| "–".into())

@@ -6,7 +6,7 @@ use std::fmt::Write;
 
 use serde_json::Value as Json;
 
-use super::markdown::{Plots, Row, by_class, num, sig};
+use super::table::{Plots, Row, by_class, num, sig};
 use pgfleet_proto::workload::toast_probe::{Metrics, PROBES, PointParams, Probe, article};
 
 /// A column of a probe's table: header and how a point shows it.

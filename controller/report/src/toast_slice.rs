@@ -7,8 +7,8 @@ use pgfleet_proto::workload::Cache;
 use pgfleet_proto::workload::toast_slice::{Metrics, PointParams, StorageMode};
 use serde_json::Value as Json;
 
-use super::markdown::{Plots, Row, ms};
 use super::plot::{Series, line_chart};
+use super::table::{Plots, Row, ms};
 
 const MODES: &[StorageMode] = &[StorageMode::External, StorageMode::Pglz, StorageMode::Lz4];
 

@@ -9,7 +9,7 @@ use pgfleet_proto::workload::Kind;
 use pgfleet_proto::workload::vacuum_bloat::{Metrics, PointParams, Progress};
 use serde_json::Value as Json;
 
-use super::markdown::{Column, Plots, Row, Seeds, class_table, mib, num, samples_plot};
+use super::table::{Column, Plots, Row, Seeds, class_table, mib, num, samples_plot};
 
 /// seeds/002: VACUUM of >10 GB of bloat, NVMe vs EBS gp3.
 const SEEDS_NVME_S: f64 = 366.0;

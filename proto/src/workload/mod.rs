@@ -269,16 +269,11 @@ pub struct Estimate {
     pub load_seconds: f64,
 }
 
-/// Bytes of an empty cluster (catalog, first WAL segments).
-pub const CLUSTER_BASE_BYTES: u64 = 64 << 20;
+// A cluster's size on disk: where datasets need it too.
+pub use crate::dataset::{CLUSTER_BASE_BYTES, pgdata_bytes};
 /// Assumed speed of server-side bulk work (load, COPY, index builds) when
 /// estimating; deliberately modest.
 pub const ESTIMATE_BYTES_PER_SECOND: f64 = 40.0 * 1024.0 * 1024.0;
-/// PGDATA holding `data` bytes after a load: the data, the load's WAL up
-/// to max_wal_size (1 GB default), an empty cluster's catalog.
-pub fn pgdata_bytes(data: u64) -> u64 {
-    CLUSTER_BASE_BYTES + data + data.min(1 << 30)
-}
 /// Provisioning and teardown of a cluster.
 pub const ESTIMATE_CLUSTER_SECONDS: f64 = 5.0;
 /// An uncapped disk's sequential rates when estimating: what restores

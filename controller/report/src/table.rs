@@ -1,0 +1,250 @@
+//! What report.md's sections are written with: a kind's typed rows, the
+//! plots a section embeds, tables by class, number formats. Sections,
+//! history and compare use these; `markdown` assembles the sections.
+
+use std::fmt::Write;
+
+use pgfleet_proto::workload::Kind;
+use serde::de::DeserializeOwned;
+use serde_json::Value as Json;
+
+use crate::plot::{Series, line_chart};
+
+/// One result of a kind with its point typed as the kind defines it
+/// (`pgfleet_proto::workload::<kind>::{PointParams, Metrics}`): what a
+/// section reads.
+pub struct Row<'a, P, M> {
+    pub cell_id: &'a str,
+    pub class: &'a str,
+    pub agent: &'a str,
+    pub params: P,
+    pub metrics: M,
+    /// The result as stored in report.json (to match it with its summary).
+    pub raw: &'a Json,
+}
+
+/// Plots a section embeds: (file name, SVG).
+pub type Plots = Vec<(String, String)>;
+
+/// A kind's section of report.md: the markdown, its plots, the whole
+/// report document, and the kind's results.
+pub type Section<P, M> = fn(&mut String, &mut Plots, &Json, &[Row<P, M>]);
+
+/// A point of a plot.
+pub type XY = (f64, f64);
+
+/// A plot of a kind's per-second samples (`doc.samples.<kind>.<cell>`),
+/// one line per cell named by its class and replica; `point` takes (x, y)
+/// from a sample, `edges` the first and last points from the cell's result
+/// (e.g. 0 % at second 0, 100 % when VACUUM ended), so a short run still
+/// draws its whole course. Embedded in report.md when any cell has points.
+#[allow(clippy::too_many_arguments)]
+pub fn samples_plot<P, M, S: DeserializeOwned>(
+    md: &mut String,
+    plots: &mut Plots,
+    doc: &Json,
+    rows: &[Row<P, M>],
+    sample: &str,
+    file: &str,
+    (title, x_label, y_label): (&str, &str, &str),
+    point: fn(&S) -> Option<XY>,
+    edges: fn(&M) -> [Option<XY>; 2],
+) {
+    let series: Vec<Series> = rows
+        .iter()
+        .map(|r| {
+            let [first, last] = edges(&r.metrics);
+            let points = first
+                .into_iter()
+                .chain(
+                    doc["samples"][sample][r.cell_id]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|s| S::deserialize(s).ok())
+                        .filter_map(|s| point(&s)),
+                )
+                .chain(last)
+                .collect();
+            let replica = r
+                .cell_id
+                .rsplit_once("-r")
+                .map(|(_, n)| format!(" r{n}"))
+                .unwrap_or_default();
+            Series {
+                name: format!("{}{replica}", r.class),
+                points,
+                color: Some(super::plot::class_color(doc, r.class)),
+            }
+        })
+        .collect();
+    if series.iter().any(|s| s.points.len() > 1) {
+        plots.push((
+            file.to_string(),
+            line_chart(title, x_label, y_label, &series),
+        ));
+        let _ = writeln!(md, "\n![{title}]({file})");
+    }
+}
+
+/// A section's rows by instance class, in the classes' order.
+pub fn by_class<'r, 'a, P, M>(
+    rows: &'r [Row<'a, P, M>],
+) -> std::collections::BTreeMap<&'a str, Vec<&'r Row<'a, P, M>>> {
+    let mut m: std::collections::BTreeMap<&str, Vec<&Row<P, M>>> = Default::default();
+    for r in rows {
+        m.entry(r.class).or_default().push(r);
+    }
+    m
+}
+
+/// A figure for a table: a JSON value or a typed one; absent is "–".
+pub trait Number {
+    fn number(&self) -> Option<f64>;
+}
+
+impl Number for Json {
+    fn number(&self) -> Option<f64> {
+        self.as_f64()
+    }
+}
+
+macro_rules! number {
+    ($($t:ty),*) => {$(
+        impl Number for $t {
+            fn number(&self) -> Option<f64> {
+                Some(*self as f64)
+            }
+        }
+    )*};
+}
+number!(f64, f32, u64, u32, i64, i32, usize);
+
+impl<T: Number> Number for Option<T> {
+    fn number(&self) -> Option<f64> {
+        self.as_ref().and_then(Number::number)
+    }
+}
+
+impl<T: Number + ?Sized> Number for &T {
+    fn number(&self) -> Option<f64> {
+        (**self).number()
+    }
+}
+
+/// Bytes as MiB with one decimal.
+pub fn mib(v: impl Number) -> String {
+    num(v.number().map(|b| b / (1u64 << 20) as f64), 1)
+}
+
+/// A column of a per-class table: header, metric, decimals; `bytes` columns
+/// show the median in MiB.
+pub struct Column {
+    pub header: &'static str,
+    pub metric: &'static str,
+    pub digits: usize,
+    pub bytes: bool,
+}
+
+/// A seconds figure the seeds published per storage class, for the ratio
+/// line under a per-class table.
+pub struct Seeds {
+    pub what: &'static str,
+    pub metric: &'static str,
+    pub nvme_s: f64,
+    pub ebs_s: f64,
+}
+
+/// The per-class table of a kind's summaries (median over its clusters,
+/// min–max) and each class's ratio to the first for `seeds.metric`, next
+/// to the seeds' EBS gp3 / NVMe ratio.
+pub fn class_table(
+    md: &mut String,
+    doc: &Json,
+    kind: Kind,
+    title: &str,
+    columns: &[Column],
+    seeds: &Seeds,
+) {
+    for sm in doc["summaries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["workload"] == kind.name())
+    {
+        let Some(classes) = sm["classes"].as_object() else {
+            continue;
+        };
+        let headers: Vec<&str> = columns.iter().map(|c| c.header).collect();
+        let _ = writeln!(
+            md,
+            "\n### {title} per instance class (median over clusters, min–max)\n\n| class | cells | {} |\n|---|---|{}",
+            headers.join(" | "),
+            "---|".repeat(columns.len())
+        );
+        for (name, c) in classes {
+            let cells: Vec<String> = columns
+                .iter()
+                .map(|col| {
+                    let x = &c[col.metric];
+                    if col.bytes {
+                        mib(&x["value"])
+                    } else {
+                        let d = col.digits;
+                        format!(
+                            "{} ({}–{})",
+                            num(&x["value"], d),
+                            num(&x["min"], d),
+                            num(&x["max"], d)
+                        )
+                    }
+                })
+                .collect();
+            let _ = writeln!(md, "| {name} | {} | {} |", c["cells"], cells.join(" | "));
+        }
+    }
+    for c in doc["comparisons"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["workload"] == kind.name() && c["metric"] == seeds.metric)
+    {
+        let _ = writeln!(
+            md,
+            "\n{} ratio: {} / {} = **{}x** (seeds/002: EBS gp3 / NVMe = {:.0} / {:.0} s = {:.2}x)",
+            seeds.what,
+            c["class"].as_str().unwrap_or(""),
+            c["baseline_class"].as_str().unwrap_or(""),
+            num(&c["ratio"], 2),
+            seeds.ebs_s,
+            seeds.nvme_s,
+            seeds.ebs_s / seeds.nvme_s
+        );
+    }
+}
+
+pub fn ms(v: impl Number) -> String {
+    num(v, 3)
+}
+
+/// A figure with about 3 significant digits: 0.0123, 1.23, 123, 12346.
+pub fn sig(x: f64) -> String {
+    if !x.is_finite() {
+        return "–".into();
+    }
+    let a = x.abs();
+    let d = if a == 0.0 || a >= 100.0 {
+        0
+    } else if a >= 1.0 {
+        2
+    } else {
+        (2.0 - a.log10().floor()) as usize
+    };
+    format!("{x:.d$}")
+}
+
+pub fn num(v: impl Number, digits: usize) -> String {
+    v.number()
+        .map(|x| format!("{x:.digits$}"))
+        .unwrap_or_else(|| "–".into())
+}
