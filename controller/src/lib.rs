@@ -30,6 +30,6 @@ pub use pgfleet_store::{Error, Result, exit, learned};
 
 #[cfg(feature = "server")]
 pub use pgfleet_server::{
-    agents, controller, datasets, events, grpc, http, hub, metrics, queue, resource, run,
-    scheduler, serve, service, tokens, writer,
+    agents, controller, datasets, events, grpc, http, hub, metrics, queue, resource, run, runner,
+    scheduler, serve, tokens, writer,
 };

@@ -16,11 +16,11 @@ use pgfleet_controller::cli::{Cli, Command, CompareArgs, CompareFormat, HistoryA
 use pgfleet_controller::client::{Client, ClientError, read_token};
 use pgfleet_controller::labels::Labels;
 #[cfg(feature = "server")]
-use pgfleet_controller::run::{RunOptions, execute};
+use pgfleet_controller::run::{RunOptions, run_scenario};
+#[cfg(feature = "server")]
+use pgfleet_controller::runner::RunnerConfig;
 #[cfg(feature = "server")]
 use pgfleet_controller::serve::ServeOptions;
-#[cfg(feature = "server")]
-use pgfleet_controller::service::ServiceConfig;
 use pgfleet_controller::store::Store;
 use pgfleet_controller::{Error, exit, report, scenario};
 
@@ -119,8 +119,8 @@ fn service_config(
     bind: std::net::SocketAddr,
     s: SessionArgs,
     pool: bool,
-) -> ServiceConfig {
-    ServiceConfig {
+) -> RunnerConfig {
+    RunnerConfig {
         store,
         bind,
         advertise_url: s.advertise_url,
@@ -595,7 +595,7 @@ async fn server_command(command: Command, store: std::path::PathBuf) -> Result<u
     match command {
         Command::Run(args) => {
             let junit = args.junit.clone();
-            let summary = execute(
+            let summary = run_scenario(
                 run_options(*args, store, false),
                 cancel_on_signals("cancelling the run"),
             )
@@ -626,7 +626,7 @@ async fn server_command(command: Command, store: std::path::PathBuf) -> Result<u
                 Ok(exit::OK)
             }
             DatasetsAction::Build(args) => {
-                let summary = execute(
+                let summary = run_scenario(
                     run_options(*args, store, true),
                     cancel_on_signals("cancelling the build"),
                 )

@@ -1028,13 +1028,13 @@ async fn reap_deletes_the_objects_of_runs_that_are_not_running() {
 /// leaves nothing behind: the real scheduler, store and gRPC service.
 #[tokio::test]
 async fn the_run_fails_with_the_reason_when_its_pods_stay_pending() {
-    use pgfleet_controller::service::{Agents, RunSpec, Service};
+    use pgfleet_controller::runner::{RunAgents, RunSpec, Runner};
     use pgfleet_controller::store::{NewRun, Owner, RunStatus};
     let s = Scratch::new("k8s-pending");
     let (client, fake) = FakeApi::start();
     let cfg = service_config(&s, true);
     std::fs::create_dir_all(s.store().parent().unwrap()).unwrap();
-    let mut service = Service::build(&cfg).unwrap();
+    let mut service = Runner::build(&cfg).unwrap();
     service.listen().await.unwrap();
     let sc = scenario();
     let cells = scenario::plan(&sc);
@@ -1080,7 +1080,7 @@ async fn the_run_fails_with_the_reason_when_its_pods_stay_pending() {
         Duration::from_secs(60),
         service.execute(
             spec,
-            Agents::Kubernetes {
+            RunAgents::Kubernetes {
                 client: &client,
                 opts: &opts,
             },
@@ -1666,13 +1666,13 @@ fn kubernetes_keys_get_located_errors() {
 // pods and volumes go when a run ends or is cancelled is the Kubernetes
 // source's part, tested above.
 
-use pgfleet_controller::queue::Served;
+use pgfleet_controller::queue::RunQueue;
 use pgfleet_controller::resource;
 use tokio_util::sync::CancellationToken;
 
 /// The agents' endpoint of an in-process controller on `s`'s store.
-fn service_config(s: &Scratch, pool: bool) -> pgfleet_controller::service::ServiceConfig {
-    pgfleet_controller::service::ServiceConfig {
+fn service_config(s: &Scratch, pool: bool) -> pgfleet_controller::runner::RunnerConfig {
+    pgfleet_controller::runner::RunnerConfig {
         store: s.store(),
         bind: "127.0.0.1:0".parse().unwrap(),
         advertise_url: None,
@@ -1699,7 +1699,7 @@ fn pgfleetrun(name: &str, spec: Value) -> Value {
 struct Operator {
     fake: FakeApi,
     client: kube::Client,
-    served: Arc<Served>,
+    served: Arc<RunQueue>,
     stop: CancellationToken,
     drive: tokio::task::JoinHandle<()>,
     reconciler: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
@@ -1709,9 +1709,9 @@ impl Operator {
     /// Runs on local agents (real PostgreSQL).
     async fn start(s: &Scratch) -> Operator {
         use pgfleet_controller::agents::local::LocalOptions;
-        use pgfleet_controller::controller::Agents;
+        use pgfleet_controller::controller::AgentSupply;
         Operator::start_with(s, |_| {
-            Agents::Local(LocalOptions {
+            AgentSupply::Local(LocalOptions {
                 agent_bin: common::agent_bin(),
                 pg_bin: None,
                 pg_user: None,
@@ -1728,7 +1728,7 @@ impl Operator {
     /// Runs' agents from `agents`, given the fake API's client.
     async fn start_with(
         s: &Scratch,
-        agents: impl FnOnce(kube::Client) -> pgfleet_controller::controller::Agents,
+        agents: impl FnOnce(kube::Client) -> pgfleet_controller::controller::AgentSupply,
     ) -> Operator {
         use pgfleet_controller::controller::{Controller, ControllerConfig};
         std::fs::create_dir_all(s.store().parent().unwrap()).unwrap();
@@ -2104,14 +2104,14 @@ fn the_pgfleetrun_crd_is_generated_valid_and_the_example_follows_it() {
 /// with `emulate: false` is queued.
 #[tokio::test]
 async fn under_kubernetes_what_a_pod_cannot_run_is_refused_at_submission() {
-    use pgfleet_controller::controller::{Agents, Controller, ControllerConfig};
+    use pgfleet_controller::controller::{AgentSupply, Controller, ControllerConfig};
     use pgfleet_controller::queue::Rejected;
     let s = Scratch::new("k8s-submit");
     std::fs::create_dir_all(s.store().parent().unwrap()).unwrap();
     let (client, fake) = FakeApi::start();
     let controller = Controller::build(&ControllerConfig {
         service: service_config(&s, true),
-        agents: Agents::KubernetesClient(options(), client),
+        agents: AgentSupply::KubernetesClient(options(), client),
         http: None,
         reports: s.out(),
         max_scenario_bytes: 1 << 20,
@@ -2157,7 +2157,7 @@ async fn under_kubernetes_what_a_pod_cannot_run_is_refused_at_submission() {
 #[tokio::test]
 async fn a_submitted_runs_plan_restores_what_its_volumes_snapshot_holds() {
     use pgfleet_controller::agents::Held;
-    use pgfleet_controller::controller::{Agents, Controller, ControllerConfig};
+    use pgfleet_controller::controller::{AgentSupply, Controller, ControllerConfig};
     use scenario::plan::{Holdings, plan_for};
     let s = Scratch::new("k8s-snapshot-plan");
     std::fs::create_dir_all(s.store().parent().unwrap()).unwrap();
@@ -2209,7 +2209,7 @@ async fn a_submitted_runs_plan_restores_what_its_volumes_snapshot_holds() {
     );
     let controller = Controller::build(&ControllerConfig {
         service: service_config(&s, true),
-        agents: Agents::KubernetesClient(opts.clone(), client),
+        agents: AgentSupply::KubernetesClient(opts.clone(), client),
         http: None,
         reports: s.out(),
         max_scenario_bytes: 1 << 20,
@@ -2561,9 +2561,12 @@ async fn kept_objects_stay_until_their_ttl_and_the_reaper_then_deletes_them() {
 /// only then the finalizer is released.
 #[tokio::test]
 async fn deleting_a_resource_deletes_its_runs_pods_and_volumes_before_its_finalizer() {
-    use pgfleet_controller::controller::Agents;
+    use pgfleet_controller::controller::AgentSupply;
     let s = Scratch::new("k8s-pfr-pods");
-    let op = Operator::start_with(&s, |client| Agents::KubernetesClient(options(), client)).await;
+    let op = Operator::start_with(&s, |client| {
+        AgentSupply::KubernetesClient(options(), client)
+    })
+    .await;
     let spec = json!({"fleet": [{"name": "a", "count": 2,
                                   "storage": {"profile": "gp3", "emulate": false, "storage_class": "gp3"}}],
                       "workloads": [{"kind": "pgbench", "scale": 1}]});

@@ -363,7 +363,7 @@ fn the_reader_sees_what_is_there() {
     );
     assert!(g[&m("http")].contains(&m("queue")));
     assert!(g[&m("scheduler")].contains(&m("scheduler::core")));
-    assert!(g[&m("service")].contains(&m("scheduler")));
+    assert!(g[&m("runner")].contains(&m("scheduler")));
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! The controller `run` and `serve` both build, the one way:
 //! `Controller::build` makes the store, hub and agents' gRPC endpoint
-//! (`Service`), the run queue (`Served`) with where its runs' agents come
+//! (`Runner`), the run queue (`RunQueue`) with where its runs' agents come
 //! from (`Source`), and the HTTP side (serve's API, or only `/metrics` for
 //! `run --metrics-addr`); `Controller::drive` starts queued runs as their
 //! turn comes and concludes each (status stored, report written).
@@ -32,9 +32,9 @@ use tokio_util::sync::CancellationToken;
 use crate::agents::kubernetes::{self, KubeAgents, KubeOptions};
 use crate::agents::local::{self, LocalOptions};
 use crate::http::HttpServer;
-use crate::queue::{Kube, Served, Source};
+use crate::queue::{Kube, RunQueue, Source};
+use crate::runner::{RunSpec, Runner, RunnerConfig};
 use crate::scheduler::{self, RunEvent, Scheduler};
-use crate::service::{RunSpec, Service, ServiceConfig};
 use pgfleet_scenario as scenario;
 use pgfleet_store::Error;
 use pgfleet_store::Result;
@@ -42,10 +42,10 @@ use pgfleet_store::RunStatus;
 
 /// Where the controller's runs get their agents.
 #[derive(Clone)]
-pub enum Agents {
+pub enum AgentSupply {
     /// Child processes on this host, launched per run (`pgfleet run`).
     Local(LocalOptions),
-    /// Agents that join (`pgfleet-agent run --class NAME`).
+    /// AgentSupply that join (`pgfleet-agent run --class NAME`).
     Pool,
     /// Pods created per run on the cluster the controller can reach.
     Kubernetes(KubeOptions),
@@ -70,8 +70,8 @@ pub enum Http {
 
 #[derive(Clone)]
 pub struct ControllerConfig {
-    pub service: ServiceConfig,
-    pub agents: Agents,
+    pub service: RunnerConfig,
+    pub agents: AgentSupply,
     pub http: Option<Http>,
     /// Reports of runs queued without a report directory: `<reports>/<id>/`.
     pub reports: PathBuf,
@@ -97,7 +97,7 @@ pub struct Finished {
 }
 
 pub struct Controller {
-    pub served: Arc<Served>,
+    pub served: Arc<RunQueue>,
     http: Option<HttpServer>,
     /// Scrapes of `/metrics` served (the metrics-only side counts them).
     scrapes: Arc<AtomicU64>,
@@ -116,8 +116,8 @@ impl Controller {
             }
             _ => None,
         };
-        let mut service = Service::build(&cfg.service)?;
-        let resumes = !matches!(cfg.agents, Agents::Local(_));
+        let mut service = Runner::build(&cfg.service)?;
+        let resumes = !matches!(cfg.agents, AgentSupply::Local(_));
         // Before agents can connect: their registrations must find the runs
         // they belong to.
         let mut inboxes = if resumes {
@@ -126,22 +126,22 @@ impl Controller {
             Inboxes::new()
         };
         let source = match &cfg.agents {
-            Agents::Local(opts) => {
+            AgentSupply::Local(opts) => {
                 for id in local::reap_finished_runs(opts, &service.store).await {
                     eprintln!("cleaned up what interrupted run {id} left in the data dir");
                 }
                 Source::Local(opts.clone())
             }
-            Agents::Pool => Source::Pool,
-            Agents::Kubernetes(k) => {
+            AgentSupply::Pool => Source::Pool,
+            AgentSupply::Kubernetes(k) => {
                 Source::Kubernetes(Box::new(connect_kube(k, None, &service.store).await?))
             }
-            Agents::KubernetesClient(k, client) => Source::Kubernetes(Box::new(
+            AgentSupply::KubernetesClient(k, client) => Source::Kubernetes(Box::new(
                 connect_kube(k, Some(client.clone()), &service.store).await?,
             )),
         };
         service.listen().await?;
-        let served = Arc::new(Served {
+        let served = Arc::new(RunQueue {
             service,
             api_tokens,
             reports: cfg.reports.clone(),
@@ -273,7 +273,7 @@ type Inbox = (
     mpsc::Receiver<crate::events::Event>,
 );
 
-fn resume_prepare(service: &Service) -> Result<Inboxes> {
+fn resume_prepare(service: &Runner) -> Result<Inboxes> {
     let mut inboxes = HashMap::new();
     for (id, status, _pid) in service.store.unfinished_served_runs()? {
         if status != "running" {
@@ -295,7 +295,7 @@ fn resume_prepare(service: &Service) -> Result<Inboxes> {
 
 /// Queues the runs the last controller queued, and rebuilds the ones it
 /// ran (those `resume_prepare` made inboxes for).
-fn resume_runs(served: &Arc<Served>, inboxes: &mut Inboxes, done: &mpsc::Sender<Finished>) {
+fn resume_runs(served: &Arc<RunQueue>, inboxes: &mut Inboxes, done: &mpsc::Sender<Finished>) {
     let runs = match served.service.store.unfinished_served_runs() {
         Ok(r) => r,
         Err(e) => {
@@ -323,7 +323,7 @@ fn resume_runs(served: &Arc<Served>, inboxes: &mut Inboxes, done: &mpsc::Sender<
             if let Some(l) = served.lock().get_mut(&id) {
                 l.started = true;
             }
-            spawn_execute(served.clone(), id, Some(inbox), done.clone());
+            spawn_run(served.clone(), id, Some(inbox), done.clone());
         } else {
             eprintln!("run {id} queued again");
         }
@@ -331,7 +331,7 @@ fn resume_runs(served: &Arc<Served>, inboxes: &mut Inboxes, done: &mpsc::Sender<
 }
 
 /// Starts every queued run whose turn it is, in queue order.
-fn start_next(served: &Arc<Served>, done: &mpsc::Sender<Finished>) {
+fn start_next(served: &Arc<RunQueue>, done: &mpsc::Sender<Finished>) {
     let mut start = Vec::new();
     {
         // Decide and mark under one lock (a cancel takes the same lock).
@@ -360,21 +360,21 @@ fn start_next(served: &Arc<Served>, done: &mpsc::Sender<Finished>) {
         }
     }
     for id in start {
-        spawn_execute(served.clone(), id, None, done.clone());
+        spawn_run(served.clone(), id, None, done.clone());
     }
 }
 
 /// Runs `execute` on its own task; should it panic, the run still ends
 /// (failed, with the panic as its error) instead of leaving its driver
 /// waiting forever.
-fn spawn_execute(
-    served: Arc<Served>,
+fn spawn_run(
+    served: Arc<RunQueue>,
     run_id: String,
     resume: Option<Inbox>,
     done: mpsc::Sender<Finished>,
 ) {
     tokio::spawn(async move {
-        let task = tokio::spawn(execute(
+        let task = tokio::spawn(run_to_end(
             served.clone(),
             run_id.clone(),
             resume,
@@ -405,8 +405,8 @@ fn spawn_execute(
 }
 
 /// Executes (or resumes) one run, stores its end and writes its report.
-async fn execute(
-    served: Arc<Served>,
+async fn run_to_end(
+    served: Arc<RunQueue>,
     run_id: String,
     resume: Option<Inbox>,
     done: mpsc::Sender<Finished>,
@@ -454,7 +454,7 @@ async fn execute(
             (RunStatus::Failed, Some(e))
         }
     };
-    let report = match crate::service::conclude(&store, &run_id, status, &report_dir) {
+    let report = match crate::runner::conclude(&store, &run_id, status, &report_dir) {
         Ok(r) => Some(r),
         Err(e) => {
             tracing::error!(run = %run_id, "storing the run's end and its report: {e}");
@@ -481,7 +481,7 @@ async fn execute(
 
 /// Rebuilds a run's scheduler from the store and runs it to its end.
 async fn resume_run(
-    served: &Served,
+    served: &RunQueue,
     spec: RunSpec<'_>,
     (tx, rx): Inbox,
     cancel: CancellationToken,
@@ -519,7 +519,7 @@ async fn resume_run(
         store,
         scheduler::Options {
             lease: service.lease(),
-            // Agents that do not return within the lease are lost.
+            // AgentSupply that do not return within the lease are lost.
             registration_timeout: service.lease(),
             estimated_wall: Some(Duration::from_secs_f64(spec.estimated_wall)),
             interactive: false,

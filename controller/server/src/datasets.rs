@@ -1,5 +1,5 @@
 //! `pgfleet datasets`: the local dataset store seen from the command line
-//! (list, remove; `build` is a run in `build` mode, `run::execute`), and
+//! (list, remove; `build` is a run in `build` mode, `run::run_scenario`), and
 //! the plan of a build: one cell per dataset a scenario's cells reuse.
 
 use std::fmt::Write as _;

@@ -181,7 +181,7 @@ impl Server {
 }
 
 /// Serves agent sessions on `bind` (port 0 picks a free port).
-pub async fn serve(
+pub async fn listen(
     bind: SocketAddr,
     hub: Hub,
     lease: Duration,

@@ -28,13 +28,13 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::hub::AgentView;
-use crate::queue::{Rejected, Served};
+use crate::queue::{Rejected, RunQueue};
 use crate::scheduler::RunEvent;
 use pgfleet_store::Error;
 use pgfleet_store::Result;
 use pgfleet_store::RunStatus;
 
-type Shared = Arc<Served>;
+type Shared = Arc<RunQueue>;
 
 /// An error, for people and programs.
 #[derive(Debug, Serialize, ToSchema)]
@@ -358,7 +358,7 @@ async fn list_runs(State(s): State<Shared>, Query(pairs): QueryPairs) -> Respons
     }
 }
 
-fn detail(s: &Served, id: &str) -> Result<Option<RunDetail>> {
+fn detail(s: &RunQueue, id: &str) -> Result<Option<RunDetail>> {
     let Some(run) = s.service.store.run(id)? else {
         return Ok(None);
     };
@@ -534,7 +534,7 @@ async fn report_file(s: Shared, id: String, file: String, content_type: &'static
         })
 }
 
-fn report_file_now(s: &Served, id: &str, file: &str, content_type: &'static str) -> Response {
+fn report_file_now(s: &RunQueue, id: &str, file: &str, content_type: &'static str) -> Response {
     match s.service.store.run(id) {
         Ok(Some(_)) => {}
         Ok(None) => return not_found(id),
@@ -709,7 +709,7 @@ async fn plots(State(s): State<Shared>, Path(id): Path<String>) -> Response {
         })
 }
 
-fn plots_now(s: &Served, id: &str) -> Response {
+fn plots_now(s: &RunQueue, id: &str) -> Response {
     let id = id.to_string();
     match s.service.store.run(&id) {
         Ok(Some(_)) => {}
@@ -1007,7 +1007,7 @@ pub fn router(s: Shared) -> Router {
 /// A running HTTP server.
 pub struct HttpServer {
     pub addr: SocketAddr,
-    /// Served over TLS (https://).
+    /// RunQueue over TLS (https://).
     pub tls: bool,
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<()>,

@@ -4,7 +4,7 @@
 //!
 //! Layers, top down (each uses only those below it; Cargo keeps the lower
 //! crates from reaching up): `run`/`serve` → `controller` → `http`/`resource`
-//! → `queue` → `service` → `scheduler` (its `core` does no I/O) → the
+//! → `queue` → `runner` → `scheduler` (its `core` does no I/O) → the
 //! store (`pgfleet-store`) → scenarios (`pgfleet-scenario`).
 //!
 //! Invariants:
@@ -24,8 +24,8 @@ pub mod metrics;
 pub mod queue;
 pub mod resource;
 pub mod run;
+pub mod runner;
 pub mod scheduler;
 pub mod serve;
-pub mod service;
 pub mod tokens;
 pub mod writer;

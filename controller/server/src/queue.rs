@@ -1,4 +1,4 @@
-//! The run queue (`Served`) of the controller `run` and `serve` both build
+//! The run queue (`RunQueue`) of the controller `run` and `serve` both build
 //! (`controller.rs`): submission (validated, stored `queued`, idempotent by
 //! key), the live runs' cells, cancel tokens and event streams, cancel, and
 //! report rendering. `controller.rs` starts queued runs from it; `http.rs`
@@ -15,8 +15,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agents::kubernetes::{KubeOptions, Snapshot, dataset_snapshots};
 use crate::agents::local::LocalOptions;
+use crate::runner::{RunAgents, Runner, fleet_needs};
 use crate::scheduler::RunEvent;
-use crate::service::{Agents, Service, fleet_needs};
 use pgfleet_report as report;
 use pgfleet_scenario as scenario;
 use pgfleet_scenario::PlannedCell;
@@ -66,7 +66,7 @@ pub(crate) enum Source {
     /// Child processes launched for each run (`pgfleet run`); their logs
     /// go to `<report dir>/logs`.
     Local(LocalOptions),
-    /// Agents that joined the controller (`serve`).
+    /// RunAgents that joined the controller (`serve`).
     Pool,
     /// Pods created for each run (`serve --agents kubernetes`).
     Kubernetes(Box<Kube>),
@@ -90,12 +90,12 @@ impl Source {
         }
     }
 
-    /// The run's agents, as `Service::execute` takes them.
-    pub(crate) fn agents<'a>(&'a self, log_dir: &'a Path) -> Agents<'a> {
+    /// The run's agents, as `Runner::execute` takes them.
+    pub(crate) fn agents<'a>(&'a self, log_dir: &'a Path) -> RunAgents<'a> {
         match self {
-            Source::Local(opts) => Agents::Local { opts, log_dir },
-            Source::Pool => Agents::Pool,
-            Source::Kubernetes(k) => Agents::Kubernetes {
+            Source::Local(opts) => RunAgents::Local { opts, log_dir },
+            Source::Pool => RunAgents::Pool,
+            Source::Kubernetes(k) => RunAgents::Kubernetes {
                 client: &k.client,
                 opts: &k.opts,
             },
@@ -119,8 +119,8 @@ pub(crate) struct Live {
 }
 
 /// What the HTTP API and the queue share.
-pub struct Served {
-    pub service: Service,
+pub struct RunQueue {
+    pub service: Runner,
     /// The bearer tokens of the HTTP API (none: no API, as for `run`).
     pub api_tokens: Option<crate::tokens::ApiTokens>,
     pub reports: PathBuf,
@@ -185,7 +185,7 @@ impl From<Rejected> for Error {
     }
 }
 
-impl Served {
+impl RunQueue {
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -256,7 +256,7 @@ impl Served {
 
     /// Stores a validated run, queued, with its cells, and queues it.
     pub(crate) fn queue_run(&self, q: Queued<'_>) -> Result<String, Rejected> {
-        let run_id = crate::service::new_run_id();
+        let run_id = crate::runner::new_run_id();
         let store = &self.service.store;
         store
             .create_run(&NewRun {

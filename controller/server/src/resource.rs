@@ -41,7 +41,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::queue::{Rejected, Served};
+use crate::queue::{Rejected, RunQueue};
 use pgfleet_scenario::labels::Labels;
 use pgfleet_store::RunStatus;
 
@@ -498,7 +498,7 @@ fn same_status(a: &Value, b: Option<&Value>) -> bool {
 pub struct Ctx {
     pub client: kube::Client,
     pub namespace: String,
-    pub served: Arc<Served>,
+    pub served: Arc<RunQueue>,
     /// serve's API as clients reach it (the report's URL).
     pub api_url: String,
     /// How often a live run's status is refreshed.
@@ -621,7 +621,7 @@ async fn reconcile(obj: Arc<PgfleetRun>, ctx: Arc<Ctx>) -> Result<Action, Reconc
 }
 
 /// Submits a resource's spec as a run.
-fn submit(served: &Served, obj: &PgfleetRun, uid: &str) -> Result<Standing, ReconcileError> {
+fn submit(served: &RunQueue, obj: &PgfleetRun, uid: &str) -> Result<Standing, ReconcileError> {
     let name = obj.metadata.name.clone().unwrap_or_default();
     let mut spec = obj.spec.clone();
     spec.entry("name").or_insert_with(|| json!(name));
@@ -654,7 +654,7 @@ fn submit(served: &Served, obj: &PgfleetRun, uid: &str) -> Result<Standing, Reco
 }
 
 /// A run as its resource's status shows it.
-fn view(served: &Served, id: &str) -> Result<RunView, ReconcileError> {
+fn view(served: &RunQueue, id: &str) -> Result<RunView, ReconcileError> {
     let store = &served.service.store;
     let run = store
         .run(id)?

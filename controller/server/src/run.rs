@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use tokio_util::sync::CancellationToken;
 
 use crate::agents::local::LocalOptions;
-use crate::controller::{Agents, Controller, ControllerConfig, Http};
+use crate::controller::{AgentSupply, Controller, ControllerConfig, Http};
 use crate::queue::Queued;
-use crate::service::ServiceConfig;
+use crate::runner::RunnerConfig;
 use pgfleet_scenario as scenario;
 use pgfleet_store::Result;
 use pgfleet_store::{Owner, RunStatus};
@@ -24,7 +24,7 @@ pub struct RunOptions {
     pub labels: Vec<String>,
     pub out: PathBuf,
     /// The controller's service: store, bind address, lease, TLS, token.
-    pub service: ServiceConfig,
+    pub service: RunnerConfig,
     pub local: LocalOptions,
     /// Serve Prometheus metrics at http://<addr>/metrics during the run.
     pub metrics_addr: Option<std::net::SocketAddr>,
@@ -70,7 +70,7 @@ pub struct RunSummary {
     pub report: serde_json::Value,
 }
 
-pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunSummary> {
+pub async fn run_scenario(opts: RunOptions, cancel: CancellationToken) -> Result<RunSummary> {
     let yaml = scenario::read(&opts.scenario)?;
     let sc = scenario::parse(&opts.scenario, &yaml)?;
     check_local_tools(&opts.scenario, &sc)?;
@@ -90,7 +90,7 @@ pub async fn execute(opts: RunOptions, cancel: CancellationToken) -> Result<RunS
     }
     let mut controller = Controller::build(&ControllerConfig {
         service: opts.service.clone(),
-        agents: Agents::Local(opts.local.clone()),
+        agents: AgentSupply::Local(opts.local.clone()),
         http: opts.metrics_addr.map(|bind| Http::Metrics { bind }),
         reports: opts.out.clone(),
         max_scenario_bytes: usize::MAX,

@@ -4,7 +4,7 @@
 //!
 //! Runs are submitted (`POST /v1/runs`), stored `queued` with their cells,
 //! and started in submission order (see `controller` for when a run waits).
-//! Agents come from the pool (`pgfleet-agent run --class NAME` on any host
+//! AgentSupply come from the pool (`pgfleet-agent run --class NAME` on any host
 //! joins it) or are created as pods (`--agents kubernetes`). A restarted
 //! `serve` resumes what the last one left on its store.
 
@@ -16,15 +16,15 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::agents::kubernetes::KubeOptions;
-use crate::controller::{Agents, Controller, ControllerConfig, Http};
+use crate::controller::{AgentSupply, Controller, ControllerConfig, Http};
 use crate::queue::Source;
 use crate::resource;
-use crate::service::ServiceConfig;
+use crate::runner::RunnerConfig;
 use pgfleet_store::Result;
 
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
-    pub service: ServiceConfig,
+    pub service: RunnerConfig,
     /// Where the HTTP API listens.
     pub http_bind: SocketAddr,
     /// The bearer token API clients must present.
@@ -56,8 +56,8 @@ pub async fn serve(opts: ServeOptions, shutdown: CancellationToken) -> Result<()
     let mut controller = Controller::build(&ControllerConfig {
         service: opts.service.clone(),
         agents: match opts.kubernetes {
-            Some(k) => Agents::Kubernetes(k),
-            None => Agents::Pool,
+            Some(k) => AgentSupply::Kubernetes(k),
+            None => AgentSupply::Pool,
         },
         http: Some(Http::Api {
             bind: opts.http_bind,
@@ -124,7 +124,7 @@ pub async fn serve(opts: ServeOptions, shutdown: CancellationToken) -> Result<()
 /// Every minute, on Kubernetes: deletes the objects of runs that are not
 /// running and not kept (or kept past their `cleanup.ttl`), and lists the
 /// dataset snapshots again for the plans of runs submitted next.
-async fn every_minute(served: Arc<crate::queue::Served>, shutdown: CancellationToken) {
+async fn every_minute(served: Arc<crate::queue::RunQueue>, shutdown: CancellationToken) {
     let Source::Kubernetes(k) = &served.source else {
         return;
     };

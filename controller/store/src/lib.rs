@@ -93,7 +93,7 @@ passed; 1 a check (or a compare gate) failed or was inconclusive: the numbers sa
     }
 }
 
-/// State of a run. It is advanced by whoever executes it: `run::execute`
+/// State of a run. It is advanced by whoever executes it: `run::run_scenario`
 /// or `serve`'s queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunStatus {
@@ -739,12 +739,6 @@ impl Store {
         self.commit(run, &[Entry::End(end)])
     }
 
-    /// Stores samples in one transaction: (cell, kind, data) of one run.
-    pub fn add_samples(&self, run: &str, samples: &[NewSample]) -> Result<()> {
-        let entries: Vec<Entry> = samples.iter().cloned().map(Entry::Sample).collect();
-        self.commit(run, &entries)
-    }
-
     /// Writes `entries` of one run in order, in one transaction (one fsync
     /// for a burst of them).
     pub fn commit(&self, run: &str, entries: &[Entry]) -> Result<()> {
@@ -834,15 +828,6 @@ impl Store {
                 agent_id: agent.into(),
                 class: class.into(),
                 info: info.clone(),
-            }],
-        )
-    }
-
-    pub fn agent_lost(&self, run: &str, agent: &str) -> Result<()> {
-        self.commit(
-            run,
-            &[Entry::AgentLost {
-                agent_id: agent.into(),
             }],
         )
     }

@@ -24,7 +24,7 @@ use pgfleet_store::Result;
 use pgfleet_store::{CellState, RunStatus, Store};
 
 #[derive(Debug, Clone)]
-pub struct ServiceConfig {
+pub struct RunnerConfig {
     pub store: PathBuf,
     pub bind: SocketAddr,
     /// What agents dial (default: `http(s)://<bound address>`).
@@ -41,14 +41,14 @@ pub struct ServiceConfig {
     /// The join token agents must present (default: a random one, handed
     /// to local agents in a file only its owner can read).
     pub join_token_file: Option<PathBuf>,
-    /// Agents nobody launched may join and wait for runs (`serve`).
+    /// RunAgents nobody launched may join and wait for runs (`serve`).
     pub pool: bool,
     /// Progress bars on a terminal (`run`) rather than log lines.
     pub interactive: bool,
 }
 
 /// Where a run's agents come from.
-pub enum Agents<'a> {
+pub enum RunAgents<'a> {
     /// One child process per fleet instance, launched for the run and shut
     /// down after it.
     Local {
@@ -75,7 +75,7 @@ pub struct RunSpec<'a> {
     pub estimated_wall: f64,
 }
 
-pub struct Service {
+pub struct Runner {
     pub store: Store,
     pub hub: Hub,
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
@@ -92,7 +92,7 @@ pub struct Service {
 }
 
 /// The session's security from the options: TLS material and the token.
-fn security(cfg: &ServiceConfig) -> Result<grpc::Security> {
+fn security(cfg: &RunnerConfig) -> Result<grpc::Security> {
     let read = |p: &Path, what: &str| {
         std::fs::read(p)
             .map_err(|e| Error::Usage(format!("reading the {what} {}: {e}", p.display())))
@@ -146,12 +146,12 @@ pub fn fleet_needs(sc: &Scenario) -> BTreeMap<String, usize> {
     needs
 }
 
-impl Service {
+impl Runner {
     /// The store and the hub; agents cannot connect until `listen`.
-    pub fn build(cfg: &ServiceConfig) -> Result<Service> {
+    pub fn build(cfg: &RunnerConfig) -> Result<Runner> {
         let security = security(cfg)?;
         let store = Store::open(&cfg.store)?;
-        Ok(Service {
+        Ok(Runner {
             store,
             hub: Hub::new(cfg.pool),
             metrics: Default::default(),
@@ -171,7 +171,7 @@ impl Service {
     pub async fn listen(&mut self) -> Result<()> {
         if self.server.is_none() {
             self.server = Some(
-                grpc::serve(
+                grpc::listen(
                     self.bind,
                     self.hub.clone(),
                     self.lease,
@@ -208,7 +208,7 @@ impl Service {
     pub async fn execute(
         &self,
         spec: RunSpec<'_>,
-        agents: Agents<'_>,
+        agents: RunAgents<'_>,
         cancel: CancellationToken,
         events: Option<broadcast::Sender<RunEvent>>,
     ) -> Result<RunStatus> {
@@ -216,7 +216,7 @@ impl Service {
         let (tx, rx) = mpsc::channel(4096);
         let mut source: Option<Box<dyn AgentSource>> = None;
         let expected: Vec<(String, String)> = match agents {
-            Agents::Local { opts, log_dir } => {
+            RunAgents::Local { opts, log_dir } => {
                 let planned = local::fleet_agents(spec.scenario);
                 let ids: Vec<String> = planned.iter().map(|l| l.agent_id.clone()).collect();
                 // Before launching: a fast agent must find its run.
@@ -247,7 +247,7 @@ impl Service {
                     .map(|l| (l.agent_id, l.instance_class))
                     .collect()
             }
-            Agents::Kubernetes { client, opts } => {
+            RunAgents::Kubernetes { client, opts } => {
                 let planned = kubernetes::planned_agents(spec.scenario, run_id, opts)
                     .map_err(|e| Error::Agents(format!("{}: {}", e.field, e.message)))?;
                 let ids: Vec<String> = planned.iter().map(|l| l.agent_id.clone()).collect();
@@ -268,7 +268,7 @@ impl Service {
                     .map(|l| (l.agent_id, l.instance_class))
                     .collect()
             }
-            Agents::Pool => {
+            RunAgents::Pool => {
                 let needs = fleet_needs(spec.scenario);
                 match self.claim(run_id, &needs, tx.clone(), &cancel).await {
                     Ok(v) => v,
