@@ -101,9 +101,11 @@ impl AgentEnv {
 
 /// Runs the cell to its end and returns its result. Never panics on workload
 /// errors: they become a FAILED result with the error text.
+/// `params` are the assignment's, as `assign::check` parsed and checked them.
 pub async fn run(
     env: &AgentEnv,
     assign: Assign,
+    params: Params,
     events: mpsc::Sender<AgentMessage>,
     control: Control,
 ) -> CellResult {
@@ -122,7 +124,7 @@ pub async fn run(
         postgres_version = tracing::field::Empty,
     );
     pgfleet_proto::telemetry::set_parent(&span, &assign.traceparent);
-    let outcome = run_inner(env, &assign, &events, &control, &mut environment)
+    let outcome = run_inner(env, &assign, &params, &events, &control, &mut environment)
         .instrument(span.clone())
         .await;
     if let Some(e) = environment
@@ -157,53 +159,15 @@ pub async fn run(
 async fn run_inner(
     env: &AgentEnv,
     assign: &Assign,
+    params: &Params,
     events: &mpsc::Sender<AgentMessage>,
     control: &Control,
     environment: &mut Option<Environment>,
 ) -> Result<Output> {
     let cancel = &control.cancel;
-    let params = Params::from_json(&assign.workload, &assign.params_json).map_err(|message| {
-        Error::Workload {
-            workload: assign.workload.clone(),
-            message,
-        }
-    })?;
     let pg = env.pg.clone().map_err(Error::PgBin)?;
     let run_as = env.run_as.clone().map_err(Error::Provision)?;
-    let spec = ClusterSpec {
-        pg,
-        clusters_dir: env.clusters_dir(),
-        name: assign.cell_id.clone(),
-        run_as,
-        settings: assign
-            .settings
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect::<BTreeMap<_, _>>(),
-        caps: if env.emulated {
-            env.caps
-        } else {
-            Caps::default()
-        },
-        // Accounting needs a cgroup, so root; without, the kind's device
-        // figures are None and its report says so.
-        account_io: params.account_io() && nix::unistd::geteuid().is_root(),
-        allow_shell: params.allow_shell(),
-        memory_bytes: env.instance.limits().0,
-        cpus: env.instance.limits().1,
-        // A multi-role cell's cluster is reached by its peers: it listens on
-        // the agent's address too and admits exactly the peers' addresses.
-        listen: env
-            .address
-            .filter(|_| !assign.peers.is_empty())
-            .into_iter()
-            .collect(),
-        peers: assign
-            .peers
-            .iter()
-            .filter_map(|p| p.address.parse().ok())
-            .collect(),
-    };
+    let spec = cluster_spec(env, assign, params, pg, run_as);
     // The cell's data: restored from the dataset store when published
     // there, else loaded here (and published, with `data: reuse`).
     let mode = pgfleet_proto::dataset::Mode::parse(&assign.dataset).ok_or_else(|| {
@@ -259,7 +223,7 @@ async fn run_inner(
             .is_some_and(|s| !Cluster::own_volume(&spec) && s.has_volume(&w.fingerprint))
     });
     if !on_cell_volume {
-        check_disk(&env.clusters_dir(), &params)?;
+        check_disk(&env.clusters_dir(), params)?;
     }
     let mut prov = declared.as_ref().map(|d| crate::dataset::Provenance {
         label: d.label.clone(),
@@ -273,34 +237,15 @@ async fn run_inner(
         .as_ref()
         .filter(|_| assign.reuse_cluster && !build_only && assign.peers.is_empty())
         .map(|w| crate::keep::key(&assign.run_id, &w.fingerprint, &spec));
-    let reused = match env.kept.take(reuse_key.as_deref()).await {
-        crate::keep::Found::Reuse(k) => {
-            let _ = events.try_send(progress(
-                &assign.cell_id,
-                "provision",
-                &format!("resetting the cluster of cell {}", k.first_cell),
-            ));
-            match crate::keep::reset(&k, params.reset().unwrap_or_default()).await {
-                Ok(seconds) => Some((k, seconds)),
-                Err(e) => {
-                    if let Some(p) = prov.as_mut() {
-                        p.not_reused = Some(format!(
-                            "the cluster of cell {} was not reused: {e}",
-                            k.first_cell
-                        ));
-                    }
-                    let _ = k.cluster.teardown().await;
-                    None
-                }
-            }
-        }
-        crate::keep::Found::None(why) => {
-            if let Some(p) = prov.as_mut() {
-                p.not_reused = why;
-            }
-            None
-        }
-    };
+    let reused = take_kept(
+        env,
+        assign,
+        reuse_key.as_deref(),
+        params,
+        prov.as_mut(),
+        events,
+    )
+    .await;
     let mut cells_on_cluster = 1;
     let (cluster, source) = match reused {
         Some((k, seconds)) => {
@@ -367,7 +312,7 @@ async fn run_inner(
                     load_dataset(
                         env,
                         &ctx,
-                        &params,
+                        params,
                         source,
                         wanted.as_ref(),
                         prov.as_mut(),
@@ -392,32 +337,14 @@ async fn run_inner(
                 }
             }
             // A role of a multi-role cell tells its peers where its cluster
-            // is once it holds its data (the dataset's role, with the load
-            // figures, which the lead reports).
+            // is once it holds its data.
             if !assign.peers.is_empty() {
-                let host = env
-                    .address
-                    .map(|a| a.to_string())
-                    .unwrap_or_else(|| "127.0.0.1".into());
-                let mut endpoint = cluster.endpoint(&host);
-                if let Some(loaded) = &ctx.loaded {
-                    endpoint.loaded_json = workload::to_json(loaded);
-                }
-                events
-                    .send(AgentMessage {
-                        msg: Some(Msg::RoleReady(RoleReady {
-                            cell_id: assign.cell_id.clone(),
-                            role: assign.role.clone(),
-                            endpoint: Some(endpoint),
-                        })),
-                    })
-                    .await
-                    .map_err(|_| Error::Session("event channel closed".into()))?;
+                announce_ready(env, assign, &cluster, ctx.loaded.as_ref(), events).await?;
             }
             if build_only {
                 return Ok(Output::default());
             }
-            workload::run(&mut ctx, &params)
+            workload::run(&mut ctx, params)
                 .instrument(phase("workload"))
                 .await
         };
@@ -432,10 +359,51 @@ async fn run_inner(
         Err(e) => Err(cluster.explain_failure(e).await),
         ok => ok,
     };
+    let keeping = match (reuse_key, before, loaded_figures) {
+        (Some(key), Some(before), Some(loaded)) => Some(Keeping {
+            key,
+            before,
+            loaded,
+            cells: cells_on_cluster,
+        }),
+        _ => None,
+    };
+    finish(env, assign, cluster, outcome, keeping, cancel, events).await
+}
+
+/// What a `reuse_cluster` cell hands the next cell of its dataset: the
+/// key it is kept under, the catalog before the workload, the load's
+/// figures and how many cells the cluster has served.
+struct Keeping {
+    key: String,
+    before: String,
+    loaded: workload::Loaded,
+    cells: u32,
+}
+
+/// The cell's end: its cluster kept for the next cell of its dataset
+/// (a succeeded `reuse_cluster` cell that created no catalog object), or
+/// torn down.
+async fn finish(
+    env: &AgentEnv,
+    assign: &Assign,
+    cluster: Cluster,
+    outcome: Result<Output>,
+    keeping: Option<Keeping>,
+    cancel: &CancellationToken,
+    events: &mpsc::Sender<AgentMessage>,
+) -> Result<Output> {
     // A succeeded `reuse_cluster` cell that created no catalog object
     // leaves its cluster to the next cell of its dataset.
-    if let (Ok(_), Some(key), Some(before), Some(loaded)) =
-        (&outcome, reuse_key, before, loaded_figures)
+    if let (
+        Ok(_),
+        Some(Keeping {
+            key,
+            before,
+            loaded,
+            cells,
+        }),
+    ) = (&outcome, keeping)
         && !cancel.is_cancelled()
         && cluster.server_alive()
     {
@@ -452,7 +420,7 @@ async fn run_inner(
                         cluster,
                         key,
                         loaded,
-                        cells: cells_on_cluster,
+                        cells,
                         inventory: after,
                     })
                     .await;
@@ -482,6 +450,122 @@ async fn run_inner(
     let out = outcome?;
     teardown?;
     Ok(out)
+}
+
+/// The cell's cluster: the agent's PostgreSQL, the class's caps and
+/// instance, the scenario's settings, and in a multi-role cell its peers.
+fn cluster_spec(
+    env: &AgentEnv,
+    assign: &Assign,
+    params: &Params,
+    pg: PgBin,
+    run_as: Option<RunAs>,
+) -> ClusterSpec {
+    ClusterSpec {
+        pg,
+        clusters_dir: env.clusters_dir(),
+        name: assign.cell_id.clone(),
+        run_as,
+        settings: assign
+            .settings
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect::<BTreeMap<_, _>>(),
+        caps: if env.emulated {
+            env.caps
+        } else {
+            Caps::default()
+        },
+        // Accounting needs a cgroup, so root; without, the kind's device
+        // figures are None and its report says so.
+        account_io: params.account_io() && nix::unistd::geteuid().is_root(),
+        allow_shell: params.allow_shell(),
+        memory_bytes: env.instance.limits().0,
+        cpus: env.instance.limits().1,
+        // A multi-role cell's cluster is reached by its peers: it listens on
+        // the agent's address too and admits exactly the peers' addresses.
+        listen: env
+            .address
+            .filter(|_| !assign.peers.is_empty())
+            .into_iter()
+            .collect(),
+        peers: assign
+            .peers
+            .iter()
+            .filter_map(|p| p.address.parse().ok())
+            .collect(),
+    }
+}
+
+/// The cluster a previous cell of this run and dataset left (`reuse_cluster`),
+/// reset for this one, with the reset's seconds; None (and why, in the
+/// provenance) when there is none or its reset failed.
+async fn take_kept(
+    env: &AgentEnv,
+    assign: &Assign,
+    reuse_key: Option<&str>,
+    params: &Params,
+    mut prov: Option<&mut crate::dataset::Provenance>,
+    events: &mpsc::Sender<AgentMessage>,
+) -> Option<(Box<crate::keep::Kept>, f64)> {
+    match env.kept.take(reuse_key).await {
+        crate::keep::Found::Reuse(k) => {
+            let _ = events.try_send(progress(
+                &assign.cell_id,
+                "provision",
+                &format!("resetting the cluster of cell {}", k.first_cell),
+            ));
+            match crate::keep::reset(&k, params.reset().unwrap_or_default()).await {
+                Ok(seconds) => Some((k, seconds)),
+                Err(e) => {
+                    if let Some(p) = prov.as_mut() {
+                        p.not_reused = Some(format!(
+                            "the cluster of cell {} was not reused: {e}",
+                            k.first_cell
+                        ));
+                    }
+                    let _ = k.cluster.teardown().await;
+                    None
+                }
+            }
+        }
+        crate::keep::Found::None(why) => {
+            if let Some(p) = prov.as_mut() {
+                p.not_reused = why;
+            }
+            None
+        }
+    }
+}
+
+/// Tells a multi-role cell's peers where this role's cluster is, once it
+/// holds its data (the dataset's role adds the load figures, which the lead
+/// reports).
+async fn announce_ready(
+    env: &AgentEnv,
+    assign: &Assign,
+    cluster: &Cluster,
+    loaded: Option<&workload::Loaded>,
+    events: &mpsc::Sender<AgentMessage>,
+) -> Result<()> {
+    let host = env
+        .address
+        .map(|a| a.to_string())
+        .unwrap_or_else(|| "127.0.0.1".into());
+    let mut endpoint = cluster.endpoint(&host);
+    if let Some(loaded) = loaded {
+        endpoint.loaded_json = workload::to_json(loaded);
+    }
+    events
+        .send(AgentMessage {
+            msg: Some(Msg::RoleReady(RoleReady {
+                cell_id: assign.cell_id.clone(),
+                role: assign.role.clone(),
+                endpoint: Some(endpoint),
+            })),
+        })
+        .await
+        .map_err(|_| Error::Session("event channel closed".into()))
 }
 
 /// Where a cell's data comes from, once its cluster is up.

@@ -315,12 +315,14 @@ async fn connected_loop(
             m = inbound.message() => match m {
                 Ok(Some(ControllerMessage { msg: Some(m) })) => match m {
                     CMsg::Assign(a) => {
-                        let refused = match (cells.keys().next(), crate::assign::check(&a)) {
-                            (Some(busy), _) => Some(format!("agent busy with cell {busy}")),
-                            (None, Err(why)) => Some(why),
-                            (None, Ok(_)) => None,
+                        // Checked once; the cell runs the parameters checked here.
+                        let checked = match (cells.keys().next(), crate::assign::check(&a)) {
+                            (Some(busy), _) => Err(format!("agent busy with cell {busy}")),
+                            (None, checked) => checked,
                         };
-                        if let Some(why) = refused {
+                        let params = match checked {
+                            Ok(params) => params,
+                            Err(why) => {
                             tracing::warn!(cell = %a.cell_id.chars().take(80).collect::<String>(), "{why}");
                             let mut r = failed(&a.cell_id, why);
                             r.role = a.role.clone();
@@ -328,7 +330,8 @@ async fn connected_loop(
                             metrics.cell_finished(CellStatus::Failed);
                             let _ = out_tx.send(msg(Msg::Result(r))).await;
                             continue;
-                        }
+                            }
+                        };
                         tracing::info!(cell = %a.cell_id, workload = %a.workload, role = %a.role, "assigned");
                         let (peers, peers_rx) = watch::channel(BTreeMap::new());
                         let control = cell::Control {
@@ -339,7 +342,7 @@ async fn connected_loop(
                         let (cancel, release) = (control.cancel.clone(), control.release.clone());
                         let (env, ev, id) = (env.clone(), ev_tx.clone(), a.cell_id.clone());
                         let task = tokio::spawn(async move {
-                            let r = cell::run(&env, a, ev.clone(), control).await;
+                            let r = cell::run(&env, a, params, ev.clone(), control).await;
                             let _ = ev.send(msg(Msg::Result(r))).await;
                         });
                         cells.insert(id, Running { cancel, release, peers, ready: None, task });

@@ -101,7 +101,8 @@ async fn a_cell_larger_than_the_free_disk_is_refused_before_loading() {
         release: CancellationToken::new(),
         peers: tokio::sync::watch::channel(Default::default()).1,
     };
-    let r = cell::run(&env, assign, tx, control).await;
+    let params = pgfleet_agent::assign::check(&assign).expect("a valid assignment");
+    let r = cell::run(&env, assign, params, tx, control).await;
     let _ = std::process::Command::new("umount").arg(&root).status();
     std::fs::remove_dir_all(&root).unwrap();
     assert_eq!(r.status, CellStatus::Failed as i32);

@@ -1187,10 +1187,10 @@ fn the_client_only_build_submits_follows_and_downloads_the_report() {
     let bin = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .unwrap()
-        .join("target/client/debug/pgfleet");
+        .join("target/client/pgfleet");
     assert!(
         bin.exists(),
-        "{} missing: `make test-all` builds it (cargo build -p pgfleet-controller --no-default-features --bins --target-dir target/client)",
+        "{} missing: `make test-all` builds it (cargo build -p pgfleet-controller --no-default-features --bins, copied there)",
         bin.display()
     );
     let s = Scratch::new("serve-client");

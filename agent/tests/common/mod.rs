@@ -141,7 +141,18 @@ pub async fn run_cell_reusing(
         release: CancellationToken::new(),
         peers: tokio::sync::watch::channel(Default::default()).1,
     };
-    pgfleet_agent::cell::run(env, assign, tx, control).await
+    // As the session does: the assignment checked (and its parameters
+    // parsed) once, a refused one failed.
+    match pgfleet_agent::assign::check(&assign) {
+        Ok(params) => pgfleet_agent::cell::run(env, assign, params, tx, control).await,
+        Err(why) => pgfleet_proto::v1::CellResult {
+            cell_id: assign.cell_id,
+            status: pgfleet_proto::v1::CellStatus::Failed as i32,
+            error: why,
+            role: assign.role,
+            ..Default::default()
+        },
+    }
 }
 
 /// A succeeded cell's dataset provenance and its first point's metrics.

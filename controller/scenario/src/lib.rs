@@ -17,6 +17,7 @@ use pgfleet_proto::workload::{self, KindOnly, Params};
 
 pub mod labels;
 pub mod plan;
+pub mod reference;
 pub mod stats;
 pub mod sweep;
 pub mod validate;

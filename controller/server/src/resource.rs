@@ -27,7 +27,6 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -169,13 +168,15 @@ fn object_of(keys: &[String], what: &str) -> Value {
 /// `deny_unknown_fields` keeps), so the schema cannot drift from the
 /// parser. Workload entries list every kind's keys; `kind` is an enum.
 pub fn spec_schema() -> Value {
-    let top = scenario_keys("");
-    let fleet = scenario_keys("fleet: [{");
-    let checks = scenario_keys("checks: [{");
+    let top = pgfleet_scenario::reference::keys("");
+    let fleet = pgfleet_scenario::reference::keys("fleet: [{");
+    let checks = pgfleet_scenario::reference::keys("checks: [{");
     let kinds = pgfleet_proto::workload::names();
     let mut workload_keys = BTreeSet::new();
     for k in &kinds {
-        workload_keys.extend(scenario_keys(&format!("workloads: [{{kind: {k}, ")));
+        workload_keys.extend(pgfleet_scenario::reference::keys(&format!(
+            "workloads: [{{kind: {k}, "
+        )));
     }
     let workload_keys: Vec<String> = workload_keys.into_iter().collect();
     let mut props = Map::new();
@@ -205,41 +206,6 @@ pub fn spec_schema() -> Value {
         "required": ["fleet", "workloads"],
         "properties": props,
     })
-}
-
-/// The keys a part of a scenario accepts: `prefix` opens the part (e.g.
-/// `fleet: [{`), then an unknown key makes the parser list the known ones.
-fn scenario_keys(prefix: &str) -> Vec<String> {
-    const PROBE: &str = "zz-not-a-key";
-    let close: String = prefix
-        .chars()
-        .rev()
-        .filter_map(|c| match c {
-            '[' => Some(']'),
-            '{' => Some('}'),
-            _ => None,
-        })
-        .collect();
-    let text = format!("{prefix}{PROBE}: 1{close}\n");
-    let e = match pgfleet_scenario::parse(Path::new("crd"), &text) {
-        Ok(_) => return Vec::new(),
-        Err(e) => e,
-    };
-    // "unknown field `zz-not-a-key`, expected one of a, b" (serde), or
-    // "…: this kind's keys are a, b (and every kind's: kind, on, …)".
-    let m = e
-        .message
-        .replace(" (and every kind's: ", ", ")
-        .replace(')', "");
-    let list = m
-        .split_once("expected one of ")
-        .or_else(|| m.split_once("keys are "))
-        .map(|(_, l)| l)
-        .unwrap_or_default();
-    list.split(',')
-        .map(|k| k.trim().trim_matches('`').trim().to_string())
-        .filter(|k| !k.is_empty() && k != PROBE && !k.contains(' '))
-        .collect()
 }
 
 fn status_schema() -> Value {
