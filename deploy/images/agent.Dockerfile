@@ -12,7 +12,7 @@
 FROM pgfleet-base:bookworm
 COPY pgfleet-agent /usr/local/bin/pgfleet-agent
 # A fixed uid/gid (10001), which Kubernetes pods run as and give their
-# volume to (controller/src/agents/kubernetes.rs: AGENT_UID).
+# volume to (controller/server/src/agents/kubernetes.rs: AGENT_UID).
 RUN old_uid=$(id -u postgres) old_gid=$(id -g postgres) \
  && groupmod -g 10001 postgres && usermod -u 10001 -g 10001 postgres \
  && find / -xdev -uid "$old_uid" -exec chown -h postgres {} + \

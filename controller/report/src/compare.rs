@@ -92,7 +92,7 @@ pub fn compare(baseline: &Json, candidate: &Json, level: f64) -> Vec<Json> {
                 };
                 let seed = stats::seed_of(&format!("{key}{class}{metric}"));
                 let (ratio, i) = fc.ratio(&fb, level, seed);
-                let up = higher_is_better(metric);
+                let up = higher_is_better(b["workload"].as_str().unwrap_or(""), metric);
                 let verdict = if !(i.lo.is_finite() && i.hi.is_finite()) {
                     "no difference"
                 } else if i.lo > 1.0 {

@@ -94,7 +94,7 @@ fn entry_curves(
         .map(|k| k.compared)
         .unwrap_or(&[])
         .iter()
-        .copied()
+        .map(|m| m.name)
         .filter(|m| {
             points.iter().any(|s| {
                 s["classes"]

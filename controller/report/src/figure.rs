@@ -20,12 +20,13 @@ fn quantile_of(metric: &str) -> Option<f64> {
     }
 }
 
-/// Whether more is better for a metric (throughput) or less (latency,
-/// durations, read times, sizes).
-pub fn higher_is_better(metric: &str) -> bool {
-    ["tps", "per_s", "per_second", "mbps", "mb_per_s", "rows_per"]
-        .iter()
-        .any(|k| metric.contains(k))
+/// Whether more of `kind`'s `metric` is better, as the kind declares it
+/// (`pgfleet_proto::workload::Metric`). A metric no kind declares (one an
+/// older pgfleet compared, read from its report) counts as lower-is-better,
+/// as durations, latencies and sizes are.
+pub fn higher_is_better(kind: &str, metric: &str) -> bool {
+    pgfleet_proto::workload::metric(kind, metric)
+        .is_some_and(|m| m.better == pgfleet_proto::workload::Better::Higher)
 }
 
 /// The class's figure for `metric` in the first summary of `kind` that
@@ -120,4 +121,35 @@ pub fn histograms(v: &Json) -> Option<Vec<Vec<[u64; 2]>>> {
                 .collect()
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::higher_is_better;
+
+    /// The direction is the kind's declaration, not a guess from the name:
+    /// fio's IOPS (which no name rule caught) are better higher.
+    #[test]
+    fn a_metrics_direction_is_what_its_kind_declares() {
+        assert!(higher_is_better("fio", "iops"));
+        assert!(higher_is_better("pgbench", "tps"));
+        assert!(higher_is_better("vacuum-bloat", "heap_mb_per_s"));
+        assert!(!higher_is_better("pgbench", "latency_ms_p99"));
+        assert!(!higher_is_better("logical-drain", "drain_seconds"));
+        // Every compared metric of every kind is declared one way or the other.
+        for k in pgfleet_proto::workload::KINDS {
+            for m in k.compared {
+                assert_eq!(
+                    higher_is_better(k.name, m.name),
+                    m.better == pgfleet_proto::workload::Better::Higher
+                );
+                assert!(
+                    !m.unit.is_empty() && !m.description.is_empty(),
+                    "{}.{}",
+                    k.name,
+                    m.name
+                );
+            }
+        }
+    }
 }

@@ -254,7 +254,10 @@ fn build_series(runs: &[crate::Figures], q: &Query) -> Vec<Series> {
                             params: s["params"].clone(),
                             class: class.clone(),
                             metric: metric.clone(),
-                            higher_is_better: crate::figure::higher_is_better(metric),
+                            higher_is_better: crate::figure::higher_is_better(
+                                s["workload"].as_str().unwrap_or(""),
+                                metric,
+                            ),
                             values: Vec::new(),
                             change_points: Vec::new(),
                             latest: None,

@@ -278,11 +278,11 @@ fn summarize(results: &[Json]) -> (Vec<Json>, Vec<Json>) {
     }
     let (mut summaries, mut comparisons) = (Vec::new(), Vec::new());
     for (_, rs) in groups {
-        let compared = rs[0]["workload"]
+        let compared: Vec<&str> = rs[0]["workload"]
             .as_str()
             .and_then(pgfleet_proto::workload::info)
-            .map(|k| k.compared)
-            .unwrap_or(&[]);
+            .map(|k| k.compared.iter().map(|m| m.name).collect())
+            .unwrap_or_default();
         let mut classes: Vec<String> = Vec::new();
         for r in &rs {
             let c = r["instance_class"].as_str().unwrap_or("").to_string();
@@ -310,7 +310,7 @@ fn summarize(results: &[Json]) -> (Vec<Json>, Vec<Json>) {
             if let Some(h) = hists {
                 m.insert("latency_histograms_us".into(), Json::Array(h));
             }
-            for metric in compared {
+            for metric in &compared {
                 let mut vals: Vec<f64> = mine
                     .iter()
                     .filter_map(|r| r["metrics"][*metric].as_f64())
@@ -347,7 +347,7 @@ fn summarize(results: &[Json]) -> (Vec<Json>, Vec<Json>) {
             continue;
         };
         for c in classes.iter().skip(1) {
-            for metric in compared {
+            for metric in &compared {
                 if let (Some(b), Some(x)) = (
                     medians.get(&(base.clone(), metric)),
                     medians.get(&(c.clone(), metric)),

@@ -78,7 +78,14 @@ pub fn judge(
         };
         let pool: Vec<&super::Figures> = earlier.into_iter().filter(same).collect();
         let pool = &pool[pool.len().saturating_sub(h.window)..];
-        let higher = crate::figure::higher_is_better(&c.metric);
+        // The direction the metric's kind declares (the points a check
+        // applies to are of kinds that compare it alike).
+        let kind = summaries
+            .iter()
+            .find(|s| c.applies_to(s))
+            .and_then(|s| s["workload"].as_str())
+            .unwrap_or("");
+        let higher = crate::figure::higher_is_better(kind, &c.metric);
         let (min, max) = if higher {
             (Some(1.0 - h.max_drop), None)
         } else {

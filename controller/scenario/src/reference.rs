@@ -134,13 +134,21 @@ scenarios in `scenarios/` use them all.\n\n",
         if !swept.is_empty() {
             let _ = writeln!(md, "- swept: {}", list(&swept));
         }
-        let compared: Vec<String> = kind.compared.iter().map(|s| s.to_string()).collect();
-        if !compared.is_empty() {
-            let _ = writeln!(
-                md,
-                "- metrics compared between classes: {}",
-                list(&compared)
+        if !kind.compared.is_empty() {
+            md.push_str(
+                "- metrics (summarized per class, compared between classes, usable in checks):\n",
             );
+            for m in kind.compared {
+                let better = match m.better {
+                    pgfleet_proto::workload::Better::Higher => "higher is better",
+                    pgfleet_proto::workload::Better::Lower => "lower is better",
+                };
+                let _ = writeln!(
+                    md,
+                    "  - `{}` ({}, {better}): {}",
+                    m.name, m.unit, m.description
+                );
+            }
         }
         md.push('\n');
     }

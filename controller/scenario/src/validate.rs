@@ -649,8 +649,8 @@ fn validate_checks(s: &Scenario, classes: &BTreeSet<String>) -> Result<(), Inval
                 .map(|k| k.compared)
                 .unwrap_or(&[])
             {
-                if !allowed.contains(m) {
-                    allowed.push(m);
+                if !allowed.contains(&m.name) {
+                    allowed.push(m.name);
                 }
             }
         }

@@ -29,13 +29,26 @@ use serde_saphyr::Spanned;
 
 use super::pgbench_init::{self, InitParams};
 use super::{
-    CLUSTER_BASE_BYTES, Capacity, Checked, ESTIMATE_CLUSTER_SECONDS, Estimate, Field, KindParams,
-    KindSpec, or,
+    Better, CLUSTER_BASE_BYTES, Capacity, Checked, ESTIMATE_CLUSTER_SECONDS, Estimate, Field,
+    KindParams, KindSpec, Metric, or,
 };
 
 pub const DESCRIPTION: &str = "compress a deterministic sample of each relation's 8 KiB pages with zstd / lz4 / pglz: average size, overflow of 1/2/4 KiB slots, projected size, CPU per page (seeds/004)";
 /// Summarized per class and compared between classes in reports.
-pub const COMPARED: &[&str] = &["avg_compressed_bytes", "cpu_us_per_page"];
+pub const COMPARED: &[Metric] = &[
+    Metric::new(
+        "avg_compressed_bytes",
+        "bytes",
+        Better::Lower,
+        "a sampled page's mean compressed size",
+    ),
+    Metric::new(
+        "cpu_us_per_page",
+        "µs",
+        Better::Lower,
+        "CPU time to compress one page",
+    ),
+];
 /// Keys a scenario may sweep: a list of values is one point per value.
 pub const SWEPT: &[&str] = &["scale", "fillfactor", "json_documents"];
 

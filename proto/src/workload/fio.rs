@@ -18,12 +18,31 @@ use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
 use super::{
-    ByteSize, CLUSTER_BASE_BYTES, Capacity, Checked, ESTIMATE_CLUSTER_SECONDS, Estimate, Field,
-    KindParams, KindSpec, Work, human_bytes, or,
+    Better, ByteSize, CLUSTER_BASE_BYTES, Capacity, Checked, ESTIMATE_CLUSTER_SECONDS, Estimate,
+    Field, KindParams, KindSpec, Metric, Work, human_bytes, or,
 };
 
 pub const DESCRIPTION: &str = "the storage itself, measured by fio on the class's data volume in the cluster's cgroups: 8 KiB random reads and writes per queue depth, 1 MiB sequential reads and writes, fdatasync latency of WAL-like writes";
-pub const COMPARED: &[&str] = &["iops", "mib_per_s", "latency_ms_p99"];
+pub const COMPARED: &[Metric] = &[
+    Metric::new(
+        "iops",
+        "I/O/s",
+        Better::Higher,
+        "I/Os per second (8 KiB random reads and writes)",
+    ),
+    Metric::new(
+        "mib_per_s",
+        "MiB/s",
+        Better::Higher,
+        "sequential throughput (1 MiB blocks)",
+    ),
+    Metric::new(
+        "latency_ms_p99",
+        "ms",
+        Better::Lower,
+        "99th percentile I/O latency",
+    ),
+];
 /// Keys a scenario may sweep: a list of values is one point per value.
 pub const SWEPT: &[&str] = &["size"];
 

@@ -10,13 +10,32 @@ use serde_saphyr::Spanned;
 
 use super::pgbench_init::{self, InitParams, with_load_keys};
 use super::{
-    ByteSize, Capacity, Checked, ESTIMATE_BYTES_PER_SECOND, Estimate, Field, Internals, KindParams,
-    KindSpec, Work, human_bytes, or,
+    Better, ByteSize, Capacity, Checked, ESTIMATE_BYTES_PER_SECOND, Estimate, Field, Internals,
+    KindParams, KindSpec, Metric, Work, human_bytes, or,
 };
 
 pub const DESCRIPTION: &str = "publisher and subscriber on two agents: build a logical-replication backlog, time its drain: seconds, MB/s, rows match";
 /// Summarized per class and compared between classes in reports.
-pub const COMPARED: &[&str] = &["drain_seconds", "drain_mb_per_s", "backlog_bytes"];
+pub const COMPARED: &[Metric] = &[
+    Metric::new(
+        "drain_seconds",
+        "s",
+        Better::Lower,
+        "time for the subscriber to apply the backlog",
+    ),
+    Metric::new(
+        "drain_mb_per_s",
+        "MB/s",
+        Better::Higher,
+        "backlog applied per second",
+    ),
+    Metric::new(
+        "backlog_bytes",
+        "bytes",
+        Better::Lower,
+        "WAL the publisher produced for the subscriber to apply",
+    ),
+];
 /// Keys a scenario may sweep: a list of values is one point per value.
 pub const SWEPT: &[&str] = &["backlog_bytes", "clients", "threads"];
 

@@ -19,7 +19,7 @@
 //! 2. One line in the `kinds!` table below.
 //! 3. `agent/src/workload/<kind>.rs`: the code that runs it, and one line in
 //!    the agent's `run` match (`agent/src/workload/mod.rs`).
-//! 4. `controller/src/report/<kind>.rs`: its report section, and one line in
+//! 4. `controller/report/src/<kind>.rs`: its report section, and one line in
 //!    the report's section table.
 //! 5. A test against real clusters (`agent/tests/`).
 
@@ -815,6 +815,48 @@ kinds! {
     "read-write" => ReadWrite(read_write),
 }
 
+/// Which way a metric is better: what `compare` calls faster or slower,
+/// and what a history check counts as a drop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Better {
+    Higher,
+    Lower,
+}
+
+/// A metric a kind reports, declared once in the kind's file (its
+/// `COMPARED` list): the report summarizes it per class and compares it
+/// between classes; checks, compare, history and the scenario reference
+/// read its unit, direction and description from here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Metric {
+    /// Its name in the kind's `Metrics` and in report.json.
+    pub name: &'static str,
+    pub unit: &'static str,
+    pub better: Better,
+    pub description: &'static str,
+}
+
+impl Metric {
+    pub const fn new(
+        name: &'static str,
+        unit: &'static str,
+        better: Better,
+        description: &'static str,
+    ) -> Metric {
+        Metric {
+            name,
+            unit,
+            better,
+            description,
+        }
+    }
+}
+
+/// The declaration of `kind`'s compared metric `name`.
+pub fn metric(kind: &str, name: &str) -> Option<&'static Metric> {
+    info(kind)?.compared.iter().find(|m| m.name == name)
+}
+
 /// What the controller knows of a kind without its parameters.
 #[derive(Debug, Clone, Copy)]
 pub struct KindInfo {
@@ -823,7 +865,7 @@ pub struct KindInfo {
     pub description: &'static str,
     /// Metrics the report summarizes per instance class (median, min, max)
     /// and compares between classes (ratio to the first class).
-    pub compared: &'static [&'static str],
+    pub compared: &'static [Metric],
     /// Scalar keys a scenario may give a list of values (`clients: [1, 4,
     /// 16]`): the entry then has one point per combination (a sweep).
     pub swept: &'static [&'static str],

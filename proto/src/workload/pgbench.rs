@@ -9,19 +9,52 @@ use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
 use super::pgbench_init::{self, InitParams, with_load_keys};
-use super::{Cache, Capacity, Checked, Estimate, Field, Internals, KindParams, KindSpec, opt, or};
+use super::{
+    Better, Cache, Capacity, Checked, Estimate, Field, Internals, KindParams, KindSpec, Metric,
+    opt, or,
+};
 use crate::script::{BUILTIN_SCRIPTS, Script, builtin};
 
 pub const DESCRIPTION: &str = "load, then run a pgbench-style script: tps, latency percentiles, failures, page read and WAL sync time";
 /// Summarized per class and compared between classes in reports.
-pub const COMPARED: &[&str] = &[
-    "tps",
-    "latency_ms_mean",
-    "latency_ms_p50",
-    "latency_ms_p99",
-    "page_read_ms_avg",
-    "wal_sync_ms_avg",
-    "device_ios_per_txn",
+pub const COMPARED: &[Metric] = &[
+    Metric::new("tps", "tx/s", Better::Higher, "transactions per second"),
+    Metric::new(
+        "latency_ms_mean",
+        "ms",
+        Better::Lower,
+        "mean transaction latency",
+    ),
+    Metric::new(
+        "latency_ms_p50",
+        "ms",
+        Better::Lower,
+        "median transaction latency",
+    ),
+    Metric::new(
+        "latency_ms_p99",
+        "ms",
+        Better::Lower,
+        "99th percentile transaction latency",
+    ),
+    Metric::new(
+        "page_read_ms_avg",
+        "ms",
+        Better::Lower,
+        "mean time PostgreSQL waited to read a page",
+    ),
+    Metric::new(
+        "wal_sync_ms_avg",
+        "ms",
+        Better::Lower,
+        "mean time of a WAL sync",
+    ),
+    Metric::new(
+        "device_ios_per_txn",
+        "I/Os",
+        Better::Lower,
+        "device I/Os per committed transaction",
+    ),
 ];
 /// Keys a scenario may sweep: a list of values is one point per value.
 pub const SWEPT: &[&str] = &[

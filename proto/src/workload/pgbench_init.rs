@@ -6,13 +6,27 @@ use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
 use super::{
-    Capacity, Checked, ESTIMATE_CLUSTER_SECONDS, Estimate, Field, KindParams, KindSpec, Work, or,
+    Better, Capacity, Checked, ESTIMATE_CLUSTER_SECONDS, Estimate, Field, KindParams, KindSpec,
+    Metric, Work, or,
 };
 
 pub const DESCRIPTION: &str =
     "load the pgbench schema at a scale, in parallel: rows, seconds, rows/s";
 /// Summarized per class and compared between classes in reports.
-pub const COMPARED: &[&str] = &["load_seconds", "rows_per_second"];
+pub const COMPARED: &[Metric] = &[
+    Metric::new(
+        "load_seconds",
+        "s",
+        Better::Lower,
+        "time to load pgbench's tables and build their keys",
+    ),
+    Metric::new(
+        "rows_per_second",
+        "rows/s",
+        Better::Higher,
+        "rows loaded per second",
+    ),
+];
 /// Keys a scenario may sweep: a list of values is one point per value.
 pub const SWEPT: &[&str] = &["scale", "fillfactor", "partitions", "load_connections"];
 

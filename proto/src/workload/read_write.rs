@@ -23,12 +23,26 @@ use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
 use super::{
-    CLUSTER_BASE_BYTES, Capacity, Checked, ESTIMATE_CLUSTER_SECONDS, Estimate, Field, KindParams,
-    KindSpec, Work, or,
+    Better, CLUSTER_BASE_BYTES, Capacity, Checked, ESTIMATE_CLUSTER_SECONDS, Estimate, Field,
+    KindParams, KindSpec, Metric, Work, or,
 };
 
 pub const DESCRIPTION: &str = "cold and OS-cache sequential scans, random reads from disk, UPDATE-all + CHECKPOINT with the device bytes written (seeds/004)";
-pub const COMPARED: &[&str] = &["execution_ms", "tps", "write_amplification"];
+pub const COMPARED: &[Metric] = &[
+    Metric::new(
+        "execution_ms",
+        "ms",
+        Better::Lower,
+        "time of the test's statement",
+    ),
+    Metric::new("tps", "tx/s", Better::Higher, "transactions per second"),
+    Metric::new(
+        "write_amplification",
+        "x",
+        Better::Lower,
+        "device bytes written per byte of data changed",
+    ),
+];
 /// Keys a scenario may sweep: a list of values is one point per value.
 pub const SWEPT: &[&str] = &["rows", "random_clients"];
 

@@ -23,13 +23,27 @@ use serde_saphyr::Spanned;
 
 use super::toast_slice::StorageMode;
 use super::{
-    ByteSize, CLUSTER_BASE_BYTES, Capacity, Checked, ESTIMATE_CLUSTER_SECONDS, Estimate, Field,
-    KindParams, KindSpec, Work, or,
+    Better, ByteSize, CLUSTER_BASE_BYTES, Capacity, Checked, ESTIMATE_CLUSTER_SECONDS, Estimate,
+    Field, KindParams, KindSpec, Metric, Work, or,
 };
 
 pub const DESCRIPTION: &str = "what gets TOASTed: threshold, placement, compression window, JSON documents, prefix and mid reads per storage mode (seeds/003)";
 /// Summarized per class and compared between classes in reports.
-pub const COMPARED: &[&str] = &["stored_bytes", "load_seconds", "latency_ms_p50"];
+pub const COMPARED: &[Metric] = &[
+    Metric::new(
+        "stored_bytes",
+        "bytes",
+        Better::Lower,
+        "bytes the value occupies on disk",
+    ),
+    Metric::new(
+        "load_seconds",
+        "s",
+        Better::Lower,
+        "time to build the values",
+    ),
+    Metric::new("latency_ms_p50", "ms", Better::Lower, "median read latency"),
+];
 /// Keys a scenario may sweep: a list of values is one point per value.
 pub const SWEPT: &[&str] = &[
     "json_documents",

@@ -8,14 +8,33 @@ use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
 use super::{
-    CLUSTER_BASE_BYTES, Cache, Capacity, Checked, ESTIMATE_CLUSTER_SECONDS, Estimate, Field,
-    KindParams, KindSpec, Work, human_bytes, or,
+    Better, CLUSTER_BASE_BYTES, Cache, Capacity, Checked, ESTIMATE_CLUSTER_SECONDS, Estimate,
+    Field, KindParams, KindSpec, Metric, Work, human_bytes, or,
 };
 
 pub const DESCRIPTION: &str =
     "substring() of a large bytea value stored EXTERNAL / pglz / lz4: storage, buffers, latency";
 /// Summarized per class and compared between classes in reports.
-pub const COMPARED: &[&str] = &["latency_ms_p50", "latency_ms_p99", "buffers_shared_hit"];
+pub const COMPARED: &[Metric] = &[
+    Metric::new(
+        "latency_ms_p50",
+        "ms",
+        Better::Lower,
+        "median latency of a slice read",
+    ),
+    Metric::new(
+        "latency_ms_p99",
+        "ms",
+        Better::Lower,
+        "99th percentile latency of a slice read",
+    ),
+    Metric::new(
+        "buffers_shared_hit",
+        "buffers",
+        Better::Lower,
+        "shared buffers a read touched",
+    ),
+];
 /// Keys a scenario may sweep: a list of values is one point per value.
 pub const SWEPT: &[&str] = &["value_bytes", "slice_bytes"];
 

@@ -9,18 +9,38 @@ use serde_saphyr::Spanned;
 
 use super::pgbench_init::{self, InitParams, with_load_keys};
 use super::{
-    ByteSize, Cache, Capacity, Checked, Estimate, Field, Internals, KindParams, KindSpec, Work,
-    approx_bytes, human_bytes, opt, or,
+    Better, ByteSize, Cache, Capacity, Checked, Estimate, Field, Internals, KindParams, KindSpec,
+    Metric, Work, approx_bytes, human_bytes, opt, or,
 };
 
 pub const DESCRIPTION: &str = "load pgbench's schema, leave a target amount of dead tuples, time VACUUM: seconds, MB/s, dead tuples removed";
 /// Summarized per class and compared between classes in reports.
-pub const COMPARED: &[&str] = &[
-    "vacuum_seconds",
-    "heap_mb_per_s",
-    "bloat_bytes",
-    "page_read_ms_avg",
-    "wal_sync_ms_avg",
+pub const COMPARED: &[Metric] = &[
+    Metric::new("vacuum_seconds", "s", Better::Lower, "time VACUUM took"),
+    Metric::new(
+        "heap_mb_per_s",
+        "MB/s",
+        Better::Higher,
+        "heap scanned per second",
+    ),
+    Metric::new(
+        "bloat_bytes",
+        "bytes",
+        Better::Lower,
+        "dead tuples' bytes VACUUM found",
+    ),
+    Metric::new(
+        "page_read_ms_avg",
+        "ms",
+        Better::Lower,
+        "mean time PostgreSQL waited to read a page",
+    ),
+    Metric::new(
+        "wal_sync_ms_avg",
+        "ms",
+        Better::Lower,
+        "mean time of a WAL sync",
+    ),
 ];
 /// Keys a scenario may sweep: a list of values is one point per value.
 pub const SWEPT: &[&str] = &["scale", "fillfactor", "bloat_bytes", "parallel"];
