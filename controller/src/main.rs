@@ -344,249 +344,272 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Compare(args) => compare(args, &cli.store),
         Command::History(args) => history(args, &cli.store),
         Command::Validate {
-            scenario: path,
+            scenario,
             kubernetes,
             kube,
             datasets,
-        } => {
-            let sc = scenario::load(&path)?;
-            let published = scenario::plan::published_in(&datasets.resolve());
-            let mut cells = scenario::plan::plan_with(&sc, &published);
-            let learned = learned_from(&cli.store);
-            let applied = learned.apply(&mut cells);
-            if kubernetes {
-                #[cfg(feature = "server")]
-                {
-                    let opts = kube_options(&kube, None);
-                    let objects = kubernetes::plan(&sc, "dry-run", &opts)
-                        .map_err(|e| scenario::ScenarioError::located(&path, "", e))?;
-                    print!("{}", objects.to_yaml());
-                    eprint!("{}", kubernetes::describe(&objects));
-                    // What it takes there: the pods' datasets are on their
-                    // own volumes (or behind the object store).
-                    let mut cells =
-                        scenario::plan::plan_for(&sc, &kubernetes::holdings(&sc, &opts, &[]));
-                    let applied = learned.apply(&mut cells);
-                    eprint!("{}", scenario::plan::describe(&sc, &cells, &path));
-                    if let Some(line) = applied.describe(cells.len()) {
-                        eprintln!("{line}");
-                    }
-                    // A later run, whose volumes start from the snapshots
-                    // this one leaves.
-                    let assumed = kubernetes::assumed_snapshots(&sc, &opts);
-                    if !assumed.is_empty() {
-                        let mut later = scenario::plan::plan_for(
-                            &sc,
-                            &kubernetes::holdings(&sc, &opts, &assumed),
-                        );
-                        learned.apply(&mut later);
-                        let t = scenario::plan::estimate(&sc, &later);
-                        let classes: Vec<&str> =
-                            assumed.iter().map(|s| s.storage_class.as_str()).collect();
-                        eprintln!(
-                            "a later run, its {} volumes made from the dataset snapshots this one leaves (each restoring cell on a volume of its own): {} of cells, about {} on this fleet",
-                            classes.join(", "),
-                            pgfleet_proto::workload::approx_seconds(t.cell_seconds),
-                            pgfleet_proto::workload::approx_seconds(t.wall_seconds)
-                        );
-                    }
-                }
-                #[cfg(not(feature = "server"))]
-                {
-                    let _ = (kube, &learned, &applied);
-                    return Err(not_in_client("validate --kubernetes"));
-                }
-            } else {
-                print!("{}", scenario::plan::describe(&sc, &cells, &path));
-                if let Some(line) = applied.describe(cells.len()) {
-                    println!("{line}");
-                }
-                for c in sc.checks() {
-                    let figure = match &c.baseline {
-                        Some(b) => format!(
-                            "{} of {} / {b}{}",
-                            c.metric,
-                            c.class,
-                            c.baseline_entry
-                                .map(|e| format!(" (workload entry {e})"))
-                                .unwrap_or_default()
-                        ),
-                        None => format!("{} of {}", c.metric, c.class),
-                    };
-                    let figure = if c.at.is_empty() {
-                        figure
-                    } else {
-                        let at: Vec<String> =
-                            c.at.iter().map(|(k, v)| format!("{k} {v}")).collect();
-                        format!("{figure} at {}", at.join(", "))
-                    };
-                    let bound = match (c.min, c.max, &c.history) {
-                        (_, _, Some(h)) => format!(
-                            "at most {} % worse than the median of the last {} earlier comparable runs since their last change{}",
-                            h.max_drop * 100.0,
-                            h.window,
-                            if h.same_labels.is_empty() {
-                                String::new()
-                            } else {
-                                format!(" (with the same {})", h.same_labels.join(", "))
-                            }
-                        ),
-                        (Some(lo), Some(hi), _) => format!("within {lo}..={hi}"),
-                        (Some(lo), None, _) => format!("at least {lo}"),
-                        (None, Some(hi), _) => format!("at most {hi}"),
-                        _ => String::new(),
-                    };
-                    println!(
-                        "check `{}`: {figure} {bound}, at {:.0} % confidence",
-                        c.name,
-                        c.confidence * 100.0
-                    );
-                }
-            }
-            Ok(exit::OK)
-        }
-        Command::List { labels } => {
-            let filter = Labels::parse(&labels).map_err(Error::Usage)?;
-            let store = Store::open(&cli.store)?;
-            println!(
-                "{:<24} {:<20} {:<11} {:<26} {:<26} labels",
-                "run", "scenario", "status", "started", "finished"
-            );
-            for r in store
-                .runs()?
-                .into_iter()
-                .filter(|r| r.labels.matches(&filter))
-            {
-                println!(
-                    "{:<24} {:<20} {:<11} {:<26} {:<26} {}",
-                    r.id,
-                    r.scenario_name,
-                    r.status,
-                    r.started_at,
-                    r.finished_at.unwrap_or_default(),
-                    r.labels
-                );
-            }
-            Ok(exit::OK)
-        }
+        } => validate(&scenario, kubernetes, &kube, &datasets, &cli.store),
+        Command::List { labels } => list(&labels, &cli.store),
         Command::Report {
             run_id,
             out,
             remote,
-        } => {
-            match (remote.server, remote.token_file) {
-                (Some(server), Some(token_file)) => {
-                    let c = client(&Remote {
-                        server,
-                        token_file,
-                        retry_for_s: 60.0,
-                        ca: remote.ca,
-                    })?;
-                    c.download_report(&run_id, &out).await?;
-                }
-                (Some(_), None) => {
-                    return Err(Error::Usage(
-                        "--server needs --token-file (or PGFLEET_TOKEN_FILE)".into(),
-                    )
-                    .into());
-                }
-                _ => {
-                    let store = Store::open(&cli.store)?;
-                    report::write(&store, &run_id, &out)?;
-                }
-            }
-            println!("{}", out.join("report.md").display());
-            Ok(exit::OK)
-        }
-        Command::Submit(args) => {
-            // Check it here first: a typo fails the CI job without a round trip.
-            let yaml = scenario::read(&args.scenario)?;
-            scenario::parse(&args.scenario, &yaml)?;
-            let c = client(&args.remote)?;
-            let key = args
-                .idempotency_key
-                .clone()
-                .unwrap_or_else(|| pgfleet_controller::client::random_hex(16));
-            let name = args
-                .scenario
-                .file_name()
-                .map(|n| n.to_string_lossy().to_string())
-                .unwrap_or_else(|| "scenario.yaml".into());
-            let labels = Labels::parse(&args.labels).map_err(Error::Usage)?;
-            let (id, created) = c.submit(&name, yaml, &key, &labels).await?;
-            if created {
-                eprintln!("submitted run {id} to {}", args.remote.server);
-            } else {
-                eprintln!("run {id} was already submitted with this idempotency key");
-            }
-            println!("{id}");
-            if !args.wait {
-                return Ok(exit::OK);
-            }
-            let interrupted = cancel_on_signals("cancelling the run on the server");
-            let timeout = args.timeout_s.map(|t| Duration::from_secs_f64(t.max(0.0)));
-            let status = tokio::select! {
-                s = c.follow(&id, timeout) => s?,
-                _ = interrupted.cancelled() => {
-                    c.cancel(&id).await?;
-                    // Follow it to its end: the cells stop and are stored.
-                    c.follow(&id, Some(Duration::from_secs(120))).await?
-                }
-            };
-            let Some(status) = status else {
-                eprintln!(
-                    "error: run {id} did not finish within --timeout-s; cancelling it on the server"
-                );
-                let _ = c.cancel(&id).await;
-                return Ok(exit::INFRA);
-            };
-            if let Some(out) = &args.out {
-                c.download_report(&id, out).await?;
-                eprintln!("report: {}", out.join("report.md").display());
-            }
-            println!("run {id} {status}");
-            let doc = c.get_json(&format!("/v1/runs/{id}/report.json")).await?;
-            verdicts(&doc, args.junit.as_deref())?;
-            Ok(exit::of_report(&doc))
-        }
-        Command::Status { run_id, remote } => {
-            let c = client(&remote)?;
-            let r = c.get_json(&format!("/v1/runs/{run_id}")).await?;
-            let s = |v: &serde_json::Value| v.as_str().unwrap_or("-").to_string();
-            println!(
-                "run {} ({}): {}, {}/{} cells done",
-                s(&r["id"]),
-                s(&r["scenario"]),
-                s(&r["status"]),
-                r["progress"]["done"],
-                r["progress"]["total"]
-            );
-            for cell in r["cells"].as_array().into_iter().flatten() {
-                let mut line = format!("  {:<40} {:<10}", s(&cell["cell_id"]), s(&cell["state"]));
-                if let Some(a) = cell["agents"].as_str() {
-                    line.push_str(&format!(" @ {a}"));
-                }
-                if let Some(e) = cell["error"].as_str() {
-                    line.push_str(&format!(": {e}"));
-                }
-                println!("{line}");
-            }
-            Ok(exit::OK)
-        }
-        Command::Cancel { run_id, remote } => {
-            let c = client(&remote)?;
-            let r = c.cancel(&run_id).await?;
-            println!(
-                "run {run_id}: {}",
-                r["status"].as_str().unwrap_or("cancelling")
-            );
-            Ok(exit::OK)
-        }
+        } => report(&run_id, &out, remote, &cli.store).await,
+        Command::Submit(args) => submit(args).await,
+        Command::Status { run_id, remote } => status(&run_id, &remote).await,
+        Command::Cancel { run_id, remote } => cancel(&run_id, &remote).await,
         #[cfg(feature = "server")]
         other => server_command(other, cli.store).await,
         #[cfg(not(feature = "server"))]
         other => Err(not_in_client(other.name())),
     }
+}
+
+/// `pgfleet validate`: the plan, or with `--kubernetes` the objects a run
+/// would create there.
+fn validate(
+    path: &std::path::Path,
+    kubernetes: bool,
+    kube: &pgfleet_controller::cli::KubeArgs,
+    datasets: &pgfleet_controller::cli::DatasetDir,
+    store: &std::path::Path,
+) -> Result<u8, Failure> {
+    let sc = scenario::load(path)?;
+    let published = scenario::plan::published_in(&datasets.resolve());
+    let mut cells = scenario::plan::plan_with(&sc, &published);
+    let learned = learned_from(store);
+    let applied = learned.apply(&mut cells);
+    if kubernetes {
+        #[cfg(feature = "server")]
+        {
+            let opts = kube_options(kube, None);
+            let objects = kubernetes::plan(&sc, "dry-run", &opts)
+                .map_err(|e| scenario::ScenarioError::located(path, "", e))?;
+            print!("{}", objects.to_yaml());
+            eprint!("{}", kubernetes::describe(&objects));
+            // What it takes there: the pods' datasets are on their
+            // own volumes (or behind the object store).
+            let mut cells = scenario::plan::plan_for(&sc, &kubernetes::holdings(&sc, &opts, &[]));
+            let applied = learned.apply(&mut cells);
+            eprint!("{}", scenario::plan::describe(&sc, &cells, path));
+            if let Some(line) = applied.describe(cells.len()) {
+                eprintln!("{line}");
+            }
+            // A later run, whose volumes start from the snapshots
+            // this one leaves.
+            let assumed = kubernetes::assumed_snapshots(&sc, &opts);
+            if !assumed.is_empty() {
+                let mut later =
+                    scenario::plan::plan_for(&sc, &kubernetes::holdings(&sc, &opts, &assumed));
+                learned.apply(&mut later);
+                let t = scenario::plan::estimate(&sc, &later);
+                let classes: Vec<&str> = assumed.iter().map(|s| s.storage_class.as_str()).collect();
+                eprintln!(
+                    "a later run, its {} volumes made from the dataset snapshots this one leaves (each restoring cell on a volume of its own): {} of cells, about {} on this fleet",
+                    classes.join(", "),
+                    pgfleet_proto::workload::approx_seconds(t.cell_seconds),
+                    pgfleet_proto::workload::approx_seconds(t.wall_seconds)
+                );
+            }
+        }
+        #[cfg(not(feature = "server"))]
+        {
+            let _ = (kube, &learned, &applied);
+            return Err(not_in_client("validate --kubernetes"));
+        }
+    } else {
+        print!("{}", scenario::plan::describe(&sc, &cells, path));
+        if let Some(line) = applied.describe(cells.len()) {
+            println!("{line}");
+        }
+        for c in sc.checks() {
+            let figure = match &c.baseline {
+                Some(b) => format!(
+                    "{} of {} / {b}{}",
+                    c.metric,
+                    c.class,
+                    c.baseline_entry
+                        .map(|e| format!(" (workload entry {e})"))
+                        .unwrap_or_default()
+                ),
+                None => format!("{} of {}", c.metric, c.class),
+            };
+            let figure = if c.at.is_empty() {
+                figure
+            } else {
+                let at: Vec<String> = c.at.iter().map(|(k, v)| format!("{k} {v}")).collect();
+                format!("{figure} at {}", at.join(", "))
+            };
+            let bound = match (c.min, c.max, &c.history) {
+                (_, _, Some(h)) => format!(
+                    "at most {} % worse than the median of the last {} earlier comparable runs since their last change{}",
+                    h.max_drop * 100.0,
+                    h.window,
+                    if h.same_labels.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (with the same {})", h.same_labels.join(", "))
+                    }
+                ),
+                (Some(lo), Some(hi), _) => format!("within {lo}..={hi}"),
+                (Some(lo), None, _) => format!("at least {lo}"),
+                (None, Some(hi), _) => format!("at most {hi}"),
+                _ => String::new(),
+            };
+            println!(
+                "check `{}`: {figure} {bound}, at {:.0} % confidence",
+                c.name,
+                c.confidence * 100.0
+            );
+        }
+    }
+    Ok(exit::OK)
+}
+
+/// `pgfleet list`: the stored runs carrying every label given.
+fn list(labels: &[String], store: &std::path::Path) -> Result<u8, Failure> {
+    let filter = Labels::parse(labels).map_err(Error::Usage)?;
+    let store = Store::open(store)?;
+    println!(
+        "{:<24} {:<20} {:<11} {:<26} {:<26} labels",
+        "run", "scenario", "status", "started", "finished"
+    );
+    for r in store
+        .runs()?
+        .into_iter()
+        .filter(|r| r.labels.matches(&filter))
+    {
+        println!(
+            "{:<24} {:<20} {:<11} {:<26} {:<26} {}",
+            r.id,
+            r.scenario_name,
+            r.status,
+            r.started_at,
+            r.finished_at.unwrap_or_default(),
+            r.labels
+        );
+    }
+    Ok(exit::OK)
+}
+
+/// `pgfleet report`: a stored run's report, from the store or a server.
+async fn report(
+    run_id: &str,
+    out: &std::path::Path,
+    remote: pgfleet_controller::cli::OptionalRemote,
+    store: &std::path::Path,
+) -> Result<u8, Failure> {
+    match (remote.server, remote.token_file) {
+        (Some(server), Some(token_file)) => {
+            let c = client(&Remote {
+                server,
+                token_file,
+                retry_for_s: 60.0,
+                ca: remote.ca,
+            })?;
+            c.download_report(run_id, out).await?;
+        }
+        (Some(_), None) => {
+            return Err(
+                Error::Usage("--server needs --token-file (or PGFLEET_TOKEN_FILE)".into()).into(),
+            );
+        }
+        _ => {
+            let store = Store::open(store)?;
+            report::write(&store, run_id, out)?;
+        }
+    }
+    println!("{}", out.join("report.md").display());
+    Ok(exit::OK)
+}
+
+/// `pgfleet submit`: a scenario to a server, and with `--wait` its run
+/// followed to its end and judged.
+async fn submit(args: Box<pgfleet_controller::cli::SubmitArgs>) -> Result<u8, Failure> {
+    // Check it here first: a typo fails the CI job without a round trip.
+    let yaml = scenario::read(&args.scenario)?;
+    scenario::parse(&args.scenario, &yaml)?;
+    let c = client(&args.remote)?;
+    let key = args
+        .idempotency_key
+        .clone()
+        .unwrap_or_else(|| pgfleet_controller::client::random_hex(16));
+    let name = args
+        .scenario
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_else(|| "scenario.yaml".into());
+    let labels = Labels::parse(&args.labels).map_err(Error::Usage)?;
+    let (id, created) = c.submit(&name, yaml, &key, &labels).await?;
+    if created {
+        eprintln!("submitted run {id} to {}", args.remote.server);
+    } else {
+        eprintln!("run {id} was already submitted with this idempotency key");
+    }
+    println!("{id}");
+    if !args.wait {
+        return Ok(exit::OK);
+    }
+    let interrupted = cancel_on_signals("cancelling the run on the server");
+    let timeout = args.timeout_s.map(|t| Duration::from_secs_f64(t.max(0.0)));
+    let status = tokio::select! {
+        s = c.follow(&id, timeout) => s?,
+        _ = interrupted.cancelled() => {
+            c.cancel(&id).await?;
+            // Follow it to its end: the cells stop and are stored.
+            c.follow(&id, Some(Duration::from_secs(120))).await?
+        }
+    };
+    let Some(status) = status else {
+        eprintln!("error: run {id} did not finish within --timeout-s; cancelling it on the server");
+        let _ = c.cancel(&id).await;
+        return Ok(exit::INFRA);
+    };
+    if let Some(out) = &args.out {
+        c.download_report(&id, out).await?;
+        eprintln!("report: {}", out.join("report.md").display());
+    }
+    println!("run {id} {status}");
+    let doc = c.get_json(&format!("/v1/runs/{id}/report.json")).await?;
+    verdicts(&doc, args.junit.as_deref())?;
+    Ok(exit::of_report(&doc))
+}
+
+/// `pgfleet status`: a run on a server and its cells.
+async fn status(run_id: &str, remote: &Remote) -> Result<u8, Failure> {
+    let c = client(remote)?;
+    let r = c.get_json(&format!("/v1/runs/{run_id}")).await?;
+    let s = |v: &serde_json::Value| v.as_str().unwrap_or("-").to_string();
+    println!(
+        "run {} ({}): {}, {}/{} cells done",
+        s(&r["id"]),
+        s(&r["scenario"]),
+        s(&r["status"]),
+        r["progress"]["done"],
+        r["progress"]["total"]
+    );
+    for cell in r["cells"].as_array().into_iter().flatten() {
+        let mut line = format!("  {:<40} {:<10}", s(&cell["cell_id"]), s(&cell["state"]));
+        if let Some(a) = cell["agents"].as_str() {
+            line.push_str(&format!(" @ {a}"));
+        }
+        if let Some(e) = cell["error"].as_str() {
+            line.push_str(&format!(": {e}"));
+        }
+        println!("{line}");
+    }
+    Ok(exit::OK)
+}
+
+/// `pgfleet cancel`: a run on a server.
+async fn cancel(run_id: &str, remote: &Remote) -> Result<u8, Failure> {
+    let c = client(remote)?;
+    let r = c.cancel(run_id).await?;
+    println!(
+        "run {run_id}: {}",
+        r["status"].as_str().unwrap_or("cancelling")
+    );
+    Ok(exit::OK)
 }
 
 /// The commands of the controller itself (the `server` feature).
