@@ -8,7 +8,7 @@ use serde_saphyr::{Location, Spanned};
 
 use pgfleet_proto::workload::{Field, Invalid, Params};
 
-use super::{Scenario, Unit, WorkloadEntry};
+use super::{CleanupSpec, FleetEntry, Scenario, Unit, WorkloadEntry};
 
 pub const STORAGE_PROFILES: &[&str] = &["nvme", "gp3", "custom"];
 
@@ -79,232 +79,11 @@ pub fn validate(s: &Scenario) -> Result<Vec<Vec<Unit>>, Invalid> {
                 format!("instance class `{}` is listed twice", f.name.value),
             );
         }
-        if let Some(c) = &f.count
-            && !(1..=64).contains(&c.value)
-        {
-            return err(
-                c.referenced,
-                at("count"),
-                format!("{} is out of range: allowed 1..=64", c.value),
-            );
-        }
-        if let Some(st) = &f.storage {
-            one_of(
-                &st.profile,
-                at("storage.profile"),
-                STORAGE_PROFILES,
-                "storage profile",
-            )?;
-            let caps = [
-                ("read_iops", &st.read_iops),
-                ("write_iops", &st.write_iops),
-                ("read_mbps", &st.read_mbps),
-                ("write_mbps", &st.write_mbps),
-            ];
-            for (k, v) in caps {
-                if let Some(v) = v {
-                    if st.profile.value != "custom" {
-                        return err(
-                            v.referenced,
-                            at(&format!("storage.{k}")),
-                            format!(
-                                "caps apply to profile `custom` only; `{}` has fixed caps",
-                                st.profile.value
-                            ),
-                        );
-                    }
-                    in_range(
-                        &Some(v.clone()),
-                        at(&format!("storage.{k}")),
-                        1,
-                        10_000_000,
-                        "",
-                    )?;
-                }
-            }
-            if let Some(sc) = &st.storage_class
-                && !is_dns_subdomain(&sc.value)
-            {
-                return err(
-                    sc.referenced,
-                    at("storage.storage_class"),
-                    format!(
-                        "`{}` is not a StorageClass name: use lower-case letters, digits, `-` and `.` (e.g. gp3)",
-                        sc.value
-                    ),
-                );
-            }
-            if let Some(h) = &st.hydrate
-                && !pgfleet_proto::dataset::HYDRATE_MODES.contains(&h.value.as_str())
-            {
-                return err(
-                    h.referenced,
-                    at("storage.hydrate"),
-                    format!(
-                        "unknown hydrate mode `{}`: use `read-all` (read every block of a snapshot's datasets before measuring) or `none`",
-                        h.value
-                    ),
-                );
-            }
-            if let Some(sz) = &st.size {
-                let n = sz
-                    .value
-                    .bytes()
-                    .or_else(|e| err(sz.referenced, at("storage.size"), e))?;
-                if n < 1 << 30 {
-                    return err(
-                        sz.referenced,
-                        at("storage.size"),
-                        format!("{n} bytes is out of range: allowed at least 1GiB"),
-                    );
-                }
-            }
-            for (key, v, lo, hi) in [
-                (
-                    "iops",
-                    &st.iops,
-                    super::GP3_BASELINE_IOPS,
-                    super::GP3_MAX_IOPS,
-                ),
-                (
-                    "mbps",
-                    &st.mbps,
-                    super::GP3_BASELINE_MIBPS,
-                    super::GP3_MAX_MIBPS,
-                ),
-            ] {
-                if let Some(x) = v {
-                    if st.profile.value != "gp3" {
-                        return err(
-                            x.referenced,
-                            at(&format!("storage.{key}")),
-                            "provisioned IOPS and throughput are profile `gp3`'s (for other caps use `profile: custom` with read_iops, write_iops, read_mbps, write_mbps)",
-                        );
-                    }
-                    in_range(&Some(x.clone()), at(&format!("storage.{key}")), lo, hi, "")?;
-                }
-            }
-            if let Some(t) = &st.instance_store {
-                if st.profile.value != "nvme" {
-                    return err(
-                        t.referenced,
-                        at("storage.instance_store"),
-                        "an instance store is profile `nvme`'s: use `profile: nvme`",
-                    );
-                }
-                if super::instance_store(&t.value).is_none() {
-                    let known: Vec<&str> = super::INSTANCE_STORE.iter().map(|i| i.0).collect();
-                    return err(
-                        t.referenced,
-                        at("storage.instance_store"),
-                        format!(
-                            "no published figures for `{}`: allowed {}",
-                            t.value,
-                            known.join(", ")
-                        ),
-                    );
-                }
-            }
-            if let Some(x) = &st.scale {
-                let scalable = st.profile.value == "gp3"
-                    || (st.profile.value == "nvme" && st.instance_store.is_some());
-                if !scalable {
-                    return err(
-                        x.referenced,
-                        at("storage.scale"),
-                        "scale applies to a published profile: `gp3`, or `nvme` with `instance_store` (a `custom` profile gives its caps as they are)",
-                    );
-                }
-                if !(x.value > 0.0 && x.value <= 1.0) {
-                    return err(
-                        x.referenced,
-                        at("storage.scale"),
-                        format!(
-                            "{} is out of range: allowed above 0, up to 1 (the instance's share of the device's IOPS)",
-                            x.value
-                        ),
-                    );
-                }
-            }
-            if st.profile.value == "custom" && caps.iter().all(|(_, v)| v.is_none()) {
-                return err(
-                    st.profile.referenced,
-                    at("storage.profile"),
-                    "profile `custom` needs at least one of read_iops, write_iops, read_mbps, write_mbps",
-                );
-            }
-        }
-        if let Some(inst) = &f.instance {
-            if let Some(t) = &inst.instance_type
-                && (t.value.is_empty()
-                    || t.value.len() > 64
-                    || !t
-                        .value
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')))
-            {
-                return err(
-                    t.referenced,
-                    at("instance.type"),
-                    format!(
-                        "`{}` is not an instance type: use letters, digits, `.`, `-`, `_` (e.g. m6id.4xlarge)",
-                        t.value
-                    ),
-                );
-            }
-            if let Some(m) = &inst.memory {
-                let n = m
-                    .value
-                    .bytes()
-                    .or_else(|e| err(m.referenced, at("instance.memory"), e))?;
-                if n < 64 << 20 {
-                    return err(
-                        m.referenced,
-                        at("instance.memory"),
-                        format!(
-                            "{n} bytes is out of range: allowed at least 64MiB (PostgreSQL needs room beside shared_buffers)"
-                        ),
-                    );
-                }
-            }
-            in_range(&inst.cpus, at("instance.cpus"), 1, 1024, "")?;
-        }
-        if let Some(k) = &f.kubernetes {
-            validate_kubernetes(k, &at)?;
-        }
-        if let Some(p) = &f.price {
-            validate_price(s, p, &at)?;
-        }
+        validate_fleet_entry(s, i, f)?;
     }
     validate_checks(s, &classes)?;
     if let Some(c) = &s.cleanup {
-        for (k, v) in [("on_success", &c.on_success), ("on_failure", &c.on_failure)] {
-            if let Some(v) = v {
-                one_of(v, format!("cleanup.{k}"), &["delete", "keep"], "cleanup")?;
-            }
-        }
-        if let Some(t) = &c.ttl {
-            match crate::parse_ttl(&t.value) {
-                Some(d) if (60..=30 * 86400).contains(&d.as_secs()) => {}
-                Some(_) => {
-                    return err(
-                        t.referenced,
-                        "cleanup.ttl",
-                        format!("ttl `{}` is out of range: allowed 1m to 30d", t.value),
-                    );
-                }
-                None => {
-                    return err(
-                        t.referenced,
-                        "cleanup.ttl",
-                        format!(
-                            "`{}` is not a duration: write a whole number and s, m, h or d, e.g. 24h",
-                            t.value
-                        ),
-                    );
-                }
-            }
-        }
+        validate_cleanup(c)?;
     }
     if s.workloads.value.is_empty() {
         return err(
@@ -322,6 +101,247 @@ pub fn validate(s: &Scenario) -> Result<Vec<Vec<Unit>>, Invalid> {
         .collect::<Result<Vec<_>, _>>()?;
     validate_settings(s, &entries)?;
     Ok(entries)
+}
+
+/// One fleet entry's count, storage, instance, Kubernetes and price keys
+/// (its name is checked with the others').
+fn validate_fleet_entry(s: &Scenario, i: usize, f: &FleetEntry) -> Result<(), Invalid> {
+    let at = |k: &str| format!("fleet[{i}].{k}");
+    if let Some(c) = &f.count
+        && !(1..=64).contains(&c.value)
+    {
+        return err(
+            c.referenced,
+            at("count"),
+            format!("{} is out of range: allowed 1..=64", c.value),
+        );
+    }
+    if let Some(st) = &f.storage {
+        validate_storage(st, &at)?;
+    }
+    if let Some(inst) = &f.instance {
+        if let Some(t) = &inst.instance_type
+            && (t.value.is_empty()
+                || t.value.len() > 64
+                || !t
+                    .value
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')))
+        {
+            return err(
+                t.referenced,
+                at("instance.type"),
+                format!(
+                    "`{}` is not an instance type: use letters, digits, `.`, `-`, `_` (e.g. m6id.4xlarge)",
+                    t.value
+                ),
+            );
+        }
+        if let Some(m) = &inst.memory {
+            let n = m
+                .value
+                .bytes()
+                .or_else(|e| err(m.referenced, at("instance.memory"), e))?;
+            if n < 64 << 20 {
+                return err(
+                    m.referenced,
+                    at("instance.memory"),
+                    format!(
+                        "{n} bytes is out of range: allowed at least 64MiB (PostgreSQL needs room beside shared_buffers)"
+                    ),
+                );
+            }
+        }
+        in_range(&inst.cpus, at("instance.cpus"), 1, 1024, "")?;
+    }
+    if let Some(k) = &f.kubernetes {
+        validate_kubernetes(k, &at)?;
+    }
+    if let Some(p) = &f.price {
+        validate_price(s, p, &at)?;
+    }
+    Ok(())
+}
+
+/// A fleet entry's `storage:` (profile, caps, emulation, Kubernetes volume).
+fn validate_storage(st: &super::StorageSpec, at: &dyn Fn(&str) -> String) -> Result<(), Invalid> {
+    one_of(
+        &st.profile,
+        at("storage.profile"),
+        STORAGE_PROFILES,
+        "storage profile",
+    )?;
+    let caps = [
+        ("read_iops", &st.read_iops),
+        ("write_iops", &st.write_iops),
+        ("read_mbps", &st.read_mbps),
+        ("write_mbps", &st.write_mbps),
+    ];
+    for (k, v) in caps {
+        if let Some(v) = v {
+            if st.profile.value != "custom" {
+                return err(
+                    v.referenced,
+                    at(&format!("storage.{k}")),
+                    format!(
+                        "caps apply to profile `custom` only; `{}` has fixed caps",
+                        st.profile.value
+                    ),
+                );
+            }
+            in_range(
+                &Some(v.clone()),
+                at(&format!("storage.{k}")),
+                1,
+                10_000_000,
+                "",
+            )?;
+        }
+    }
+    if let Some(sc) = &st.storage_class
+        && !is_dns_subdomain(&sc.value)
+    {
+        return err(
+            sc.referenced,
+            at("storage.storage_class"),
+            format!(
+                "`{}` is not a StorageClass name: use lower-case letters, digits, `-` and `.` (e.g. gp3)",
+                sc.value
+            ),
+        );
+    }
+    if let Some(h) = &st.hydrate
+        && !pgfleet_proto::dataset::HYDRATE_MODES.contains(&h.value.as_str())
+    {
+        return err(
+            h.referenced,
+            at("storage.hydrate"),
+            format!(
+                "unknown hydrate mode `{}`: use `read-all` (read every block of a snapshot's datasets before measuring) or `none`",
+                h.value
+            ),
+        );
+    }
+    if let Some(sz) = &st.size {
+        let n = sz
+            .value
+            .bytes()
+            .or_else(|e| err(sz.referenced, at("storage.size"), e))?;
+        if n < 1 << 30 {
+            return err(
+                sz.referenced,
+                at("storage.size"),
+                format!("{n} bytes is out of range: allowed at least 1GiB"),
+            );
+        }
+    }
+    for (key, v, lo, hi) in [
+        (
+            "iops",
+            &st.iops,
+            super::GP3_BASELINE_IOPS,
+            super::GP3_MAX_IOPS,
+        ),
+        (
+            "mbps",
+            &st.mbps,
+            super::GP3_BASELINE_MIBPS,
+            super::GP3_MAX_MIBPS,
+        ),
+    ] {
+        if let Some(x) = v {
+            if st.profile.value != "gp3" {
+                return err(
+                    x.referenced,
+                    at(&format!("storage.{key}")),
+                    "provisioned IOPS and throughput are profile `gp3`'s (for other caps use `profile: custom` with read_iops, write_iops, read_mbps, write_mbps)",
+                );
+            }
+            in_range(&Some(x.clone()), at(&format!("storage.{key}")), lo, hi, "")?;
+        }
+    }
+    if let Some(t) = &st.instance_store {
+        if st.profile.value != "nvme" {
+            return err(
+                t.referenced,
+                at("storage.instance_store"),
+                "an instance store is profile `nvme`'s: use `profile: nvme`",
+            );
+        }
+        if super::instance_store(&t.value).is_none() {
+            let known: Vec<&str> = super::INSTANCE_STORE.iter().map(|i| i.0).collect();
+            return err(
+                t.referenced,
+                at("storage.instance_store"),
+                format!(
+                    "no published figures for `{}`: allowed {}",
+                    t.value,
+                    known.join(", ")
+                ),
+            );
+        }
+    }
+    if let Some(x) = &st.scale {
+        let scalable = st.profile.value == "gp3"
+            || (st.profile.value == "nvme" && st.instance_store.is_some());
+        if !scalable {
+            return err(
+                x.referenced,
+                at("storage.scale"),
+                "scale applies to a published profile: `gp3`, or `nvme` with `instance_store` (a `custom` profile gives its caps as they are)",
+            );
+        }
+        if !(x.value > 0.0 && x.value <= 1.0) {
+            return err(
+                x.referenced,
+                at("storage.scale"),
+                format!(
+                    "{} is out of range: allowed above 0, up to 1 (the instance's share of the device's IOPS)",
+                    x.value
+                ),
+            );
+        }
+    }
+    if st.profile.value == "custom" && caps.iter().all(|(_, v)| v.is_none()) {
+        return err(
+            st.profile.referenced,
+            at("storage.profile"),
+            "profile `custom` needs at least one of read_iops, write_iops, read_mbps, write_mbps",
+        );
+    }
+    Ok(())
+}
+
+/// `cleanup:`: what happens to a Kubernetes run's objects at its end.
+fn validate_cleanup(c: &CleanupSpec) -> Result<(), Invalid> {
+    for (k, v) in [("on_success", &c.on_success), ("on_failure", &c.on_failure)] {
+        if let Some(v) = v {
+            one_of(v, format!("cleanup.{k}"), &["delete", "keep"], "cleanup")?;
+        }
+    }
+    if let Some(t) = &c.ttl {
+        match crate::parse_ttl(&t.value) {
+            Some(d) if (60..=30 * 86400).contains(&d.as_secs()) => {}
+            Some(_) => {
+                return err(
+                    t.referenced,
+                    "cleanup.ttl",
+                    format!("ttl `{}` is out of range: allowed 1m to 30d", t.value),
+                );
+            }
+            None => {
+                return err(
+                    t.referenced,
+                    "cleanup.ttl",
+                    format!(
+                        "`{}` is not a duration: write a whole number and s, m, h or d, e.g. 24h",
+                        t.value
+                    ),
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A class's PostgreSQL settings: names, values, and the ones pgfleet
