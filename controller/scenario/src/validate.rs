@@ -501,6 +501,65 @@ fn validate_kubernetes(k: &super::KubeSpec, at: &dyn Fn(&str) -> String) -> Resu
     Ok(())
 }
 
+/// The workload entries a check reads (its `workload:`, else all) and the
+/// check's metric among those they compare between classes.
+fn checked_entries<'s>(
+    s: &'s Scenario,
+    workload: Option<&Spanned<usize>>,
+    metric: &Spanned<String>,
+    base: &str,
+    at: &dyn Fn(&str) -> String,
+) -> Result<Vec<(usize, &'s WorkloadEntry)>, Invalid> {
+    // The metrics the selected workload entries compare between classes.
+    let entries: Vec<(usize, &WorkloadEntry)> = match workload {
+        Some(w) => match s.workloads.value.get(w.value) {
+            Some(e) => vec![(w.value, e)],
+            None => {
+                return err(
+                    w.referenced,
+                    at(&format!("{base}.workload")),
+                    format!(
+                        "{} is out of range: the scenario has {} workload entries (0-based)",
+                        w.value,
+                        s.workloads.value.len()
+                    ),
+                );
+            }
+        },
+        None => s.workloads.value.iter().enumerate().collect(),
+    };
+    let mut allowed: Vec<&str> = Vec::new();
+    for (_, e) in &entries {
+        for m in pgfleet_proto::workload::info(&e.kind.value)
+            .map(|k| k.compared)
+            .unwrap_or(&[])
+        {
+            if !allowed.contains(&m.name) {
+                allowed.push(m.name);
+            }
+        }
+    }
+    if !allowed.contains(&metric.value.as_str()) {
+        let field = match base {
+            "metric" => "metric.name",
+            "history" => "history.metric",
+            _ => "ratio.metric",
+        };
+        return err(
+            metric.referenced,
+            at(field),
+            format!(
+                "unknown metric `{}`: the workloads checked compare {}",
+                metric.value,
+                allowed.join(", ")
+            ),
+        );
+    }
+    Ok(entries)
+}
+
+/// The scenario's `checks:`: unique names, the figure each reads (metric,
+/// class, workload entry, `at`) and its bounds.
 fn validate_checks(s: &Scenario, classes: &BTreeSet<String>) -> Result<(), Invalid> {
     let mut names = BTreeSet::new();
     for (i, c) in s.checks.iter().enumerate() {
@@ -645,51 +704,7 @@ fn validate_checks(s: &Scenario, classes: &BTreeSet<String>) -> Result<(), Inval
             }
         };
         known_class(class, at(&format!("{base}.class")), classes)?;
-        // The metrics the selected workload entries compare between classes.
-        let entries: Vec<(usize, &WorkloadEntry)> = match workload {
-            Some(w) => match s.workloads.value.get(w.value) {
-                Some(e) => vec![(w.value, e)],
-                None => {
-                    return err(
-                        w.referenced,
-                        at(&format!("{base}.workload")),
-                        format!(
-                            "{} is out of range: the scenario has {} workload entries (0-based)",
-                            w.value,
-                            s.workloads.value.len()
-                        ),
-                    );
-                }
-            },
-            None => s.workloads.value.iter().enumerate().collect(),
-        };
-        let mut allowed: Vec<&str> = Vec::new();
-        for (_, e) in &entries {
-            for m in pgfleet_proto::workload::info(&e.kind.value)
-                .map(|k| k.compared)
-                .unwrap_or(&[])
-            {
-                if !allowed.contains(&m.name) {
-                    allowed.push(m.name);
-                }
-            }
-        }
-        if !allowed.contains(&metric.value.as_str()) {
-            let field = match base {
-                "metric" => "metric.name",
-                "history" => "history.metric",
-                _ => "ratio.metric",
-            };
-            return err(
-                metric.referenced,
-                at(field),
-                format!(
-                    "unknown metric `{}`: the workloads checked compare {}",
-                    metric.value,
-                    allowed.join(", ")
-                ),
-            );
-        }
+        let entries = checked_entries(s, workload.as_ref(), metric, base, &at)?;
         for (key, v) in &c.at {
             check_at(s, &entries, key, v, at(&format!("at.{key}")))?;
         }
