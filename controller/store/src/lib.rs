@@ -4,6 +4,10 @@
 //! Architecture invariant: the controller writes an agent's result here (one
 //! transaction, synchronous=FULL) before acknowledging it, so anything an
 //! agent was told is stored survives a controller crash.
+//!
+//! Also here, below everything that reads or runs a run: what plans learn
+//! from stored cells (`learned`), the controller's `Error` and `exit`, the
+//! one table of exit codes.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -13,8 +17,10 @@ use serde_json::Value as Json;
 
 pub mod learned;
 
-pub use pgfleet_scenario::{labels, stats};
+use pgfleet_scenario::{labels, stats};
 
+/// The controller's error, one for its crates: each variant's exit code is
+/// `Error::exit_code`.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
