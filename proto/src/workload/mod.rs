@@ -852,6 +852,21 @@ impl Metric {
     }
 }
 
+/// PostgreSQL's own I/O waits over the measured window (from the
+/// sampler's `pg_stat` deltas), which pgbench and vacuum-bloat both compare.
+pub const PAGE_READ_MS_AVG: Metric = Metric::new(
+    "page_read_ms_avg",
+    "ms",
+    Better::Lower,
+    "mean time PostgreSQL waited to read a page",
+);
+pub const WAL_SYNC_MS_AVG: Metric = Metric::new(
+    "wal_sync_ms_avg",
+    "ms",
+    Better::Lower,
+    "mean time of a WAL sync",
+);
+
 /// The declaration of `kind`'s compared metric `name`.
 pub fn metric(kind: &str, name: &str) -> Option<&'static Metric> {
     info(kind)?.compared.iter().find(|m| m.name == name)

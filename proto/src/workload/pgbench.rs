@@ -37,18 +37,8 @@ pub const COMPARED: &[Metric] = &[
         Better::Lower,
         "99th percentile transaction latency",
     ),
-    Metric::new(
-        "page_read_ms_avg",
-        "ms",
-        Better::Lower,
-        "mean time PostgreSQL waited to read a page",
-    ),
-    Metric::new(
-        "wal_sync_ms_avg",
-        "ms",
-        Better::Lower,
-        "mean time of a WAL sync",
-    ),
+    super::PAGE_READ_MS_AVG,
+    super::WAL_SYNC_MS_AVG,
     Metric::new(
         "device_ios_per_txn",
         "I/Os",

@@ -29,18 +29,8 @@ pub const COMPARED: &[Metric] = &[
         Better::Lower,
         "dead tuples' bytes VACUUM found",
     ),
-    Metric::new(
-        "page_read_ms_avg",
-        "ms",
-        Better::Lower,
-        "mean time PostgreSQL waited to read a page",
-    ),
-    Metric::new(
-        "wal_sync_ms_avg",
-        "ms",
-        Better::Lower,
-        "mean time of a WAL sync",
-    ),
+    super::PAGE_READ_MS_AVG,
+    super::WAL_SYNC_MS_AVG,
 ];
 /// Keys a scenario may sweep: a list of values is one point per value.
 pub const SWEPT: &[&str] = &["scale", "fillfactor", "bloat_bytes", "parallel"];
