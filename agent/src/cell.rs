@@ -227,8 +227,8 @@ async fn run_inner(
     }
     let mut prov = declared.as_ref().map(|d| crate::dataset::Provenance {
         label: d.label.clone(),
-        how: "loaded",
-        cache: "as loaded",
+        how: "loaded".into(),
+        cache: "as loaded".into(),
         ..Default::default()
     });
     // `reuse_cluster`: the cluster the previous cell of this run, dataset
@@ -258,8 +258,8 @@ async fn run_inner(
             } = *k;
             if let (Some(p), Some(w)) = (prov.as_mut(), wanted.as_ref()) {
                 p.fingerprint = w.fingerprint.clone();
-                p.how = "reused";
-                p.cache = "as the previous cell left it";
+                p.how = "reused".into();
+                p.cache = "as the previous cell left it".into();
                 p.reused_from = first_cell;
                 p.reused_by_cells = u64::from(cells) + 1;
                 p.reset_seconds = seconds;
@@ -617,7 +617,7 @@ async fn provision_with_dataset(
         .as_ref()
         .map(|r| r.url.clone())
         .unwrap_or_default();
-    prov.cache = "evicted";
+    prov.cache = "evicted".into();
     // The remote store is asked once per cell: a dataset it gave that then
     // fails its restore is built here, not fetched again.
     let mut remote_tried = false;
@@ -643,7 +643,7 @@ async fn provision_with_dataset(
                     }
                 }
                 let _ = events.try_send(progress(cell, "provision", "initdb and start"));
-                prov.how = "built";
+                prov.how = "built".into();
                 return Ok((Cluster::provision(spec).await?, Source::Build(lock)));
             }
             Ticket::Restore(m, lock) => {
@@ -717,11 +717,11 @@ async fn provision_with_dataset(
                             seconds: 0.0,
                             reflink: false,
                         });
-                        prov.how = "restored";
+                        prov.how = "restored".into();
                         prov.bytes = m.bytes;
                         prov.restore_seconds = c.seconds;
                         prov.restore_mb_per_s = m.bytes as f64 / 1e6 / c.seconds.max(1e-9);
-                        prov.method = if c.reflink { "reflink" } else { "copy" };
+                        prov.method = (if c.reflink { "reflink" } else { "copy" }).into();
                         prov.load_seconds = m.build_seconds;
                         prov.built_by = format!("{} on {}", m.built_by, m.host);
                         prov.built_at = m.created_at;
@@ -794,8 +794,8 @@ async fn in_place(
     if let Err(e) = v.store().discard(fp) {
         tracing::warn!(dataset = %fp, "removing the adopted dataset's manifest from {}: {e}", v.root.display());
     }
-    prov.how = "restored";
-    prov.method = "in-place";
+    prov.how = "restored".into();
+    prov.method = "in-place".into();
     prov.store = v.store().dir.display().to_string();
     prov.bytes = m.bytes;
     prov.restore_seconds = seconds;
@@ -999,11 +999,11 @@ async fn load_dataset(
         let started = std::time::Instant::now();
         match crate::dataset::rewarm(ctx.cluster).await? {
             Some(bytes) => {
-                prov.cache = "rewarmed";
+                prov.cache = "rewarmed".into();
                 prov.rewarm_bytes = bytes;
                 prov.rewarm_seconds = started.elapsed().as_secs_f64();
             }
-            None => prov.cache = "evicted (no pg_prewarm)",
+            None => prov.cache = "evicted (no pg_prewarm)".into(),
         }
     }
     Ok(loaded)

@@ -21,100 +21,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{Cluster, RunAs};
 use crate::pgbin::PgBin;
 use crate::{Error, Result};
+pub use pgfleet_proto::dataset::Provenance;
 use pgfleet_proto::dataset::{Dataset, FileEntry, Format, LocalStore, Lock, Manifest, hex};
 
 /// Files a restore never takes from a build (the stopped server's).
 const SKIPPED: &[&str] = &["postmaster.pid", "postmaster.opts"];
-
-/// What happened to a cell's data, for its report (`environment.dataset`).
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Provenance {
-    pub fingerprint: String,
-    /// The dataset without the PostgreSQL build (`Dataset::plan_key`):
-    /// what the controller matches a plan's cells by.
-    pub plan_key: String,
-    pub label: String,
-    /// `built` (loaded here and published), `restored` (from the store),
-    /// `loaded` (`data: fresh`: loaded here, not published), `reused`
-    /// (the previous cell's cluster, reset: `reuse_cluster`).
-    pub how: &'static str,
-    pub store: String,
-    pub bytes: u64,
-    /// Seconds waiting for another cell building the same dataset.
-    pub wait_seconds: f64,
-    pub load_seconds: f64,
-    pub publish_seconds: f64,
-    pub restore_seconds: f64,
-    pub restore_mb_per_s: f64,
-    /// `copy` (checked file by file against the manifest's SHA-256) or
-    /// `reflink` (shared extents; sizes checked).
-    pub method: &'static str,
-    /// Why a built dataset was not published (the cell went on).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub not_published: Option<String>,
-    /// A published dataset found not to match its manifest, discarded and
-    /// built again by this cell.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub discarded: Option<String>,
-    /// Where a restored dataset came from.
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub built_by: String,
-    pub built_at: u64,
-    /// The remote store (`--dataset-remote`), when there is one.
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub remote: String,
-    /// Seconds and MB/s (of the data, uncompressed) of downloading it from the remote
-    /// store into the local one, when it came from there.
-    #[serde(skip_serializing_if = "is_zero")]
-    pub download_seconds: f64,
-    #[serde(skip_serializing_if = "is_zero")]
-    pub download_mb_per_s: f64,
-    /// Seconds and compressed bytes of uploading a built dataset.
-    #[serde(skip_serializing_if = "is_zero")]
-    pub upload_seconds: f64,
-    #[serde(skip_serializing_if = "is_zero_u64")]
-    pub uploaded_bytes: u64,
-    /// Why the remote store was not used (unreachable, a failed upload):
-    /// the cell went on without it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub remote_error: Option<String>,
-    /// `rewarmed`: the server freshly started and the data read back into
-    /// the page cache through it (`rewarm`); `evicted`: left out of it
-    /// (no pg_prewarm); `as loaded`: `data: fresh` cells.
-    pub cache: &'static str,
-    pub rewarm_bytes: u64,
-    pub rewarm_seconds: f64,
-    /// `reuse_cluster`: the cell whose cluster this cell reused (`how`:
-    /// `reused`), the cells that used it so far, and the reset's seconds.
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub reused_from: String,
-    #[serde(skip_serializing_if = "is_zero_u64")]
-    pub reused_by_cells: u64,
-    #[serde(skip_serializing_if = "is_zero")]
-    pub reset_seconds: f64,
-    /// Why a cell that asked to reuse a cluster did not.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub not_reused: Option<String>,
-    /// Restored from a copy that came with the volume's CSI snapshot: how
-    /// its lazily fetched blocks were read before the cell used them.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hydration: Option<crate::hydrate::Hydration>,
-}
-
-fn is_zero(x: &f64) -> bool {
-    *x == 0.0
-}
-
-fn is_zero_u64(x: &u64) -> bool {
-    *x == 0
-}
 
 /// The build's on-disk format, from the binaries (`pg_config --configure`;
 /// PostgreSQL's defaults when it is absent) and pgfleet's initdb (no data

@@ -19,10 +19,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::{Error, Result};
+pub use pgfleet_proto::dataset::Hydration;
 use pgfleet_proto::dataset::{FileEntry, LocalStore, Manifest};
 
 /// What the agent does with a snapshot's data before a cell uses it.
@@ -48,28 +48,6 @@ impl Mode {
             Mode::None => "none",
         }
     }
-}
-
-/// A dataset's hydration, in the provenance of every cell that restored it
-/// from the snapshot's copy.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Hydration {
-    /// The VolumeSnapshot the agent's volume was created from.
-    pub snapshot: String,
-    /// `read-all` or `none`.
-    pub mode: &'static str,
-    /// Whether every block was read before the cell restored it; false
-    /// with `none`: the cell's figures include lazy restore.
-    pub hydrated: bool,
-    /// The cell that read it (this one, or an earlier one on this agent).
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub by_cell: String,
-    /// Milliseconds until the first read returned data, seconds of the
-    /// whole read, bytes read and their rate.
-    pub ttfb_ms: f64,
-    pub seconds: f64,
-    pub bytes: u64,
-    pub mb_per_s: f64,
 }
 
 /// The snapshot the agent's volume came from, and which of the datasets
@@ -158,14 +136,15 @@ impl Snapshot {
     ) -> Result<Hydration> {
         let mut h = Hydration {
             snapshot: self.name.clone(),
-            mode: self.mode.as_str(),
+            mode: self.mode.as_str().into(),
             ..Default::default()
         };
         if self.mode == Mode::None {
             return Ok(h);
         }
         let dir = v.store().path(&v.manifest.fingerprint).join("data");
-        h.read(
+        record(
+            &mut h,
             read_all(&dir, &v.manifest.files, progress, cancel).await?,
             cell_id,
         );
@@ -197,7 +176,7 @@ impl Snapshot {
         }
         let mut h = Hydration {
             snapshot: self.name.clone(),
-            mode: self.mode.as_str(),
+            mode: self.mode.as_str().into(),
             ..Default::default()
         };
         if self.mode == Mode::None {
@@ -210,22 +189,20 @@ impl Snapshot {
             cancel,
         )
         .await?;
-        h.read(read, cell_id);
+        record(&mut h, read, cell_id);
         *done = Some(h.clone());
         Ok(Some(h))
     }
 }
 
-impl Hydration {
-    /// Cell `cell_id` read every block (`read`).
-    fn read(&mut self, read: Read, cell_id: &str) {
-        self.hydrated = true;
-        self.by_cell = cell_id.to_string();
-        self.ttfb_ms = read.ttfb_s * 1e3;
-        self.seconds = read.seconds;
-        self.bytes = read.bytes;
-        self.mb_per_s = read.bytes as f64 / 1e6 / read.seconds.max(1e-9);
-    }
+/// Cell `cell_id` read every block (`read`).
+fn record(h: &mut Hydration, read: Read, cell_id: &str) {
+    h.hydrated = true;
+    h.by_cell = cell_id.to_string();
+    h.ttfb_ms = read.ttfb_s * 1e3;
+    h.seconds = read.seconds;
+    h.bytes = read.bytes;
+    h.mb_per_s = read.bytes as f64 / 1e6 / read.seconds.max(1e-9);
 }
 
 /// Bytes each read asks for, and the unit of work the threads share: a

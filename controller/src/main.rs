@@ -165,13 +165,13 @@ fn cancel_on_signals(what: &'static str) -> CancellationToken {
 }
 
 /// The checks' verdicts on the terminal, and as JUnit XML when asked.
-fn verdicts(doc: &serde_json::Value, junit: Option<&std::path::Path>) -> Result<(), Failure> {
-    let checks = doc["checks"].as_array().cloned().unwrap_or_default();
-    for e in &checks {
+fn verdicts(doc: &report::Report, junit: Option<&std::path::Path>) -> Result<(), Failure> {
+    let checks = &doc.checks;
+    for e in checks {
         let label = report::checks::point_label(e);
         eprintln!(
             "check {}{}: {}",
-            e["name"].as_str().unwrap_or(""),
+            e.name,
             if label.is_empty() {
                 String::new()
             } else {
@@ -180,15 +180,15 @@ fn verdicts(doc: &serde_json::Value, junit: Option<&std::path::Path>) -> Result<
             report::checks::describe(e)
         );
     }
-    for w in doc["warnings"].as_array().into_iter().flatten() {
-        eprintln!("{}", w.as_str().unwrap_or(""));
+    for w in &doc.warnings {
+        eprintln!("{w}");
     }
-    if let Some(err) = doc["check_error"].as_str() {
+    if let Some(err) = &doc.check_error {
         eprintln!("warning: checks not judged: {err}");
     }
     if let Some(path) = junit {
-        let suite = format!("pgfleet {}", doc["scenario"].as_str().unwrap_or(""));
-        std::fs::write(path, report::checks::junit(&suite, &checks))
+        let suite = format!("pgfleet {}", doc.scenario);
+        std::fs::write(path, report::checks::junit(&suite, checks))
             .map_err(|e| Error::Usage(format!("writing the JUnit file {}: {e}", path.display())))?;
     }
     Ok(())
@@ -214,13 +214,12 @@ fn kube_options(k: &KubeArgs, controller_url: Option<String>) -> kubernetes::Kub
 }
 
 /// A report to compare: a report.json file, else a run id in the store.
-fn load_report(what: &str, store: &std::path::Path) -> Result<serde_json::Value, Failure> {
+fn load_report(what: &str, store: &std::path::Path) -> Result<report::Report, Failure> {
     let path = std::path::Path::new(what);
     if path.is_file() || what.ends_with(".json") {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::Usage(format!("reading {what}: {e}")))?;
-        return Ok(serde_json::from_str(&text)
-            .map_err(|e| Error::Usage(format!("{what}: not a pgfleet report.json ({e})")))?);
+        return Ok(report::Report::read(what, &text).map_err(|e| Error::Usage(e.to_string()))?);
     }
     let store = Store::open(store)?;
     Ok(report::build(&store, what)?)
@@ -252,8 +251,8 @@ fn compare(args: CompareArgs, store: &std::path::Path) -> Result<u8, Failure> {
         .into());
     }
     for g in &gates {
-        if !rows.iter().any(|r| r["metric"] == g.metric.as_str()) {
-            let mut known: Vec<&str> = rows.iter().filter_map(|r| r["metric"].as_str()).collect();
+        if !rows.iter().any(|r| r.metric == g.metric) {
+            let mut known: Vec<&str> = rows.iter().map(|r| r.metric.as_str()).collect();
             known.sort();
             known.dedup();
             return Err(Error::Usage(format!(
@@ -278,23 +277,17 @@ fn compare(args: CompareArgs, store: &std::path::Path) -> Result<u8, Failure> {
                     "\n## Cost per million transactions\n\n| class | baseline | candidate | cost ratio | TPS ratio |\n|---|---|---|---|---|"
                 );
                 for c in &costs {
-                    let r = |v: &serde_json::Value| {
-                        v.as_f64()
-                            .map(|x| format!("{x:.2}x"))
-                            .unwrap_or_else(|| "–".into())
+                    let r = |v: Option<f64>| {
+                        v.map(|x| format!("{x:.2}x")).unwrap_or_else(|| "–".into())
                     };
                     println!(
                         "| {} | {:.4} {cur} | {:.4} {cur} | {} | {} |",
-                        c["class"].as_str().unwrap_or(""),
-                        c["baseline_per_million_transactions"]
-                            .as_f64()
-                            .unwrap_or(0.0),
-                        c["candidate_per_million_transactions"]
-                            .as_f64()
-                            .unwrap_or(0.0),
-                        r(&c["ratio"]),
-                        r(&c["tps_ratio"]),
-                        cur = c["currency"].as_str().unwrap_or("")
+                        c.class,
+                        c.baseline_per_million_transactions,
+                        c.candidate_per_million_transactions,
+                        r(c.ratio),
+                        r(c.tps_ratio),
+                        cur = c.currency
                     );
                 }
             }
@@ -305,7 +298,7 @@ fn compare(args: CompareArgs, store: &std::path::Path) -> Result<u8, Failure> {
                 "baseline": args.baseline, "candidate": args.candidate,
                 "confidence": args.confidence, "metrics": rows, "gates": judged,
                 "costs": compare::costs(&base, &cand),
-                "ok": judged.iter().all(|g| g["passes"] == true),
+                "ok": judged.iter().all(|g| g.passes),
             }))
             .unwrap_or_default()
         ),
@@ -314,7 +307,7 @@ fn compare(args: CompareArgs, store: &std::path::Path) -> Result<u8, Failure> {
         std::fs::write(path, report::checks::junit("pgfleet compare", &judged))
             .map_err(|e| Error::Usage(format!("writing {}: {e}", path.display())))?;
     }
-    Ok(if judged.iter().all(|g| g["passes"] == true) {
+    Ok(if judged.iter().all(|g| g.passes) {
         exit::OK
     } else {
         exit::FAILED
@@ -571,8 +564,10 @@ async fn submit(args: Box<pgfleet_controller::cli::SubmitArgs>) -> Result<u8, Fa
     }
     println!("run {id} {status}");
     let doc = c.get_json(&format!("/v1/runs/{id}/report.json")).await?;
+    let doc = report::Report::read("the server's report.json", &doc.to_string())
+        .map_err(|e| Error::Usage(e.to_string()))?;
     verdicts(&doc, args.junit.as_deref())?;
-    Ok(exit::of_report(&doc))
+    Ok(exit::of_report(&doc.status, doc.checks_pass()))
 }
 
 /// `pgfleet status`: a run on a server and its cells.
@@ -631,7 +626,10 @@ async fn server_command(command: Command, store: std::path::PathBuf) -> Result<u
                 report.display()
             );
             verdicts(&summary.report, junit.as_deref())?;
-            Ok(exit::of_report(&summary.report))
+            Ok(exit::of_report(
+                &summary.report.status,
+                summary.report.checks_pass(),
+            ))
         }
         Command::Datasets { action } => match action {
             DatasetsAction::List { dir, scenarios } => {
@@ -654,16 +652,15 @@ async fn server_command(command: Command, store: std::path::PathBuf) -> Result<u
                     cancel_on_signals("cancelling the build"),
                 )
                 .await?;
-                for c in summary.report["cells"].as_array().into_iter().flatten() {
-                    let d = &c["environment"]["dataset"];
+                for c in &summary.report.cells {
+                    let d = c.dataset();
                     println!(
                         "{} {}: {} {}",
-                        c["cell_id"].as_str().unwrap_or(""),
-                        c["state"].as_str().unwrap_or(""),
-                        d["fingerprint"].as_str().unwrap_or(""),
-                        d["how"]
-                            .as_str()
-                            .unwrap_or(c["error"].as_str().unwrap_or("")),
+                        c.cell_id,
+                        c.state,
+                        d.as_ref().map_or("", |d| d.fingerprint.as_str()),
+                        d.as_ref()
+                            .map_or(c.error.as_deref().unwrap_or(""), |d| d.how.as_str()),
                     );
                 }
                 println!(

@@ -362,7 +362,7 @@ fn the_reader_sees_what_is_there() {
         g[&m("scheduler")]
     );
     assert!(g[&m("http")].contains(&m("queue")));
-    assert!(g[&m("scheduler")].contains(&m("scheduler::core")));
+    assert!(g[&m("scheduler")].contains(&m("scheduler::ui")));
     assert!(g[&m("runner")].contains(&m("scheduler")));
 }
 

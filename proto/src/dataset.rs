@@ -393,6 +393,113 @@ pub fn pgdata_bytes(data: u64) -> u64 {
     CLUSTER_BASE_BYTES + data + data.min(1 << 30)
 }
 
+/// What happened to a cell's data, for its report (`environment.dataset`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Provenance {
+    pub fingerprint: String,
+    /// The dataset without the PostgreSQL build (`Dataset::plan_key`):
+    /// what the controller matches a plan's cells by.
+    pub plan_key: String,
+    pub label: String,
+    /// `built` (loaded here and published), `restored` (from the store),
+    /// `loaded` (`data: fresh`: loaded here, not published), `reused`
+    /// (the previous cell's cluster, reset: `reuse_cluster`).
+    pub how: String,
+    pub store: String,
+    pub bytes: u64,
+    /// Seconds waiting for another cell building the same dataset.
+    pub wait_seconds: f64,
+    pub load_seconds: f64,
+    pub publish_seconds: f64,
+    pub restore_seconds: f64,
+    pub restore_mb_per_s: f64,
+    /// `copy` (checked file by file against the manifest's SHA-256) or
+    /// `reflink` (shared extents; sizes checked).
+    pub method: String,
+    /// Why a built dataset was not published (the cell went on).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_published: Option<String>,
+    /// A published dataset found not to match its manifest, discarded and
+    /// built again by this cell.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub discarded: Option<String>,
+    /// Where a restored dataset came from.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub built_by: String,
+    pub built_at: u64,
+    /// The remote store (`--dataset-remote`), when there is one.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub remote: String,
+    /// Seconds and MB/s (of the data, uncompressed) of downloading it from the remote
+    /// store into the local one, when it came from there.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub download_seconds: f64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub download_mb_per_s: f64,
+    /// Seconds and compressed bytes of uploading a built dataset.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub upload_seconds: f64,
+    #[serde(skip_serializing_if = "is_zero_u64")]
+    pub uploaded_bytes: u64,
+    /// Why the remote store was not used (unreachable, a failed upload):
+    /// the cell went on without it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote_error: Option<String>,
+    /// `rewarmed`: the server freshly started and the data read back into
+    /// the page cache through it (`rewarm`); `evicted`: left out of it
+    /// (no pg_prewarm); `as loaded`: `data: fresh` cells.
+    pub cache: String,
+    pub rewarm_bytes: u64,
+    pub rewarm_seconds: f64,
+    /// `reuse_cluster`: the cell whose cluster this cell reused (`how`:
+    /// `reused`), the cells that used it so far, and the reset's seconds.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub reused_from: String,
+    #[serde(skip_serializing_if = "is_zero_u64")]
+    pub reused_by_cells: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub reset_seconds: f64,
+    /// Why a cell that asked to reuse a cluster did not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_reused: Option<String>,
+    /// Restored from a copy that came with the volume's CSI snapshot: how
+    /// its lazily fetched blocks were read before the cell used them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hydration: Option<Hydration>,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
+}
+
+fn is_zero_u64(x: &u64) -> bool {
+    *x == 0
+}
+
+/// A dataset's hydration, in the provenance of every cell that restored it
+/// from the snapshot's copy.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Hydration {
+    /// The VolumeSnapshot the agent's volume was created from.
+    pub snapshot: String,
+    /// `read-all` or `none`.
+    pub mode: String,
+    /// Whether every block was read before the cell restored it; false
+    /// with `none`: the cell's figures include lazy restore.
+    pub hydrated: bool,
+    /// The cell that read it (this one, or an earlier one on this agent).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub by_cell: String,
+    /// Milliseconds until the first read returned data, seconds of the
+    /// whole read, bytes read and their rate.
+    pub ttfb_ms: f64,
+    pub seconds: f64,
+    pub bytes: u64,
+    pub mb_per_s: f64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,116 +11,114 @@
 //! merged distribution, `figure.rs`) (one per check and measured point it applies to) and
 //! `check_summary: {checks, passed, failed, inconclusive, ok}`.
 
-use serde_json::{Value as Json, json};
+use std::collections::BTreeMap;
 
 use super::figure::Figure;
+use crate::document::{CheckSummary, Judged, Summary, Verdict};
+use crate::entries::{finite, shown};
 use pgfleet_scenario::Check;
-use pgfleet_scenario::stats::{self, Interval, Verdict};
+use pgfleet_scenario::stats::{self, Interval};
+
+/// A check's judgement before it meets a point: what it asked.
+pub(crate) fn asked(c: &Check) -> Judged {
+    Judged {
+        name: c.name.clone(),
+        metric: c.metric.clone(),
+        class: c.class.clone(),
+        baseline: c.baseline.clone(),
+        baseline_entry: c.baseline_entry,
+        confidence: c.confidence,
+        min: c.min,
+        max: c.max,
+        ..Judged::default()
+    }
+}
 
 /// Every check on every point it applies to.
-pub fn evaluate(checks: &[Check], summaries: &[Json]) -> Vec<Json> {
+pub fn evaluate(checks: &[Check], summaries: &[Summary]) -> Vec<Judged> {
     let mut out = Vec::new();
     // History checks need the store: `trend.rs` judges them.
     for c in checks.iter().filter(|c| c.history.is_none()) {
-        let points: Vec<&Json> = summaries
+        fn base_of<'a>(c: &Check, summaries: &'a [Summary], s: &'a Summary) -> Option<&'a Summary> {
+            match c.baseline_entry {
+                Some(e) => super::entries::baseline_of(summaries, s, Some(e)),
+                None => Some(s),
+            }
+        }
+        let base_of = |s| base_of(c, summaries, s);
+        let has = |s: &Summary, class: &str| {
+            s.class(class)
+                .and_then(|f| Figure::of(f, &c.metric))
+                .is_some()
+        };
+        let points: Vec<&Summary> = summaries
             .iter()
-            .filter(|s| c.applies_to(s))
+            .filter(|s| c.applies_to(s.entry, &s.point))
             .filter(|s| {
-                let base = match c.baseline_entry {
-                    Some(e) => super::entries::baseline_of(summaries, s, Some(e)),
-                    None => Some(*s),
-                };
-                let has =
-                    |s: &Json, class: &str| Figure::of(&s["classes"][class], &c.metric).is_some();
                 has(s, &c.class)
                     && c.baseline
                         .as_deref()
-                        .is_none_or(|b| base.is_some_and(|x| has(x, b)))
+                        .is_none_or(|b| base_of(s).is_some_and(|x| has(x, b)))
             })
             .collect();
-        let base = json!({
-            "name": c.name, "metric": c.metric, "class": c.class, "baseline": c.baseline,
-            "baseline_entry": c.baseline_entry,
-            "confidence": c.confidence, "min": c.min, "max": c.max,
-        });
         if points.is_empty() {
-            let mut e = base.clone();
-            e["verdict"] = json!(Verdict::Inconclusive.as_str());
-            e["passes"] = json!(c.inconclusive_passes);
-            e["note"] = json!(format!(
-                "no result of class `{}`{} measured `{}`: did its cells fail?",
-                c.class,
-                c.baseline
-                    .as_ref()
-                    .map(|b| format!(" and baseline `{b}`"))
-                    .unwrap_or_default(),
-                c.metric
-            ));
-            out.push(e);
+            out.push(Judged {
+                verdict: Verdict::Inconclusive,
+                passes: c.inconclusive_passes,
+                note: Some(format!(
+                    "no result of class `{}`{} measured `{}`: did its cells fail?",
+                    c.class,
+                    c.baseline
+                        .as_ref()
+                        .map(|b| format!(" and baseline `{b}`"))
+                        .unwrap_or_default(),
+                    c.metric
+                )),
+                ..asked(c)
+            });
             continue;
         }
         for s in points {
-            let figure = |class: &str| Figure::of(&s["classes"][class], &c.metric);
-            let Some(mine) = figure(&c.class) else {
+            let figure = |s: &Summary, class: &str| Figure::of(s.class(class)?, &c.metric);
+            let Some(mine) = figure(s, &c.class) else {
                 continue;
             };
-            let seed = stats::seed_of(&format!("{}{}", c.name, s["params"]));
+            let seed = stats::seed_of(&format!("{}{}", c.name, s.params_text()));
             // The baseline: another class at this point, or (with
             // `baseline_workload`) a class at the other entry's same point.
-            let base_summary = match c.baseline_entry {
-                Some(e) => super::entries::baseline_of(summaries, s, Some(e)),
-                None => Some(s),
-            };
             let theirs = c
                 .baseline
                 .as_deref()
-                .and_then(|b| Some((b, Figure::of(&base_summary?["classes"][b], &c.metric)?)));
+                .and_then(|b| Some((b, figure(base_of(s)?, b)?)));
             if c.baseline.is_some() && theirs.is_none() {
                 continue;
             }
-            let (observed, interval, clusters) = match theirs {
+            let mut clusters = BTreeMap::from([(c.class.clone(), mine.clusters())]);
+            let (observed, interval) = match theirs {
                 Some((b, theirs)) => {
-                    let (r, i) = mine.ratio(&theirs, c.confidence, seed);
-                    (
-                        r,
-                        i,
-                        json!({c.class.as_str(): mine.clusters(), b: theirs.clusters()}),
-                    )
+                    clusters.insert(b.to_string(), theirs.clusters());
+                    mine.ratio(&theirs, c.confidence, seed)
                 }
-                None => (
-                    mine.value(),
-                    mine.interval(c.confidence, seed),
-                    json!({c.class.as_str(): mine.clusters()}),
-                ),
+                None => (mine.value(), mine.interval(c.confidence, seed)),
             };
-            let verdict = stats::judge(interval, c.min, c.max);
-            let passes = match verdict {
-                Verdict::Passed => true,
-                Verdict::Failed => false,
-                Verdict::Inconclusive => c.inconclusive_passes,
-            };
-            let mut e = base.clone();
-            e["entry"] = s["entry"].clone();
-            e["label"] = s["label"].clone();
-            e["point"] = s["params"].clone();
-            e["sweep"] = s["point"].clone();
-            e["observed"] = finite(observed);
-            e["interval"] = json!([finite(interval.lo), finite(interval.hi)]);
-            e["clusters"] = clusters;
-            e["merged"] = json!(mine.merged());
-            e["verdict"] = json!(verdict.as_str());
-            e["passes"] = json!(passes);
-            if verdict == Verdict::Inconclusive {
-                e["note"] = json!(inconclusive_note(interval, c));
-            }
-            out.push(e);
+            let verdict = Verdict::from(stats::judge(interval, c.min, c.max));
+            out.push(Judged {
+                entry: s.entry,
+                label: Some(s.label.clone()),
+                point: Some(s.params.clone()),
+                sweep: Some(s.point.clone()),
+                observed: finite(observed),
+                interval: Some([finite(interval.lo), finite(interval.hi)]),
+                clusters,
+                merged: Some(mine.merged()),
+                verdict,
+                passes: verdict.passes(c.inconclusive_passes),
+                note: (verdict == Verdict::Inconclusive).then(|| inconclusive_note(interval, c)),
+                ..asked(c)
+            });
         }
     }
     out
-}
-
-fn finite(x: f64) -> Json {
-    if x.is_finite() { json!(x) } else { Json::Null }
 }
 
 fn inconclusive_note(i: Interval, c: &Check) -> String {
@@ -134,50 +132,53 @@ fn inconclusive_note(i: Interval, c: &Check) -> String {
 }
 
 /// Totals over the evaluated checks.
-pub fn summary(evaluated: &[Json]) -> Json {
-    let count = |v: &str| evaluated.iter().filter(|e| e["verdict"] == v).count();
-    json!({
-        "checks": evaluated.len(),
-        "passed": count("passed"),
-        "failed": count("failed"),
-        "inconclusive": count("inconclusive"),
-        "ok": evaluated.iter().all(|e| e["passes"] == true),
-    })
+pub fn summary(evaluated: &[Judged]) -> CheckSummary {
+    let count = |v: Verdict| evaluated.iter().filter(|e| e.verdict == v).count();
+    CheckSummary {
+        checks: evaluated.len(),
+        passed: count(Verdict::Passed),
+        failed: count(Verdict::Failed),
+        inconclusive: count(Verdict::Inconclusive),
+        ok: evaluated.iter().all(|e| e.passes),
+    }
 }
 
-/// A check's point in words: the parameters that tell points apart, then
-/// those that tell its workload entry from the kind's others.
-pub fn point_label(e: &Json) -> String {
-    let Some(p) = e["point"].as_object() else {
+/// A point in words: the parameters that tell points apart (and those
+/// swept), then what tells its workload entry from the kind's others.
+pub fn point_words(
+    point: Option<&crate::Params>,
+    sweep: Option<&crate::Params>,
+    label: Option<&str>,
+) -> String {
+    let Some(p) = point else {
         return String::new();
     };
-    let entry = e["label"].as_str().filter(|l| !l.is_empty());
+    let entry = label.filter(|l| !l.is_empty());
     let keys = [
         "script", "size", "storage", "offset", "length", "mode", "clients",
     ];
-    let swept = e["sweep"].as_object();
     p.iter()
-        .filter(|(k, _)| keys.contains(&k.as_str()) || swept.is_some_and(|s| s.contains_key(*k)))
-        .map(|(k, v)| {
-            format!(
-                "{k} {}",
-                v.as_str().map(str::to_string).unwrap_or(v.to_string())
-            )
-        })
+        .filter(|(k, _)| keys.contains(&k.as_str()) || sweep.is_some_and(|s| s.contains_key(*k)))
+        .map(|(k, v)| format!("{k} {}", shown(v)))
         .chain(entry.map(str::to_string))
         .collect::<Vec<_>>()
         .join(", ")
 }
 
+/// A check's point in words (`point_words`).
+pub fn point_label(e: &Judged) -> String {
+    point_words(e.point.as_ref(), e.sweep.as_ref(), e.label.as_deref())
+}
+
 /// JUnit XML: one test case per evaluated check, for CI test tabs.
-pub fn junit(suite: &str, evaluated: &[Json]) -> String {
+pub fn junit(suite: &str, evaluated: &[Judged]) -> String {
     let esc = |s: &str| {
         s.replace('&', "&amp;")
             .replace('<', "&lt;")
             .replace('>', "&gt;")
             .replace('"', "&quot;")
     };
-    let failures = evaluated.iter().filter(|e| e["passes"] != true).count();
+    let failures = evaluated.iter().filter(|e| !e.passes).count();
     let mut x = format!(
         "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites>\n<testsuite name=\"{}\" tests=\"{}\" failures=\"{failures}\">\n",
         esc(suite),
@@ -186,9 +187,9 @@ pub fn junit(suite: &str, evaluated: &[Json]) -> String {
     for e in evaluated {
         let label = point_label(e);
         let name = if label.is_empty() {
-            e["name"].as_str().unwrap_or("").to_string()
+            e.name.clone()
         } else {
-            format!("{} [{label}]", e["name"].as_str().unwrap_or(""))
+            format!("{} [{label}]", e.name)
         };
         let detail = describe(e);
         x.push_str(&format!(
@@ -196,10 +197,10 @@ pub fn junit(suite: &str, evaluated: &[Json]) -> String {
             esc(suite),
             esc(&name)
         ));
-        if e["passes"] != true {
+        if !e.passes {
             x.push_str(&format!(
                 "    <failure message=\"{}\">{}</failure>\n",
-                esc(e["verdict"].as_str().unwrap_or("")),
+                esc(e.verdict.as_str()),
                 esc(&detail)
             ));
         } else {
@@ -211,42 +212,39 @@ pub fn junit(suite: &str, evaluated: &[Json]) -> String {
     x
 }
 
-/// `observed 0.31 (95 % interval 0.28–0.35), bound ≤ 0.5: passed`.
-pub fn describe(e: &Json) -> String {
-    let n = |v: &Json| match v.as_f64() {
-        Some(x) => super::table::sig(x),
-        None => "–".to_string(),
-    };
-    let what = match e["baseline"].as_str() {
-        Some(b) => format!(
-            "{} {} / {}",
-            e["metric"].as_str().unwrap_or(""),
-            e["class"].as_str().unwrap_or(""),
-            b
-        ),
-        None => format!(
-            "{} of {}",
-            e["metric"].as_str().unwrap_or(""),
-            e["class"].as_str().unwrap_or("")
-        ),
-    };
-    let bound = match (e["min"].as_f64(), e["max"].as_f64()) {
-        (Some(lo), Some(hi)) => {
-            format!("{} ≤ x ≤ {}", super::table::sig(lo), super::table::sig(hi))
-        }
-        (Some(lo), None) => format!("≥ {}", super::table::sig(lo)),
-        (None, Some(hi)) => format!("≤ {}", super::table::sig(hi)),
+/// A bound in words: `0.5 ≤ x ≤ 2`, `≥ 0.5`, `≤ 2`.
+pub fn bound(min: Option<f64>, max: Option<f64>) -> String {
+    use super::table::sig;
+    match (min, max) {
+        (Some(lo), Some(hi)) => format!("{} ≤ x ≤ {}", sig(lo), sig(hi)),
+        (Some(lo), None) => format!("≥ {}", sig(lo)),
+        (None, Some(hi)) => format!("≤ {}", sig(hi)),
         (None, None) => String::new(),
+    }
+}
+
+/// A figure or an interval's end as a report shows it (`–`: none).
+pub fn shown_number(v: Option<f64>) -> String {
+    v.map(super::table::sig).unwrap_or_else(|| "–".to_string())
+}
+
+/// `observed 0.31 (95 % interval 0.28–0.35), bound ≤ 0.5: passed`.
+pub fn describe(e: &Judged) -> String {
+    let what = match &e.baseline {
+        Some(b) => format!("{} {} / {}", e.metric, e.class, b),
+        None => format!("{} of {}", e.metric, e.class),
     };
+    let [lo, hi] = e.interval.unwrap_or([None, None]);
     let mut s = format!(
-        "{what}: {} ({:.0} % interval {}–{}), bound {bound}: {}",
-        n(&e["observed"]),
-        e["confidence"].as_f64().unwrap_or(0.95) * 100.0,
-        n(&e["interval"][0]),
-        n(&e["interval"][1]),
-        e["verdict"].as_str().unwrap_or("")
+        "{what}: {} ({:.0} % interval {}–{}), bound {}: {}",
+        shown_number(e.observed),
+        e.confidence * 100.0,
+        shown_number(lo),
+        shown_number(hi),
+        bound(e.min, e.max),
+        e.verdict.as_str()
     );
-    if let Some(note) = e["note"].as_str() {
+    if let Some(note) = &e.note {
         s.push_str(&format!(" ({note})"));
     }
     s
@@ -255,15 +253,17 @@ pub fn describe(e: &Json) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
-    fn summaries() -> Vec<Json> {
-        vec![json!({
+    fn summaries() -> Vec<Summary> {
+        vec![serde_json::from_value(json!({
             "entry": 0, "workload": "pgbench", "params": {"script": "random-update"},
             "classes": {
                 "nvme": {"tps": {"values": [1000.0, 1100.0, 1050.0, 990.0]}, "latency_ms_p99": {"values": [4.0, 12.0, 6.0, 9.0]}},
                 "gp3": {"tps": {"values": [200.0, 210.0, 190.0, 205.0]}},
             },
-        })]
+        }))
+        .unwrap()]
     }
 
     fn check(
@@ -295,47 +295,50 @@ mod tests {
         let one = |c: Check| evaluate(&[c], &s).remove(0);
         // gp3 / nvme ~ 0.19: at most half as fast.
         let e = one(check("tps", "gp3", Some("nvme"), None, Some(0.5)));
-        assert_eq!(e["verdict"], "passed", "{e}");
-        assert!((e["observed"].as_f64().unwrap() - 0.195).abs() < 0.01);
+        assert_eq!(e.verdict, Verdict::Passed, "{e:?}");
+        assert!((e.observed.unwrap() - 0.195).abs() < 0.01);
         // ... but not at least half.
         assert_eq!(
-            one(check("tps", "gp3", Some("nvme"), Some(0.5), None))["verdict"],
-            "failed"
+            one(check("tps", "gp3", Some("nvme"), Some(0.5), None)).verdict,
+            Verdict::Failed
         );
         // p99 spread 4..12 ms: a 10 ms bound is inside the interval.
         let e = one(check("latency_ms_p99", "nvme", None, None, Some(10.0)));
-        assert_eq!(e["verdict"], "inconclusive", "{e}");
-        assert_eq!(e["passes"], false);
+        assert_eq!(e.verdict, Verdict::Inconclusive, "{e:?}");
+        assert!(!e.passes);
         let mut c = check("latency_ms_p99", "nvme", None, None, Some(10.0));
         c.inconclusive_passes = true;
-        assert_eq!(one(c)["passes"], true);
+        assert!(one(c).passes);
         // No result for the class: inconclusive, said why.
         let e = one(check("latency_ms_p99", "gp3", None, None, Some(10.0)));
-        assert_eq!(e["verdict"], "inconclusive");
-        assert!(e["note"].as_str().unwrap().contains("did its cells fail"));
+        assert_eq!(e.verdict, Verdict::Inconclusive);
+        assert!(e.note.unwrap().contains("did its cells fail"));
         // A check on another workload entry matches nothing.
         let mut c = check("tps", "nvme", None, Some(1.0), None);
         c.workload = Some(1);
-        assert_eq!(one(c)["verdict"], "inconclusive");
+        assert_eq!(one(c).verdict, Verdict::Inconclusive);
     }
 
     #[test]
     fn exit_codes_follow_status_then_checks() {
         use pgfleet_store::exit;
-        let doc = |status: &str, ok: Option<bool>| json!({"status": status, "check_summary": ok.map(|o| json!({"ok": o})).unwrap_or(Json::Null)});
-        assert_eq!(exit::of_report(&doc("succeeded", None)), exit::OK);
-        assert_eq!(exit::of_report(&doc("succeeded", Some(true))), exit::OK);
-        assert_eq!(
-            exit::of_report(&doc("succeeded", Some(false))),
-            exit::FAILED
-        );
-        assert_eq!(exit::of_report(&doc("failed", Some(true))), exit::INFRA);
-        assert_eq!(exit::of_report(&doc("failed", Some(false))), exit::INFRA);
-        assert_eq!(exit::of_report(&doc("interrupted", None)), exit::INFRA);
-        assert_eq!(
-            exit::of_report(&doc("cancelled", Some(false))),
-            exit::CANCELLED
-        );
+        // A report without checks passes them (an older report.json
+        // without `check_summary` too).
+        let doc = |status: &str, ok: Option<bool>| {
+            let mut v = json!({ "status": status });
+            if let Some(ok) = ok {
+                v["check_summary"] = json!({ "ok": ok });
+            }
+            let r: crate::Report = serde_json::from_value(v).unwrap();
+            exit::of_report(&r.status, r.checks_pass())
+        };
+        assert_eq!(doc("succeeded", None), exit::OK);
+        assert_eq!(doc("succeeded", Some(true)), exit::OK);
+        assert_eq!(doc("succeeded", Some(false)), exit::FAILED);
+        assert_eq!(doc("failed", Some(true)), exit::INFRA);
+        assert_eq!(doc("failed", Some(false)), exit::INFRA);
+        assert_eq!(doc("interrupted", None), exit::INFRA);
+        assert_eq!(doc("cancelled", Some(false)), exit::CANCELLED);
     }
 
     #[test]
@@ -360,9 +363,9 @@ mod tests {
     fn a_checks_point_names_its_entry() {
         let mut s = summaries();
         let mut short = s[0].clone();
-        short["entry"] = json!(1);
-        short["params"]["duration_s"] = json!(6);
-        s[0]["params"]["duration_s"] = json!(60);
+        short.entry = Some(1);
+        short.params.insert("duration_s".into(), json!(6));
+        s[0].params.insert("duration_s".into(), json!(60));
         s.push(short);
         crate::entries::label(&mut s);
         let e = evaluate(&[check("tps", "gp3", Some("nvme"), None, Some(0.5))], &s);

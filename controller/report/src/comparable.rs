@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value as Json;
 
+use crate::document::Summary;
 use pgfleet_scenario::stats;
 use pgfleet_store::Result;
 use pgfleet_store::Store;
@@ -103,8 +104,9 @@ pub fn key(
     }
     let mut datasets: Vec<String> = cells
         .iter()
-        .filter_map(|c| c.environment.as_ref())
-        .filter_map(|e| e["dataset"]["fingerprint"].as_str().map(str::to_string))
+        .filter_map(|c| crate::document::dataset_of(c.environment.as_ref()))
+        .map(|d| d.fingerprint)
+        .filter(|f| !f.is_empty())
         .collect();
     datasets.sort();
     datasets.dedup();
@@ -165,12 +167,12 @@ pub fn why_not(theirs: &Key, reference: &Key) -> Option<String> {
 
 /// A point of a run's summaries that another run's can match: the
 /// workload entry, its kind and the point's parameters.
-pub fn point_key(s: &Json) -> String {
+pub fn point_key(s: &Summary) -> String {
     format!(
         "{}|{}|{}",
-        s["entry"],
-        s["workload"].as_str().unwrap_or(""),
-        s["params"]
+        s.entry.map_or("null".to_string(), |e| e.to_string()),
+        s.workload,
+        s.params_text()
     )
 }
 

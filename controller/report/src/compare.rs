@@ -9,10 +9,12 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use serde_json::{Value as Json, json};
+use serde::Serialize;
 
+use crate::document::{Bounds, Judged, Params, Report, Summary, Verdict};
+use crate::entries::finite;
 use crate::figure::{Figure, higher_is_better};
-use pgfleet_scenario::stats::{self, Verdict};
+use pgfleet_scenario::stats;
 
 /// A gate: fail when `metric` changed by less than (`<`) or more than
 /// (`>`) `percent`.
@@ -59,18 +61,48 @@ pub fn parse_gate(s: &str) -> Result<Gate, String> {
     })
 }
 
+/// One matched (point, class, metric): the candidate's figure against the
+/// baseline's.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub workload: String,
+    pub params: Params,
+    pub class: String,
+    pub metric: String,
+    pub baseline_value: f64,
+    pub candidate_value: f64,
+    pub baseline_clusters: usize,
+    pub candidate_clusters: usize,
+    pub merged: bool,
+    pub ratio: f64,
+    pub interval: Bounds,
+    pub confidence: f64,
+    pub change_percent: f64,
+    /// `faster`, `slower` or `no difference`.
+    pub verdict: &'static str,
+}
+
+/// The cost of a million transactions of a class on both sides.
+#[derive(Debug, Clone, Serialize)]
+pub struct CostRow {
+    pub class: String,
+    pub currency: String,
+    pub baseline_per_million_transactions: f64,
+    pub candidate_per_million_transactions: f64,
+    pub ratio: Option<f64>,
+    pub tps_ratio: Option<f64>,
+}
+
 /// A comparable point: workload and parameters.
-fn point_key(s: &Json) -> String {
-    format!("{}|{}", s["workload"].as_str().unwrap_or(""), s["params"])
+fn point_key(s: &Summary) -> String {
+    format!("{}|{}", s.workload, s.params_text())
 }
 
 /// Rows: one per matched (point, class, metric).
-pub fn compare(baseline: &Json, candidate: &Json, level: f64) -> Vec<Json> {
-    let index = |doc: &Json| -> BTreeMap<String, Json> {
-        doc["summaries"]
-            .as_array()
-            .into_iter()
-            .flatten()
+pub fn compare(baseline: &Report, candidate: &Report, level: f64) -> Vec<Row> {
+    let index = |doc: &'_ Report| -> BTreeMap<String, Summary> {
+        doc.summaries
+            .iter()
             .map(|s| (point_key(s), s.clone()))
             .collect()
     };
@@ -78,21 +110,15 @@ pub fn compare(baseline: &Json, candidate: &Json, level: f64) -> Vec<Json> {
     let mut rows = Vec::new();
     for (key, b) in &base {
         let Some(c) = cand.get(key) else { continue };
-        let Some(classes) = b["classes"].as_object() else {
-            continue;
-        };
-        for (class, bm) in classes {
-            let cm = &c["classes"][class.as_str()];
-            let Some(metrics) = bm.as_object() else {
-                continue;
-            };
-            for metric in metrics.keys() {
+        for (class, bm) in &b.classes {
+            let Some(cm) = c.class(class) else { continue };
+            for metric in bm.metrics.keys() {
                 let (Some(fb), Some(fc)) = (Figure::of(bm, metric), Figure::of(cm, metric)) else {
                     continue;
                 };
                 let seed = stats::seed_of(&format!("{key}{class}{metric}"));
                 let (ratio, i) = fc.ratio(&fb, level, seed);
-                let up = higher_is_better(b["workload"].as_str().unwrap_or(""), metric);
+                let up = higher_is_better(&b.workload, metric);
                 let verdict = if !(i.lo.is_finite() && i.hi.is_finite()) {
                     "no difference"
                 } else if i.lo > 1.0 {
@@ -102,14 +128,22 @@ pub fn compare(baseline: &Json, candidate: &Json, level: f64) -> Vec<Json> {
                 } else {
                     "no difference"
                 };
-                rows.push(json!({
-                    "workload": b["workload"], "params": b["params"], "class": class, "metric": metric,
-                    "baseline_value": fb.value(), "candidate_value": fc.value(),
-                    "baseline_clusters": fb.clusters(), "candidate_clusters": fc.clusters(),
-                    "merged": fb.merged() && fc.merged(),
-                    "ratio": ratio, "interval": [i.lo, i.hi], "confidence": level,
-                    "change_percent": (ratio - 1.0) * 100.0, "verdict": verdict,
-                }));
+                rows.push(Row {
+                    workload: b.workload.clone(),
+                    params: b.params.clone(),
+                    class: class.clone(),
+                    metric: metric.clone(),
+                    baseline_value: fb.value(),
+                    candidate_value: fc.value(),
+                    baseline_clusters: fb.clusters(),
+                    candidate_clusters: fc.clusters(),
+                    merged: fb.merged() && fc.merged(),
+                    ratio,
+                    interval: [finite(i.lo), finite(i.hi)],
+                    confidence: level,
+                    change_percent: (ratio - 1.0) * 100.0,
+                    verdict,
+                });
             }
         }
     }
@@ -118,12 +152,11 @@ pub fn compare(baseline: &Json, candidate: &Json, level: f64) -> Vec<Json> {
 
 /// Each gate on each row of its metric, judged like a check: `passes`
 /// when the whole interval of the change is on the allowed side.
-pub fn judge_gates(rows: &[Json], gates: &[Gate], inconclusive_passes: bool) -> Vec<Json> {
+pub fn judge_gates(rows: &[Row], gates: &[Gate], inconclusive_passes: bool) -> Vec<Judged> {
     let mut out = Vec::new();
     for g in gates {
-        for r in rows.iter().filter(|r| r["metric"] == g.metric.as_str()) {
-            let lo = r["interval"][0].as_f64().unwrap_or(f64::NAN);
-            let hi = r["interval"][1].as_f64().unwrap_or(f64::NAN);
+        for r in rows.iter().filter(|r| r.metric == g.metric) {
+            let [lo, hi] = r.interval.map(|x| x.unwrap_or(f64::NAN));
             let change = stats::Interval {
                 lo: (lo - 1.0) * 100.0,
                 hi: (hi - 1.0) * 100.0,
@@ -133,87 +166,101 @@ pub fn judge_gates(rows: &[Json], gates: &[Gate], inconclusive_passes: bool) -> 
             } else {
                 (None, Some(g.percent))
             };
-            let verdict = stats::judge(change, min, max);
-            let passes = match verdict {
-                Verdict::Passed => true,
-                Verdict::Failed => false,
-                Verdict::Inconclusive => inconclusive_passes,
-            };
-            let point = json!({"point": r["params"]});
-            let label = crate::checks::point_label(&point);
-            out.push(json!({
-                "name": format!("{} ({}{})", g.text, r["class"].as_str().unwrap_or(""),
-                                if label.is_empty() { String::new() } else { format!(", {label}") }),
-                "gate": g.text, "class": r["class"], "metric": g.metric, "point": r["params"],
-                "observed": r["change_percent"], "interval": [change.lo, change.hi],
-                "confidence": r["confidence"],
-                "verdict": verdict.as_str(), "passes": passes,
-            }));
+            let verdict = Verdict::from(stats::judge(change, min, max));
+            let label = crate::checks::point_words(Some(&r.params), None, None);
+            out.push(Judged {
+                name: format!(
+                    "{} ({}{})",
+                    g.text,
+                    r.class,
+                    if label.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", {label}")
+                    }
+                ),
+                gate: Some(g.text.clone()),
+                class: r.class.clone(),
+                metric: g.metric.clone(),
+                point: Some(r.params.clone()),
+                observed: finite(r.change_percent),
+                interval: Some([finite(change.lo), finite(change.hi)]),
+                confidence: r.confidence,
+                verdict,
+                passes: verdict.passes(inconclusive_passes),
+                ..Judged::default()
+            });
         }
     }
     out
 }
 
-/// The comparison as Markdown.
 /// The cost of a million transactions per class on both sides (when both
 /// reports priced their classes in one currency), beside the TPS ratio.
-pub fn costs(baseline: &Json, candidate: &Json) -> Vec<Json> {
-    let (b, c) = (&baseline["costs"], &candidate["costs"]);
-    if b["currency"] != c["currency"] || b["currency"].is_null() {
+pub fn costs(baseline: &Report, candidate: &Report) -> Vec<CostRow> {
+    let (Some(b), Some(c)) = (&baseline.costs, &candidate.costs) else {
+        return Vec::new();
+    };
+    if b.currency != c.currency {
         return Vec::new();
     }
-    let tps = |doc: &Json, class: &str| {
-        crate::figure::first_value(crate::figure::summaries(doc), "pgbench", class, "tps")
+    let tps = |doc: &Report, class: &str| {
+        crate::figure::first_value(&doc.summaries, "pgbench", class, "tps")
     };
     let mut out = Vec::new();
-    for (class, bc) in b["classes"].as_object().into_iter().flatten() {
+    for (class, bc) in &b.classes {
         let (Some(x), Some(y)) = (
-            bc["per_million_transactions"].as_f64(),
-            c["classes"][class.as_str()]["per_million_transactions"].as_f64(),
+            bc.per_million_transactions,
+            c.classes
+                .get(class)
+                .and_then(|c| c.per_million_transactions),
         ) else {
             continue;
         };
         let tps_ratio = match (tps(candidate, class), tps(baseline, class)) {
-            (Some(n), Some(d)) if d > 0.0 => json!(n / d),
-            _ => Json::Null,
+            (Some(n), Some(d)) if d > 0.0 => Some(n / d),
+            _ => None,
         };
-        out.push(json!({
-            "class": class, "currency": b["currency"],
-            "baseline_per_million_transactions": x, "candidate_per_million_transactions": y,
-            "ratio": if x > 0.0 { json!(y / x) } else { Json::Null }, "tps_ratio": tps_ratio,
-        }));
+        out.push(CostRow {
+            class: class.clone(),
+            currency: b.currency.clone(),
+            baseline_per_million_transactions: x,
+            candidate_per_million_transactions: y,
+            ratio: (x > 0.0).then(|| y / x),
+            tps_ratio,
+        });
     }
     out
 }
 
-pub fn markdown(baseline: &str, candidate: &str, rows: &[Json], gates: &[Json]) -> String {
-    use crate::checks::point_label;
-    let sig = crate::table::sig;
-    let f = |v: &Json| v.as_f64().map(sig).unwrap_or_else(|| "–".into());
+/// The comparison as Markdown.
+pub fn markdown(baseline: &str, candidate: &str, rows: &[Row], gates: &[Judged]) -> String {
+    use crate::checks::{point_words, shown_number as f};
     let mut md = format!(
         "# pgfleet compare\n\nbaseline `{baseline}`, candidate `{candidate}`: the candidate's median over clusters divided by the baseline's, with a bootstrap interval.\n\n"
     );
     if !gates.is_empty() {
-        let ok = gates.iter().all(|g| g["passes"] == true);
+        let ok = gates.iter().all(|g| g.passes);
         let _ = writeln!(
             md,
             "## Gates: {}\n\n| | gate | change | interval |\n|---|---|---|---|",
             if ok { "passed" } else { "FAILED" }
         );
         for g in gates {
-            let mark = match (g["verdict"].as_str(), g["passes"] == true) {
-                (Some("passed"), _) => "✅ passed",
-                (Some("failed"), _) => "❌ failed",
+            let mark = match (g.verdict, g.passes) {
+                (Verdict::Passed, _) => "✅ passed",
+                (Verdict::Failed, _) => "❌ failed",
                 (_, true) => "⚠️ inconclusive (counts as passed)",
                 _ => "⚠️ inconclusive",
             };
+            let [lo, hi] = g.interval.unwrap_or([None, None]);
             let _ = writeln!(
                 md,
                 "| {mark} | {} | {} % | {} % … {} % |",
-                g["name"].as_str().unwrap_or(""),
-                f(&g["observed"]),
-                f(&g["interval"][0]),
-                f(&g["interval"][1])
+                g.name,
+                f(g.observed),
+                f(lo),
+                f(hi)
             );
         }
         md.push('\n');
@@ -226,16 +273,16 @@ pub fn markdown(baseline: &str, candidate: &str, rows: &[Json], gates: &[Json]) 
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {} | {} | {}x | {}–{} | {} |",
-            r["workload"].as_str().unwrap_or(""),
-            point_label(&json!({"point": r["params"]})),
-            r["class"].as_str().unwrap_or(""),
-            r["metric"].as_str().unwrap_or(""),
-            f(&r["baseline_value"]),
-            f(&r["candidate_value"]),
-            f(&r["ratio"]),
-            f(&r["interval"][0]),
-            f(&r["interval"][1]),
-            r["verdict"].as_str().unwrap_or("")
+            r.workload,
+            point_words(Some(&r.params), None, None),
+            r.class,
+            r.metric,
+            f(finite(r.baseline_value)),
+            f(finite(r.candidate_value)),
+            f(finite(r.ratio)),
+            f(r.interval[0]),
+            f(r.interval[1]),
+            r.verdict
         );
     }
     md
@@ -244,12 +291,14 @@ pub fn markdown(baseline: &str, candidate: &str, rows: &[Json], gates: &[Json]) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
-    fn doc(values: &[f64], p99: &[f64]) -> Json {
-        json!({"summaries": [{
+    fn doc(values: &[f64], p99: &[f64]) -> Report {
+        serde_json::from_value(json!({"summaries": [{
             "workload": "pgbench", "params": {"script": "random-update", "clients": 8},
             "classes": {"nvme": {"tps": {"values": values}, "latency_ms_p99": {"values": p99}, "cells": values.len()}},
-        }]})
+        }]}))
+        .unwrap()
     }
 
     #[test]
@@ -283,17 +332,14 @@ mod tests {
             &[10.1, 10.9, 10.4, 9.7, 10.3],
         );
         let rows = compare(&base, &cand, 0.95);
-        let tps = rows.iter().find(|r| r["metric"] == "tps").unwrap();
-        assert_eq!(tps["verdict"], "slower");
-        assert!((tps["ratio"].as_f64().unwrap() - 0.8).abs() < 0.01);
-        let p99 = rows
-            .iter()
-            .find(|r| r["metric"] == "latency_ms_p99")
-            .unwrap();
-        assert_eq!(p99["verdict"], "no difference", "{p99}");
+        let tps = rows.iter().find(|r| r.metric == "tps").unwrap();
+        assert_eq!(tps.verdict, "slower");
+        assert!((tps.ratio - 0.8).abs() < 0.01);
+        let p99 = rows.iter().find(|r| r.metric == "latency_ms_p99").unwrap();
+        assert_eq!(p99.verdict, "no difference", "{p99:?}");
         let gates = judge_gates(&rows, &[parse_gate("tps < -5%").unwrap()], false);
         assert_eq!(gates.len(), 1);
-        assert_eq!(gates[0]["verdict"], "failed");
+        assert_eq!(gates[0].verdict, Verdict::Failed);
         // A 2 % drop passes a 5 % gate; latency down is faster.
         let cand = doc(
             &[985.0, 990.0, 980.0, 992.0, 978.0],
@@ -301,19 +347,18 @@ mod tests {
         );
         let rows = compare(&base, &cand, 0.95);
         let gates = judge_gates(&rows, &[parse_gate("tps < -5%").unwrap()], false);
-        assert_eq!(gates[0]["verdict"], "passed", "{}", gates[0]);
-        let p99 = rows
-            .iter()
-            .find(|r| r["metric"] == "latency_ms_p99")
-            .unwrap();
-        assert_eq!(p99["verdict"], "faster");
+        assert_eq!(gates[0].verdict, Verdict::Passed, "{:?}", gates[0]);
+        let p99 = rows.iter().find(|r| r.metric == "latency_ms_p99").unwrap();
+        assert_eq!(p99.verdict, "faster");
     }
 
     #[test]
     fn points_match_on_workload_parameters_only() {
         let base = doc(&[1000.0], &[10.0]);
         let mut other = doc(&[500.0], &[10.0]);
-        other["summaries"][0]["params"]["clients"] = json!(16);
+        other.summaries[0]
+            .params
+            .insert("clients".into(), json!(16));
         assert!(compare(&base, &other, 0.95).is_empty());
     }
 }

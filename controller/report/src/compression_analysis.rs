@@ -2,17 +2,17 @@
 //! `csm_compress_analysis` table per relation, sample fraction and
 //! algorithm, and how close each smaller sample came to the largest.
 
+use crate::Report;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use pgfleet_proto::workload::compression_analysis::{Metrics, PointParams};
-use serde_json::Value as Json;
 
 use super::table::{Plots, Row, by_class, mib, num};
 
 type R<'a> = Row<'a, PointParams, Metrics>;
 
-pub fn section(md: &mut String, _plots: &mut Plots, _doc: &Json, results: &[R]) {
+pub fn section(md: &mut String, _plots: &mut Plots, _doc: &Report, results: &[R]) {
     let header = results
         .first()
         .map(|r| r.params.slot_header_bytes)

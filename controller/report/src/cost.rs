@@ -11,14 +11,13 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::{Value as Json, json};
-
+use crate::document::{ClassCost, Costs, Summary};
 use pgfleet_scenario::Price;
 use pgfleet_store::CellRow;
 
 /// The first summary of `kind`'s figure for `class`, when it is one a
 /// price can be divided by.
-fn figure(summaries: &[Json], kind: &str, class: &str, metric: &str) -> Option<f64> {
+fn figure(summaries: &[Summary], kind: &str, class: &str, metric: &str) -> Option<f64> {
     super::figure::first_value(summaries, kind, class, metric).filter(|v| v.is_finite() && *v > 0.0)
 }
 
@@ -29,10 +28,10 @@ fn hours(c: &CellRow) -> Option<f64> {
 pub fn costs(
     currency: &str,
     prices: &BTreeMap<String, Price>,
-    summaries: &[Json],
+    summaries: &[Summary],
     cells: &[CellRow],
-) -> Json {
-    let mut classes = serde_json::Map::new();
+) -> Costs {
+    let mut classes = BTreeMap::new();
     for (class, price) in prices {
         let per_hour = price.per_hour();
         let mine: Vec<&CellRow> = cells
@@ -40,30 +39,31 @@ pub fn costs(
             .filter(|c| &c.instance_class == class)
             .collect();
         let cell_hours: f64 = mine.iter().filter_map(|c| hours(c)).sum();
-        let mut v = json!({
-            "per_hour": per_hour,
-            "breakdown": price,
-            "cells": mine.len(),
-            "cell_hours": cell_hours,
-            "run": cell_hours * per_hour,
-        });
-        if let Some(tps) = figure(summaries, "pgbench", class, "tps") {
-            v["per_million_transactions"] = json!(per_hour / (tps * 3600.0) * 1e6);
-        }
-        if let Some(s) = figure(summaries, "vacuum-bloat", class, "vacuum_seconds") {
-            v["per_vacuum"] = json!(per_hour * s / 3600.0);
-        }
-        if let Some(s) = figure(summaries, "logical-drain", class, "drain_seconds") {
-            v["per_drain"] = json!(per_hour * s / 3600.0);
-        }
+        let v = ClassCost {
+            per_hour,
+            breakdown: *price,
+            cells: mine.len(),
+            cell_hours,
+            run: cell_hours * per_hour,
+            per_million_transactions: figure(summaries, "pgbench", class, "tps")
+                .map(|tps| per_hour / (tps * 3600.0) * 1e6),
+            per_vacuum: figure(summaries, "vacuum-bloat", class, "vacuum_seconds")
+                .map(|s| per_hour * s / 3600.0),
+            per_drain: figure(summaries, "logical-drain", class, "drain_seconds")
+                .map(|s| per_hour * s / 3600.0),
+        };
         classes.insert(class.clone(), v);
     }
-    json!({"currency": currency, "classes": classes})
+    Costs {
+        currency: currency.to_string(),
+        classes,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn costs_follow_prices_time_and_figures() {
@@ -85,12 +85,13 @@ mod tests {
                 },
             ),
         ]);
-        let summaries = vec![
-            json!({"workload": "pgbench", "classes": {
-                "nvme": {"tps": {"value": 10000.0}}, "gp3": {"tps": {"value": 1000.0}}}}),
-            json!({"workload": "vacuum-bloat", "classes": {
-                "nvme": {"vacuum_seconds": {"value": 36.0}}}}),
-        ];
+        let summaries: Vec<Summary> = serde_json::from_value(json!([
+            {"workload": "pgbench", "classes": {
+                "nvme": {"tps": {"value": 10000.0}}, "gp3": {"tps": {"value": 1000.0}}}},
+            {"workload": "vacuum-bloat", "classes": {
+                "nvme": {"vacuum_seconds": {"value": 36.0}}}},
+        ]))
+        .unwrap();
         let cell = |class: &str, from: &str, to: &str| CellRow {
             point: Default::default(),
             estimate_seconds: None,
@@ -123,19 +124,19 @@ mod tests {
             ),
         ];
         let c = costs("USD", &prices, &summaries, &cells);
-        assert_eq!(c["currency"], "USD");
-        let nvme = &c["classes"]["nvme"];
-        assert_eq!(nvme["per_hour"], 1.0);
-        assert_eq!(nvme["cell_hours"], 1.0);
-        assert_eq!(nvme["run"], 1.0);
+        assert_eq!(c.currency, "USD");
+        let nvme = &c.classes["nvme"];
+        assert_eq!(nvme.per_hour, 1.0);
+        assert_eq!(nvme.cell_hours, 1.0);
+        assert_eq!(nvme.run, 1.0);
         // 10,000 TPS at 1 an hour: 36 M transactions an hour.
-        assert!((nvme["per_million_transactions"].as_f64().unwrap() - 1.0 / 36.0).abs() < 1e-12);
-        assert!((nvme["per_vacuum"].as_f64().unwrap() - 0.01).abs() < 1e-12);
-        let gp3 = &c["classes"]["gp3"];
-        assert_eq!(gp3["per_hour"], 1.0);
-        assert_eq!(gp3["run"], 2.0);
-        assert_eq!(gp3["breakdown"]["iops"], 0.2);
-        assert!((gp3["per_million_transactions"].as_f64().unwrap() - 10.0 / 36.0).abs() < 1e-12);
-        assert!(gp3.get("per_vacuum").is_none(), "gp3 ran no VACUUM: {gp3}");
+        assert!((nvme.per_million_transactions.unwrap() - 1.0 / 36.0).abs() < 1e-12);
+        assert!((nvme.per_vacuum.unwrap() - 0.01).abs() < 1e-12);
+        let gp3 = &c.classes["gp3"];
+        assert_eq!(gp3.per_hour, 1.0);
+        assert_eq!(gp3.run, 2.0);
+        assert_eq!(gp3.breakdown.iops, 0.2);
+        assert!((gp3.per_million_transactions.unwrap() - 10.0 / 36.0).abs() < 1e-12);
+        assert!(gp3.per_vacuum.is_none(), "gp3 ran no VACUUM: {gp3:?}");
     }
 }

@@ -11,9 +11,10 @@ use std::fmt::Write;
 
 use serde_json::Value as Json;
 
-use super::figure::summaries;
 use super::plot::{Series, class_color, line_chart};
-use super::table::sig;
+use crate::checks::shown_number;
+use crate::document::{Report, Summary};
+use crate::entries::shown;
 
 /// A swept value on an axis: a number, or a size such as `1GiB` in MiB.
 fn x_of(v: &Json) -> Option<f64> {
@@ -25,12 +26,6 @@ fn x_of(v: &Json) -> Option<f64> {
     })
 }
 
-fn shown(v: &Json) -> String {
-    v.as_str()
-        .map(str::to_string)
-        .unwrap_or_else(|| v.to_string())
-}
-
 /// A file-name-safe rendering of a point.
 fn slug(s: &str) -> String {
     s.chars()
@@ -38,12 +33,17 @@ fn slug(s: &str) -> String {
         .collect()
 }
 
-pub fn render(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json) {
-    let all = summaries(doc);
-    let mut entries: Vec<&Json> = all
+/// A summary's value of a swept key (null: not swept there).
+fn at<'a>(s: &'a Summary, key: &str) -> &'a Json {
+    s.point.get(key).unwrap_or(&Json::Null)
+}
+
+pub fn render(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Report) {
+    let all = &doc.summaries;
+    let mut entries: Vec<Option<usize>> = all
         .iter()
-        .filter(|s| s["point"].as_object().is_some_and(|p| !p.is_empty()))
-        .map(|s| &s["entry"])
+        .filter(|s| !s.point.is_empty())
+        .map(|s| s.entry)
         .collect();
     entries.dedup();
     if entries.is_empty() {
@@ -51,27 +51,25 @@ pub fn render(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json) {
     }
     let _ = writeln!(md, "## Sweeps\n");
     for entry in entries {
-        let points: Vec<&Json> = all.iter().filter(|s| &s["entry"] == entry).collect();
-        entry_curves(md, plots, doc, entry, &points);
+        let points: Vec<&Summary> = all.iter().filter(|s| s.entry == entry).collect();
+        let entry = entry.map_or("null".to_string(), |e| e.to_string());
+        entry_curves(md, plots, doc, &entry, &points);
     }
 }
 
 fn entry_curves(
     md: &mut String,
     plots: &mut Vec<(String, String)>,
-    doc: &Json,
-    entry: &Json,
-    points: &[&Json],
+    doc: &Report,
+    entry: &str,
+    points: &[&Summary],
 ) {
-    let kind = points[0]["workload"].as_str().unwrap_or("");
-    let keys: Vec<String> = points[0]["point"]
-        .as_object()
-        .map(|p| p.keys().cloned().collect())
-        .unwrap_or_default();
+    let kind = points[0].workload.as_str();
+    let keys: Vec<String> = points[0].point.keys().cloned().collect();
     let distinct = |k: &str| {
         points
             .iter()
-            .map(|s| s["point"][k].to_string())
+            .map(|s| at(s, k).to_string())
             .collect::<BTreeSet<_>>()
             .len()
     };
@@ -81,11 +79,7 @@ fn entry_curves(
         .rev()
         .max_by_key(|k| distinct(k))
         .cloned()
-        .filter(|k| {
-            points
-                .iter()
-                .all(|s| x_of(&s["point"][k.as_str()]).is_some())
-        })
+        .filter(|k| points.iter().all(|s| x_of(at(s, k)).is_some()))
     else {
         return;
     };
@@ -96,16 +90,14 @@ fn entry_curves(
         .iter()
         .map(|m| m.name)
         .filter(|m| {
-            points.iter().any(|s| {
-                s["classes"]
-                    .as_object()
-                    .is_some_and(|c| c.values().any(|c| !c[*m].is_null()))
-            })
+            points
+                .iter()
+                .any(|s| s.classes.values().any(|c| c.metrics.contains_key(*m)))
         })
         .collect();
     let mut classes: Vec<String> = Vec::new();
     for s in points {
-        for c in s["classes"].as_object().into_iter().flat_map(|m| m.keys()) {
+        for c in s.classes.keys() {
             if !classes.contains(c) {
                 classes.push(c.clone());
             }
@@ -124,38 +116,25 @@ fn entry_curves(
         metrics.join(" | "),
         "---|".repeat(keys.len() + 1 + metrics.len())
     );
-    let mut rows: Vec<&&Json> = points.iter().collect();
+    let mut rows: Vec<&&Summary> = points.iter().collect();
     rows.sort_by(|a, b| {
-        let k = |s: &Json| -> Vec<String> {
-            others
-                .iter()
-                .map(|o| s["point"][o.as_str()].to_string())
-                .collect()
-        };
+        let k =
+            |s: &Summary| -> Vec<String> { others.iter().map(|o| at(s, o).to_string()).collect() };
         k(a).cmp(&k(b)).then(
-            x_of(&a["point"][x_key.as_str()])
+            x_of(at(a, &x_key))
                 .unwrap_or(0.0)
-                .total_cmp(&x_of(&b["point"][x_key.as_str()]).unwrap_or(0.0)),
+                .total_cmp(&x_of(at(b, &x_key)).unwrap_or(0.0)),
         )
     });
     for s in &rows {
         for class in &classes {
-            let c = &s["classes"][class.as_str()];
-            if c.is_null() {
+            let Some(c) = s.class(class) else {
                 continue;
-            }
-            let vals: Vec<String> = keys
-                .iter()
-                .map(|k| shown(&s["point"][k.as_str()]))
-                .collect();
+            };
+            let vals: Vec<String> = keys.iter().map(|k| shown(at(s, k))).collect();
             let figs: Vec<String> = metrics
                 .iter()
-                .map(|m| {
-                    c[*m]["value"]
-                        .as_f64()
-                        .map(sig)
-                        .unwrap_or_else(|| "–".into())
-                })
+                .map(|m| shown_number(c.metrics.get(*m).map(|f| f.value)))
                 .collect();
             let _ = writeln!(
                 md,
@@ -171,16 +150,13 @@ fn entry_curves(
     for s in &rows {
         let o: Vec<(String, Json)> = others
             .iter()
-            .map(|k| ((*k).clone(), s["point"][k.as_str()].clone()))
+            .map(|k| ((*k).clone(), at(s, k).clone()))
             .collect();
         if !outer.contains(&o) {
             outer.push(o);
         }
     }
-    let x_label = if points
-        .iter()
-        .any(|s| s["point"][x_key.as_str()].is_string())
-    {
+    let x_label = if points.iter().any(|s| at(s, &x_key).is_string()) {
         format!("{x_key}, MiB")
     } else {
         x_key.clone()
@@ -193,11 +169,11 @@ fn entry_curves(
         .map(|(_, m)| *m)
         .collect();
     for o in &outer {
-        let at: Vec<String> = o.iter().map(|(k, v)| format!("{k} {}", shown(v))).collect();
-        let at = if at.is_empty() {
+        let words: Vec<String> = o.iter().map(|(k, v)| format!("{k} {}", shown(v))).collect();
+        let at_outer = if words.is_empty() {
             String::new()
         } else {
-            format!(" at {}", at.join(", "))
+            format!(" at {}", words.join(", "))
         };
         for metric in &plotted {
             let series: Vec<Series> = classes
@@ -206,12 +182,9 @@ fn entry_curves(
                     name: class.clone(),
                     points: rows
                         .iter()
-                        .filter(|s| o.iter().all(|(k, v)| &s["point"][k.as_str()] == v))
+                        .filter(|s| o.iter().all(|(k, v)| at(s, k) == v))
                         .filter_map(|s| {
-                            Some((
-                                x_of(&s["point"][x_key.as_str()])?,
-                                s["classes"][class.as_str()][*metric]["value"].as_f64()?,
-                            ))
+                            Some((x_of(at(s, &x_key))?, s.figure(class, metric)?.value))
                         })
                         .collect(),
                     color: Some(class_color(doc, class)),
@@ -221,9 +194,9 @@ fn entry_curves(
             if series.is_empty() {
                 continue;
             }
-            let name = format!("sweep-w{entry}-{metric}{}.svg", slug(&at));
-            let title = format!("workloads[{entry}] {kind}: {metric} against {x_key}{at}");
-            let _ = writeln!(md, "![{metric} against {x_key}{at}]({name})\n");
+            let name = format!("sweep-w{entry}-{metric}{}.svg", slug(&at_outer));
+            let title = format!("workloads[{entry}] {kind}: {metric} against {x_key}{at_outer}");
+            let _ = writeln!(md, "![{metric} against {x_key}{at_outer}]({name})\n");
             plots.push((name, line_chart(&title, &x_label, metric, &series)));
         }
     }
@@ -251,7 +224,7 @@ mod tests {
         }
         summaries.push(json!({"entry": 1, "workload": "pgbench", "point": {},
                               "classes": {"nvme": {"tps": {"value": 1.0}}}}));
-        let doc = json!({"summaries": summaries});
+        let doc: Report = serde_json::from_value(json!({ "summaries": summaries })).unwrap();
         let (mut md, mut plots) = (String::new(), Vec::new());
         render(&mut md, &mut plots, &doc);
         assert!(

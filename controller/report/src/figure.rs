@@ -5,7 +5,7 @@
 //! together); for everything else, the median over the class's clusters.
 //! Intervals resample clusters either way.
 
-use serde_json::Value as Json;
+use crate::document::{ClassFigures, Summary};
 
 use pgfleet_scenario::stats::{self, Histograms, Interval};
 
@@ -31,22 +31,12 @@ pub fn higher_is_better(kind: &str, metric: &str) -> bool {
 
 /// The class's figure for `metric` in the first summary of `kind` that
 /// has one (e.g. a class's pgbench TPS), from report.json's `summaries`.
-pub fn first_value(summaries: &[Json], kind: &str, class: &str, metric: &str) -> Option<f64> {
+pub fn first_value(summaries: &[Summary], kind: &str, class: &str, metric: &str) -> Option<f64> {
     summaries
         .iter()
-        .find(|s| s["workload"] == kind && !s["classes"][class][metric].is_null())
-        .and_then(|s| s["classes"][class][metric]["value"].as_f64())
-}
-
-/// A report's `summaries`.
-pub fn summaries(doc: &Json) -> &[Json] {
-    doc["summaries"].as_array().map_or(&[], Vec::as_slice)
-}
-
-/// The class the report compares the others with (the comparisons'
-/// baseline: the fleet's first class that has results).
-pub fn baseline_class(doc: &Json) -> Option<&str> {
-    doc["comparisons"].as_array()?.first()?["baseline_class"].as_str()
+        .filter(|s| s.workload == kind)
+        .find_map(|s| s.figure(class, metric))
+        .map(|f| f.value)
 }
 
 pub struct Figure {
@@ -55,22 +45,25 @@ pub struct Figure {
 }
 
 impl Figure {
-    /// From a summary's class entry (`{<metric>: {values}, latency_histograms_us}`).
-    pub fn of(class: &Json, metric: &str) -> Option<Figure> {
-        let values: Vec<f64> = class[metric]["values"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Json::as_f64)
-            .collect();
+    /// A class's figure of `metric` at a point (`None`: not measured).
+    pub fn of(class: &ClassFigures, metric: &str) -> Option<Figure> {
+        Figure::of_values(class, metric, &class.metrics.get(metric)?.values)
+    }
+
+    /// The figure of these cluster values of `metric`, with the class's
+    /// latency histograms where the metric is a quantile of them.
+    pub fn of_values(class: &ClassFigures, metric: &str, values: &[f64]) -> Option<Figure> {
         if values.is_empty() {
             return None;
         }
         let merged = quantile_of(metric).and_then(|q| {
-            let hs = histograms(&class["latency_histograms_us"])?;
-            (hs.len() == values.len()).then(|| (Histograms::new(&hs), q))
+            let hs = class.latency_histograms_us.as_ref()?;
+            (hs.len() == values.len()).then(|| (Histograms::new(hs), q))
         });
-        Some(Figure { values, merged })
+        Some(Figure {
+            values: values.to_vec(),
+            merged,
+        })
     }
 
     pub fn clusters(&self) -> usize {
@@ -108,19 +101,6 @@ impl Figure {
         );
         (self.value() / base.value(), i)
     }
-}
-
-/// Per-cluster histograms from JSON (`[[[value, count], ...], ...]`).
-pub fn histograms(v: &Json) -> Option<Vec<Vec<[u64; 2]>>> {
-    v.as_array()?
-        .iter()
-        .map(|h| {
-            h.as_array()?
-                .iter()
-                .map(|b| Some([b[0].as_u64()?, b[1].as_u64()?]))
-                .collect()
-        })
-        .collect()
 }
 
 #[cfg(test)]

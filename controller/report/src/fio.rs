@@ -2,6 +2,7 @@
 //! the cluster's cgroups, job by job, next to the caps its profile asks
 //! for; plots of IOPS and p99 latency against queue depth per class.
 
+use crate::Report;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
@@ -9,37 +10,32 @@ use serde_json::Value as Json;
 
 use super::plot::{Series, line_chart};
 use super::table::{Plots, Row, by_class, mib, sig};
+use crate::document::Summary;
+use pgfleet_proto::environment::Storage;
 use pgfleet_proto::workload::fio::{Metrics, PointParams};
+use serde::Deserialize;
 
 /// The cap a job is held to by the class's profile, when emulated and
 /// capped: (unit, value).
-fn cap(storage: &Json, p: &PointParams) -> Option<(&'static str, f64)> {
-    if storage["emulated"] != true {
+fn cap(storage: &Storage, p: &PointParams) -> Option<(&'static str, f64)> {
+    if !storage.emulated {
         return None;
     }
-    let caps = &storage["caps"];
+    let caps = &storage.caps;
     let read = p.job.contains("read");
-    let key = match (p.job.starts_with("seq-"), read) {
-        (true, true) => "read_mbps",
-        (true, false) => "write_mbps",
-        (false, true) => "read_iops",
-        (false, false) => "write_iops",
+    let (unit, v) = match (p.job.starts_with("seq-"), read) {
+        (true, true) => ("MiB/s", caps.read_mbps),
+        (true, false) => ("MiB/s", caps.write_mbps),
+        (false, true) => ("IOPS", caps.read_iops),
+        (false, false) => ("IOPS", caps.write_iops),
     };
-    let v = caps[key].as_f64().filter(|v| *v > 0.0)?;
-    Some((
-        if key.ends_with("mbps") {
-            "MiB/s"
-        } else {
-            "IOPS"
-        },
-        v,
-    ))
+    (v > 0).then_some((unit, v as f64))
 }
 
 pub fn section(
     md: &mut String,
     plots: &mut Plots,
-    doc: &Json,
+    doc: &Report,
     results: &[Row<PointParams, Metrics>],
 ) {
     let _ = writeln!(
@@ -52,12 +48,20 @@ pub fn section(
          Device MiB: the cluster's own device (its loop device, exact, or its block-I/O cgroup; ramp and file \
          layout included; – where not accounted)."
     );
-    let classes = &doc["environment"]["instance_classes"];
+    let classes = &doc.environment.instance_classes;
     let mut by_job: BTreeMap<String, Vec<(String, u32, Metrics)>> = BTreeMap::new();
     for (class, rs) in by_class(results) {
-        let storage = &classes[class]["storage"];
-        let profile = storage["profile"].as_str().unwrap_or("?");
-        let how = if storage["emulated"] == true {
+        let storage = classes
+            .get(class)
+            .map(|c| c.env.storage.clone())
+            .unwrap_or_default();
+        let storage = &storage;
+        let profile = if storage.profile.is_empty() {
+            "?"
+        } else {
+            storage.profile.as_str()
+        };
+        let how = if storage.emulated {
             "emulated"
         } else {
             "the host's own device, not emulated"
@@ -154,23 +158,17 @@ pub fn section(
 /// Each job's figures side by side per class (the class's median over its
 /// cells), and each class's IOPS and p99 as a ratio to the baseline class
 /// (the fleet's first, as in every comparison).
-fn compare(md: &mut String, doc: &Json) {
-    let Some(baseline) = doc["comparisons"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["workload"] == "fio")
-        .and_then(|c| c["baseline_class"].as_str())
+fn compare(md: &mut String, doc: &Report) {
+    let Some(baseline) = doc
+        .comparisons
+        .iter()
+        .find(|c| c.workload == "fio")
+        .map(|c| c.baseline_class.as_str())
     else {
         return;
     };
-    let summaries: Vec<&Json> = doc["summaries"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|s| s["workload"] == "fio")
-        .collect();
-    let Some(first) = summaries.first().and_then(|s| s["classes"].as_object()) else {
+    let summaries: Vec<&Summary> = doc.summaries_of("fio").collect();
+    let Some(first) = summaries.first().map(|s| &s.classes) else {
         return;
     };
     let others: Vec<&str> = first
@@ -192,18 +190,20 @@ fn compare(md: &mut String, doc: &Json) {
 {head}
 {rule}"
     );
-    let v = |c: &Json, m: &str| c[m]["value"].as_f64().unwrap_or(f64::NAN);
     for sm in summaries {
-        let base = &sm["classes"][baseline];
+        let sm_value = |class: &str, m: &str| sm.figure(class, m).map_or(f64::NAN, |f| f.value);
+        let (base, v) = (baseline, &sm_value);
+        let p = PointParams::deserialize(&Json::Object(sm.params.clone())).ok();
         let mut row = format!(
             "| {} | {} | {} | {} |",
-            sm["params"]["job"].as_str().unwrap_or(""),
-            sm["params"]["queue_depth"],
+            p.as_ref().map_or("", |p| p.job.as_str()),
+            p.as_ref()
+                .map_or("null".to_string(), |p| p.queue_depth.to_string()),
             sig(v(base, "iops")),
             sig(v(base, "latency_ms_p99")),
         );
         for o in &others {
-            let c = &sm["classes"][*o];
+            let c = *o;
             row += &format!(
                 " {} | {} | {}x | {}x |",
                 sig(v(c, "iops")),
@@ -219,6 +219,7 @@ fn compare(md: &mut String, doc: &Json) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ResultRow;
     use pgfleet_proto::workload::Kind;
     use serde_json::json;
 
@@ -245,11 +246,15 @@ mod tests {
             result("gp3", "rand-read", 1, 1500.0),
             result("gp3", "rand-read", 32, 2970.0),
         ];
+        let rs: Vec<ResultRow> = rs
+            .iter()
+            .map(|r| serde_json::from_value(r.clone()).unwrap())
+            .collect();
         let (summaries, comparisons) = super::super::summarize(&rs);
-        let mut doc = doc;
-        doc["summaries"] = json!(summaries);
-        doc["comparisons"] = json!(comparisons);
-        let refs: Vec<&Json> = rs.iter().collect();
+        let mut doc: Report = serde_json::from_value(doc).unwrap();
+        doc.summaries = summaries;
+        doc.comparisons = comparisons;
+        let refs: Vec<&ResultRow> = rs.iter().collect();
         let (mut md, mut plots) = (String::new(), Vec::new());
         super::super::markdown::section(Kind::Fio, &mut md, &mut plots, &doc, &refs);
         assert!(md.contains("### gp3 (storage gp3: emulated)"), "{md}");
@@ -286,12 +291,15 @@ mod tests {
     /// one) is named under the section; the others still render.
     #[test]
     fn unreadable_results_are_named_not_fatal() {
-        let doc = json!({"environment": {"instance_classes": {}}});
+        let doc = Report::default();
         let mut bad = result("gp3", "rand-read", 1, 1.0);
         bad["cell_id"] = json!("gp3-old");
         bad["metrics"]["iops"] = json!("many");
-        let rs = [result("nvme", "rand-read", 1, 9000.0), bad];
-        let refs: Vec<&Json> = rs.iter().collect();
+        let rs: Vec<ResultRow> = [result("nvme", "rand-read", 1, 9000.0), bad]
+            .into_iter()
+            .map(|r| serde_json::from_value(r).unwrap())
+            .collect();
+        let refs: Vec<&ResultRow> = rs.iter().collect();
         let (mut md, mut plots) = (String::new(), Vec::new());
         super::super::markdown::section(Kind::Fio, &mut md, &mut plots, &doc, &refs);
         assert!(md.contains("| rand-read | 8KiB | 1 | yes | 9000 |"), "{md}");

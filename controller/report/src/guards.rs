@@ -8,24 +8,13 @@
 use std::collections::BTreeMap;
 
 use pgfleet_proto::environment::Environment;
-use serde::{Deserialize, Serialize};
-use serde_json::{Value as Json, json};
+use serde::Deserialize;
+use serde_json::Value as Json;
 
-/// A class's environment in the report: its first measured cell's (the
-/// cluster's own view), else what its agents' registrations said
-/// (`measured: false`: not compared, and the report says so).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ClassEnvironment {
-    #[serde(flatten)]
-    pub env: Environment,
-    #[serde(default)]
-    pub agents: Vec<String>,
-    #[serde(default)]
-    pub measured: bool,
-}
+use crate::document::{Difference, ResultRow, dataset_of};
+use pgfleet_proto::dataset::Provenance;
 
-/// The run's classes by name (report.json's `environment.instance_classes`).
-pub type Classes = BTreeMap<String, ClassEnvironment>;
+pub use crate::document::{ClassEnvironment, Classes};
 
 /// Each class's environment from the store: its agents' registrations,
 /// then the first cell of the class that reported its cluster's own view
@@ -38,16 +27,16 @@ pub fn class_environments(
     for a in agents {
         let c = classes.entry(a.instance_class.clone()).or_insert_with(|| {
             let i = &a.info;
-            let text = |v: &Json| v.as_str().unwrap_or("").to_string();
             let mut env = Environment::default();
-            env.postgres.version = text(&i["postgres_version"]);
-            env.storage.profile = text(&i["storage"]["profile"]);
-            env.storage.emulated = i["storage"]["emulated"] == true;
-            env.storage.caps =
-                serde_json::from_value(i["storage"]["caps"].clone()).unwrap_or_default();
-            env.host.cores = i["cores"].as_u64().unwrap_or(0);
-            env.host.memory_bytes = i["memory_bytes"].as_u64().unwrap_or(0);
-            env.host.hostname = text(&i["hostname"]);
+            env.postgres.version = i.postgres_version.clone();
+            if let Some(s) = &i.storage {
+                env.storage.profile = s.profile.clone();
+                env.storage.emulated = s.emulated;
+                env.storage.caps = s.caps;
+            }
+            env.host.cores = i.cores;
+            env.host.memory_bytes = i.memory_bytes;
+            env.host.hostname = i.hostname.clone();
             ClassEnvironment {
                 env,
                 agents: Vec::new(),
@@ -82,7 +71,7 @@ pub fn class_environments(
 }
 
 /// Each class against the first (the baseline of every comparison).
-pub fn differences(classes: &Classes) -> Vec<Json> {
+pub fn differences(classes: &Classes) -> Vec<Difference> {
     let mut it = classes.iter();
     let Some((base_name, base)) = it.next() else {
         return Vec::new();
@@ -97,7 +86,12 @@ pub fn differences(classes: &Classes) -> Vec<Json> {
             .map(|(n, _)| n.as_str())
             .collect();
         if !unmeasured.is_empty() {
-            out.push(json!({"class": name, "baseline": base_name, "differs": [], "unmeasured": unmeasured}));
+            out.push(Difference {
+                class: name.clone(),
+                baseline: base_name.clone(),
+                differs: Vec::new(),
+                unmeasured: unmeasured.into_iter().map(str::to_string).collect(),
+            });
             continue;
         }
         let (a, b) = (&c.env, &base.env);
@@ -137,7 +131,12 @@ pub fn differences(classes: &Classes) -> Vec<Json> {
             a.instance.instance_type.clone(),
             b.instance.instance_type.clone(),
         );
-        out.push(json!({"class": name, "baseline": base_name, "differs": differs}));
+        out.push(Difference {
+            class: name.clone(),
+            baseline: base_name.clone(),
+            differs,
+            unmeasured: Vec::new(),
+        });
     }
     out
 }
@@ -145,32 +144,25 @@ pub fn differences(classes: &Classes) -> Vec<Json> {
 /// The warnings of a run's report: classes that differ in more than their
 /// storage, and the scenario's plan warnings (data that fits in memory)
 /// with the memory the clusters really had.
-pub fn warnings(diffs: &[Json], plan: &[String], compared: &[&str]) -> Vec<String> {
+pub fn warnings(diffs: &[Difference], plan: &[String], compared: &[&str]) -> Vec<String> {
     let mut out: Vec<String> = diffs
         .iter()
-        .filter(|d| d["differs"].as_array().is_some_and(|a| !a.is_empty()))
+        .filter(|d| !d.differs.is_empty())
         // Only classes some result compares: classes that ran different
         // entries (scans on one, writes on the other) are not a comparison.
-        .filter(|d| d["class"].as_str().is_some_and(|c| compared.contains(&c)))
+        .filter(|d| compared.contains(&d.class.as_str()))
         .map(|d| {
             format!(
                 "warning: classes `{}` and `{}` differ in more than their storage ({}): their comparison measures that too",
-                d["baseline"].as_str().unwrap_or(""),
-                d["class"].as_str().unwrap_or(""),
-                d["differs"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(Json::as_str)
-                    .collect::<Vec<_>>()
-                    .join("; ")
+                d.baseline,
+                d.class,
+                d.differs.join("; ")
             )
         })
         .collect();
     let mut unmeasured: Vec<&str> = diffs
         .iter()
-        .flat_map(|d| d["unmeasured"].as_array().into_iter().flatten())
-        .filter_map(Json::as_str)
+        .flat_map(|d| d.unmeasured.iter().map(String::as_str))
         .collect();
     unmeasured.sort();
     unmeasured.dedup();
@@ -192,11 +184,15 @@ pub fn datasets(cells: &[pgfleet_store::CellRow]) -> Vec<String> {
     let mut out = Vec::new();
     // Cells whose dataset matches `pred`, named in one warning: "cell(s)
     // <ids> <what>".
-    let mut about = |pred: fn(&serde_json::Value) -> bool, what: &str| {
-        let ids: Vec<&str> = cells
+    let datasets: Vec<(&str, Provenance)> = cells
+        .iter()
+        .filter_map(|c| Some((c.cell_id.as_str(), dataset_of(c.environment.as_ref())?)))
+        .collect();
+    let mut about = |pred: fn(&Provenance) -> bool, what: &str| {
+        let ids: Vec<&str> = datasets
             .iter()
-            .filter(|c| c.environment.as_ref().is_some_and(|e| pred(&e["dataset"])))
-            .map(|c| c.cell_id.as_str())
+            .filter(|(_, d)| pred(d))
+            .map(|(id, _)| *id)
             .collect();
         if !ids.is_empty() {
             let s = if ids.len() == 1 { "" } else { "s" };
@@ -206,43 +202,34 @@ pub fn datasets(cells: &[pgfleet_store::CellRow]) -> Vec<String> {
     // `reuse_cluster`: a reused cell starts from the data its previous
     // cell changed, not from the dataset.
     about(
-        |d| d["how"] == "reused",
+        |d| d.how == "reused",
         "reused a cluster an earlier cell had written to (reuse_cluster): after the kind's reset the data is not the dataset as loaded (pgbench: updated rows moved, indexes grown), so compare them with reused cells, not with built or restored ones (on an emulated gp3 with 2 GiB at scale 200, reused cells ran 28 % fewer TPS: BENCHMARKS.md, \"Reuse in place\")",
     );
     // `--dataset-reflink`: the restored files share the store's blocks.
     about(
-        |d| d["method"] == "reflink",
+        |d| d.method == "reflink",
         "restored data by reflink (the agent's --dataset-reflink): their files shared blocks with the dataset store, so each first write to a block copied it, which a built or copied cluster does not do (on XFS at scale 200: 14-24 % fewer TPS, WAL flushes 0.63-0.72 ms vs 0.49-0.51: BENCHMARKS.md, \"Reflinks\"); compare them with each other, or restore by copy",
     );
     // `hydrate: none`: restored from a volume snapshot's lazy blocks.
     about(
-        |d| d["hydration"]["hydrated"] == false,
+        |d| d.hydration.as_ref().is_some_and(|h| !h.hydrated),
         "restored data from a volume created from a snapshot without reading it first (storage.hydrate: none): such a volume fetches each block from the snapshot on first touch, so their figures include the lazy restore, not only the storage; use `hydrate: read-all` (the default)",
     );
-    for c in cells {
-        let Some(d) = c.environment.as_ref().map(|e| &e["dataset"]) else {
-            continue;
-        };
-        let fp = d["fingerprint"].as_str().unwrap_or("");
-        if let Some(why) = d["discarded"].as_str() {
+    for (cell_id, d) in &datasets {
+        let fp = &d.fingerprint;
+        if let Some(why) = &d.discarded {
             out.push(format!(
-                "warning: cell {}: the published dataset {fp} did not match its manifest ({why}); it was discarded and built again: check the store's disk",
-                c.cell_id
+                "warning: cell {cell_id}: the published dataset {fp} did not match its manifest ({why}); it was discarded and built again: check the store's disk"
             ));
         }
-        if let Some(why) = d["not_published"].as_str() {
+        if let Some(why) = &d.not_published {
             out.push(format!(
-                "warning: cell {}: dataset {fp} was built but not published ({why}); later cells load it again",
-                c.cell_id
+                "warning: cell {cell_id}: dataset {fp} was built but not published ({why}); later cells load it again"
             ));
         }
-        if d["cache"]
-            .as_str()
-            .is_some_and(|c| c.starts_with("evicted"))
-        {
+        if d.cache.starts_with("evicted") {
             out.push(format!(
-                "warning: cell {}: its dataset could not be read back into the page cache (no pg_prewarm in this PostgreSQL): it measured from a colder cache than a cell that loads its own data",
-                c.cell_id
+                "warning: cell {cell_id}: its dataset could not be read back into the page cache (no pg_prewarm in this PostgreSQL): it measured from a colder cache than a cell that loads its own data"
             ));
         }
     }
@@ -400,27 +387,27 @@ pub const UNBOUND_SHARE: f64 = 0.5;
 /// satisfied on both). A measured point's reads per second are its blocks
 /// read from outside shared buffers (`blocks_read`, an upper bound of the
 /// device's reads) over its measured window (`transactions / tps`).
-pub fn unbound(classes: &Classes, results: &[Json]) -> Vec<String> {
-    // class -> (its busiest point's blocks read per second, that point's metrics)
-    let mut asked: BTreeMap<&str, (f64, &Json)> = BTreeMap::new();
+pub fn unbound(classes: &Classes, results: &[ResultRow]) -> Vec<String> {
+    // class -> (its busiest point's blocks read per second, that point's figures)
+    let mut asked: BTreeMap<&str, (f64, Busy)> = BTreeMap::new();
     for r in results {
-        let (Some(class), m) = (r["instance_class"].as_str(), &r["metrics"]) else {
+        let (Some(class), Ok(m)) = (r.instance_class.as_deref(), Busy::deserialize(&r.metrics))
+        else {
             continue;
         };
-        let (Some(blocks), Some(tps), Some(tx)) = (
-            m["blocks_read"].as_f64(),
-            m["tps"].as_f64(),
-            m["transactions"].as_f64(),
-        ) else {
+        let (Some(blocks), Some(tps), Some(tx)) = (m.internals.blocks_read, m.tps, m.transactions)
+        else {
             continue;
         };
         if tps <= 0.0 || tx <= 0.0 {
             continue;
         }
-        let per_s = blocks * tps / tx;
-        let e = asked.entry(class).or_insert((0.0, m));
-        if per_s >= e.0 {
-            *e = (per_s, m);
+        let per_s = blocks as f64 * tps / tx;
+        match asked.get(class) {
+            Some((most, _)) if per_s < *most => {}
+            _ => {
+                asked.insert(class, (per_s, m));
+            }
         }
     }
     let share = |class: &str, per_s: f64| {
@@ -440,7 +427,7 @@ pub fn unbound(classes: &Classes, results: &[Json]) -> Vec<String> {
         let Some((sh, cap, profile)) = share(class, *per_s).filter(|s| s.0 < UNBOUND_SHARE) else {
             continue;
         };
-        let latency = m["page_read_ms_avg"].as_f64().map_or(String::new(), |ms| {
+        let latency = m.internals.page_read_ms_avg.map_or(String::new(), |ms| {
             format!(" (a page read took {ms:.3} ms)")
         });
         out.push(format!(
@@ -475,18 +462,15 @@ const BOTTLENECKS: &[(&str, &[&str])] = &[
 /// active backends: the mechanism that set its figures instead of the cap
 /// (BENCHMARKS.md, "I/O per transaction": nvme's side waits 51-62 % on
 /// `LWLock:WALWrite`, the host's WAL fsync behind group commit).
-fn held_back_by(m: &Json) -> Option<String> {
-    let waits = m["top_wait_events"].as_array()?;
+fn held_back_by(m: &Busy) -> Option<String> {
+    let waits = &m.internals.top_wait_events;
     let share_of = |events: &[&str]| -> (f64, Vec<String>) {
         let mut named = Vec::new();
         let mut sum = 0.0;
         for w in waits {
-            let (Some(e), Some(s)) = (w["event"].as_str(), w["share"].as_f64()) else {
-                continue;
-            };
-            if events.contains(&e) {
-                sum += s;
-                named.push(format!("{e} {:.0} %", 100.0 * s));
+            if events.contains(&w.event.as_str()) {
+                sum += w.share;
+                named.push(format!("{} {:.0} %", w.event, 100.0 * w.share));
             }
         }
         (sum, named)
@@ -504,7 +488,7 @@ fn held_back_by(m: &Json) -> Option<String> {
         named.join(", ")
     );
     if what == "WAL flushes" {
-        if let Some(ms) = m["wal_sync_ms_avg"].as_f64() {
+        if let Some(ms) = m.internals.wal_sync_ms_avg {
             s.push_str(&format!(", a WAL sync took {ms:.3} ms"));
         }
         s.push_str(
@@ -529,33 +513,34 @@ const DIRTY_AFTER: f64 = 0.8;
 /// regimes. From the sampler's per-second `pg_stat` samples
 /// (`io.writes` per `database.xact_commit`, after the warm-up); one
 /// warning per class and point, counting its cells.
-pub fn dirty_fill(results: &[Json], pg_stat: &[(String, Json)]) -> Vec<String> {
-    let mut by_cell: BTreeMap<&str, Vec<&Json>> = BTreeMap::new();
+pub fn dirty_fill(results: &[ResultRow], pg_stat: &[(String, Json)]) -> Vec<String> {
+    let mut by_cell: BTreeMap<&str, Vec<PgStatSecond>> = BTreeMap::new();
     for (cell, s) in pg_stat {
-        by_cell.entry(cell.as_str()).or_default().push(s);
+        if let Ok(s) = PgStatSecond::deserialize(s) {
+            by_cell.entry(cell.as_str()).or_default().push(s);
+        }
     }
     // (class, point) -> (its parameters, cells, cells that filled, an example).
-    type Seen<'a> = (&'a Json, usize, usize, Option<Fill>);
+    type Seen = (Drive, usize, usize, Option<Fill>);
     let mut seen: BTreeMap<(&str, String), Seen> = BTreeMap::new();
-    for r in results.iter().filter(|r| r["workload"] == "pgbench") {
-        let (Some(cell), Some(class)) = (r["cell_id"].as_str(), r["instance_class"].as_str())
-        else {
+    for r in results.iter().filter(|r| r.workload() == "pgbench") {
+        let (cell, Some(class)) = (r.cell_id.as_str(), r.instance_class.as_deref()) else {
             continue;
         };
-        let warmup = r["params"]["warmup_s"].as_f64().unwrap_or(0.0);
-        let window: Vec<&Json> = by_cell
+        let p = Drive::deserialize(&Json::Object(r.params.clone())).unwrap_or_default();
+        let warmup = p.warmup_s.unwrap_or(0.0);
+        let window: Vec<&PgStatSecond> = by_cell
             .get(cell)
             .into_iter()
             .flatten()
-            .copied()
-            .filter(|s| s["t"].as_f64().is_some_and(|t| t > warmup + 0.5))
+            .filter(|s| s.t.is_some_and(|t| t > warmup + 0.5))
             .collect();
         let Some(fill) = filled(&window) else {
             continue;
         };
         let e = seen
-            .entry((class, r["params"].to_string()))
-            .or_insert((&r["params"], 0, 0, None));
+            .entry((class, crate::document::params_text(&r.params)))
+            .or_insert((p, 0, 0, None));
         e.1 += 1;
         if let Some(f) = fill {
             e.2 += 1;
@@ -573,15 +558,58 @@ pub fn dirty_fill(results: &[Json], pg_stat: &[(String, Json)]) -> Vec<String> {
              in {n} of its {cells} cells (about second {:.0}): PostgreSQL wrote {:.2} pages out per transaction until then and {:.2} after, \
              each read then first evicting a dirty page, so its figures average two regimes. Measure one: a window that ends before they fill \
              (as the seeds' gp3 did, BENCHMARKS.md \"I/O per transaction\"), or a warm-up that runs past it",
-            p["script"].as_str().unwrap_or("pgbench"),
-            p["clients"],
-            p["duration_s"].as_f64().map_or("–".into(), |d| format!("{d:.0}")),
+            p.script.as_deref().unwrap_or("pgbench"),
+            p.clients.map_or("null".to_string(), |c| c.to_string()),
+            p.duration_s.map_or("–".into(), |d| format!("{d:.0}")),
             f.second,
             f.before,
             f.after,
         ));
     }
     out
+}
+
+/// A pgbench point's figures the guards read (`unbound`): its rate and
+/// what PostgreSQL saw.
+#[derive(Debug, Deserialize)]
+struct Busy {
+    tps: Option<f64>,
+    transactions: Option<f64>,
+    #[serde(flatten)]
+    internals: pgfleet_proto::workload::Internals,
+}
+
+/// A pgbench point's driving parameters (`dirty_fill`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Drive {
+    script: Option<String>,
+    clients: Option<u64>,
+    duration_s: Option<f64>,
+    warmup_s: Option<f64>,
+}
+
+/// The sampler's per-second `pg_stat` deltas, as far as `dirty_fill`
+/// reads them.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct PgStatSecond {
+    /// Seconds since the sampler started.
+    t: Option<f64>,
+    io: IoCounters,
+    database: DatabaseCounters,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct IoCounters {
+    writes: Option<f64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct DatabaseCounters {
+    xact_commit: Option<f64>,
 }
 
 /// Where a window's page writes per transaction went from none to about
@@ -599,13 +627,14 @@ struct Fill {
 /// no page-write counter); Some(None) when it stayed in one regime: no
 /// sample at `DIRTY_AFTER`, or less than a tenth of the window on either
 /// side of the first that is.
-fn filled(window: &[&Json]) -> Option<Option<Fill>> {
-    if window.len() < 5 || window.iter().any(|s| s["io"]["writes"].as_f64().is_none()) {
+fn filled(window: &[&PgStatSecond]) -> Option<Option<Fill>> {
+    if window.len() < 5 || window.iter().any(|s| s.io.writes.is_none()) {
         return None;
     }
-    let per = |s: &[&Json]| {
-        let sum = |g: &str, k: &str| s.iter().filter_map(|x| x[g][k].as_f64()).sum::<f64>();
-        sum("io", "writes") / sum("database", "xact_commit").max(1.0)
+    let per = |s: &[&PgStatSecond]| {
+        let writes = s.iter().filter_map(|x| x.io.writes).sum::<f64>();
+        let commits = s.iter().filter_map(|x| x.database.xact_commit).sum::<f64>();
+        writes / commits.max(1.0)
     };
     let Some(i) = window.iter().position(|s| per(&[*s]) >= DIRTY_AFTER) else {
         return Some(None);
@@ -617,7 +646,7 @@ fn filled(window: &[&Json]) -> Option<Option<Fill>> {
         return Some(None);
     }
     Some(Some(Fill {
-        second: dirty[0]["t"].as_f64()?,
+        second: dirty[0].t?,
         before,
         after,
     }))
@@ -626,6 +655,7 @@ fn filled(window: &[&Json]) -> Option<Option<Fill>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     /// gp3's 70 s of BENCHMARKS.md's "I/O per transaction" (rounded):
     /// clean for 10 s, then a page written per read. With the warm-up
@@ -657,6 +687,7 @@ mod tests {
             result("c", "gp3y", 0.0, 6.0),
             result("n", "nvme", 0.0, 70.0),
         ];
+        let results = rows(&results);
         let w = dirty_fill(&results, &pg_stat);
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(
@@ -689,7 +720,7 @@ mod tests {
         let class = |profile: &str, read_iops: u64, emulated: bool| json!({"storage": {"profile": profile, "emulated": emulated, "caps": {"read_iops": read_iops}}});
         let point = |class: &str, tps: f64, tx: f64, blocks: f64| {
             json!({"instance_class": class, "metrics": {"tps": tps, "transactions": tx,
-                   "blocks_read": blocks, "page_read_ms_avg": 0.748, "wal_sync_ms_avg": 0.81,
+                   "blocks_read": blocks as u64, "page_read_ms_avg": 0.748, "wal_sync_ms_avg": 0.81,
                    "top_wait_events": [{"event": "LWLock:WALWrite", "share": 0.55},
                                        {"event": "IO:DataFileRead", "share": 0.2},
                                        {"event": "IO:WALSync", "share": 0.12}]}})
@@ -701,6 +732,7 @@ mod tests {
             point("nvme", 1500.0, 90_000.0, 90_000.0),
             point("gp3", 147.0, 8_820.0, 21_600.0),
         ];
+        let results = rows(&results);
         let w = unbound(&env, &results);
         assert_eq!(w.len(), 1, "{w:#?}");
         assert!(
@@ -720,10 +752,10 @@ mod tests {
             [p, point("gp3", 147.0, 8_820.0, 21_600.0)]
         };
         let thin = json!([{"event": "IO:DataFileRead", "share": 0.3}, {"event": "CPU:running", "share": 0.3}]);
-        let w = unbound(&env, &with_waits(thin));
+        let w = unbound(&env, &rows(&with_waits(thin)));
         assert!(w.len() == 1 && !w[0].contains("held it back"), "{w:#?}");
         let cpu = json!([{"event": "CPU:running", "share": 0.7}, {"event": "LWLock:WALWrite", "share": 0.2}]);
-        let w = unbound(&env, &with_waits(cpu));
+        let w = unbound(&env, &rows(&with_waits(cpu)));
         assert!(
             w[0].contains("held it back instead was the CPU: 70 %") && !w[0].contains("fsync"),
             "{w:#?}"
@@ -733,11 +765,17 @@ mod tests {
             point("nvme", 1573.0, 94_380.0, 10.0),
             point("gp3", 147.0, 8_820.0, 10.0),
         ];
-        assert!(unbound(&env, &idle).is_empty());
+        assert!(unbound(&env, &rows(&idle)).is_empty());
         // The host's own disk (not emulated) has no cap to bind.
         let host =
             classes(json!({"nvme": class("nvme", 33_542, false), "gp3": class("gp3", 375, true)}));
         assert!(unbound(&host, &results).is_empty());
+    }
+
+    fn rows(v: &[Json]) -> Vec<ResultRow> {
+        v.iter()
+            .map(|r| serde_json::from_value(r.clone()).unwrap())
+            .collect()
     }
 
     fn classes(j: Json) -> Classes {
@@ -928,12 +966,14 @@ mod tests {
     /// and a cell's dataset are not the class's.
     #[test]
     fn a_class_environment_is_its_first_measured_cells() {
-        let agent = |id: &str, class: &str| pgfleet_store::AgentRow {
+        let agent = |id: &str, class: &str| {
+            pgfleet_store::AgentRow {
             agent_id: id.into(),
             instance_class: class.into(),
-            info: json!({"postgres_version": "15.18", "cores": 2, "memory_bytes": 1000, "hostname": "h",
-                         "storage": {"profile": "gp3", "emulated": true, "caps": {"read_iops": 3000}}}),
+            info: serde_json::from_value(json!({"postgres_version": "15.18", "cores": 2, "memory_bytes": 1000, "hostname": "h",
+                         "storage": {"profile": "gp3", "emulated": true, "caps": {"read_iops": 3000}}})).unwrap(),
             lost_at: None,
+        }
         };
         let cell = |class: &str, env: Option<Json>| pgfleet_store::CellRow {
             point: Default::default(),
@@ -991,7 +1031,7 @@ mod tests {
         let mut fast = class("15.18 (Debian 15.18-0+deb12u1)", "128MB", 96 << 20, true);
         fast["measured"] = json!(true);
         let d = differences(&classes(json!({"fast": fast, "slow": slow})));
-        assert_eq!(d[0]["differs"], json!([]));
+        assert!(d[0].differs.is_empty());
         let w = warnings(&d, &[], &["slow"]);
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(
@@ -1006,16 +1046,11 @@ mod tests {
         // Classes are compared with the first (in name order).
         let same = json!({"a": class("15.18", "128MB", 96 << 20, true), "b": class("15.18", "128MB", 96 << 20, true)});
         let d = differences(&classes(same));
-        assert_eq!(d[0]["differs"], json!([]));
+        assert!(d[0].differs.is_empty());
         assert!(warnings(&d, &[], &["b"]).is_empty());
         let other = json!({"a": class("15.18", "128MB", 96 << 20, true), "b": class("16.4", "1GB", 0, false)});
         let d = differences(&classes(other));
-        let list: Vec<&str> = d[0]["differs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_str().unwrap())
-            .collect();
+        let list: Vec<&str> = d[0].differs.iter().map(String::as_str).collect();
         assert!(list.contains(&"PostgreSQL: 15.18 vs 16.4"), "{list:?}");
         assert!(
             list.contains(&"setting shared_buffers: 128MB vs 1GB"),

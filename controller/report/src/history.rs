@@ -18,10 +18,10 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use serde::Serialize;
-use serde_json::Value as Json;
 
 use crate::changepoint::{self, ChangePoint};
 use crate::comparable::{key_of, point_key, why_not};
+use crate::document::Summary;
 use crate::figure::Figure;
 use pgfleet_scenario::labels::Labels;
 use pgfleet_store::Store;
@@ -80,7 +80,7 @@ pub struct Excluded {
 pub struct Series {
     pub point: String,
     pub workload: String,
-    pub params: Json,
+    pub params: crate::Params,
     pub class: String,
     pub metric: String,
     pub higher_is_better: bool,
@@ -204,13 +204,11 @@ pub fn history(store: &Store, q: &Query) -> Result<History> {
     })
 }
 
-fn point_label(s: &Json) -> String {
-    let label = s["label"].as_str().unwrap_or("");
-    let workload = s["workload"].as_str().unwrap_or("");
-    if label.is_empty() {
-        workload.to_string()
+fn point_label(s: &Summary) -> String {
+    if s.label.is_empty() {
+        s.workload.clone()
     } else {
-        format!("{workload} ({label})")
+        format!("{} ({})", s.workload, s.label)
     }
 }
 
@@ -221,22 +219,16 @@ fn build_series(runs: &[crate::Figures], q: &Query) -> Vec<Series> {
     for f in runs {
         for s in &f.summaries {
             let point = point_label(s);
-            let text = format!("{point} {}", s["params"]);
+            let text = format!("{point} {}", s.params_text());
             if q.point.as_ref().is_some_and(|p| !text.contains(p.as_str())) {
                 continue;
             }
-            let Some(classes) = s["classes"].as_object() else {
-                continue;
-            };
             let point_key = point_key(s);
-            for (class, cm) in classes {
+            for (class, cm) in &s.classes {
                 if q.class.as_ref().is_some_and(|c| c != class) {
                     continue;
                 }
-                let Some(metrics) = cm.as_object() else {
-                    continue;
-                };
-                for metric in metrics.keys() {
+                for metric in cm.metrics.keys() {
                     if !q.metrics.is_empty() && !q.metrics.contains(metric) {
                         continue;
                     }
@@ -250,14 +242,11 @@ fn build_series(runs: &[crate::Figures], q: &Query) -> Vec<Series> {
                         order.push(id.clone());
                         Series {
                             point: point.clone(),
-                            workload: s["workload"].as_str().unwrap_or("").to_string(),
-                            params: s["params"].clone(),
+                            workload: s.workload.clone(),
+                            params: s.params.clone(),
                             class: class.clone(),
                             metric: metric.clone(),
-                            higher_is_better: crate::figure::higher_is_better(
-                                s["workload"].as_str().unwrap_or(""),
-                                metric,
-                            ),
+                            higher_is_better: crate::figure::higher_is_better(&s.workload, metric),
                             values: Vec::new(),
                             change_points: Vec::new(),
                             latest: None,
@@ -496,7 +485,12 @@ mod tests {
                         ..NewRun::bare("", Owner::Run)
                     })
                     .unwrap();
-                let info = json!({"postgres_version": pg, "cores": 2, "memory_bytes": 1 << 30});
+                let info = pgfleet_store::Registration {
+                    postgres_version: pg.to_string(),
+                    cores: 2,
+                    memory_bytes: 1 << 30,
+                    ..Default::default()
+                };
                 store.register_agent(&id, "a-1", "gp3", &info).unwrap();
                 let env = json!({"postgres": {"version": pg, "settings": {"fsync": "on"}},
                 "storage": {"profile": "gp3"}, "host": {"cores": 2, "memory_bytes": 1 << 30}});
@@ -602,7 +596,7 @@ mod tests {
             "{yaml}checks:\n  - name: holds\n    history: {{ metric: tps, class: gp3, max_drop: 5%, same_labels: [branch] }}\n"
         );
         let verdict = |id: &str| {
-            let doc = crate::build(&store, id).unwrap();
+            let doc = serde_json::to_value(crate::build(&store, id).unwrap()).unwrap();
             let c = doc["checks"].as_array().unwrap()[0].clone();
             (
                 c["verdict"].as_str().unwrap().to_string(),

@@ -2,29 +2,8 @@
 //! tooling and CI depend on), `report.md` with the article-style tables, and
 //! SVG plots.
 //!
-//! report.json:
-//! `{run_id, scenario, status, started_at, finished_at,
-//!   environment: {instance_classes: {<class>: {postgres: {version, settings},
-//!                 storage: {profile, emulated}, host: {cores, memory_bytes, hostname},
-//!                 instance: {type, memory_bytes, cpus, emulated, cgroups}, agents}}},
-//!   cells: [{cell_id, workload, instance_class, agent, state, error, started_at, finished_at,
-//!            environment (a multi-role cell's: {<role>: ...})}],
-//!   results: [{workload, instance_class, agent, cell_id, params, metrics}],
-//!   summaries: [{workload, script, params, classes: {<class>: {<metric>: {value, merged, median, min, max, values},
-//!                latency_histograms_us, cells}}}] (`value` is the class's figure: for latency quantiles
-//!                with every cluster's histogram the merged distribution's quantile (`merged`), else the
-//!                median over clusters; `values` per cluster; `figure.rs`),
-//!   summaries[].entry / comparisons[].entry: the workload entry's index,
-//!   comparisons: [{entry, workload, script, metric, baseline_class, class, ratio}],
-//!   differences, warnings: see `guards.rs`;
-//!   summaries[].label, entry_comparisons: see `entries.rs`;
-//!   checks, check_summary: see `checks.rs` (history checks: `trend.rs`);
-//!   costs: see `cost.rs`; check_error: the stored
-//!   scenario no longer parses (no checks judged),
-//!   timeseries: {<cell_id>: [{second, tps, latency_ms_mean, latency_ms_p50, latency_ms_p99}]},
-//!   samples: {<sample kind>: {<cell_id>: [<as the workload sent it>]}}}`
-//!   (every sample kind but the sampler's `pg_stat` and the `second`s above;
-//!   e.g. toast-slice's `repeat`, vacuum-bloat's `vacuum` progress)
+//! report.json is `document::Report`: its fields and their meaning are
+//! there, with the `version` that tells its shapes apart.
 //!
 //! `results[].params` / `metrics` are the kinds' typed points
 //! (`pgfleet_proto::workload::<kind>::{PointParams, Metrics}`) as JSON.
@@ -36,11 +15,17 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde_json::{Value as Json, json};
+use serde::Deserialize;
+use serde_json::Value as Json;
 
 use pgfleet_store::Error;
 use pgfleet_store::Result;
 use pgfleet_store::Store;
+
+pub use document::{
+    Cell, ClassFigures, Comparison, Judged, MetricFigure, Params, Report, ResultRow, Second,
+    Summary,
+};
 
 pub mod changepoint;
 pub mod checks;
@@ -49,6 +34,7 @@ pub mod compare;
 mod compression_analysis;
 pub mod cost;
 mod curves;
+pub mod document;
 pub mod entries;
 pub mod figure;
 mod fio;
@@ -74,9 +60,9 @@ pub struct Figures {
     pub run: pgfleet_store::RunRow,
     pub cells: Vec<pgfleet_store::CellRow>,
     pub classes: guards::Classes,
-    pub results: Vec<Json>,
-    pub summaries: Vec<Json>,
-    pub comparisons: Vec<Json>,
+    pub results: Vec<ResultRow>,
+    pub summaries: Vec<Summary>,
+    pub comparisons: Vec<Comparison>,
 }
 
 pub fn figures(store: &Store, run_id: &str) -> Result<Figures> {
@@ -92,28 +78,26 @@ pub fn figures(store: &Store, run_id: &str) -> Result<Figures> {
     let classes = guards::class_environments(&agents, &cells);
     let by_id: BTreeMap<&str, &pgfleet_store::CellRow> =
         cells.iter().map(|c| (c.cell_id.as_str(), c)).collect();
-    let results: Vec<Json> = results
+    let results: Vec<ResultRow> = results
         .iter()
         .map(|r| {
             let c = by_id.get(r.cell_id.as_str());
             // A swept key the kind's point does not report (say pgbench's
             // fillfactor) still sets its points apart.
             let point = c.map(|c| c.point.clone()).unwrap_or_default();
-            let mut params = r.params.clone();
-            if let Some(p) = params.as_object_mut() {
-                for (k, v) in &point {
-                    p.entry(k.clone()).or_insert_with(|| v.clone());
-                }
+            let mut params = r.params.as_object().cloned().unwrap_or_default();
+            for (k, v) in &point {
+                params.entry(k.clone()).or_insert_with(|| v.clone());
             }
-            json!({
-                "workload": c.map(|c| c.workload.clone()),
-                "instance_class": c.map(|c| c.instance_class.clone()),
-                "agent": c.and_then(|c| c.agent_id.clone()),
-                "cell_id": r.cell_id,
-                "params": params,
-                "point": point,
-                "metrics": r.metrics,
-            })
+            ResultRow {
+                workload: c.map(|c| c.workload.clone()),
+                instance_class: c.map(|c| c.instance_class.clone()),
+                agent: c.and_then(|c| c.agent_id.clone()),
+                cell_id: r.cell_id.clone(),
+                params,
+                point,
+                metrics: r.metrics.clone(),
+            }
         })
         .collect();
     let (mut summaries, comparisons) = summarize(&results);
@@ -129,7 +113,7 @@ pub fn figures(store: &Store, run_id: &str) -> Result<Figures> {
 }
 
 /// Builds the report document of a run from the store.
-pub fn build(store: &Store, run_id: &str) -> Result<Json> {
+pub fn build(store: &Store, run_id: &str) -> Result<Report> {
     let Figures {
         run,
         cells,
@@ -141,7 +125,6 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
     let entry_comparisons = entries::comparisons(&summaries);
     // The scenario as it was run (stored with the run): its checks, and
     // its plan's warnings with the memory the clusters really had.
-    let env_classes = serde_json::to_value(&classes).unwrap_or_default();
     let host_memory = classes
         .values()
         .map(|c| c.env.host.memory_bytes)
@@ -175,80 +158,85 @@ pub fn build(store: &Store, run_id: &str) -> Result<Json> {
         None => (Vec::new(), None, Vec::new(), None),
     };
     let differences = guards::differences(&classes);
-    let compared: Vec<&str> = comparisons
-        .iter()
-        .filter_map(|c| c["class"].as_str())
-        .collect();
+    let compared: Vec<&str> = comparisons.iter().map(|c| c.class.as_str()).collect();
     let mut warnings = guards::warnings(&differences, &plan_warnings, &compared);
     warnings.extend(guards::oversubscribed(&classes, &cells));
     warnings.extend(guards::delivered(&classes));
     warnings.extend(guards::unbound(&classes, &results));
     warnings.extend(guards::datasets(&cells));
-    if results.iter().any(|r| r["workload"] == "pgbench") {
+    if results.iter().any(|r| r.workload() == "pgbench") {
         warnings.extend(guards::dirty_fill(
             &results,
             &store.samples(run_id, "pg_stat")?,
         ));
     }
-    let mut timeseries = serde_json::Map::new();
+    let mut timeseries: BTreeMap<String, Vec<Second>> = BTreeMap::new();
     for (cell, data) in store.samples(run_id, "second")? {
-        let e = timeseries.entry(cell).or_insert_with(|| json!([]));
-        if let Some(a) = e.as_array_mut() {
-            a.push(json!({"second": data["second"], "tps": data["tps"], "latency_ms_mean": data["latency_ms_mean"],
-                          "latency_ms_p50": data["latency_ms_p50"], "latency_ms_p99": data["latency_ms_p99"]}));
-        }
+        timeseries
+            .entry(cell)
+            .or_default()
+            .push(Second::deserialize(&data).unwrap_or_default());
     }
     // Every other kind of sample a workload sent, as sent (the sampler's
     // pg_stat deltas stay in the store: `pgfleet` reads them, reports sum them).
-    let mut samples = serde_json::Map::new();
+    let mut samples: BTreeMap<String, BTreeMap<String, Vec<Json>>> = BTreeMap::new();
     for kind in store.sample_kinds(run_id)? {
         if kind == "pg_stat" || kind == "second" {
             continue;
         }
-        let mut by_cell = serde_json::Map::new();
+        let by_cell = samples.entry(kind.clone()).or_default();
         for (cell, data) in store.samples(run_id, &kind)? {
-            if let Some(a) = by_cell
-                .entry(cell)
-                .or_insert_with(|| json!([]))
-                .as_array_mut()
-            {
-                a.push(data);
-            }
+            by_cell.entry(cell).or_default().push(data);
         }
-        samples.insert(kind, Json::Object(by_cell));
     }
-    Ok(json!({
-        "run_id": run.id,
-        "scenario": run.scenario_name,
-        "scenario_path": run.scenario_path,
-        "status": run.status,
-        "started_at": run.started_at,
-        "finished_at": run.finished_at,
-        "seconds": run.seconds(),
-        "estimated_seconds": run.estimated_seconds,
-        "labels": run.labels,
-        "kept": run.kept,
-        "environment": {"instance_classes": env_classes},
-        "differences": differences,
-        "warnings": warnings,
-        "cells": cells.iter().map(|c| json!({
-            "cell_id": c.cell_id, "workload": c.workload, "instance_class": c.instance_class,
-            "agent": c.agent_id, "state": c.state, "error": c.error,
-            "started_at": c.started_at, "finished_at": c.finished_at,
-            "seconds": c.seconds(), "estimate_seconds": c.estimate_seconds,
-            "environment": c.environment,
-        })).collect::<Vec<_>>(),
-        "results": results,
-        "summaries": summaries,
-        "comparisons": comparisons,
-        "entry_comparisons": entry_comparisons,
-        "check_summary": checks::summary(&checks),
-        "checks": checks,
-        "check_error": check_error,
-        "costs": costs,
-        "timeseries": timeseries,
-        "samples": samples,
-    }))
+    let cells = cells
+        .iter()
+        .map(|c| Cell {
+            cell_id: c.cell_id.clone(),
+            workload: c.workload.clone(),
+            instance_class: c.instance_class.clone(),
+            agent: c.agent_id.clone(),
+            state: c.state.clone(),
+            error: c.error.clone(),
+            started_at: c.started_at.clone(),
+            finished_at: c.finished_at.clone(),
+            seconds: c.seconds(),
+            estimate_seconds: c.estimate_seconds,
+            environment: c.environment.clone(),
+        })
+        .collect();
+    Ok(Report {
+        version: document::VERSION,
+        run_id: run.id.clone(),
+        scenario: run.scenario_name.clone(),
+        scenario_path: run.scenario_path.clone(),
+        status: run.status.clone(),
+        started_at: run.started_at.clone(),
+        finished_at: run.finished_at.clone(),
+        seconds: run.seconds(),
+        estimated_seconds: run.estimated_seconds,
+        labels: run.labels.clone(),
+        kept: run
+            .kept
+            .as_ref()
+            .and_then(|k| document::Kept::deserialize(k).ok()),
+        environment: document::Environments {
+            instance_classes: classes,
+        },
+        differences,
+        warnings,
+        cells,
+        results,
+        summaries,
+        comparisons,
+        entry_comparisons,
+        check_summary: checks::summary(&checks),
+        checks,
+        check_error,
+        costs,
+        timeseries,
+        samples,
+    })
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -258,7 +246,7 @@ fn median(v: &mut [f64]) -> f64 {
 
 /// The workload entry (index in `workloads`) a cell belongs to: its id
 /// starts `w<index>-`.
-fn entry_of(cell_id: &str) -> Option<usize> {
+pub fn entry_of(cell_id: &str) -> Option<usize> {
     cell_id.strip_prefix('w')?.split('-').next()?.parse().ok()
 }
 
@@ -266,98 +254,107 @@ fn entry_of(cell_id: &str) -> Option<usize> {
 /// per-class medians of the kind's compared metrics with min, max and each
 /// cell's value; then each class's median against the first class's (the
 /// baseline).
-fn summarize(results: &[Json]) -> (Vec<Json>, Vec<Json>) {
-    let mut groups: Vec<(String, Vec<&Json>)> = Vec::new();
+fn summarize(results: &[ResultRow]) -> (Vec<Summary>, Vec<Comparison>) {
+    // (entry, kind, parameters): a point of an entry.
+    type Point<'a> = (Option<usize>, &'a str, &'a Params);
+    let mut groups: Vec<(Point, Vec<&ResultRow>)> = Vec::new();
     for r in results {
-        let entry = entry_of(r["cell_id"].as_str().unwrap_or(""));
-        let key = format!("{entry:?}{}{}", r["workload"], r["params"]);
+        let key = (entry_of(&r.cell_id), r.workload(), &r.params);
         match groups.iter_mut().find(|(k, _)| *k == key) {
             Some((_, v)) => v.push(r),
             None => groups.push((key, vec![r])),
         }
     }
     let (mut summaries, mut comparisons) = (Vec::new(), Vec::new());
-    for (_, rs) in groups {
-        let compared: Vec<&str> = rs[0]["workload"]
-            .as_str()
-            .and_then(pgfleet_proto::workload::info)
+    for ((entry, workload, params), rs) in groups {
+        let compared: Vec<&str> = pgfleet_proto::workload::info(workload)
             .map(|k| k.compared.iter().map(|m| m.name).collect())
             .unwrap_or_default();
-        let mut classes: Vec<String> = Vec::new();
+        let mut classes: Vec<&str> = Vec::new();
         for r in &rs {
-            let c = r["instance_class"].as_str().unwrap_or("").to_string();
-            if !classes.contains(&c) {
-                classes.push(c);
+            if !classes.contains(&r.class()) {
+                classes.push(r.class());
             }
         }
-        let mut per_class = serde_json::Map::new();
-        let mut medians: BTreeMap<(String, &str), f64> = BTreeMap::new();
+        let mut per_class = BTreeMap::new();
+        let mut medians: BTreeMap<(&str, &str), f64> = BTreeMap::new();
         for c in &classes {
-            let mine: Vec<&&Json> = rs
-                .iter()
-                .filter(|r| r["instance_class"] == c.as_str())
-                .collect();
-            let mut m = serde_json::Map::new();
-            // Each cluster's latency histogram, when every one sent it: the
-            // class's latency quantiles are its merged distribution's.
-            let hists: Option<Vec<Json>> = mine
-                .iter()
-                .map(|r| {
-                    let h = &r["metrics"]["latency_histogram_us"];
-                    h.as_array().filter(|a| !a.is_empty()).map(|_| h.clone())
-                })
-                .collect();
-            if let Some(h) = hists {
-                m.insert("latency_histograms_us".into(), Json::Array(h));
-            }
+            let mine: Vec<&&ResultRow> = rs.iter().filter(|r| r.class() == *c).collect();
+            let mut figures = ClassFigures {
+                cells: mine.len(),
+                // Each cluster's latency histogram, when every one sent it:
+                // the class's latency quantiles are its merged distribution's.
+                latency_histograms_us: mine
+                    .iter()
+                    .map(|r| {
+                        r.metrics
+                            .get("latency_histogram_us")
+                            .and_then(|h| <Vec<[u64; 2]>>::deserialize(h).ok())
+                            .filter(|h| !h.is_empty())
+                    })
+                    .collect(),
+                metrics: BTreeMap::new(),
+            };
             for metric in &compared {
                 let mut vals: Vec<f64> = mine
                     .iter()
-                    .filter_map(|r| r["metrics"][*metric].as_f64())
+                    .filter_map(|r| r.metrics.get(*metric)?.as_f64())
                     .collect();
                 if vals.is_empty() {
                     continue;
                 }
                 let values = vals.clone();
                 let med = median(&mut vals);
-                m.insert(metric.to_string(), json!({"values": values}));
-                let figure = figure::Figure::of(&Json::Object(m.clone()), metric);
-                let value = figure.as_ref().map(|f| f.value()).unwrap_or(med);
-                medians.insert((c.clone(), metric), value);
-                m.insert(
+                let f = figure::Figure::of_values(&figures, metric, &values);
+                let value = f.as_ref().map_or(med, |f| f.value());
+                let merged = f.is_some_and(|f| f.merged());
+                medians.insert((c, metric), value);
+                figures.metrics.insert(
                     metric.to_string(),
-                    json!({"value": value, "merged": figure.is_some_and(|f| f.merged()),
-                           "median": med, "min": vals.first(), "max": vals.last(), "values": values}),
+                    MetricFigure {
+                        value,
+                        merged,
+                        median: med,
+                        min: vals.first().copied(),
+                        max: vals.last().copied(),
+                        values,
+                    },
                 );
             }
-            m.insert("cells".into(), json!(mine.len()));
-            per_class.insert(c.clone(), Json::Object(m));
+            per_class.insert(c.to_string(), figures);
         }
-        let first = &rs[0];
-        let entry = entry_of(first["cell_id"].as_str().unwrap_or(""));
-        summaries.push(json!({
-            "entry": entry,
-            "workload": first["workload"],
-            "script": first["params"]["script"],
-            "params": first["params"],
-            "point": first["point"],
-            "classes": per_class,
-        }));
+        let script = params
+            .get("script")
+            .and_then(Json::as_str)
+            .map(str::to_string);
+        let point = rs[0].point.clone();
+        summaries.push(Summary {
+            entry,
+            workload: workload.to_string(),
+            script: script.clone(),
+            params: params.clone(),
+            point,
+            classes: per_class,
+            label: String::new(),
+        });
         let Some(base) = classes.first() else {
             continue;
         };
         for c in classes.iter().skip(1) {
             for metric in &compared {
-                if let (Some(b), Some(x)) = (
-                    medians.get(&(base.clone(), metric)),
-                    medians.get(&(c.clone(), metric)),
-                ) && *b != 0.0
+                if let (Some(b), Some(x)) =
+                    (medians.get(&(*base, *metric)), medians.get(&(*c, *metric)))
+                    && *b != 0.0
                 {
-                    comparisons.push(json!({
-                        "entry": entry,
-                        "workload": first["workload"], "script": first["params"]["script"],
-                        "metric": metric, "baseline_class": base, "class": c, "ratio": x / b,
-                    }));
+                    comparisons.push(Comparison {
+                        entry,
+                        workload: workload.to_string(),
+                        script: script.clone(),
+                        metric: metric.to_string(),
+                        baseline_class: base.to_string(),
+                        class: c.to_string(),
+                        ratio: x / b,
+                    });
                 }
             }
         }
@@ -367,7 +364,7 @@ fn summarize(results: &[Json]) -> (Vec<Json>, Vec<Json>) {
 
 /// Writes report.json, report.md and the plots into `dir`; returns the
 /// report document.
-pub fn write(store: &Store, run_id: &str, dir: &Path) -> Result<Json> {
+pub fn write(store: &Store, run_id: &str, dir: &Path) -> Result<Report> {
     let doc = build(store, run_id)?;
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::Report(format!("creating {}: {e}", dir.display())))?;

@@ -2,11 +2,11 @@
 //! it took to drain, per-class medians against the seeds' figures, the lag
 //! over time, and the settings the kind gave each role's cluster.
 
+use crate::Report;
 use std::fmt::Write;
 
 use pgfleet_proto::workload::Kind;
 use pgfleet_proto::workload::logical_drain::{Lag, Metrics, PointParams};
-use serde_json::Value as Json;
 
 use super::table::{Column, Plots, Row, Seeds, class_table, mib, num, samples_plot};
 
@@ -14,7 +14,7 @@ use super::table::{Column, Plots, Row, Seeds, class_table, mib, num, samples_plo
 const SEEDS_NVME_S: f64 = 139.0;
 const SEEDS_EBS_S: f64 = 238.0;
 
-pub fn section(md: &mut String, plots: &mut Plots, doc: &Json, rs: &[Row<PointParams, Metrics>]) {
+pub fn section(md: &mut String, plots: &mut Plots, doc: &Report, rs: &[Row<PointParams, Metrics>]) {
     let _ = writeln!(
         md,
         "\n## logical-drain: draining a logical-replication backlog\n\n\
@@ -77,25 +77,27 @@ pub fn section(md: &mut String, plots: &mut Plots, doc: &Json, rs: &[Row<PointPa
     // The settings the kind gave each role's cluster, from the first cell.
     if let Some(env) = rs
         .first()
-        .and_then(|r| {
-            doc["cells"]
-                .as_array()?
-                .iter()
-                .find(|c| c["cell_id"] == r.cell_id)
-        })
-        .map(|c| &c["environment"])
-        .and_then(|e| e.as_object())
+        .and_then(|r| doc.cells.iter().find(|c| c.cell_id == r.cell_id))
+        .and_then(|c| c.roles())
     {
         let _ = writeln!(md, "\nRole clusters (first cell):\n");
         for (role, e) in env {
-            let s = &e["postgres"]["settings"];
+            let s = |name: &str| {
+                e.postgres
+                    .settings
+                    .get(name)
+                    .map_or("?".to_string(), String::clone)
+            };
+            let version = match e.postgres.version.as_str() {
+                "" => "?",
+                v => v,
+            };
             let _ = writeln!(
                 md,
-                "- {role}: PostgreSQL {}, wal_level={}, max_wal_senders={}, max_replication_slots={}",
-                e["postgres"]["version"].as_str().unwrap_or("?"),
-                s["wal_level"].as_str().unwrap_or("?"),
-                s["max_wal_senders"].as_str().unwrap_or("?"),
-                s["max_replication_slots"].as_str().unwrap_or("?"),
+                "- {role}: PostgreSQL {version}, wal_level={}, max_wal_senders={}, max_replication_slots={}",
+                s("wal_level"),
+                s("max_wal_senders"),
+                s("max_replication_slots"),
             );
         }
     }

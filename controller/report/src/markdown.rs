@@ -1,13 +1,16 @@
 //! report.md: run summary, cells, environment, and per workload the
 //! article-style tables with their plots.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
-use pgfleet_proto::workload::{Kind, approx_seconds};
+use pgfleet_proto::environment::Caps;
+use pgfleet_proto::workload::{Kind, approx_bytes, approx_seconds};
 use serde::de::DeserializeOwned;
-use serde_json::Value as Json;
 
-use crate::table::{Plots, Row, Section, num, sig};
+use crate::checks::{point_label, shown_number};
+use crate::document::{Cell, ClassCost, Judged, Report, ResultRow, Verdict};
+use crate::table::{Plots, Row, Section, figure_cell, sig};
 
 /// The section of `kind`: one arm per kind, so a kind without a section
 /// does not compile. Sections appear in the kinds' table order.
@@ -15,8 +18,8 @@ pub(super) fn section(
     kind: Kind,
     md: &mut String,
     plots: &mut Plots,
-    doc: &Json,
-    results: &[&Json],
+    doc: &Report,
+    results: &[&ResultRow],
 ) {
     match kind {
         Kind::Fio => typed(kind, super::fio::section, md, plots, doc, results),
@@ -46,23 +49,23 @@ fn typed<P: DeserializeOwned, M: DeserializeOwned>(
     section: Section<P, M>,
     md: &mut String,
     plots: &mut Plots,
-    doc: &Json,
-    results: &[&Json],
+    doc: &Report,
+    results: &[&ResultRow],
 ) {
     let mut rows = Vec::new();
     let mut unread = Vec::new();
     for r in results {
-        let cell_id = r["cell_id"].as_str().unwrap_or("");
-        match (P::deserialize(&r["params"]), M::deserialize(&r["metrics"])) {
+        let params = serde_json::Value::Object(r.params.clone());
+        match (P::deserialize(&params), M::deserialize(&r.metrics)) {
             (Ok(params), Ok(metrics)) => rows.push(Row {
-                cell_id,
-                class: r["instance_class"].as_str().unwrap_or(""),
-                agent: r["agent"].as_str().unwrap_or(""),
+                cell_id: &r.cell_id,
+                class: r.class(),
+                agent: r.agent.as_deref().unwrap_or(""),
                 params,
                 metrics,
                 raw: r,
             }),
-            (Err(e), _) | (_, Err(e)) => unread.push(format!("`{cell_id}` ({e})")),
+            (Err(e), _) | (_, Err(e)) => unread.push(format!("`{}` ({e})", r.cell_id)),
         }
     }
     if !rows.is_empty() {
@@ -79,275 +82,154 @@ fn typed<P: DeserializeOwned, M: DeserializeOwned>(
     }
 }
 
+/// A check's verdict as the report marks it.
+fn mark(e: &Judged) -> &'static str {
+    match (e.verdict, e.passes) {
+        (Verdict::Passed, _) => "✅ passed",
+        (Verdict::Failed, _) => "❌ failed",
+        (_, true) => "⚠️ inconclusive (counts as passed)",
+        _ => "⚠️ inconclusive",
+    }
+}
+
 /// The checks' verdicts, first: what a pipeline gates on.
-fn checks(md: &mut String, doc: &Json) {
-    let Some(list) = doc["checks"].as_array().filter(|l| !l.is_empty()) else {
+fn checks(md: &mut String, doc: &Report) {
+    let list = &doc.checks;
+    if list.is_empty() {
         return;
-    };
-    let sm = &doc["check_summary"];
+    }
+    let sm = &doc.check_summary;
     let _ = writeln!(
         md,
         "## Checks: {}\n\n{} passed, {} failed, {} inconclusive (an interval straddling its bound counts as failed unless the check says `inconclusive: pass`).\n\n\
          | | check | point | figure | observed | interval | bound | clusters |\n|---|---|---|---|---|---|---|---|",
-        if sm["ok"] == true { "passed" } else { "FAILED" },
-        sm["passed"],
-        sm["failed"],
-        sm["inconclusive"]
+        if sm.ok { "passed" } else { "FAILED" },
+        sm.passed,
+        sm.failed,
+        sm.inconclusive
     );
     for e in list {
-        let mark = match (e["verdict"].as_str(), e["passes"] == true) {
-            (Some("passed"), _) => "✅ passed",
-            (Some("failed"), _) => "❌ failed",
-            (_, true) => "⚠️ inconclusive (counts as passed)",
-            _ => "⚠️ inconclusive",
+        let figure = match &e.baseline {
+            Some(b) => format!("{} {} / {b}", e.metric, e.class),
+            None => format!("{} of {}", e.metric, e.class),
         };
-        let figure = match e["baseline"].as_str() {
-            Some(b) => format!(
-                "{} {} / {b}",
-                e["metric"].as_str().unwrap_or(""),
-                e["class"].as_str().unwrap_or("")
-            ),
-            None => format!(
-                "{} of {}",
-                e["metric"].as_str().unwrap_or(""),
-                e["class"].as_str().unwrap_or("")
-            ),
-        };
-        let f = |v: &Json| v.as_f64().map(sig).unwrap_or_else(|| "–".into());
-        let bound = match (e["min"].as_f64(), e["max"].as_f64()) {
+        let bound = match (e.min, e.max) {
             (Some(lo), Some(hi)) => format!("{} … {}", sig(lo), sig(hi)),
             (Some(lo), None) => format!("≥ {}", sig(lo)),
             (None, Some(hi)) => format!("≤ {}", sig(hi)),
             _ => String::new(),
         };
-        let clusters = e["clusters"]
-            .as_object()
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| format!("{k}: {v}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            })
-            .unwrap_or_default();
+        let clusters = e
+            .clusters
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let [lo, hi] = e.interval.unwrap_or([None, None]);
         let _ = writeln!(
             md,
-            "| {mark} | {} | {} | {figure} | {} | {:.0} %: {}–{} | {bound} | {clusters} |",
-            e["name"].as_str().unwrap_or(""),
-            super::checks::point_label(e),
-            f(&e["observed"]),
-            e["confidence"].as_f64().unwrap_or(0.95) * 100.0,
-            f(&e["interval"][0]),
-            f(&e["interval"][1]),
+            "| {} | {} | {} | {figure} | {} | {:.0} %: {}–{} | {bound} | {clusters} |",
+            mark(e),
+            e.name,
+            point_label(e),
+            shown_number(e.observed),
+            e.confidence * 100.0,
+            shown_number(lo),
+            shown_number(hi),
         );
     }
-    for e in list.iter().filter(|e| e["note"].is_string()) {
-        let _ = writeln!(
-            md,
-            "\n- {}: {}",
-            e["name"].as_str().unwrap_or(""),
-            e["note"].as_str().unwrap_or("")
-        );
+    for e in list {
+        if let Some(note) = &e.note {
+            let _ = writeln!(md, "\n- {}: {note}", e.name);
+        }
     }
     md.push('\n');
 }
 
-/// Returns the markdown and the plots it embeds (file name, SVG).
 /// What a Kubernetes run kept for debugging (`cleanup: keep`), with how
 /// to look at it and when it goes.
-fn kept(md: &mut String, doc: &Json) {
-    let k = &doc["kept"];
-    let Some(objects) = k["objects"].as_array() else {
+fn kept(md: &mut String, doc: &Report) {
+    let Some(k) = &doc.kept else {
         return;
     };
-    let ns = k["namespace"].as_str().unwrap_or("");
+    let ns = &k.namespace;
     let _ = writeln!(
         md,
         "## Kept for debugging
 
 `cleanup:` kept this run's objects in namespace `{ns}` until {} (then serve deletes them):
 ",
-        k["until"].as_str().unwrap_or("")
+        k.until
     );
-    for o in objects {
-        let _ = writeln!(md, "- `{}`", o.as_str().unwrap_or(""));
+    for o in &k.objects {
+        let _ = writeln!(md, "- `{o}`");
     }
-    let pod = objects
+    let pod = k
+        .objects
         .iter()
-        .filter_map(|o| o.as_str())
         .find(|o| o.starts_with("pod/"))
-        .unwrap_or("pod/NAME");
+        .map_or("pod/NAME", String::as_str);
     let _ = writeln!(
         md,
         "
 An agent's log: `kubectl -n {ns} logs {pod}`. Delete them now: `kubectl -n {ns} delete configmap {} --cascade=foreground`.
 ",
-        k["owner"].as_str().unwrap_or("")
+        k.owner
     );
 }
 
-pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
+/// Returns the markdown and the plots it embeds (file name, SVG).
+pub fn render(doc: &Report) -> (String, Vec<(String, String)>) {
     let mut md = String::new();
     let mut plots = Vec::new();
-    let s = |v: &Json| v.as_str().unwrap_or("").to_string();
-    let _ = writeln!(md, "# pgfleet run {}\n", s(&doc["run_id"]));
+    let _ = writeln!(md, "# pgfleet run {}\n", doc.run_id);
     let _ = writeln!(md, "| | |\n|---|---|");
     let _ = writeln!(
         md,
         "| scenario | `{}` ({}) |",
-        s(&doc["scenario"]),
-        s(&doc["scenario_path"])
+        doc.scenario, doc.scenario_path
     );
-    let _ = writeln!(md, "| status | **{}** |", s(&doc["status"]));
-    let _ = writeln!(md, "| started | {} |", s(&doc["started_at"]));
-    let _ = writeln!(md, "| finished | {} |", s(&doc["finished_at"]));
-    if let Some(labels) = doc["labels"].as_object().filter(|l| !l.is_empty()) {
+    let _ = writeln!(md, "| status | **{}** |", doc.status);
+    let _ = writeln!(md, "| started | {} |", doc.started_at);
+    let _ = writeln!(
+        md,
+        "| finished | {} |",
+        doc.finished_at.as_deref().unwrap_or("")
+    );
+    if !doc.labels.0.is_empty() {
         // Labels are the submitter's text: shown as code, never as Markdown.
-        let shown: Vec<String> = labels
+        let shown: Vec<String> = doc
+            .labels
+            .0
             .iter()
-            .map(|(k, v)| inline_code(&format!("{k}={}", v.as_str().unwrap_or(""))))
+            .map(|(k, v)| inline_code(&format!("{k}={v}")))
             .collect();
         let _ = writeln!(md, "| labels | {} |", shown.join(" "));
     }
     md.push('\n');
     checks(&mut md, doc);
-    for w in doc["warnings"].as_array().into_iter().flatten() {
-        let _ = writeln!(
-            md,
-            "> ⚠️ {}\n",
-            w.as_str().unwrap_or("").trim_start_matches("warning: ")
-        );
+    for w in &doc.warnings {
+        let _ = writeln!(md, "> ⚠️ {}\n", w.trim_start_matches("warning: "));
     }
 
     kept(&mut md, doc);
     history_checks(&mut md, &mut plots, doc);
     storage_classes(&mut md, doc);
     costs(&mut md, doc);
-
-    let _ = writeln!(md, "## Environment\n");
-    let _ = writeln!(
-        md,
-        "| instance class | agents | PostgreSQL | instance | storage | host | settings |\n|---|---|---|---|---|---|---|"
-    );
-    if let Some(classes) = doc["environment"]["instance_classes"].as_object() {
-        for (name, c) in classes {
-            let agents: Vec<String> = c["agents"]
-                .as_array()
-                .map(|a| a.iter().map(s).collect())
-                .unwrap_or_default();
-            let settings: Vec<String> = c["postgres"]["settings"]
-                .as_object()
-                .map(|m| m.iter().map(|(k, v)| format!("{k}={}", s(v))).collect())
-                .unwrap_or_default();
-            let caps = &c["storage"]["caps"];
-            let capped = ["read_iops", "write_iops", "read_mbps", "write_mbps"]
-                .iter()
-                .any(|k| caps[*k].as_u64().unwrap_or(0) > 0);
-            let emulated = match (c["storage"]["emulated"].as_bool().unwrap_or(false), capped) {
-                (true, _) => {
-                    let d = &c["storage"]["delivered"];
-                    let got = |k: &str| {
-                        d[k]["delivered"]
-                            .as_f64()
-                            .map(sig)
-                            .unwrap_or_else(|| "–".into())
-                    };
-                    let probe = if d["error"].is_string() {
-                        "; not probed".to_string()
-                    } else if d.is_object() {
-                        format!(
-                            "; fio probe delivered {}/{} IOPS, {}/{} MiB/s",
-                            got("read_iops"),
-                            got("write_iops"),
-                            got("read_mbps"),
-                            got("write_mbps")
-                        )
-                    } else {
-                        String::new()
-                    };
-                    let cap = |k: &str| match caps[k].as_u64() {
-                        Some(0) | None => "uncapped".to_string(),
-                        Some(n) => n.to_string(),
-                    };
-                    if caps["combined"].as_bool() == Some(true) {
-                        format!(
-                            "emulated: {} IOPS, {} MiB/s of reads and writes together{probe}",
-                            cap("read_iops"),
-                            cap("read_mbps")
-                        )
-                    } else {
-                        format!(
-                            "emulated: {}/{} IOPS, {}/{} MiB/s read/write{probe}",
-                            cap("read_iops"),
-                            cap("write_iops"),
-                            cap("read_mbps"),
-                            cap("write_mbps")
-                        )
-                    }
-                }
-                (false, true) => "caps NOT applied (emulate: false), the disk as is".to_string(),
-                (false, false) => "real".to_string(),
-            };
-            let mem = c["host"]["memory_bytes"].as_f64().unwrap_or(0.0) / (1u64 << 30) as f64;
-            let i = &c["instance"];
-            let mut limits = Vec::new();
-            if let Some(m) = i["memory_bytes"].as_u64().filter(|m| *m > 0) {
-                limits.push(pgfleet_proto::workload::approx_bytes(m));
-            }
-            if let Some(n) = i["cpus"].as_u64().filter(|n| *n > 0) {
-                limits.push(format!("{n} CPU{}", if n == 1 { "" } else { "s" }));
-            }
-            let instance = match (s(&i["type"]), limits.is_empty(), i["emulated"].as_bool()) {
-                (t, true, _) if t.is_empty() => "the host".to_string(),
-                (t, true, _) => format!("{t} (the host's memory and CPUs)"),
-                (t, false, Some(true)) => format!("{t} {} (emulated)", limits.join(", "))
-                    .trim()
-                    .to_string(),
-                (t, false, _) => format!("{t} {} (NOT emulated: the host's)", limits.join(", "))
-                    .trim()
-                    .to_string(),
-            };
-            let _ = writeln!(
-                md,
-                "| {name} | {} | {} | {instance} | {} ({emulated}) | {} cores, {mem:.1} GiB | {} |",
-                agents.join(", "),
-                s(&c["postgres"]["version"]),
-                s(&c["storage"]["profile"]),
-                c["host"]["cores"],
-                settings.join(", ")
-            );
-        }
-    }
-
+    environment(&mut md, doc);
     emulation_limits(&mut md, doc);
     roles(&mut md, doc);
-    let _ = writeln!(
-        md,
-        "\n## Cells\n\n| cell | agent | state | took | estimated | error |\n|---|---|---|---|---|---|"
-    );
-    let secs = |v: &Json| v.as_f64().map(approx_seconds).unwrap_or_default();
-    for c in doc["cells"].as_array().into_iter().flatten() {
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {} | {} | {} |",
-            s(&c["cell_id"]),
-            s(&c["agent"]),
-            s(&c["state"]),
-            secs(&c["seconds"]),
-            secs(&c["estimate_seconds"]),
-            s(&c["error"]).replace('|', "\\|").replace('\n', " ")
-        );
-    }
+    cells(&mut md, doc);
     estimates(&mut md, doc);
 
     datasets(&mut md, doc);
     super::curves::render(&mut md, &mut plots, doc);
 
     for kind in Kind::ALL {
-        let results: Vec<&Json> = doc["results"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|r| r["workload"] == kind.name())
+        let results: Vec<&ResultRow> = doc
+            .results
+            .iter()
+            .filter(|r| r.workload() == kind.name())
             .collect();
         if !results.is_empty() {
             section(*kind, &mut md, &mut plots, doc, &results);
@@ -356,25 +238,140 @@ pub fn render(doc: &Json) -> (String, Vec<(String, String)>) {
     (md, plots)
 }
 
+/// A class's storage in words: its caps as emulated (with what the fio
+/// probe delivered), not applied, or the real device.
+fn storage_words(storage: &pgfleet_proto::environment::Storage) -> String {
+    let caps = &storage.caps;
+    match (storage.emulated, caps.is_capped()) {
+        (true, _) => {
+            let d = storage.delivered.as_ref();
+            let got = |k: &str| shown_number(d.and_then(|d| d.of(k)).map(|p| p.delivered));
+            let probe = match d {
+                Some(d) if d.error.is_some() => "; not probed".to_string(),
+                Some(_) => format!(
+                    "; fio probe delivered {}/{} IOPS, {}/{} MiB/s",
+                    got("read_iops"),
+                    got("write_iops"),
+                    got("read_mbps"),
+                    got("write_mbps")
+                ),
+                None => String::new(),
+            };
+            let cap = |v: u64| match v {
+                0 => "uncapped".to_string(),
+                n => n.to_string(),
+            };
+            if caps.combined {
+                format!(
+                    "emulated: {} IOPS, {} MiB/s of reads and writes together{probe}",
+                    cap(caps.read_iops),
+                    cap(caps.read_mbps)
+                )
+            } else {
+                format!(
+                    "emulated: {}/{} IOPS, {}/{} MiB/s read/write{probe}",
+                    cap(caps.read_iops),
+                    cap(caps.write_iops),
+                    cap(caps.read_mbps),
+                    cap(caps.write_mbps)
+                )
+            }
+        }
+        (false, true) => "caps NOT applied (emulate: false), the disk as is".to_string(),
+        (false, false) => "real".to_string(),
+    }
+}
+
+/// The classes' environments: agents, PostgreSQL, instance, storage, host
+/// and settings.
+fn environment(md: &mut String, doc: &Report) {
+    let _ = writeln!(md, "## Environment\n");
+    let _ = writeln!(
+        md,
+        "| instance class | agents | PostgreSQL | instance | storage | host | settings |\n|---|---|---|---|---|---|---|"
+    );
+    for (name, c) in &doc.environment.instance_classes {
+        let e = &c.env;
+        let settings: Vec<String> = e
+            .postgres
+            .settings
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let mem = e.host.memory_bytes as f64 / (1u64 << 30) as f64;
+        let i = &e.instance;
+        let mut limits = Vec::new();
+        if i.memory_bytes > 0 {
+            limits.push(approx_bytes(i.memory_bytes));
+        }
+        if i.cpus > 0 {
+            let n = i.cpus;
+            limits.push(format!("{n} CPU{}", if n == 1 { "" } else { "s" }));
+        }
+        let t = i.instance_type.as_str();
+        let instance = match (limits.is_empty(), i.emulated) {
+            (true, _) if t.is_empty() => "the host".to_string(),
+            (true, _) => format!("{t} (the host's memory and CPUs)"),
+            (false, true) => format!("{t} {} (emulated)", limits.join(", "))
+                .trim()
+                .to_string(),
+            (false, false) => format!("{t} {} (NOT emulated: the host's)", limits.join(", "))
+                .trim()
+                .to_string(),
+        };
+        let _ = writeln!(
+            md,
+            "| {name} | {} | {} | {instance} | {} ({}) | {} cores, {mem:.1} GiB | {} |",
+            c.agents.join(", "),
+            e.postgres.version,
+            e.storage.profile,
+            storage_words(&e.storage),
+            e.host.cores,
+            settings.join(", ")
+        );
+    }
+}
+
+/// Every cell: its agent, state, time beside its estimate, and error.
+fn cells(md: &mut String, doc: &Report) {
+    let _ = writeln!(
+        md,
+        "\n## Cells\n\n| cell | agent | state | took | estimated | error |\n|---|---|---|---|---|---|"
+    );
+    let secs = |v: Option<f64>| v.map(approx_seconds).unwrap_or_default();
+    for c in &doc.cells {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} |",
+            c.cell_id,
+            c.agent.as_deref().unwrap_or(""),
+            c.state,
+            secs(c.seconds),
+            secs(c.estimate_seconds),
+            c.error
+                .as_deref()
+                .unwrap_or("")
+                .replace('|', "\\|")
+                .replace('\n', " ")
+        );
+    }
+}
+
 /// How the plan's estimates held: the run's wall clock and the succeeded
 /// cells' times against their estimates (what `validate` and the ETA
 /// said), so a user sees when to trust them.
-fn estimates(md: &mut String, doc: &Json) {
-    let ratios: Vec<f64> = doc["cells"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|c| c["state"] == "succeeded")
+fn estimates(md: &mut String, doc: &Report) {
+    let ratios: Vec<f64> = doc
+        .cells
+        .iter()
+        .filter(|c| c.state == "succeeded")
         .filter_map(|c| {
-            let (took, est) = (c["seconds"].as_f64()?, c["estimate_seconds"].as_f64()?);
+            let (took, est) = (c.seconds?, c.estimate_seconds?);
             (est > 0.0).then_some(took / est)
         })
         .collect();
     let mut parts = Vec::new();
-    if let (Some(took), Some(est)) = (
-        doc["seconds"].as_f64(),
-        doc["estimated_seconds"].as_f64().filter(|e| *e > 0.0),
-    ) {
+    if let (Some(took), Some(est)) = (doc.seconds, doc.estimated_seconds.filter(|e| *e > 0.0)) {
         parts.push(format!(
             "the run took {} against an estimate of {} ({:.2}x)",
             approx_seconds(took),
@@ -416,15 +413,14 @@ const SEEDS: &[(&str, &str, f64, f64)] = &[
 /// three measurements: per class the median TPS, latency, VACUUM and drain
 /// seconds with min–max, each class's ratio to the first, and the seeds'
 /// published figures.
-fn storage_classes(md: &mut String, doc: &Json) {
+fn storage_classes(md: &mut String, doc: &Report) {
     let kinds = [
         ("pgbench", "tps"),
         ("pgbench", "latency_ms_mean"),
         ("vacuum-bloat", "vacuum_seconds"),
         ("logical-drain", "drain_seconds"),
     ];
-    let summaries: Vec<&Json> = doc["summaries"].as_array().into_iter().flatten().collect();
-    let first = |kind: &str| summaries.iter().find(|s| s["workload"] == kind).copied();
+    let first = |kind: &str| doc.summaries.iter().find(|s| s.workload == kind);
     let present = ["pgbench", "vacuum-bloat", "logical-drain"]
         .iter()
         .filter(|k| first(k).is_some())
@@ -433,28 +429,28 @@ fn storage_classes(md: &mut String, doc: &Json) {
         return;
     }
     let mut classes: Vec<String> = Vec::new();
-    for sm in &summaries {
-        for c in sm["classes"]
-            .as_object()
-            .into_iter()
-            .flatten()
-            .map(|(k, _)| k)
-        {
+    for sm in &doc.summaries {
+        for c in sm.classes.keys() {
             if !classes.contains(c) {
                 classes.push(c.clone());
             }
         }
     }
     // The baseline is the first class of the fleet, as in the comparisons.
-    let baseline = super::figure::baseline_class(doc).map(str::to_string);
-    if let Some(b) = &baseline {
+    if let Some(b) = doc.baseline_class() {
         classes.retain(|c| c != b);
-        classes.insert(0, b.clone());
+        classes.insert(0, b.to_string());
     }
     // With prices: what a million transactions cost per class, beside TPS
     // (the figure that decides between instance storage and gp3).
-    let cost = |class: &str| doc["costs"]["classes"][class]["per_million_transactions"].as_f64();
-    let currency = doc["costs"]["currency"].as_str().unwrap_or("");
+    let cost = |class: &str| {
+        doc.costs
+            .as_ref()?
+            .classes
+            .get(class)?
+            .per_million_transactions
+    };
+    let currency = doc.costs.as_ref().map_or("", |c| c.currency.as_str());
     let priced = classes.iter().any(|c| cost(c).is_some());
     let _ = writeln!(
         md,
@@ -470,21 +466,10 @@ fn storage_classes(md: &mut String, doc: &Json) {
         if priced { "---|" } else { "" }
     );
     let figure = |class: &str, kind: &str, metric: &str, d: usize| -> (String, Option<f64>) {
-        let Some(x) = first(kind).map(|s| &s["classes"][class][metric]) else {
-            return ("–".into(), None);
-        };
-        if x.is_null() {
-            return ("–".into(), None);
+        match first(kind).and_then(|s| s.figure(class, metric)) {
+            Some(x) => (figure_cell(Some(x), d, false), Some(x.value)),
+            None => ("–".into(), None),
         }
-        (
-            format!(
-                "{} ({}–{})",
-                num(&x["value"], d),
-                num(&x["min"], d),
-                num(&x["max"], d)
-            ),
-            x["value"].as_f64(),
-        )
     };
     let mut medians: Vec<Vec<Option<f64>>> = Vec::new();
     for c in &classes {
@@ -494,7 +479,7 @@ fn storage_classes(md: &mut String, doc: &Json) {
             .map(|((k, m), d)| figure(c, k, m, d))
             .collect();
         if priced {
-            cells.push((cost(c).map(sig).unwrap_or_else(|| "–".into()), cost(c)));
+            cells.push((shown_number(cost(c)), cost(c)));
         }
         let _ = writeln!(
             md,
@@ -533,17 +518,12 @@ fn storage_classes(md: &mut String, doc: &Json) {
 /// What emulated storage cannot express, under the environment table when
 /// a class's storage is emulated with caps: rates are capped, a device's
 /// per-I/O latency is not added (no device-mapper `delay` here).
-fn emulation_limits(md: &mut String, doc: &Json) {
-    let emulated: Vec<&String> = doc["environment"]["instance_classes"]
-        .as_object()
-        .into_iter()
-        .flatten()
-        .filter(|(_, c)| {
-            c["storage"]["emulated"].as_bool() == Some(true)
-                && ["read_iops", "write_iops", "read_mbps", "write_mbps"]
-                    .iter()
-                    .any(|k| c["storage"]["caps"][*k].as_u64().unwrap_or(0) > 0)
-        })
+fn emulation_limits(md: &mut String, doc: &Report) {
+    let emulated: Vec<&String> = doc
+        .environment
+        .instance_classes
+        .iter()
+        .filter(|(_, c)| c.env.storage.emulated && Caps::is_capped(&c.env.storage.caps))
         .map(|(name, _)| name)
         .collect();
     if emulated.is_empty() {
@@ -566,28 +546,23 @@ fn emulation_limits(md: &mut String, doc: &Json) {
 
 /// Each judged history check's series: the earlier comparable runs'
 /// figures, the median of the runs since their last change, and this run.
-fn history_checks(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json) {
-    let judged: Vec<&Json> = doc["checks"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|c| c["history"]["values"].is_array())
+fn history_checks(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Report) {
+    let judged: Vec<(&Judged, &crate::document::HistoryJudgement, &Vec<f64>)> = doc
+        .checks
+        .iter()
+        .filter_map(|c| {
+            let h = c.history.as_ref()?;
+            Some((c, h, h.values.as_ref()?))
+        })
         .collect();
     if judged.is_empty() {
         return;
     }
     let _ = writeln!(md, "## History checks\n");
-    for (i, c) in judged.iter().enumerate() {
-        let h = &c["history"];
-        let values: Vec<f64> = h["values"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Json::as_f64)
-            .collect();
-        let start = h["segment_start"].as_u64().unwrap_or(0) as usize;
-        let median = h["segment_median"].as_f64().unwrap_or(f64::NAN);
-        let this = c["observed"].as_f64().map(|r| r * median);
+    for (i, (c, h, values)) in judged.into_iter().enumerate() {
+        let start = h.segment_start.unwrap_or(0);
+        let median = h.segment_median.unwrap_or(f64::NAN);
+        let this = c.observed.map(|r| r * median);
         let n = values.len() as f64;
         let mut series = vec![
             super::plot::Series {
@@ -612,16 +587,12 @@ fn history_checks(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json
                 color: None,
             });
         }
-        let metric = c["metric"].as_str().unwrap_or("");
-        let class = c["class"].as_str().unwrap_or("");
+        let (metric, class) = (&c.metric, &c.class);
         let name = format!("history-check-{i}.svg");
         plots.push((
             name.clone(),
             super::plot::line_chart(
-                &format!(
-                    "{}: {metric} of {class} over runs",
-                    c["name"].as_str().unwrap_or("")
-                ),
+                &format!("{}: {metric} of {class} over runs", c.name),
                 "run (oldest first; the last is this one)",
                 metric,
                 &series,
@@ -630,31 +601,26 @@ fn history_checks(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Json
         let _ = writeln!(
             md,
             "**{}** ({} earlier comparable runs, {} change point(s); the whole series: `pgfleet history {} --metric {metric} --class {class}`, or `GET /v1/history?scenario={}&metric={metric}&class={class}` on serve)\n\n![{metric} over runs]({name})\n",
-            c["name"].as_str().unwrap_or(""),
+            c.name,
             values.len(),
-            h["change_points"],
-            s_of(&doc["scenario"]),
-            s_of(&doc["scenario"]),
+            h.change_points
+                .map_or("null".to_string(), |n| n.to_string()),
+            doc.scenario,
+            doc.scenario,
         );
     }
-}
-
-fn s_of(v: &Json) -> String {
-    v.as_str().unwrap_or("").to_string()
 }
 
 /// The run's cost per class (`report/cost.rs`), and against the first
 /// class: the cost of a million transactions beside the TPS ratio (the
 /// figure that decides between instance NVMe and gp3).
-fn costs(md: &mut String, doc: &Json) {
-    let Some(classes) = doc["costs"]["classes"]
-        .as_object()
-        .filter(|c| !c.is_empty())
-    else {
+fn costs(md: &mut String, doc: &Report) {
+    let Some(costs) = doc.costs.as_ref().filter(|c| !c.classes.is_empty()) else {
         return;
     };
-    let cur = doc["costs"]["currency"].as_str().unwrap_or("");
-    let money = |v: &Json| match v.as_f64() {
+    let classes = &costs.classes;
+    let cur = costs.currency.as_str();
+    let money = |v: Option<f64>| match v {
         Some(x) if x >= 100.0 => format!("{x:.0} {cur}"),
         Some(x) if x >= 1.0 => format!("{x:.2} {cur}"),
         Some(x) => format!("{} {cur}", sig(x)),
@@ -670,26 +636,27 @@ fn costs(md: &mut String, doc: &Json) {
         let _ = writeln!(
             md,
             "| {class} | {} | {} ({:.2} h) | {} | {} | {} |",
-            money(&c["per_hour"]),
-            money(&c["run"]),
-            c["cell_hours"].as_f64().unwrap_or(0.0),
-            money(&c["per_million_transactions"]),
-            money(&c["per_vacuum"]),
-            money(&c["per_drain"]),
+            money(Some(c.per_hour)),
+            money(Some(c.run)),
+            c.cell_hours,
+            money(c.per_million_transactions),
+            money(c.per_vacuum),
+            money(c.per_drain),
         );
     }
     // Ratios against the comparisons' baseline class (else the first).
-    let baseline = super::figure::baseline_class(doc)
+    let baseline = doc
+        .baseline_class()
         .filter(|b| classes.contains_key(*b))
         .or_else(|| classes.keys().next().map(String::as_str))
         .unwrap_or("");
-    let tps = |class: &str| {
-        super::figure::first_value(super::figure::summaries(doc), "pgbench", class, "tps")
+    let tps = |class: &str| super::figure::first_value(&doc.summaries, "pgbench", class, "tps");
+    let Some(b) = classes.get(baseline) else {
+        return;
     };
-    let b = &classes[baseline];
     let mut rows = Vec::new();
     for (class, c) in classes.iter().filter(|(k, _)| k.as_str() != baseline) {
-        let ratio = |k: &str| match (c[k].as_f64(), b[k].as_f64()) {
+        let ratio = |k: fn(&ClassCost) -> Option<f64>| match (k(c), k(b)) {
             (Some(x), Some(y)) if y > 0.0 => format!("{:.2}x", x / y),
             _ => "–".into(),
         };
@@ -699,10 +666,10 @@ fn costs(md: &mut String, doc: &Json) {
         };
         rows.push(format!(
             "| {class} / {baseline} | {} | {tps_ratio} | {} | {} | {} |",
-            ratio("per_hour"),
-            ratio("per_million_transactions"),
-            ratio("per_vacuum"),
-            ratio("per_drain")
+            ratio(|c| Some(c.per_hour)),
+            ratio(|c| c.per_million_transactions),
+            ratio(|c| c.per_vacuum),
+            ratio(|c| c.per_drain)
         ));
     }
     if !rows.is_empty() {
@@ -717,12 +684,11 @@ fn costs(md: &mut String, doc: &Json) {
 
 /// Where each cell's data came from (`environment.dataset`, the agent's
 /// `dataset::Provenance`): built and published, restored, or loaded fresh.
-fn datasets(md: &mut String, doc: &Json) {
-    let cells: Vec<&Json> = doc["cells"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|c| c["environment"]["dataset"].is_object())
+fn datasets(md: &mut String, doc: &Report) {
+    let cells: Vec<(&Cell, pgfleet_proto::dataset::Provenance)> = doc
+        .cells
+        .iter()
+        .filter_map(|c| Some((c, c.dataset()?)))
         .collect();
     if cells.is_empty() {
         return;
@@ -737,98 +703,93 @@ fn datasets(md: &mut String, doc: &Json) {
          A cell given a volume of that snapshot for itself reads its blocks the same way, then uses the dataset where it lies (`in place`: no copy).\n\n\
          | cell | dataset | how | wait s | load s | publish s | restore s | restore MB/s | cache | note |\n|---|---|---|---|---|---|---|---|---|---|"
     );
-    let s = |v: &Json| v.as_str().unwrap_or("").to_string();
-    let secs = |v: &Json| match v.as_f64() {
-        Some(x) if x > 0.0 => format!("{x:.1}"),
-        _ => "–".into(),
+    let secs = |x: f64| {
+        if x > 0.0 {
+            format!("{x:.1}")
+        } else {
+            "–".into()
+        }
     };
-    let mut stores: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
-        Default::default();
-    for c in cells {
-        let d = &c["environment"]["dataset"];
-        if let Some(st) = d["store"].as_str().filter(|st| !st.is_empty()) {
-            stores
-                .entry(st.to_string())
-                .or_default()
-                .insert(s(&c["agent"]));
+    let mut stores: BTreeMap<String, BTreeSet<String>> = Default::default();
+    for (c, d) in cells {
+        let agent = c.agent.clone().unwrap_or_default();
+        if !d.store.is_empty() {
+            stores.entry(d.store.clone()).or_default().insert(agent);
         }
         let mut note = Vec::new();
-        if let Some(b) = d["built_by"].as_str().filter(|b| !b.is_empty()) {
-            note.push(format!("built by {b}"));
+        if !d.built_by.is_empty() {
+            note.push(format!("built by {}", d.built_by));
         }
-        if d["method"] == "in-place" {
+        if d.method == "in-place" {
             note.push(format!(
                 "in place on a volume of its own ({}), no copy",
-                s(&d["store"])
+                d.store
             ));
         }
-        if let Some(why) = d["discarded"].as_str() {
+        if let Some(why) = &d.discarded {
             note.push(format!("**a published copy did not match its manifest and was discarded** ({why}); this cell built it again"));
         }
-        if let Some(why) = d["not_published"].as_str() {
+        if let Some(why) = &d.not_published {
             note.push(format!("not published: {why}"));
         }
         // The object store behind the agents' stores (`--dataset-remote`).
-        if let Some(x) = d["download_seconds"].as_f64().filter(|x| *x > 0.0) {
+        if d.download_seconds > 0.0 {
             note.push(format!(
-                "downloaded from {} in {x:.1} s ({:.0} MB/s)",
-                s(&d["remote"]),
-                d["download_mb_per_s"].as_f64().unwrap_or(0.0)
+                "downloaded from {} in {:.1} s ({:.0} MB/s)",
+                d.remote, d.download_seconds, d.download_mb_per_s
             ));
         }
-        if let Some(x) = d["upload_seconds"].as_f64().filter(|x| *x > 0.0) {
+        if d.upload_seconds > 0.0 {
             note.push(format!(
-                "uploaded to {} in {x:.1} s ({} compressed)",
-                s(&d["remote"]),
-                pgfleet_proto::workload::approx_bytes(d["uploaded_bytes"].as_u64().unwrap_or(0))
+                "uploaded to {} in {:.1} s ({} compressed)",
+                d.remote,
+                d.upload_seconds,
+                approx_bytes(d.uploaded_bytes)
             ));
         }
-        if let Some(why) = d["remote_error"].as_str() {
+        if let Some(why) = &d.remote_error {
             note.push(format!("the remote store was not used: {why}"));
         }
-        if let Some(first) = d["reused_from"].as_str() {
+        if !d.reused_from.is_empty() {
             note.push(format!(
-                "**reused the cluster of cell {first}** (cell {} on it), reset in {:.1} s",
-                d["reused_by_cells"],
-                d["reset_seconds"].as_f64().unwrap_or(0.0)
+                "**reused the cluster of cell {}** (cell {} on it), reset in {:.1} s",
+                d.reused_from, d.reused_by_cells, d.reset_seconds
             ));
         }
-        if let Some(why) = d["not_reused"].as_str() {
+        if let Some(why) = &d.not_reused {
             note.push(format!("not reused: {why}"));
         }
-        let h = &d["hydration"];
-        if h.is_object() {
-            let snap = s(&h["snapshot"]);
-            let by = s(&h["by_cell"]);
-            note.push(if h["hydrated"] != true {
+        if let Some(h) = &d.hydration {
+            let snap = &h.snapshot;
+            note.push(if !h.hydrated {
                 format!("**not hydrated** (volume from snapshot {snap}, `hydrate: none`): its figures include the lazy restore")
             } else {
                 format!(
                     "volume from snapshot {snap}, hydrated {}: first byte after {:.0} ms, {} in {:.1} s ({:.0} MB/s)",
-                    if by == s(&c["cell_id"]) { "by this cell".to_string() } else { format!("by cell {by}") },
-                    h["ttfb_ms"].as_f64().unwrap_or(0.0),
-                    pgfleet_proto::workload::approx_bytes(h["bytes"].as_u64().unwrap_or(0)),
-                    h["seconds"].as_f64().unwrap_or(0.0),
-                    h["mb_per_s"].as_f64().unwrap_or(0.0),
+                    if h.by_cell == c.cell_id { "by this cell".to_string() } else { format!("by cell {}", h.by_cell) },
+                    h.ttfb_ms,
+                    approx_bytes(h.bytes),
+                    h.seconds,
+                    h.mb_per_s,
                 )
             });
         }
         let _ = writeln!(
             md,
             "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} |",
-            s(&c["cell_id"]),
-            d["fingerprint"]
-                .as_str()
-                .filter(|f| !f.is_empty())
-                .or(d["label"].as_str())
-                .unwrap_or(""),
-            s(&d["how"]),
-            secs(&d["wait_seconds"]),
-            secs(&d["load_seconds"]),
-            secs(&d["publish_seconds"]),
-            secs(&d["restore_seconds"]),
-            secs(&d["restore_mb_per_s"]),
-            s(&d["cache"]),
+            c.cell_id,
+            if d.fingerprint.is_empty() {
+                &d.label
+            } else {
+                &d.fingerprint
+            },
+            d.how,
+            secs(d.wait_seconds),
+            secs(d.load_seconds),
+            secs(d.publish_seconds),
+            secs(d.restore_seconds),
+            secs(d.restore_mb_per_s),
+            d.cache,
             note.join("; ").replace('|', "\\|").replace('\n', " ")
         );
     }
@@ -849,24 +810,20 @@ fn datasets(md: &mut String, doc: &Json) {
 }
 
 /// Which PostgreSQL role ran what, per class (from the cells' environment).
-fn roles(md: &mut String, doc: &Json) {
-    let Some(classes) = doc["environment"]["instance_classes"].as_object() else {
-        return;
-    };
-    for (name, c) in classes {
-        let r = &c["roles"];
-        let Some(sql) = r["scenario_sql"].as_str() else {
+fn roles(md: &mut String, doc: &Report) {
+    for (name, c) in &doc.environment.instance_classes {
+        let Some(r) = &c.env.roles else {
             continue;
         };
-        let how = if r["scenario_sql_superuser"].as_bool().unwrap_or(false) {
+        let how = if r.scenario_sql_superuser {
             "**a superuser** (the scenario set allow_shell)"
         } else {
             "no superuser, no server-file or server-program roles"
         };
         let _ = writeln!(
             md,
-            "\nClass `{name}`: scenario SQL (scripts, defines, setup_sql) ran as `{sql}` ({how}); pgfleet's own steps (loading, statistics, CHECKPOINT, cache eviction) as `{}`.",
-            r["agent_steps"].as_str().unwrap_or("")
+            "\nClass `{name}`: scenario SQL (scripts, defines, setup_sql) ran as `{}` ({how}); pgfleet's own steps (loading, statistics, CHECKPOINT, cache eviction) as `{}`.",
+            r.scenario_sql, r.agent_steps
         );
     }
 }
@@ -887,13 +844,15 @@ fn inline_code(text: &str) -> String {
 
 #[cfg(test)]
 mod render_tests {
-    use super::*;
+    fn render(v: serde_json::Value) -> (String, Vec<(String, String)>) {
+        super::render(&serde_json::from_value(v).unwrap())
+    }
 
     /// Labels show under the run's header as code: a `|` or a backtick in
     /// a value neither splits the table nor ends the code span.
     #[test]
     fn kept_objects_are_listed_with_how_to_look_and_when_they_go() {
-        let (md, _) = render(&serde_json::json!({"run_id": "r", "kept": {
+        let (md, _) = render(serde_json::json!({"run_id": "r", "kept": {
             "until": "2026-12-04T10:00:00Z", "namespace": "bench", "owner": "pgfleet-run-r",
             "objects": ["configmap/pgfleet-run-r", "pod/pgfleet-r-a-0", "persistentvolumeclaim/pgfleet-r-a-0-data"]}}));
         assert!(md.contains("## Kept for debugging"), "{md}");
@@ -910,7 +869,7 @@ mod render_tests {
             md.contains("delete configmap pgfleet-run-r --cascade=foreground"),
             "{md}"
         );
-        let (md, _) = render(&serde_json::json!({"run_id": "r"}));
+        let (md, _) = render(serde_json::json!({"run_id": "r"}));
         assert!(!md.contains("Kept for debugging"), "{md}");
     }
 
@@ -929,7 +888,7 @@ mod render_tests {
         let mut own = cell("d", h.clone());
         own["environment"]["dataset"]["method"] = "in-place".into();
         own["environment"]["dataset"]["store"] = "/cells/0/datasets".into();
-        let (md, _) = render(&serde_json::json!({"run_id": "r",
+        let (md, _) = render(serde_json::json!({"run_id": "r",
             "cells": [cell("a", h.clone()), cell("b", h), cell("c", lazy), own]}));
         assert!(
             md.contains("in place on a volume of its own (/cells/0/datasets), no copy"),
@@ -962,7 +921,7 @@ mod render_tests {
                 {"cell_id": "c", "state": "succeeded", "seconds": 90.0, "estimate_seconds": 100.0},
                 {"cell_id": "d", "state": "failed", "seconds": 1.0, "estimate_seconds": 100.0},
                 {"cell_id": "e", "state": "pending"}]});
-        let (md, _) = render(&doc);
+        let (md, _) = render(doc.clone());
         assert!(
             md.contains("| a |  | succeeded | 100 s | 80 s |  |"),
             "{md}"
@@ -978,7 +937,7 @@ mod render_tests {
         );
         // A run stored before estimates were: no line.
         let (md, _) = render(
-            &serde_json::json!({"run_id": "r", "cells": [{"cell_id": "a", "state": "succeeded", "seconds": 3.0}]}),
+            serde_json::json!({"run_id": "r", "cells": [{"cell_id": "a", "state": "succeeded", "seconds": 3.0}]}),
         );
         assert!(!md.contains("Estimates:"), "{md}");
     }
@@ -987,12 +946,12 @@ mod render_tests {
     fn labels_render_as_code_in_the_header() {
         let doc = serde_json::json!({"run_id": "r", "status": "succeeded",
             "labels": {"branch": "main", "note": "a|b`c"}});
-        let (md, _) = render(&doc);
+        let (md, _) = render(doc.clone());
         assert!(
             md.contains("| labels | ` branch=main ` `` note=a\\|b`c `` |\n"),
             "{md}"
         );
-        let (md, _) = render(&serde_json::json!({"run_id": "r", "labels": {}}));
+        let (md, _) = render(serde_json::json!({"run_id": "r", "labels": {}}));
         assert!(!md.contains("| labels |"), "{md}");
     }
 
@@ -1007,7 +966,7 @@ mod render_tests {
             "costs": {"currency": "USD", "classes": {
                 "gp3": {"per_hour": 1.1, "run": 2.2, "cell_hours": 2.0, "per_million_transactions": 0.30556},
                 "nvme": {"per_hour": 1.0, "run": 0.5, "cell_hours": 0.5, "per_million_transactions": 0.027778}}}});
-        let (md, _) = render(&doc);
+        let (md, _) = render(doc.clone());
         assert!(md.contains("## Cost (USD)"), "{md}");
         // Both tables start at the line's start (an indented one is code).
         assert!(md.contains("\n| class | per hour |"), "{md}");
@@ -1020,7 +979,7 @@ mod render_tests {
             md.contains("| gp3 / nvme | 1.10x | 0.10x | 11.00x | – | – |"),
             "{md}"
         );
-        let (md, _) = render(&serde_json::json!({"run_id": "r"}));
+        let (md, _) = render(serde_json::json!({"run_id": "r"}));
         assert!(!md.contains("## Cost"), "{md}");
     }
 
@@ -1032,11 +991,11 @@ mod render_tests {
             serde_json::json!({"run_id": "r", "environment": {"instance_classes": {"gp3": {
                 "storage": {"profile": "gp3", "emulated": emulated, "caps": {"read_iops": iops}}}}}})
         };
-        let (md, _) = render(&env(true, 375));
+        let (md, _) = render(env(true, 375));
         assert!(md.contains("Emulated storage (`gp3`) caps rates"), "{md}");
         assert!(md.contains("adds no per-I/O latency"), "{md}");
         for doc in [env(false, 375), env(true, 0)] {
-            let (md, _) = render(&doc);
+            let (md, _) = render(doc);
             assert!(!md.contains("Emulated storage ("), "{md}");
         }
     }
@@ -1058,7 +1017,7 @@ mod render_tests {
             "costs": {"currency": "USD", "classes": {
                 "gp3": {"per_million_transactions": 0.30556},
                 "nvme": {"per_million_transactions": 0.027778}}}});
-        let (md, _) = render(&doc);
+        let (md, _) = render(doc.clone());
         assert!(
             md.contains("| drain s | USD per 1M transactions |\n|---|---|---|---|---|---|"),
             "{md}"
@@ -1066,7 +1025,7 @@ mod render_tests {
         assert!(md.contains("| **gp3 / nvme** | 0.10x |"), "{md}");
         assert!(md.contains(" | 11.00x |\n"), "{md}");
         doc["costs"] = serde_json::json!(null);
-        let (md, _) = render(&doc);
+        let (md, _) = render(doc.clone());
         assert!(md.contains("| drain s |\n|---|---|---|---|---|\n"), "{md}");
     }
 }

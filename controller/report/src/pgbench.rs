@@ -1,18 +1,21 @@
 //! report.md's pgbench section: every cell, per-class medians, ratios,
 //! TPS and p99 over time.
 
+use crate::Report;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use pgfleet_proto::workload::pgbench::{Metrics, PointParams};
 use pgfleet_proto::workload::{Cache, per};
-use serde_json::Value as Json;
 
 use super::plot::{Series, line_chart};
-use super::table::{Plots, Row, num};
+use super::table::{Plots, Row, figure_cell, num};
+use crate::document::{ClassFigures, EntryComparison, Second};
+use pgfleet_proto::workload::Kind;
+use serde::Deserialize;
 
 /// pgbench: every cell's figures, per-class medians, ratios, TPS over time.
-pub fn section(md: &mut String, plots: &mut Plots, doc: &Json, rs: &[Row<PointParams, Metrics>]) {
+pub fn section(md: &mut String, plots: &mut Plots, doc: &Report, rs: &[Row<PointParams, Metrics>]) {
     let _ = writeln!(
         md,
         "\n## pgbench: transactions\n\nLatency from each transaction's (scheduled) start, ms. Page read time is \
@@ -50,16 +53,11 @@ pub fn section(md: &mut String, plots: &mut Plots, doc: &Json, rs: &[Row<PointPa
         );
     }
     io_per_transaction(md, rs);
-    for (gi, sm) in doc["summaries"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|s| s["workload"] == "pgbench")
-        .enumerate()
-    {
-        let script = sm["script"].as_str().unwrap_or("");
-        let label = sm["label"].as_str().unwrap_or("");
-        let cache = match serde_json::from_value(sm["params"]["cache"].clone()) {
+    for (gi, sm) in doc.summaries_of(Kind::Pgbench.name()).enumerate() {
+        let script = sm.script.as_deref().unwrap_or("");
+        let label = sm.label.as_str();
+        let point = PointParams::deserialize(&serde_json::Value::Object(sm.params.clone()));
+        let cache = match point.map(|p| p.cache) {
             Ok(Cache::Cold) => {
                 "cold (the cluster restarted, its database's files evicted from the page cache)"
             }
@@ -70,10 +68,10 @@ pub fn section(md: &mut String, plots: &mut Plots, doc: &Json, rs: &[Row<PointPa
         } else {
             format!("{script} ({label})")
         };
-        let entry = sm["entry"].clone();
+        let entry = sm.entry;
         // This summary's cells: its entry's, at its point.
         let mine = |r: &Row<PointParams, Metrics>| {
-            r.raw["params"] == sm["params"] && r.cell_id.starts_with(&format!("w{entry}-"))
+            r.raw.params == sm.params && crate::entry_of(r.cell_id) == entry
         };
         let _ = writeln!(
             md,
@@ -83,27 +81,16 @@ pub fn section(md: &mut String, plots: &mut Plots, doc: &Json, rs: &[Row<PointPa
              the other figures are medians over clusters. In brackets: min–max over clusters.\n\n\
              | class | clusters | tps | latency p50 ms | latency p99 ms | page read ms | WAL sync ms | device I/O per txn |\n|---|---|---|---|---|---|---|---|"
         );
-        let Some(classes) = sm["classes"].as_object() else {
-            continue;
-        };
-        let cell = |c: &Json, k: &str, d: usize| {
-            let x = &c[k];
-            if x.is_null() {
-                "–".to_string()
-            } else {
-                format!(
-                    "{} ({}–{})",
-                    num(&x["value"], d),
-                    num(&x["min"], d),
-                    num(&x["max"], d)
-                )
-            }
+        let classes = &sm.classes;
+        let cell = |c: &ClassFigures, k: &str, d: usize| match c.metrics.get(k) {
+            Some(f) => figure_cell(Some(f), d, false),
+            None => "–".to_string(),
         };
         for (name, c) in classes {
             let _ = writeln!(
                 md,
                 "| {name} | {} | {} | {} | {} | {} | {} | {} |",
-                c["cells"],
+                c.cells,
                 cell(c, "tps", 1),
                 cell(c, "latency_ms_p50", 3),
                 cell(c, "latency_ms_p99", 3),
@@ -112,17 +99,16 @@ pub fn section(md: &mut String, plots: &mut Plots, doc: &Json, rs: &[Row<PointPa
                 cell(c, "device_ios_per_txn", 2)
             );
         }
-        let ratios: Vec<String> = doc["comparisons"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|c| c["entry"] == entry && c["metric"] == "tps")
+        let ratios: Vec<String> = doc
+            .comparisons
+            .iter()
+            .filter(|c| c.entry == entry && c.metric == "tps")
             .map(|c| {
                 format!(
                     "{} / {} = **{}x**",
-                    c["class"].as_str().unwrap_or(""),
-                    c["baseline_class"].as_str().unwrap_or(""),
-                    num(&c["ratio"], 2)
+                    c.class,
+                    c.baseline_class,
+                    num(c.ratio, 2)
                 )
             })
             .collect();
@@ -130,50 +116,47 @@ pub fn section(md: &mut String, plots: &mut Plots, doc: &Json, rs: &[Row<PointPa
             let _ = writeln!(md, "\nTPS ratio: {}", ratios.join(", "));
         }
         // Against the first entry that differs only in its parameters.
-        let against: Vec<&Json> = doc["entry_comparisons"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|c| c["entry"] == entry && c["workload"] == "pgbench")
-            .filter(|c| {
-                ["tps", "latency_ms_p50", "latency_ms_p99"]
-                    .contains(&c["metric"].as_str().unwrap_or(""))
-            })
+        let against: Vec<&EntryComparison> = doc
+            .entry_comparisons
+            .iter()
+            .filter(|c| c.entry == entry && c.workload == "pgbench")
+            .filter(|c| ["tps", "latency_ms_p50", "latency_ms_p99"].contains(&c.metric.as_str()))
             .collect();
         if let Some(first) = against.first() {
             let _ = writeln!(
                 md,
                 "\nAgainst {} ({}), ratio with its 95 % interval:\n\n| class | metric | ratio | interval |\n|---|---|---|---|",
-                first["baseline_label"].as_str().unwrap_or(""),
-                format_args!("workload entry {}", first["baseline_entry"])
+                first.baseline_label,
+                format_args!(
+                    "workload entry {}",
+                    first
+                        .baseline_entry
+                        .map_or("null".to_string(), |e| e.to_string())
+                )
             );
             for c in against {
                 let _ = writeln!(
                     md,
                     "| {} | {} | {}x | {}–{} |",
-                    c["class"].as_str().unwrap_or(""),
-                    c["metric"].as_str().unwrap_or(""),
-                    num(&c["ratio"], 3),
-                    num(&c["interval"][0], 3),
-                    num(&c["interval"][1], 3)
+                    c.class,
+                    c.metric,
+                    num(c.ratio, 3),
+                    num(c.interval[0], 3),
+                    num(c.interval[1], 3)
                 );
             }
         }
         // TPS and p99 latency over time: per class, the mean over its
         // cells of each second.
-        let over_time = |field: &str| -> Vec<Series> {
+        let over_time = |field: fn(&Second) -> Option<f64>| -> Vec<Series> {
             classes
                 .keys()
                 .map(|class| {
                     let mut sums: BTreeMap<u64, (f64, u32)> = BTreeMap::new();
                     for r in rs.iter().filter(|r| r.class == class.as_str() && mine(r)) {
-                        for p in doc["timeseries"][r.cell_id]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                        {
-                            if let Some(v) = p[field].as_f64() {
-                                let e = sums.entry(p["second"].as_u64().unwrap_or(0)).or_default();
+                        for p in doc.timeseries.get(r.cell_id).into_iter().flatten() {
+                            if let Some(v) = field(p) {
+                                let e = sums.entry(p.second.unwrap_or(0)).or_default();
                                 e.0 += v;
                                 e.1 += 1;
                             }
@@ -190,16 +173,17 @@ pub fn section(md: &mut String, plots: &mut Plots, doc: &Json, rs: &[Row<PointPa
                 })
                 .collect()
         };
+        type Field = fn(&Second) -> Option<f64>;
         for (field, file, title, y, alt) in [
             (
-                "tps",
+                (|s| s.tps) as Field,
                 "tps",
                 "TPS over time per class",
                 "transactions per second",
                 "TPS over time per instance class",
             ),
             (
-                "latency_ms_p99",
+                (|s| s.latency_ms_p99) as Field,
                 "p99",
                 "p99 latency over time per class",
                 "p99 latency (ms)",

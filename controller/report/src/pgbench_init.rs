@@ -1,16 +1,16 @@
 //! report.md's pgbench-init section: the loads.
 
+use crate::Report;
 use std::fmt::Write;
 
 use pgfleet_proto::workload::pgbench_init::{InitParams, Metrics};
-use serde_json::Value as Json;
 
 use super::table::{Plots, Row, num};
 
 pub fn section(
     md: &mut String,
     _plots: &mut Plots,
-    _doc: &Json,
+    _doc: &Report,
     rows: &[Row<InitParams, Metrics>],
 ) {
     let _ = writeln!(

@@ -21,10 +21,12 @@ pub struct Series {
 
 /// An instance class's colour, the same in every plot of a report: by the
 /// class's place among the report's classes (`environment.instance_classes`).
-pub fn class_color(doc: &serde_json::Value, class: &str) -> &'static str {
-    let i = doc["environment"]["instance_classes"]
-        .as_object()
-        .and_then(|m| m.keys().position(|k| k == class))
+pub fn class_color(doc: &crate::Report, class: &str) -> &'static str {
+    let i = doc
+        .environment
+        .instance_classes
+        .keys()
+        .position(|k| k == class)
         .unwrap_or_else(|| pgfleet_scenario::stats::seed_of(class) as usize);
     COLORS[i % COLORS.len()]
 }
@@ -195,7 +197,10 @@ mod tests {
         assert_eq!(step(10.0), 2.0);
         assert_eq!(step(0.9), 0.2);
         // A class keeps its colour in every plot of a report.
-        let doc = serde_json::json!({"environment": {"instance_classes": {"gp3": {}, "nvme": {}}}});
+        let doc: crate::Report = serde_json::from_value(
+            serde_json::json!({"environment": {"instance_classes": {"gp3": {}, "nvme": {}}}}),
+        )
+        .unwrap();
         assert_eq!(class_color(&doc, "gp3"), COLORS[0]);
         assert_eq!(class_color(&doc, "nvme"), COLORS[1]);
     }

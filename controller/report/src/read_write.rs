@@ -2,10 +2,10 @@
 //! OS-cache sequential scans per io_method, random reads from disk) and its
 //! write test with the device bytes behind the write-amplification figure.
 
+use crate::Report;
 use std::fmt::Write;
 
 use pgfleet_proto::workload::read_write::{Metrics, PointParams};
-use serde_json::Value as Json;
 
 use super::table::{Number, Plots, Row, by_class, mib, num, sig};
 
@@ -16,7 +16,7 @@ fn f(v: impl Number) -> String {
 pub fn section(
     md: &mut String,
     _plots: &mut Plots,
-    _doc: &Json,
+    _doc: &Report,
     results: &[Row<PointParams, Metrics>],
 ) {
     let _ = writeln!(

@@ -8,6 +8,7 @@ use pgfleet_proto::workload::Kind;
 use serde::de::DeserializeOwned;
 use serde_json::Value as Json;
 
+use crate::document::{MetricFigure, Report, ResultRow};
 use crate::plot::{Series, line_chart};
 
 /// One result of a kind with its point typed as the kind defines it
@@ -20,7 +21,7 @@ pub struct Row<'a, P, M> {
     pub params: P,
     pub metrics: M,
     /// The result as stored in report.json (to match it with its summary).
-    pub raw: &'a Json,
+    pub raw: &'a ResultRow,
 }
 
 /// Plots a section embeds: (file name, SVG).
@@ -28,7 +29,7 @@ pub type Plots = Vec<(String, String)>;
 
 /// A kind's section of report.md: the markdown, its plots, the whole
 /// report document, and the kind's results.
-pub type Section<P, M> = fn(&mut String, &mut Plots, &Json, &[Row<P, M>]);
+pub type Section<P, M> = fn(&mut String, &mut Plots, &Report, &[Row<P, M>]);
 
 /// A point of a plot.
 pub type XY = (f64, f64);
@@ -42,7 +43,7 @@ pub type XY = (f64, f64);
 pub fn samples_plot<P, M, S: DeserializeOwned>(
     md: &mut String,
     plots: &mut Plots,
-    doc: &Json,
+    doc: &Report,
     rows: &[Row<P, M>],
     sample: &str,
     file: &str,
@@ -57,8 +58,9 @@ pub fn samples_plot<P, M, S: DeserializeOwned>(
             let points = first
                 .into_iter()
                 .chain(
-                    doc["samples"][sample][r.cell_id]
-                        .as_array()
+                    doc.samples
+                        .get(sample)
+                        .and_then(|by_cell| by_cell.get(r.cell_id))
                         .into_iter()
                         .flatten()
                         .filter_map(|s| S::deserialize(s).ok())
@@ -113,7 +115,7 @@ macro_rules! number {
     ($($t:ty),*) => {$(
         impl Number for $t {
             fn number(&self) -> Option<f64> {
-                Some(*self as f64)
+                Some(*self as f64).filter(|x| x.is_finite())
             }
         }
     )*};
@@ -160,21 +162,13 @@ pub struct Seeds {
 /// to the seeds' EBS gp3 / NVMe ratio.
 pub fn class_table(
     md: &mut String,
-    doc: &Json,
+    doc: &Report,
     kind: Kind,
     title: &str,
     columns: &[Column],
     seeds: &Seeds,
 ) {
-    for sm in doc["summaries"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|s| s["workload"] == kind.name())
-    {
-        let Some(classes) = sm["classes"].as_object() else {
-            continue;
-        };
+    for sm in doc.summaries_of(kind.name()) {
         let headers: Vec<&str> = columns.iter().map(|c| c.header).collect();
         let _ = writeln!(
             md,
@@ -182,45 +176,46 @@ pub fn class_table(
             headers.join(" | "),
             "---|".repeat(columns.len())
         );
-        for (name, c) in classes {
+        for (name, c) in &sm.classes {
             let cells: Vec<String> = columns
                 .iter()
-                .map(|col| {
-                    let x = &c[col.metric];
-                    if col.bytes {
-                        mib(&x["value"])
-                    } else {
-                        let d = col.digits;
-                        format!(
-                            "{} ({}–{})",
-                            num(&x["value"], d),
-                            num(&x["min"], d),
-                            num(&x["max"], d)
-                        )
-                    }
-                })
+                .map(|col| figure_cell(c.metrics.get(col.metric), col.digits, col.bytes))
                 .collect();
-            let _ = writeln!(md, "| {name} | {} | {} |", c["cells"], cells.join(" | "));
+            let _ = writeln!(md, "| {name} | {} | {} |", c.cells, cells.join(" | "));
         }
     }
-    for c in doc["comparisons"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|c| c["workload"] == kind.name() && c["metric"] == seeds.metric)
+    for c in doc
+        .comparisons
+        .iter()
+        .filter(|c| c.workload == kind.name() && c.metric == seeds.metric)
     {
         let _ = writeln!(
             md,
             "\n{} ratio: {} / {} = **{}x** (seeds/002: EBS gp3 / NVMe = {:.0} / {:.0} s = {:.2}x)",
             seeds.what,
-            c["class"].as_str().unwrap_or(""),
-            c["baseline_class"].as_str().unwrap_or(""),
-            num(&c["ratio"], 2),
+            c.class,
+            c.baseline_class,
+            num(c.ratio, 2),
             seeds.ebs_s,
             seeds.nvme_s,
             seeds.ebs_s / seeds.nvme_s
         );
     }
+}
+
+/// A class's figure in a table: `value (min–max)`, or the value in MiB
+/// for `bytes`; `–` where it was not measured.
+pub fn figure_cell(f: Option<&MetricFigure>, digits: usize, bytes: bool) -> String {
+    let value = f.map(|f| f.value);
+    if bytes {
+        return mib(value);
+    }
+    format!(
+        "{} ({}–{})",
+        num(value, digits),
+        num(f.and_then(|f| f.min), digits),
+        num(f.and_then(|f| f.max), digits)
+    )
 }
 
 pub fn ms(v: impl Number) -> String {

@@ -2,9 +2,8 @@
 //! run's clusters, with the article's published figures in a column beside
 //! the measured ones (`pgfleet_proto::workload::toast_probe::ARTICLE`).
 
+use crate::Report;
 use std::fmt::Write;
-
-use serde_json::Value as Json;
 
 use super::table::{Plots, Row, by_class, num, sig};
 use pgfleet_proto::workload::toast_probe::{Metrics, PROBES, PointParams, Probe, article};
@@ -143,7 +142,7 @@ const TABLES: &[Table] = &[
 pub fn section(
     md: &mut String,
     _plots: &mut Plots,
-    doc: &Json,
+    doc: &Report,
     results: &[Row<PointParams, Metrics>],
 ) {
     let _ = writeln!(
@@ -152,9 +151,11 @@ pub fn section(
          the article's figures (PostgreSQL 18) beside them where it published one."
     );
     for (class, rs) in by_class(results) {
-        let version = doc["environment"]["instance_classes"][class]["postgres"]["version"]
-            .as_str()
-            .unwrap_or("");
+        let version = doc
+            .environment
+            .instance_classes
+            .get(class)
+            .map_or("", |c| c.env.postgres.version.as_str());
         let _ = writeln!(
             md,
             "\n### {class}{}",

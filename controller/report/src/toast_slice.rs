@@ -1,11 +1,11 @@
 //! report.md's toast-slice section (seeds/000's tables and plot).
 
+use crate::Report;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use pgfleet_proto::workload::Cache;
 use pgfleet_proto::workload::toast_slice::{Metrics, PointParams, StorageMode};
-use serde_json::Value as Json;
 
 use super::plot::{Series, line_chart};
 use super::table::{Plots, Row, ms};
@@ -16,7 +16,7 @@ type R<'a> = Row<'a, PointParams, Metrics>;
 
 /// One section per (instance class, dataset, value size): latency table,
 /// storage/buffers table, and the latency-vs-offset plot.
-pub fn section(md: &mut String, plots: &mut Plots, _doc: &Json, rows: &[R]) {
+pub fn section(md: &mut String, plots: &mut Plots, _doc: &Report, rows: &[R]) {
     let mut groups: BTreeMap<(&str, &str, u64, bool), Vec<&R>> = BTreeMap::new();
     for r in rows {
         let p = &r.params;

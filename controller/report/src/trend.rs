@@ -19,13 +19,16 @@
 //! values (the earlier runs' figures, oldest first), segment_start,
 //! segment_runs, segment_median, change_points}`; report.md plots each.
 
-use serde_json::{Value as Json, json};
+use std::collections::BTreeMap;
 
 use super::comparable::{Key, key_of, point_key};
 use super::figure::Figure;
 use crate::changepoint;
+use crate::checks::asked;
+use crate::document::{HistoryJudgement, Judged, Summary, Verdict};
+use crate::entries::finite;
 use pgfleet_scenario::Check;
-use pgfleet_scenario::stats::{self, Verdict};
+use pgfleet_scenario::stats;
 use pgfleet_store::Result;
 use pgfleet_store::{RunRow, Store};
 
@@ -38,8 +41,8 @@ pub fn judge(
     run: &RunRow,
     key: &dyn Fn(&[String]) -> Key,
     checks: &[Check],
-    summaries: &[Json],
-) -> Result<Vec<Json>> {
+    summaries: &[Summary],
+) -> Result<Vec<Judged>> {
     let checks: Vec<&Check> = checks.iter().filter(|c| c.history.is_some()).collect();
     if checks.is_empty() {
         return Ok(Vec::new());
@@ -82,37 +85,41 @@ pub fn judge(
         // applies to are of kinds that compare it alike).
         let kind = summaries
             .iter()
-            .find(|s| c.applies_to(s))
-            .and_then(|s| s["workload"].as_str())
-            .unwrap_or("");
+            .find(|s| c.applies_to(s.entry, &s.point))
+            .map_or("", |s| s.workload.as_str());
         let higher = crate::figure::higher_is_better(kind, &c.metric);
         let (min, max) = if higher {
             (Some(1.0 - h.max_drop), None)
         } else {
             (None, Some(1.0 + h.max_drop))
         };
-        let base = json!({
-            "name": c.name, "metric": c.metric, "class": c.class, "baseline": "earlier runs",
-            "confidence": c.confidence, "min": min, "max": max,
-        });
-        let points: Vec<&Json> = summaries
+        let base = Judged {
+            baseline: Some("earlier runs".into()),
+            baseline_entry: None,
+            min,
+            max,
+            ..asked(c)
+        };
+        let figure = |s: &Summary| Figure::of(s.class(&c.class)?, &c.metric);
+        let points: Vec<&Summary> = summaries
             .iter()
-            .filter(|s| c.applies_to(s))
-            .filter(|s| Figure::of(&s["classes"][c.class.as_str()], &c.metric).is_some())
+            .filter(|s| c.applies_to(s.entry, &s.point))
+            .filter(|s| figure(s).is_some())
             .collect();
         if points.is_empty() {
-            let mut e = base.clone();
-            e["verdict"] = json!(Verdict::Inconclusive.as_str());
-            e["passes"] = json!(c.inconclusive_passes);
-            e["note"] = json!(format!(
-                "no result of class `{}` measured `{}`: did its cells fail?",
-                c.class, c.metric
-            ));
-            out.push(e);
+            out.push(Judged {
+                verdict: Verdict::Inconclusive,
+                passes: c.inconclusive_passes,
+                note: Some(format!(
+                    "no result of class `{}` measured `{}`: did its cells fail?",
+                    c.class, c.metric
+                )),
+                ..base.clone()
+            });
             continue;
         }
         for s in points {
-            let Some(mine) = Figure::of(&s["classes"][c.class.as_str()], &c.metric) else {
+            let Some(mine) = figure(s) else {
                 continue;
             };
             let pk = point_key(s);
@@ -120,26 +127,34 @@ pub fn judge(
                 .iter()
                 .filter_map(|f| {
                     let x = f.summaries.iter().find(|x| point_key(x) == pk)?;
-                    Some(Figure::of(&x["classes"][c.class.as_str()], &c.metric)?.value())
+                    Some(figure(x)?.value())
                 })
                 .filter(|v| v.is_finite())
                 .collect();
-            let mut e = base.clone();
-            e["entry"] = s["entry"].clone();
-            e["point"] = s["params"].clone();
-            e["sweep"] = s["point"].clone();
-            let mut about = json!({
-                "window": h.window, "max_drop": h.max_drop, "same_labels": h.same_labels,
-                "earlier_runs": prev.len(), "not_comparable": not_comparable,
-            });
+            let mut e = Judged {
+                entry: s.entry,
+                point: Some(s.params.clone()),
+                sweep: Some(s.point.clone()),
+                ..base.clone()
+            };
+            let mut about = HistoryJudgement {
+                window: h.window,
+                max_drop: h.max_drop,
+                same_labels: h.same_labels.clone(),
+                earlier_runs: prev.len(),
+                not_comparable,
+                ..HistoryJudgement::default()
+            };
             if prev.len() < MIN_RUNS {
-                e["verdict"] = json!(Verdict::Inconclusive.as_str());
-                e["passes"] = json!(c.inconclusive_passes);
-                e["observed"] = json!(mine.value());
-                e["interval"] = json!([Json::Null, Json::Null]);
-                e["clusters"] =
-                    json!({c.class.as_str(): mine.clusters(), "earlier runs": prev.len()});
-                e["note"] = json!(format!(
+                e.verdict = Verdict::Inconclusive;
+                e.passes = c.inconclusive_passes;
+                e.observed = finite(mine.value());
+                e.interval = Some([None, None]);
+                e.clusters = BTreeMap::from([
+                    (c.class.clone(), mine.clusters()),
+                    ("earlier runs".to_string(), prev.len()),
+                ]);
+                e.note = Some(format!(
                     "{} comparable earlier run{} of this scenario{} ({MIN_RUNS} needed){}",
                     prev.len(),
                     if prev.len() == 1 { "" } else { "s" },
@@ -156,13 +171,13 @@ pub fn judge(
                         String::new()
                     }
                 ));
-                e["history"] = about;
+                e.history = Some(about);
                 out.push(e);
                 continue;
             }
             let cps = changepoint::detect(&prev, &changepoint::Options::default());
             let segment = &prev[cps.last().map_or(0, |c| c.index)..];
-            let seed = stats::seed_of(&format!("{}{}{}", c.name, s["params"], run.id));
+            let seed = stats::seed_of(&format!("{}{}{}", c.name, s.params_text(), run.id));
             let interval = stats::bootstrap_ratio(
                 (mine.clusters(), |i: &[usize]| mine.at(i)),
                 (segment.len(), |i: &[usize]| {
@@ -173,37 +188,31 @@ pub fn judge(
             );
             let segment_median = stats::median(segment);
             let observed = mine.value() / segment_median;
-            let verdict = stats::judge(interval, min, max);
-            about["values"] = json!(prev);
-            about["segment_start"] = json!(prev.len() - segment.len());
-            about["segment_runs"] = json!(segment.len());
-            about["segment_median"] = json!(segment_median);
-            about["change_points"] = json!(cps.len());
-            e["observed"] = finite(observed);
-            e["interval"] = json!([finite(interval.lo), finite(interval.hi)]);
-            e["clusters"] =
-                json!({c.class.as_str(): mine.clusters(), "earlier runs": segment.len()});
-            e["merged"] = json!(mine.merged());
-            e["verdict"] = json!(verdict.as_str());
-            e["passes"] = json!(match verdict {
-                Verdict::Passed => true,
-                Verdict::Failed => false,
-                Verdict::Inconclusive => c.inconclusive_passes,
-            });
+            let verdict = Verdict::from(stats::judge(interval, min, max));
+            about.segment_start = Some(prev.len() - segment.len());
+            about.segment_runs = Some(segment.len());
+            about.segment_median = Some(segment_median);
+            about.change_points = Some(cps.len());
+            about.values = Some(prev.clone());
+            e.observed = finite(observed);
+            e.interval = Some([finite(interval.lo), finite(interval.hi)]);
+            e.clusters = BTreeMap::from([
+                (c.class.clone(), mine.clusters()),
+                ("earlier runs".to_string(), segment.len()),
+            ]);
+            e.merged = Some(mine.merged());
+            e.verdict = verdict;
+            e.passes = verdict.passes(c.inconclusive_passes);
             if verdict == Verdict::Inconclusive {
-                e["note"] = json!(format!(
+                e.note = Some(format!(
                     "the {:.0} % interval of this run against the {} earlier runs since their last change straddles the bound",
                     c.confidence * 100.0,
                     segment.len()
                 ));
             }
-            e["history"] = about;
+            e.history = Some(about);
             out.push(e);
         }
     }
     Ok(out)
-}
-
-fn finite(x: f64) -> Json {
-    if x.is_finite() { json!(x) } else { Json::Null }
 }

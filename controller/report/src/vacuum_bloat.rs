@@ -2,12 +2,12 @@
 //! long VACUUM took, per-class medians against the seeds' figures, and
 //! VACUUM's progress over time.
 
+use crate::Report;
 use std::fmt::Write;
 
 use pgfleet_proto::workload::Cache;
 use pgfleet_proto::workload::Kind;
 use pgfleet_proto::workload::vacuum_bloat::{Metrics, PointParams, Progress};
-use serde_json::Value as Json;
 
 use super::table::{Column, Plots, Row, Seeds, class_table, mib, num, samples_plot};
 
@@ -15,7 +15,7 @@ use super::table::{Column, Plots, Row, Seeds, class_table, mib, num, samples_plo
 const SEEDS_NVME_S: f64 = 366.0;
 const SEEDS_EBS_S: f64 = 964.0;
 
-pub fn section(md: &mut String, plots: &mut Plots, doc: &Json, rs: &[Row<PointParams, Metrics>]) {
+pub fn section(md: &mut String, plots: &mut Plots, doc: &Report, rs: &[Row<PointParams, Metrics>]) {
     let _ = writeln!(
         md,
         "\n## vacuum-bloat: VACUUM of dead tuples\n\n\

@@ -309,12 +309,15 @@ pub struct Check {
 
 impl Check {
     /// Whether the check judges summary `s` (its entry and sweep point).
-    pub fn applies_to(&self, s: &serde_json::Value) -> bool {
-        self.workload.is_none_or(|w| s["entry"] == w)
-            && self
-                .at
-                .iter()
-                .all(|(k, v)| sweep::same_value(&s["point"][k.as_str()], v))
+    pub fn applies_to(
+        &self,
+        entry: Option<usize>,
+        point: &serde_json::Map<String, serde_json::Value>,
+    ) -> bool {
+        self.workload.is_none_or(|w| entry == Some(w))
+            && self.at.iter().all(|(k, v)| {
+                sweep::same_value(point.get(k.as_str()).unwrap_or(&serde_json::Value::Null), v)
+            })
     }
 }
 
@@ -456,7 +459,8 @@ pub struct PriceSpec {
 pub const HOURS_PER_MONTH: f64 = 730.0;
 
 /// A class's price, resolved: per hour, by what it pays for.
-#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, Deserialize)]
+#[serde(default)]
 pub struct Price {
     pub instance: f64,
     pub storage: f64,
@@ -1661,10 +1665,20 @@ workloads:
         let c = &s.checks()[0];
         assert_eq!(c.at, [("clients".to_string(), serde_json::json!(8))]);
         assert!(
-            c.applies_to(&serde_json::json!({"entry": 0, "point": {"clients": 8, "scale": 2}}))
+            c.applies_to(
+                Some(0),
+                serde_json::json!({"clients": 8, "scale": 2})
+                    .as_object()
+                    .unwrap()
+            )
         );
         assert!(
-            !c.applies_to(&serde_json::json!({"entry": 0, "point": {"clients": 2, "scale": 2}}))
+            !c.applies_to(
+                Some(0),
+                serde_json::json!({"clients": 2, "scale": 2})
+                    .as_object()
+                    .unwrap()
+            )
         );
         let e = err(&check("{clients: 64}"));
         assert_eq!(e.field, "checks[0].at.clients");

@@ -90,7 +90,7 @@ pub struct Finished {
     pub run_id: String,
     pub status: RunStatus,
     /// report.json's document, when the report could be written.
-    pub report: Option<serde_json::Value>,
+    pub report: Option<pgfleet_report::Report>,
     /// Why the run could not start (its agents could not be launched), or
     /// why its end or report could not be stored.
     pub error: Option<Error>,

@@ -636,9 +636,8 @@ fn view(served: &RunQueue, id: &str) -> Result<RunView, ReconcileError> {
         let dir = served.report_dir(id)?;
         std::fs::read_to_string(dir.join("report.json"))
             .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            .and_then(|doc| doc["checks"].as_array().cloned())
-            .map(|c| pgfleet_report::checks::summary(&c))
+            .and_then(|t| pgfleet_report::Report::read("report.json", &t).ok())
+            .and_then(|doc| serde_json::to_value(doc.check_summary).ok())
     } else {
         None
     };

@@ -67,7 +67,7 @@ pub struct RunSummary {
     pub status: RunStatus,
     pub report_dir: PathBuf,
     /// report.json's document (with the checks' verdicts).
-    pub report: serde_json::Value,
+    pub report: pgfleet_report::Report,
 }
 
 pub async fn run_scenario(opts: RunOptions, cancel: CancellationToken) -> Result<RunSummary> {

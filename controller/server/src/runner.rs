@@ -123,7 +123,7 @@ pub fn conclude(
     run_id: &str,
     status: RunStatus,
     report_dir: &Path,
-) -> Result<serde_json::Value> {
+) -> Result<pgfleet_report::Report> {
     store.finish_run(run_id, status)?;
     pgfleet_report::write(store, run_id, report_dir)
 }

@@ -13,11 +13,14 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OptionalExtension, params};
+use serde::Deserialize;
 use serde_json::Value as Json;
 
 pub mod learned;
 
 use pgfleet_scenario::{labels, stats};
+
+pub use pgfleet_records::{CellEnd, CellState, Entry, NewSample, RegisteredStorage, Registration};
 
 /// The controller's error, one for its crates: each variant's exit code is
 /// `Error::exit_code`.
@@ -91,9 +94,9 @@ passed; 1 a check (or a compare gate) failed or was inconclusive: the numbers sa
 
     /// The code for a finished run's report: its status, then its checks
     /// (1 when one failed or was inconclusive and counts as failed).
-    pub fn of_report(doc: &serde_json::Value) -> u8 {
-        match of_status(doc["status"].as_str().unwrap_or("")) {
-            OK if doc["check_summary"]["ok"] == false => FAILED,
+    pub fn of_report(status: &str, checks_pass: bool) -> u8 {
+        match of_status(status) {
+            OK if !checks_pass => FAILED,
             code => code,
         }
     }
@@ -148,34 +151,6 @@ impl RunStatus {
             RunStatus::Cancelled => "cancelled",
             RunStatus::Interrupted => "interrupted",
         }
-    }
-}
-
-/// State of a cell. One place advances it: the scheduler.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CellState {
-    Pending,
-    Running,
-    Succeeded,
-    Failed,
-    Cancelled,
-}
-
-impl CellState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CellState::Pending => "pending",
-            CellState::Running => "running",
-            CellState::Succeeded => "succeeded",
-            CellState::Failed => "failed",
-            CellState::Cancelled => "cancelled",
-        }
-    }
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            CellState::Succeeded | CellState::Failed | CellState::Cancelled
-        )
     }
 }
 
@@ -266,55 +241,8 @@ pub struct ResultRow {
 pub struct AgentRow {
     pub agent_id: String,
     pub instance_class: String,
-    pub info: Json,
+    pub info: Registration,
     pub lost_at: Option<String>,
-}
-
-/// A sample to store: its cell, kind and data, who sent it and its number
-/// (0: not numbered).
-#[derive(Debug, Clone)]
-pub struct NewSample {
-    pub cell_id: String,
-    pub kind: String,
-    pub data: Json,
-    pub agent_id: String,
-    pub seq: u64,
-}
-
-/// A cell's end as stored: its state, error, environment and points.
-#[derive(Debug, Clone)]
-pub struct CellEnd {
-    pub cell_id: String,
-    pub state: CellState,
-    pub error: Option<String>,
-    pub environment: Option<Json>,
-    pub points: Vec<(Json, Json)>,
-}
-
-/// One write of a run, as the run's writer queues them (`Store::commit`
-/// writes a batch in order, in one transaction).
-#[derive(Debug, Clone)]
-pub enum Entry {
-    Sample(NewSample),
-    /// A cell's end.
-    End(CellEnd),
-    /// A cell starts on its agents (`role:agent, ...` for multi-role cells).
-    StartCell {
-        cell_id: String,
-        agents: String,
-    },
-    /// A running cell's assignment was lost: pending again.
-    RequeueCell {
-        cell_id: String,
-    },
-    RegisterAgent {
-        agent_id: String,
-        class: String,
-        info: Json,
-    },
-    AgentLost {
-        agent_id: String,
-    },
 }
 
 /// A run to store (`Store::create_run`).
@@ -797,7 +725,7 @@ impl Store {
                         tx.execute(
                             "INSERT INTO agents (run_id, agent_id, instance_class, info, registered_at) VALUES (?1, ?2, ?3, ?4, ?5)
                              ON CONFLICT (run_id, agent_id) DO UPDATE SET info = excluded.info, lost_at = NULL",
-                            params![run, agent_id, class, js(info), at],
+                            params![run, agent_id, class, serde_json::to_string(info).unwrap_or_default(), at],
                         )?;
                     }
                     Entry::AgentLost { agent_id } => {
@@ -827,7 +755,13 @@ impl Store {
         })
     }
 
-    pub fn register_agent(&self, run: &str, agent: &str, class: &str, info: &Json) -> Result<()> {
+    pub fn register_agent(
+        &self,
+        run: &str,
+        agent: &str,
+        class: &str,
+        info: &Registration,
+    ) -> Result<()> {
         self.commit(
             run,
             &[Entry::RegisterAgent {
@@ -961,7 +895,9 @@ impl Store {
                 Ok(AgentRow {
                     agent_id: r.get(0)?,
                     instance_class: r.get(1)?,
-                    info: parse(r.get(2)?).unwrap_or(Json::Null),
+                    info: parse(r.get(2)?)
+                        .and_then(|j| Registration::deserialize(&j).ok())
+                        .unwrap_or_default(),
                     lost_at: r.get(3)?,
                 })
             })?;

@@ -1213,6 +1213,7 @@ mod tests {
 /// What PostgreSQL itself saw during a measured window (the agent's
 /// sampler): shared by the kinds that sample.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Internals {
     /// Average time per block read from outside shared buffers
     /// (`track_io_timing`); None when no block was read.

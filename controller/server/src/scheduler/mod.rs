@@ -1,4 +1,4 @@
-//! A run's scheduler: the task that feeds its core (`core.rs`, the state
+//! A run's scheduler: the task that feeds its core (`pgfleet-schedule`, the state
 //! machine of cells, roles and agents: gang assignment, rendezvous relay,
 //! leases, cancel, one stored outcome per cell) with what agents' sessions
 //! and the clock say, and carries out the effects the core returns — to
@@ -9,7 +9,6 @@
 //! It does not know where agents come from: it is told which agent ids to
 //! expect.
 
-mod core;
 mod ui;
 
 use std::collections::{HashMap, VecDeque};
@@ -28,8 +27,8 @@ use crate::writer::Write;
 use pgfleet_scenario::PlannedCell;
 use pgfleet_store::{CellState, Entry, RunStatus, Store};
 
-pub use self::core::{Core, Effect, Input, Observed, Timing};
 use self::ui::Ui;
+pub use pgfleet_schedule::{Core, Effect, Input, Observed, Timing};
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -340,7 +339,7 @@ impl Scheduler {
                 Effect::Send { agent_id, msg } => self.send(&agent_id, msg),
                 Effect::Refuse { reason } => {
                     if let Some(tx) = registering {
-                        tx.send(cmsg(core::refusal(reason)));
+                        tx.send(cmsg(pgfleet_schedule::refusal(reason)));
                     }
                     None
                 }

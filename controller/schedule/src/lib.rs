@@ -3,7 +3,10 @@
 //! Pure: no channel, store, clock or terminal; time comes with each input,
 //! and everything the core wants done (messages to agents, store writes,
 //! acknowledgements, what observers see) comes back as `Effect`s, which the
-//! task around it (`scheduler/mod.rs`) carries out in order.
+//! task around it (`pgfleet-server`'s `scheduler/mod.rs`) carries out in
+//! order. Cargo keeps it pure: it declares the protocol's messages, the
+//! scenario's planned cells and the records' types, and nothing else, so
+//! its code cannot name tokio, the store or a socket.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -17,8 +20,8 @@ use pgfleet_proto::v1::{
     RoleReady, SampleAck, Shutdown,
 };
 
+use pgfleet_records::{CellEnd, CellState, Entry, NewSample};
 use pgfleet_scenario::PlannedCell;
-use pgfleet_store::{CellEnd, CellState, Entry, NewSample};
 
 /// The core's clocks.
 #[derive(Debug, Clone)]
@@ -540,7 +543,7 @@ impl Core {
         self.out.push(Effect::Store(Entry::RegisterAgent {
             agent_id: id.clone(),
             class: class.clone(),
-            info: registration_json(&info),
+            info: registration(&info),
         }));
         self.observe(Observed::AgentRegistered {
             agent_id: id,
@@ -1278,16 +1281,32 @@ fn parse_assignment(planned: &PlannedCell, who: &str) -> Vec<(String, String)> {
 }
 
 /// What the store keeps of a registration.
-fn registration_json(info: &Register) -> Json {
-    json!({
-        "agent_id": info.agent_id, "instance_class": info.instance_class,
-        "storage": info.storage.as_ref().map(|s| json!({
-            "profile": s.profile, "emulated": s.emulated, "data_root": s.data_root,
-            "caps": {"read_iops": s.read_iops, "write_iops": s.write_iops, "read_mbps": s.read_mbps, "write_mbps": s.write_mbps},
-        })),
-        "cores": info.cores, "memory_bytes": info.memory_bytes, "postgres_version": info.postgres_version,
-        "postgres_bin_dir": info.postgres_bin_dir, "hostname": info.hostname, "agent_version": info.agent_version,
-    })
+fn registration(info: &Register) -> pgfleet_records::Registration {
+    pgfleet_records::Registration {
+        agent_id: info.agent_id.clone(),
+        instance_class: info.instance_class.clone(),
+        storage: info
+            .storage
+            .as_ref()
+            .map(|s| pgfleet_records::RegisteredStorage {
+                profile: s.profile.clone(),
+                emulated: s.emulated,
+                data_root: s.data_root.clone(),
+                caps: pgfleet_proto::environment::Caps {
+                    read_iops: s.read_iops,
+                    write_iops: s.write_iops,
+                    read_mbps: s.read_mbps,
+                    write_mbps: s.write_mbps,
+                    combined: false,
+                },
+            }),
+        cores: u64::from(info.cores),
+        memory_bytes: info.memory_bytes,
+        postgres_version: info.postgres_version.clone(),
+        postgres_bin_dir: info.postgres_bin_dir.clone(),
+        hostname: info.hostname.clone(),
+        agent_version: info.agent_version.clone(),
+    }
 }
 
 fn failed_outcome(error: String) -> Outcome {
