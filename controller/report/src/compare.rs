@@ -205,7 +205,12 @@ pub fn costs(baseline: &Report, candidate: &Report) -> Vec<CostRow> {
         return Vec::new();
     }
     let tps = |doc: &Report, class: &str| {
-        crate::figure::first_value(&doc.summaries, "pgbench", class, "tps")
+        crate::figure::first_value(
+            &doc.summaries,
+            pgfleet_proto::workload::Kind::Pgbench.name(),
+            class,
+            pgfleet_proto::workload::pgbench::TPS.name,
+        )
     };
     let mut out = Vec::new();
     for (class, bc) in &b.classes {

@@ -12,13 +12,15 @@
 use std::collections::BTreeMap;
 
 use crate::document::{ClassCost, Costs, Summary};
+use pgfleet_proto::workload::{Kind, Metric, logical_drain, pgbench, vacuum_bloat};
 use pgfleet_scenario::Price;
 use pgfleet_store::CellRow;
 
 /// The first summary of `kind`'s figure for `class`, when it is one a
 /// price can be divided by.
-fn figure(summaries: &[Summary], kind: &str, class: &str, metric: &str) -> Option<f64> {
-    super::figure::first_value(summaries, kind, class, metric).filter(|v| v.is_finite() && *v > 0.0)
+fn figure(summaries: &[Summary], kind: Kind, class: &str, metric: Metric) -> Option<f64> {
+    super::figure::first_value(summaries, kind.name(), class, metric.name)
+        .filter(|v| v.is_finite() && *v > 0.0)
 }
 
 fn hours(c: &CellRow) -> Option<f64> {
@@ -45,12 +47,22 @@ pub fn costs(
             cells: mine.len(),
             cell_hours,
             run: cell_hours * per_hour,
-            per_million_transactions: figure(summaries, "pgbench", class, "tps")
+            per_million_transactions: figure(summaries, Kind::Pgbench, class, pgbench::TPS)
                 .map(|tps| per_hour / (tps * 3600.0) * 1e6),
-            per_vacuum: figure(summaries, "vacuum-bloat", class, "vacuum_seconds")
-                .map(|s| per_hour * s / 3600.0),
-            per_drain: figure(summaries, "logical-drain", class, "drain_seconds")
-                .map(|s| per_hour * s / 3600.0),
+            per_vacuum: figure(
+                summaries,
+                Kind::VacuumBloat,
+                class,
+                vacuum_bloat::VACUUM_SECONDS,
+            )
+            .map(|s| per_hour * s / 3600.0),
+            per_drain: figure(
+                summaries,
+                Kind::LogicalDrain,
+                class,
+                logical_drain::DRAIN_SECONDS,
+            )
+            .map(|s| per_hour * s / 3600.0),
         };
         classes.insert(class.clone(), v);
     }

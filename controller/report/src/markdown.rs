@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
 use pgfleet_proto::environment::Caps;
-use pgfleet_proto::workload::{Kind, approx_bytes, approx_seconds};
+use pgfleet_proto::workload::{
+    Kind, Metric, approx_bytes, approx_seconds, logical_drain, pgbench, vacuum_bloat,
+};
 use serde::de::DeserializeOwned;
 
 use crate::checks::{point_label, shown_number};
@@ -401,12 +403,25 @@ fn estimates(md: &mut String, doc: &Report) {
     }
 }
 
-/// The seeds/002 talk's figures: NVMe, then EBS gp3.
-const SEEDS: &[(&str, &str, f64, f64)] = &[
-    ("tps", "TPS", 16_030.0, 1_734.0),
-    ("latency_ms_mean", "latency ms", 4.0, 36.9),
-    ("vacuum_seconds", "VACUUM s", 366.0, 964.0),
-    ("drain_seconds", "drain s", 139.0, 238.0),
+/// The seeds/002 talk's table: each column's kind and metric (its
+/// declaration), decimals, and the talk's figures for NVMe, then EBS gp3.
+const SEEDS: &[(Kind, Metric, usize, f64, f64)] = &[
+    (Kind::Pgbench, pgbench::TPS, 0, 16_030.0, 1_734.0),
+    (Kind::Pgbench, pgbench::LATENCY_MS_MEAN, 3, 4.0, 36.9),
+    (
+        Kind::VacuumBloat,
+        vacuum_bloat::VACUUM_SECONDS,
+        1,
+        366.0,
+        964.0,
+    ),
+    (
+        Kind::LogicalDrain,
+        logical_drain::DRAIN_SECONDS,
+        1,
+        139.0,
+        238.0,
+    ),
 ];
 
 /// The talk's table (seeds/002), when a run measured more than one of its
@@ -414,16 +429,10 @@ const SEEDS: &[(&str, &str, f64, f64)] = &[
 /// seconds with min–max, each class's ratio to the first, and the seeds'
 /// published figures.
 fn storage_classes(md: &mut String, doc: &Report) {
-    let kinds = [
-        ("pgbench", "tps"),
-        ("pgbench", "latency_ms_mean"),
-        ("vacuum-bloat", "vacuum_seconds"),
-        ("logical-drain", "drain_seconds"),
-    ];
-    let first = |kind: &str| doc.summaries.iter().find(|s| s.workload == kind);
-    let present = ["pgbench", "vacuum-bloat", "logical-drain"]
-        .iter()
-        .filter(|k| first(k).is_some())
+    let first = |kind: Kind| doc.summaries.iter().find(|s| s.workload == kind.name());
+    let present = [Kind::Pgbench, Kind::VacuumBloat, Kind::LogicalDrain]
+        .into_iter()
+        .filter(|k| first(*k).is_some())
         .count();
     if present < 2 {
         return;
@@ -465,18 +474,17 @@ fn storage_classes(md: &mut String, doc: &Report) {
         },
         if priced { "---|" } else { "" }
     );
-    let figure = |class: &str, kind: &str, metric: &str, d: usize| -> (String, Option<f64>) {
-        match first(kind).and_then(|s| s.figure(class, metric)) {
+    let figure = |class: &str, kind: Kind, metric: Metric, d: usize| -> (String, Option<f64>) {
+        match first(kind).and_then(|s| s.figure(class, metric.name)) {
             Some(x) => (figure_cell(Some(x), d, false), Some(x.value)),
             None => ("–".into(), None),
         }
     };
     let mut medians: Vec<Vec<Option<f64>>> = Vec::new();
     for c in &classes {
-        let mut cells: Vec<(String, Option<f64>)> = kinds
+        let mut cells: Vec<(String, Option<f64>)> = SEEDS
             .iter()
-            .zip([0, 3, 1, 1])
-            .map(|((k, m), d)| figure(c, k, m, d))
+            .map(|(k, m, d, _, _)| figure(c, *k, *m, *d))
             .collect();
         if priced {
             cells.push((shown_number(cost(c)), cost(c)));
@@ -501,8 +509,8 @@ fn storage_classes(md: &mut String, doc: &Report) {
             .collect();
         let _ = writeln!(md, "| **{c} / {}** | {} |", classes[0], ratios.join(" | "));
     }
-    let mut seeds: Vec<String> = SEEDS.iter().map(|s| format!("{} / {}", s.2, s.3)).collect();
-    let mut ratios: Vec<String> = SEEDS.iter().map(|s| format!("{:.2}x", s.3 / s.2)).collect();
+    let mut seeds: Vec<String> = SEEDS.iter().map(|s| format!("{} / {}", s.3, s.4)).collect();
+    let mut ratios: Vec<String> = SEEDS.iter().map(|s| format!("{:.2}x", s.4 / s.3)).collect();
     if priced {
         seeds.push("–".into());
         ratios.push("–".into());
@@ -650,7 +658,14 @@ fn costs(md: &mut String, doc: &Report) {
         .filter(|b| classes.contains_key(*b))
         .or_else(|| classes.keys().next().map(String::as_str))
         .unwrap_or("");
-    let tps = |class: &str| super::figure::first_value(&doc.summaries, "pgbench", class, "tps");
+    let tps = |class: &str| {
+        super::figure::first_value(
+            &doc.summaries,
+            Kind::Pgbench.name(),
+            class,
+            pgbench::TPS.name,
+        )
+    };
     let Some(b) = classes.get(baseline) else {
         return;
     };

@@ -16,15 +16,19 @@ use super::{
 use crate::script::{BUILTIN_SCRIPTS, Script, builtin};
 
 pub const DESCRIPTION: &str = "load, then run a pgbench-style script: tps, latency percentiles, failures, page read and WAL sync time";
+/// Transactions per second: what a class's cost per transaction divides by.
+pub const TPS: Metric = Metric::new("tps", "tx/s", Better::Higher, "transactions per second");
+/// The mean transaction latency, as seeds/002 reports it.
+pub const LATENCY_MS_MEAN: Metric = Metric::new(
+    "latency_ms_mean",
+    "ms",
+    Better::Lower,
+    "mean transaction latency",
+);
 /// Summarized per class and compared between classes in reports.
 pub const COMPARED: &[Metric] = &[
-    Metric::new("tps", "tx/s", Better::Higher, "transactions per second"),
-    Metric::new(
-        "latency_ms_mean",
-        "ms",
-        Better::Lower,
-        "mean transaction latency",
-    ),
+    TPS,
+    LATENCY_MS_MEAN,
     Metric::new(
         "latency_ms_p50",
         "ms",
