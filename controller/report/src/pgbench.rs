@@ -10,7 +10,7 @@ use pgfleet_proto::workload::{Cache, per};
 
 use super::plot::{Series, line_chart};
 use super::table::{Plots, Row, figure_cell, num};
-use crate::document::{ClassFigures, EntryComparison, Second};
+use crate::document::{ClassFigures, EntryComparison, Second, Summary};
 use pgfleet_proto::workload::Kind;
 use serde::Deserialize;
 
@@ -54,151 +54,191 @@ pub fn section(md: &mut String, plots: &mut Plots, doc: &Report, rs: &[Row<Point
     }
     io_per_transaction(md, rs);
     for (gi, sm) in doc.summaries_of(Kind::Pgbench.name()).enumerate() {
-        let script = sm.script.as_deref().unwrap_or("");
-        let label = sm.label.as_str();
-        let point = PointParams::deserialize(&serde_json::Value::Object(sm.params.clone()));
-        let cache = match point.map(|p| p.cache) {
-            Ok(Cache::Cold) => {
-                "cold (the cluster restarted, its database's files evicted from the page cache)"
-            }
-            _ => "warm (as the load left it)",
-        };
-        let heading = if label.is_empty() {
-            script.to_string()
-        } else {
-            format!("{script} ({label})")
-        };
-        let entry = sm.entry;
-        // This summary's cells: its entry's, at its point.
-        let mine = |r: &Row<PointParams, Metrics>| {
-            r.raw.params == sm.params && crate::entry_of(r.cell_id) == entry
-        };
+        point_section(md, plots, doc, rs, gi, sm);
+    }
+}
+
+/// One measured point (a summary): its per-class table, TPS ratios, the
+/// comparison with the kind's first entry, and TPS and p99 over time.
+fn point_section(
+    md: &mut String,
+    plots: &mut Plots,
+    doc: &Report,
+    rs: &[Row<PointParams, Metrics>],
+    gi: usize,
+    sm: &Summary,
+) {
+    let script = sm.script.as_deref().unwrap_or("");
+    let label = sm.label.as_str();
+    let point = PointParams::deserialize(&serde_json::Value::Object(sm.params.clone()));
+    let cache = match point.map(|p| p.cache) {
+        Ok(Cache::Cold) => {
+            "cold (the cluster restarted, its database's files evicted from the page cache)"
+        }
+        _ => "warm (as the load left it)",
+    };
+    let heading = if label.is_empty() {
+        script.to_string()
+    } else {
+        format!("{script} ({label})")
+    };
+    let entry = sm.entry;
+    let _ = writeln!(
+        md,
+        "\n### {heading}: per instance class\n\n\
+         Cache when the measurement started: **{cache}**. \
+         Latency quantiles are those of all the class's transactions (its clusters' histograms merged); \
+         the other figures are medians over clusters. In brackets: min–max over clusters.\n\n\
+         | class | clusters | tps | latency p50 ms | latency p99 ms | page read ms | WAL sync ms | device I/O per txn |\n|---|---|---|---|---|---|---|---|"
+    );
+    let classes = &sm.classes;
+    let cell = |c: &ClassFigures, k: &str, d: usize| match c.metrics.get(k) {
+        Some(f) => figure_cell(Some(f), d, false),
+        None => "–".to_string(),
+    };
+    for (name, c) in classes {
         let _ = writeln!(
             md,
-            "\n### {heading}: per instance class\n\n\
-             Cache when the measurement started: **{cache}**. \
-             Latency quantiles are those of all the class's transactions (its clusters' histograms merged); \
-             the other figures are medians over clusters. In brackets: min–max over clusters.\n\n\
-             | class | clusters | tps | latency p50 ms | latency p99 ms | page read ms | WAL sync ms | device I/O per txn |\n|---|---|---|---|---|---|---|---|"
+            "| {name} | {} | {} | {} | {} | {} | {} | {} |",
+            c.cells,
+            cell(c, "tps", 1),
+            cell(c, "latency_ms_p50", 3),
+            cell(c, "latency_ms_p99", 3),
+            cell(c, "page_read_ms_avg", 3),
+            cell(c, "wal_sync_ms_avg", 3),
+            cell(c, "device_ios_per_txn", 2)
         );
-        let classes = &sm.classes;
-        let cell = |c: &ClassFigures, k: &str, d: usize| match c.metrics.get(k) {
-            Some(f) => figure_cell(Some(f), d, false),
-            None => "–".to_string(),
-        };
-        for (name, c) in classes {
+    }
+    let ratios: Vec<String> = doc
+        .comparisons
+        .iter()
+        .filter(|c| c.entry == entry && c.metric == "tps")
+        .map(|c| {
+            format!(
+                "{} / {} = **{}x**",
+                c.class,
+                c.baseline_class,
+                num(c.ratio, 2)
+            )
+        })
+        .collect();
+    if !ratios.is_empty() {
+        let _ = writeln!(md, "\nTPS ratio: {}", ratios.join(", "));
+    }
+    against_first_entry(md, doc, sm.entry);
+    over_time(
+        md,
+        plots,
+        doc,
+        rs,
+        sm,
+        &format!("pgbench-{gi}-{script}"),
+        &heading,
+    );
+}
+
+/// Against the first entry of the kind that differs only in its
+/// parameters: the ratios with their intervals.
+fn against_first_entry(md: &mut String, doc: &Report, entry: Option<usize>) {
+    let against: Vec<&EntryComparison> = doc
+        .entry_comparisons
+        .iter()
+        .filter(|c| c.entry == entry && c.workload == "pgbench")
+        .filter(|c| ["tps", "latency_ms_p50", "latency_ms_p99"].contains(&c.metric.as_str()))
+        .collect();
+    if let Some(first) = against.first() {
+        let _ = writeln!(
+            md,
+            "\nAgainst {} ({}), ratio with its 95 % interval:\n\n| class | metric | ratio | interval |\n|---|---|---|---|",
+            first.baseline_label,
+            format_args!(
+                "workload entry {}",
+                first
+                    .baseline_entry
+                    .map_or("null".to_string(), |e| e.to_string())
+            )
+        );
+        for c in against {
             let _ = writeln!(
                 md,
-                "| {name} | {} | {} | {} | {} | {} | {} | {} |",
-                c.cells,
-                cell(c, "tps", 1),
-                cell(c, "latency_ms_p50", 3),
-                cell(c, "latency_ms_p99", 3),
-                cell(c, "page_read_ms_avg", 3),
-                cell(c, "wal_sync_ms_avg", 3),
-                cell(c, "device_ios_per_txn", 2)
+                "| {} | {} | {}x | {}–{} |",
+                c.class,
+                c.metric,
+                num(c.ratio, 3),
+                num(c.interval[0], 3),
+                num(c.interval[1], 3)
             );
         }
-        let ratios: Vec<String> = doc
-            .comparisons
-            .iter()
-            .filter(|c| c.entry == entry && c.metric == "tps")
-            .map(|c| {
-                format!(
-                    "{} / {} = **{}x**",
-                    c.class,
-                    c.baseline_class,
-                    num(c.ratio, 2)
-                )
-            })
-            .collect();
-        if !ratios.is_empty() {
-            let _ = writeln!(md, "\nTPS ratio: {}", ratios.join(", "));
-        }
-        // Against the first entry that differs only in its parameters.
-        let against: Vec<&EntryComparison> = doc
-            .entry_comparisons
-            .iter()
-            .filter(|c| c.entry == entry && c.workload == "pgbench")
-            .filter(|c| ["tps", "latency_ms_p50", "latency_ms_p99"].contains(&c.metric.as_str()))
-            .collect();
-        if let Some(first) = against.first() {
-            let _ = writeln!(
-                md,
-                "\nAgainst {} ({}), ratio with its 95 % interval:\n\n| class | metric | ratio | interval |\n|---|---|---|---|",
-                first.baseline_label,
-                format_args!(
-                    "workload entry {}",
-                    first
-                        .baseline_entry
-                        .map_or("null".to_string(), |e| e.to_string())
-                )
-            );
-            for c in against {
-                let _ = writeln!(
-                    md,
-                    "| {} | {} | {}x | {}–{} |",
-                    c.class,
-                    c.metric,
-                    num(c.ratio, 3),
-                    num(c.interval[0], 3),
-                    num(c.interval[1], 3)
-                );
-            }
-        }
-        // TPS and p99 latency over time: per class, the mean over its
-        // cells of each second.
-        let over_time = |field: fn(&Second) -> Option<f64>| -> Vec<Series> {
-            classes
-                .keys()
-                .map(|class| {
-                    let mut sums: BTreeMap<u64, (f64, u32)> = BTreeMap::new();
-                    for r in rs.iter().filter(|r| r.class == class.as_str() && mine(r)) {
-                        for p in doc.timeseries.get(r.cell_id).into_iter().flatten() {
-                            if let Some(v) = field(p) {
-                                let e = sums.entry(p.second.unwrap_or(0)).or_default();
-                                e.0 += v;
-                                e.1 += 1;
-                            }
+    }
+}
+
+/// TPS and p99 latency over time: per class, the mean over its cells of
+/// each second, one plot each (`{file_stem}-tps.svg`, `-p99.svg`).
+fn over_time(
+    md: &mut String,
+    plots: &mut Plots,
+    doc: &Report,
+    rs: &[Row<PointParams, Metrics>],
+    sm: &Summary,
+    file_stem: &str,
+    heading: &str,
+) {
+    let entry = sm.entry;
+    // This summary's cells: its entry's, at its point.
+    let mine = |r: &Row<PointParams, Metrics>| {
+        r.raw.params == sm.params && crate::entry_of(r.cell_id) == entry
+    };
+    let classes = &sm.classes;
+    let over_time = |field: fn(&Second) -> Option<f64>| -> Vec<Series> {
+        classes
+            .keys()
+            .map(|class| {
+                let mut sums: BTreeMap<u64, (f64, u32)> = BTreeMap::new();
+                for r in rs.iter().filter(|r| r.class == class.as_str() && mine(r)) {
+                    for p in doc.timeseries.get(r.cell_id).into_iter().flatten() {
+                        if let Some(v) = field(p) {
+                            let e = sums.entry(p.second.unwrap_or(0)).or_default();
+                            e.0 += v;
+                            e.1 += 1;
                         }
                     }
-                    Series {
-                        name: class.clone(),
-                        points: sums
-                            .into_iter()
-                            .map(|(s, (t, n))| (s as f64, t / n as f64))
-                            .collect(),
-                        color: Some(super::plot::class_color(doc, class)),
-                    }
-                })
-                .collect()
-        };
-        type Field = fn(&Second) -> Option<f64>;
-        for (field, file, title, y, alt) in [
-            (
-                (|s| s.tps) as Field,
-                "tps",
-                "TPS over time per class",
-                "transactions per second",
-                "TPS over time per instance class",
-            ),
-            (
-                (|s| s.latency_ms_p99) as Field,
-                "p99",
-                "p99 latency over time per class",
-                "p99 latency (ms)",
-                "p99 latency over time per instance class",
-            ),
-        ] {
-            let series = over_time(field);
-            if series.iter().any(|s| !s.points.is_empty()) {
-                let name = format!("pgbench-{gi}-{script}-{file}.svg");
-                plots.push((
-                    name.clone(),
-                    line_chart(&format!("{heading}: {title}"), "second", y, &series),
-                ));
-                let _ = writeln!(md, "\n![{alt}]({name})");
-            }
+                }
+                Series {
+                    name: class.clone(),
+                    points: sums
+                        .into_iter()
+                        .map(|(s, (t, n))| (s as f64, t / n as f64))
+                        .collect(),
+                    color: Some(super::plot::class_color(doc, class)),
+                }
+            })
+            .collect()
+    };
+    type Field = fn(&Second) -> Option<f64>;
+    for (field, file, title, y, alt) in [
+        (
+            (|s| s.tps) as Field,
+            "tps",
+            "TPS over time per class",
+            "transactions per second",
+            "TPS over time per instance class",
+        ),
+        (
+            (|s| s.latency_ms_p99) as Field,
+            "p99",
+            "p99 latency over time per class",
+            "p99 latency (ms)",
+            "p99 latency over time per instance class",
+        ),
+    ] {
+        let series = over_time(field);
+        if series.iter().any(|s| !s.points.is_empty()) {
+            let name = format!("{file_stem}-{file}.svg");
+            plots.push((
+                name.clone(),
+                line_chart(&format!("{heading}: {title}"), "second", y, &series),
+            ));
+            let _ = writeln!(md, "\n![{alt}]({name})");
         }
     }
 }

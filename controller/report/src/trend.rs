@@ -131,88 +131,113 @@ pub fn judge(
                 })
                 .filter(|v| v.is_finite())
                 .collect();
-            let mut e = Judged {
-                entry: s.entry,
-                point: Some(s.params.clone()),
-                sweep: Some(s.point.clone()),
-                ..base.clone()
-            };
-            let mut about = HistoryJudgement {
-                window: h.window,
-                max_drop: h.max_drop,
-                same_labels: h.same_labels.clone(),
-                earlier_runs: prev.len(),
+            out.push(against_earlier(
+                c,
+                h,
+                run,
+                s,
+                &mine,
+                prev,
                 not_comparable,
-                ..HistoryJudgement::default()
-            };
-            if prev.len() < MIN_RUNS {
-                e.verdict = Verdict::Inconclusive;
-                e.passes = c.inconclusive_passes;
-                e.observed = finite(mine.value());
-                e.interval = Some([None, None]);
-                e.clusters = BTreeMap::from([
-                    (c.class.clone(), mine.clusters()),
-                    ("earlier runs".to_string(), prev.len()),
-                ]);
-                e.note = Some(format!(
-                    "{} comparable earlier run{} of this scenario{} ({MIN_RUNS} needed){}",
-                    prev.len(),
-                    if prev.len() == 1 { "" } else { "s" },
-                    if h.same_labels.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" with the same {}", h.same_labels.join(", "))
-                    },
-                    if not_comparable > 0 {
-                        format!(
-                            "; {not_comparable} earlier runs differ in their scenario text or environment (`pgfleet history` says how)"
-                        )
-                    } else {
-                        String::new()
-                    }
-                ));
-                e.history = Some(about);
-                out.push(e);
-                continue;
-            }
-            let cps = changepoint::detect(&prev, &changepoint::Options::default());
-            let segment = &prev[cps.last().map_or(0, |c| c.index)..];
-            let seed = stats::seed_of(&format!("{}{}{}", c.name, s.params_text(), run.id));
-            let interval = stats::bootstrap_ratio(
-                (mine.clusters(), |i: &[usize]| mine.at(i)),
-                (segment.len(), |i: &[usize]| {
-                    stats::median(&i.iter().map(|&k| segment[k]).collect::<Vec<_>>())
-                }),
-                c.confidence,
-                seed,
-            );
-            let segment_median = stats::median(segment);
-            let observed = mine.value() / segment_median;
-            let verdict = Verdict::from(stats::judge(interval, min, max));
-            about.segment_start = Some(prev.len() - segment.len());
-            about.segment_runs = Some(segment.len());
-            about.segment_median = Some(segment_median);
-            about.change_points = Some(cps.len());
-            about.values = Some(prev.clone());
-            e.observed = finite(observed);
-            e.interval = Some([finite(interval.lo), finite(interval.hi)]);
-            e.clusters = BTreeMap::from([
-                (c.class.clone(), mine.clusters()),
-                ("earlier runs".to_string(), segment.len()),
-            ]);
-            e.merged = Some(mine.merged());
-            e.verdict = verdict;
-            e.passes = verdict.passes(c.inconclusive_passes);
-            if verdict == Verdict::Inconclusive {
-                e.note = Some(format!(
-                    "the {:.0} % interval of this run against the {} earlier runs since their last change straddles the bound",
-                    c.confidence * 100.0,
-                    segment.len()
-                ));
-            }
-            e.history = Some(about);
-            out.push(e);
+                &base,
+            ));
         }
     }
     Ok(out)
+}
+
+/// A history check on one point: this run's figure against the earlier
+/// comparable runs' (`prev`, oldest first) since their last change point.
+#[allow(clippy::too_many_arguments)]
+fn against_earlier(
+    c: &Check,
+    h: &pgfleet_scenario::HistoryBound,
+    run: &RunRow,
+    s: &Summary,
+    mine: &Figure,
+    prev: Vec<f64>,
+    not_comparable: usize,
+    base: &Judged,
+) -> Judged {
+    let mut e = Judged {
+        entry: s.entry,
+        point: Some(s.params.clone()),
+        sweep: Some(s.point.clone()),
+        ..base.clone()
+    };
+    let (min, max) = (base.min, base.max);
+    let mut about = HistoryJudgement {
+        window: h.window,
+        max_drop: h.max_drop,
+        same_labels: h.same_labels.clone(),
+        earlier_runs: prev.len(),
+        not_comparable,
+        ..HistoryJudgement::default()
+    };
+    if prev.len() < MIN_RUNS {
+        e.verdict = Verdict::Inconclusive;
+        e.passes = c.inconclusive_passes;
+        e.observed = finite(mine.value());
+        e.interval = Some([None, None]);
+        e.clusters = BTreeMap::from([
+            (c.class.clone(), mine.clusters()),
+            ("earlier runs".to_string(), prev.len()),
+        ]);
+        e.note = Some(format!(
+            "{} comparable earlier run{} of this scenario{} ({MIN_RUNS} needed){}",
+            prev.len(),
+            if prev.len() == 1 { "" } else { "s" },
+            if h.same_labels.is_empty() {
+                String::new()
+            } else {
+                format!(" with the same {}", h.same_labels.join(", "))
+            },
+            if not_comparable > 0 {
+                format!(
+                    "; {not_comparable} earlier runs differ in their scenario text or environment (`pgfleet history` says how)"
+                )
+            } else {
+                String::new()
+            }
+        ));
+        e.history = Some(about);
+        return e;
+    }
+    let cps = changepoint::detect(&prev, &changepoint::Options::default());
+    let segment = &prev[cps.last().map_or(0, |c| c.index)..];
+    let seed = stats::seed_of(&format!("{}{}{}", c.name, s.params_text(), run.id));
+    let interval = stats::bootstrap_ratio(
+        (mine.clusters(), |i: &[usize]| mine.at(i)),
+        (segment.len(), |i: &[usize]| {
+            stats::median(&i.iter().map(|&k| segment[k]).collect::<Vec<_>>())
+        }),
+        c.confidence,
+        seed,
+    );
+    let segment_median = stats::median(segment);
+    let observed = mine.value() / segment_median;
+    let verdict = Verdict::from(stats::judge(interval, min, max));
+    about.segment_start = Some(prev.len() - segment.len());
+    about.segment_runs = Some(segment.len());
+    about.segment_median = Some(segment_median);
+    about.change_points = Some(cps.len());
+    about.values = Some(prev.clone());
+    e.observed = finite(observed);
+    e.interval = Some([finite(interval.lo), finite(interval.hi)]);
+    e.clusters = BTreeMap::from([
+        (c.class.clone(), mine.clusters()),
+        ("earlier runs".to_string(), segment.len()),
+    ]);
+    e.merged = Some(mine.merged());
+    e.verdict = verdict;
+    e.passes = verdict.passes(c.inconclusive_passes);
+    if verdict == Verdict::Inconclusive {
+        e.note = Some(format!(
+            "the {:.0} % interval of this run against the {} earlier runs since their last change straddles the bound",
+            c.confidence * 100.0,
+            segment.len()
+        ));
+    }
+    e.history = Some(about);
+    e
 }
