@@ -705,7 +705,6 @@ fn estimate_with(s: &Scenario, cells: &[PlannedCell], reused: bool) -> PlanEstim
 
 /// `pgfleet validate`'s listing: each cell with its estimate, then totals.
 pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> String {
-    use pgfleet_proto::dataset::Mode;
     use pgfleet_proto::workload::{approx_bytes, approx_seconds};
     let agents: u32 = s.fleet.value.iter().map(|f| f.count()).sum();
     let w =
@@ -787,66 +786,7 @@ pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> 
     }
     let fresh = estimate_fresh(s, cells);
     if fresh != t {
-        let (mut built, mut ready) = (BTreeMap::new(), BTreeMap::new());
-        for c in cells.iter().filter(|c| c.dataset == Mode::Reuse) {
-            if let (Some(d), Some(share)) = (c.params.dataset(), &c.share) {
-                let to = if share.published {
-                    &mut ready
-                } else {
-                    &mut built
-                };
-                to.insert(share.key.clone(), d.label);
-            }
-        }
-        let names = |m: &BTreeMap<String, String>| {
-            let v: std::collections::BTreeSet<&str> = m.values().map(String::as_str).collect();
-            v.into_iter().collect::<Vec<_>>().join(", ")
-        };
-        let per_agent = cells.iter().any(|c| {
-            c.share
-                .as_ref()
-                .is_some_and(|s| s.stores == Stores::PerAgent)
-        });
-        let in_place = cells
-            .iter()
-            .any(|c| c.share.as_ref().is_some_and(|s| s.in_place));
-        let (once, there, then) = if per_agent {
-            (
-                "built once per agent",
-                "already in the snapshots the agents' volumes start from",
-                if in_place {
-                    "hydrated on a volume of the snapshot per cell and used in place"
-                } else {
-                    "hydrated once per agent and restored"
-                },
-            )
-        } else {
-            ("built once", "already in the store", "restored")
-        };
-        let datasets = match (built.is_empty(), ready.is_empty()) {
-            (false, true) => format!(
-                "{} dataset(s) {once} and restored ({})",
-                built.len(),
-                names(&built)
-            ),
-            (true, false) => format!(
-                "{} dataset(s) {there}, {then} ({})",
-                ready.len(),
-                names(&ready)
-            ),
-            _ => format!(
-                "{} dataset(s) {once} and restored ({}), {} {there}, {then} ({})",
-                built.len(),
-                names(&built),
-                ready.len(),
-                names(&ready)
-            ),
-        };
-        out += &format!(
-            "  with data: reuse, {datasets}: as above; every cell loading its own: {} of cells, about {} on this fleet\n",
-            approx_seconds(fresh.cell_seconds),
-            approx_seconds(fresh.wall_seconds)
-        );
+        out += &reuse_line(cells, &fresh);
     }
     for why in [LOADS_FASTER, NOBODY_RESTORES] {
         let of: Vec<&PlannedCell> = cells
@@ -864,6 +804,74 @@ pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> 
         }
     }
     out
+}
+
+/// What reusing datasets saves, under the plan's total: which datasets are
+/// built once (or found ready) and restored, against every cell loading its
+/// own (`fresh`).
+fn reuse_line(cells: &[PlannedCell], fresh: &PlanEstimate) -> String {
+    use pgfleet_proto::dataset::Mode;
+    use pgfleet_proto::workload::approx_seconds;
+    let (mut built, mut ready) = (BTreeMap::new(), BTreeMap::new());
+    for c in cells.iter().filter(|c| c.dataset == Mode::Reuse) {
+        if let (Some(d), Some(share)) = (c.params.dataset(), &c.share) {
+            let to = if share.published {
+                &mut ready
+            } else {
+                &mut built
+            };
+            to.insert(share.key.clone(), d.label);
+        }
+    }
+    let names = |m: &BTreeMap<String, String>| {
+        let v: std::collections::BTreeSet<&str> = m.values().map(String::as_str).collect();
+        v.into_iter().collect::<Vec<_>>().join(", ")
+    };
+    let per_agent = cells.iter().any(|c| {
+        c.share
+            .as_ref()
+            .is_some_and(|s| s.stores == Stores::PerAgent)
+    });
+    let in_place = cells
+        .iter()
+        .any(|c| c.share.as_ref().is_some_and(|s| s.in_place));
+    let (once, there, then) = if per_agent {
+        (
+            "built once per agent",
+            "already in the snapshots the agents' volumes start from",
+            if in_place {
+                "hydrated on a volume of the snapshot per cell and used in place"
+            } else {
+                "hydrated once per agent and restored"
+            },
+        )
+    } else {
+        ("built once", "already in the store", "restored")
+    };
+    let datasets = match (built.is_empty(), ready.is_empty()) {
+        (false, true) => format!(
+            "{} dataset(s) {once} and restored ({})",
+            built.len(),
+            names(&built)
+        ),
+        (true, false) => format!(
+            "{} dataset(s) {there}, {then} ({})",
+            ready.len(),
+            names(&ready)
+        ),
+        _ => format!(
+            "{} dataset(s) {once} and restored ({}), {} {there}, {then} ({})",
+            built.len(),
+            names(&built),
+            ready.len(),
+            names(&ready)
+        ),
+    };
+    format!(
+        "  with data: reuse, {datasets}: as above; every cell loading its own: {} of cells, about {} on this fleet\n",
+        approx_seconds(fresh.cell_seconds),
+        approx_seconds(fresh.wall_seconds)
+    )
 }
 
 /// The seeds' proportion of data to memory (482 GiB on 64 GiB).
