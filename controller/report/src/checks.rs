@@ -101,7 +101,7 @@ pub fn evaluate(checks: &[Check], summaries: &[Summary]) -> Vec<Judged> {
                 }
                 None => (mine.value(), mine.interval(c.confidence, seed)),
             };
-            let verdict = Verdict::from(stats::judge(interval, c.min, c.max));
+            let verdict = stats::judge(interval, c.min, c.max);
             out.push(Judged {
                 entry: s.entry,
                 label: Some(s.label.clone()),

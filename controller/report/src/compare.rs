@@ -166,7 +166,7 @@ pub fn judge_gates(rows: &[Row], gates: &[Gate], inconclusive_passes: bool) -> V
             } else {
                 (None, Some(g.percent))
             };
-            let verdict = Verdict::from(stats::judge(change, min, max));
+            let verdict = stats::judge(change, min, max);
             let label = crate::checks::point_words(Some(&r.params), None, None);
             out.push(Judged {
                 name: format!(

@@ -387,52 +387,8 @@ pub struct Judged {
     pub history: Option<HistoryJudgement>,
 }
 
-/// How an interval stands against a bound (`stats::Verdict`, as written).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Verdict {
-    Passed,
-    Failed,
-    #[default]
-    Inconclusive,
-}
-
-impl Verdict {
-    pub fn as_str(self) -> &'static str {
-        pgfleet_scenario::stats::Verdict::from(self).as_str()
-    }
-
-    /// Whether a check with this verdict passes.
-    pub fn passes(self, inconclusive_passes: bool) -> bool {
-        match self {
-            Verdict::Passed => true,
-            Verdict::Failed => false,
-            Verdict::Inconclusive => inconclusive_passes,
-        }
-    }
-}
-
-impl From<pgfleet_scenario::stats::Verdict> for Verdict {
-    fn from(v: pgfleet_scenario::stats::Verdict) -> Self {
-        use pgfleet_scenario::stats::Verdict as V;
-        match v {
-            V::Passed => Verdict::Passed,
-            V::Failed => Verdict::Failed,
-            V::Inconclusive => Verdict::Inconclusive,
-        }
-    }
-}
-
-impl From<Verdict> for pgfleet_scenario::stats::Verdict {
-    fn from(v: Verdict) -> Self {
-        use pgfleet_scenario::stats::Verdict as V;
-        match v {
-            Verdict::Passed => V::Passed,
-            Verdict::Failed => V::Failed,
-            Verdict::Inconclusive => V::Inconclusive,
-        }
-    }
-}
+/// How an interval stands against a bound, as report.json writes it.
+pub use pgfleet_scenario::stats::Verdict;
 
 /// A history check's earlier runs and the segment it judged against.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

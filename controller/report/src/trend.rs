@@ -216,7 +216,7 @@ fn against_earlier(
     );
     let segment_median = stats::median(segment);
     let observed = mine.value() / segment_median;
-    let verdict = Verdict::from(stats::judge(interval, min, max));
+    let verdict = stats::judge(interval, min, max);
     about.segment_start = Some(prev.len() - segment.len());
     about.segment_runs = Some(segment.len());
     about.segment_median = Some(segment_median);

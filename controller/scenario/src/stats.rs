@@ -220,17 +220,28 @@ impl Histograms {
 }
 
 /// How an interval stands against a bound.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Verdict {
     /// The whole interval satisfies the bound.
     Passed,
     /// The whole interval violates it.
     Failed,
     /// The interval straddles it (or there is nothing to judge).
+    #[default]
     Inconclusive,
 }
 
 impl Verdict {
+    /// Whether a check with this verdict passes.
+    pub fn passes(self, inconclusive_passes: bool) -> bool {
+        match self {
+            Verdict::Passed => true,
+            Verdict::Failed => false,
+            Verdict::Inconclusive => inconclusive_passes,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Passed => "passed",
