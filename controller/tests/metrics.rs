@@ -359,6 +359,40 @@ fn prometheus_scrapes_a_run_and_every_dashboard_query_returns_data() {
         compared += 1;
     }
     assert_eq!(compared, 2);
+    // Each finished cell's declared figures are series, with the report's
+    // values (each class here ran one cell per entry).
+    let results = instant(&format!(
+        "max_over_time(pgfleet_cell_result{{run_id=\"{run_id}\"}}[10m])"
+    ));
+    let results = results["data"]["result"].as_array().unwrap();
+    for r in report["results"].as_array().unwrap() {
+        let (kind, class) = (
+            r["workload"].as_str().unwrap(),
+            r["instance_class"].as_str().unwrap(),
+        );
+        for m in pgfleet_proto::workload::info(kind).unwrap().compared {
+            let Some(want) = r["metrics"][m.name].as_f64() else {
+                continue;
+            };
+            let got: Vec<f64> = results
+                .iter()
+                .filter(|x| {
+                    let l = &x["metric"];
+                    l["workload"] == kind
+                        && l["instance_class"] == class
+                        && l["metric"] == m.name
+                        && l["unit"] == m.unit
+                })
+                .filter_map(|x| x["value"][1].as_str()?.parse().ok())
+                .collect();
+            assert!(
+                got.iter()
+                    .any(|g| (g - want).abs() <= 1e-9 * want.abs().max(1.0)),
+                "{kind} {class} {}: report {want}, pgfleet_cell_result {got:?}",
+                m.name
+            );
+        }
+    }
     // Prometheus found both agents through /sd/agents and scraped them;
     // each agent counted the transactions the controller merged for its
     // class (its last seconds may fall after its last scrape).

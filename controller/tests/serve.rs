@@ -1125,7 +1125,17 @@ fn a_flooding_agent_neither_stalls_the_controller_nor_bloats_its_metrics() {
             Some("succeeded" | "failed" | "cancelled")
         )
     });
-    let floods = rt.block_on(flooder).unwrap();
+    // The fake agent stops at its result's acknowledgement or the
+    // session's end; a run that ended without either fails here, not hangs.
+    let floods = rt
+        .block_on(async { tokio::time::timeout(Duration::from_secs(30), flooder).await })
+        .unwrap_or_else(|_| {
+            panic!(
+                "the fake agent was never released: {run}\n{}",
+                serve_log(&s)
+            )
+        })
+        .unwrap();
     assert!(floods >= 8, "the fake agent flooded {floods} times");
     // The real agent's cell ran to its end: it was never taken for lost.
     let cells = run["cells"].as_array().unwrap();

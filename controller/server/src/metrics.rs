@@ -11,18 +11,23 @@
 //! the cluster's own device's requests and bytes (where it has one),
 //! and the wait events of active backends — labelled `scenario`, `run_id`,
 //! `instance_class`, `storage_profile`, `workload` (no per-cell or
-//! per-client label). A run's series leave `/metrics` a retention period
-//! after it ends.
+//! per-client label). A finished cell's figures, as its kind declares them
+//! (`KindInfo::compared`: name, unit, direction), are `pgfleet_cell_result`.
+//! A run's series leave `/metrics` a retention period after it ends.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use pgfleet_proto::workload::{Better, Kind, Metric};
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
     TextEncoder,
 };
 use serde_json::Value as Json;
+
+/// The labels `pgfleet_cell_result` adds to a run's.
+const RESULT_LABELS: &[&str] = &["point", "metric", "unit", "better"];
 
 /// The labels of a run's workload series.
 pub const RUN_LABELS: &[&str] = &[
@@ -59,6 +64,8 @@ pub struct Metrics {
     vacuum_blocks: IntGaugeVec,
     replication_lag: IntGaugeVec,
     toast_latency: prometheus::GaugeVec,
+    /// A finished cell's compared figures, per point and declared metric.
+    cell_results: prometheus::GaugeVec,
     /// 1 for each running cell's current phase (what dashboards draw as
     /// annotations); a cell's series goes when it ends.
     cell_phase: IntGaugeVec,
@@ -74,10 +81,15 @@ pub struct Metrics {
     failure_classes: Mutex<BTreeMap<Vec<String>, BTreeSet<String>>>,
     /// (storage mode, offset) points of toast-slice per run's label set.
     toast_points: Mutex<BTreeMap<Vec<String>, BTreeSet<ToastPoint>>>,
+    /// The kind and the point labels of the results per run's label set.
+    result_points: Mutex<BTreeMap<Vec<String>, ResultPoints>>,
 }
 
 /// A running cell's phase series: its labels, and since when.
 type PhaseSeries = (Vec<String>, std::time::Instant);
+
+/// A label set's results: its kind, and the `point` labels it has.
+type ResultPoints = (Kind, BTreeSet<String>);
 
 /// A toast-slice point: (storage mode, offset).
 type ToastPoint = (String, String);
@@ -349,6 +361,14 @@ impl Metrics {
                     v
                 }
             )),
+            cell_results: reg!(prometheus::GaugeVec::new(
+                Opts::new("pgfleet_cell_result", "A finished cell's figures: one series per figure its kind compares between classes, as the kind declares it (`metric`, `unit`, `better`: higher or lower); `point` tells a cell's points apart (a sweep's, toast-slice's modes and offsets). The last finished replica's value."),
+                &{
+                    let mut v = run.to_vec();
+                    v.extend(RESULT_LABELS);
+                    v
+                }
+            )),
             cell_phase: reg!(IntGaugeVec::new(
                 Opts::new("pgfleet_cell_phase", "1 while a cell is in this phase (provision, load, measure, vacuum, drain, teardown...); one series per running cell."),
                 &["scenario", "run_id", "instance_class", "workload", "cell_id", "phase"]
@@ -364,6 +384,7 @@ impl Metrics {
             wait_events: Mutex::new(BTreeMap::new()),
             failure_classes: Mutex::new(BTreeMap::new()),
             toast_points: Mutex::new(BTreeMap::new()),
+            result_points: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -603,6 +624,39 @@ impl Metrics {
         }
     }
 
+    /// A finished cell's figures: for each of its points, each metric its
+    /// kind declares compared (`KindInfo::compared`) that the point has.
+    pub fn cell_result(&self, labels: [&str; 5], kind: Kind, points: &[(Json, Json)]) {
+        let owned: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
+        self.remember(labels[1], &owned);
+        let mut all = self.result_points.lock().unwrap_or_else(|p| p.into_inner());
+        let (_, seen) = all.entry(owned).or_insert_with(|| (kind, BTreeSet::new()));
+        // What tells the cell's points apart: the parameters whose values
+        // differ between them (a sweep's `clients`, toast-slice's
+        // `storage_mode` and `offset`).
+        let keys: BTreeSet<&str> = points
+            .iter()
+            .filter_map(|(p, _)| p.as_object())
+            .flat_map(|o| o.keys().map(String::as_str))
+            .filter(|k| points.iter().any(|(p, _)| p.get(*k) != points[0].0.get(*k)))
+            .collect();
+        for (params, figures) in points {
+            // (An agent's text: bounded.)
+            let point = point_label(&keys, params);
+            let point = bounded_label(seen, &point);
+            for m in kind.info().compared {
+                let Some(v) = figures.get(m.name).and_then(Json::as_f64) else {
+                    continue;
+                };
+                if v.is_finite() {
+                    let mut l = labels.to_vec();
+                    l.extend(result_labels(&point, m));
+                    self.cell_results.with_label_values(&l).set(v);
+                }
+            }
+        }
+    }
+
     /// Removes every series of `run` (its cells and PostgreSQL figures).
     pub fn forget_run(&self, run: &str) {
         let sets = self
@@ -639,6 +693,21 @@ impl Metrics {
                 let _ = self.toast_latency.remove_label_values(&v);
             }
             self.driver_latency.remove(&labels);
+            let results = self
+                .result_points
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&labels);
+            for (kind, points) in results.iter() {
+                for (point, m) in points
+                    .iter()
+                    .flat_map(|p| kind.info().compared.iter().map(move |m| (p, m)))
+                {
+                    let mut v = l.clone();
+                    v.extend(result_labels(point, m));
+                    let _ = self.cell_results.remove_label_values(&v);
+                }
+            }
             let classes = self
                 .failure_classes
                 .lock()
@@ -726,6 +795,30 @@ impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
     }
+}
+
+/// A point's label: the given parameters' values (`clients=8, threads=2`);
+/// empty for a cell's single point.
+fn point_label(keys: &BTreeSet<&str>, params: &Json) -> String {
+    keys.iter()
+        .filter_map(|k| {
+            let v = params.get(*k)?;
+            Some(match v {
+                Json::String(s) => format!("{k}={s}"),
+                other => format!("{k}={other}"),
+            })
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The `point`, `metric`, `unit` and `better` labels of a result.
+fn result_labels<'a>(point: &'a str, m: &'a Metric) -> [&'a str; 4] {
+    let better = match m.better {
+        Better::Higher => "higher",
+        Better::Lower => "lower",
+    };
+    [point, m.name, m.unit, better]
 }
 
 /// Distinct values one label may take per series (wait events, failure
@@ -868,6 +961,64 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let text = m.render();
         assert!(!text.contains("run-1"), "{text}");
+    }
+
+    #[test]
+    fn a_cells_declared_figures_are_its_results_until_the_run_is_forgotten() {
+        let m = Metrics::new();
+        let sweep = [
+            (
+                serde_json::json!({"scale": 4, "clients": 1}),
+                serde_json::json!({"tps": 100.5, "latency_ms_mean": 2.0, "transactions": 7}),
+            ),
+            (
+                serde_json::json!({"scale": 4, "clients": 8}),
+                serde_json::json!({"tps": 400.0, "latency_ms_mean": "n/a"}),
+            ),
+        ];
+        m.cell_result(LABELS, Kind::Pgbench, &sweep);
+        let get = |point: &str, name: &str| {
+            let declared = pgfleet_proto::workload::metric("pgbench", name).unwrap();
+            let mut l = LABELS.to_vec();
+            l.extend(result_labels(point, declared));
+            l.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+        };
+        let value = |l: Vec<String>| {
+            let l: Vec<&str> = l.iter().map(String::as_str).collect();
+            m.cell_results
+                .get_metric_with_label_values(&l)
+                .map(|g| g.get())
+        };
+        // The varying swept parameter names the point; the declaration
+        // gives unit and direction.
+        assert_eq!(value(get("clients=1", "tps")).unwrap(), 100.5);
+        assert_eq!(value(get("clients=8", "tps")).unwrap(), 400.0);
+        assert_eq!(value(get("clients=1", "latency_ms_mean")).unwrap(), 2.0);
+        let text = m.render();
+        assert!(
+            text.contains(r#"better="lower""#) && text.contains(r#"unit="tx/s""#),
+            "{text}"
+        );
+        // Only declared, numeric figures (not `transactions`, not "n/a").
+        assert_eq!(text.matches("pgfleet_cell_result{").count(), 3, "{text}");
+        // A single point has no point label.
+        m.cell_result(
+            ["sc", "run-2", "fast", "nvme", "vacuum-bloat"],
+            Kind::VacuumBloat,
+            &[(
+                serde_json::json!({"scale": 8}),
+                serde_json::json!({"vacuum_seconds": 3.5}),
+            )],
+        );
+        assert!(
+            m.render().contains(r#"metric="vacuum_seconds",point="","#),
+            "{}",
+            m.render()
+        );
+        m.forget_run("run-1");
+        m.forget_run("run-2");
+        let text = m.render();
+        assert!(!text.contains("pgfleet_cell_result{"), "{text}");
     }
 
     #[test]

@@ -353,6 +353,7 @@ impl Scheduler {
                     replayable,
                     then,
                 } => {
+                    self.result_metrics(&end);
                     // Stored by the writer with what came before it; `then`
                     // waits for its word (`stored`).
                     self.pending.insert(end.cell_id.clone(), (then, replayable));
@@ -646,6 +647,39 @@ impl Scheduler {
             "pg_stat" => m.pg_stat(labels, data),
             _ => m.progress_sample(labels, kind, data),
         }
+    }
+
+    /// A succeeded cell's figures into the metrics, labelled as its
+    /// samples are (the lead role's agent's storage profile).
+    fn result_metrics(&self, end: &pgfleet_store::CellEnd) {
+        let Some(m) = &self.opts.metrics else {
+            return;
+        };
+        if end.state != CellState::Succeeded {
+            return;
+        }
+        let Some(cell) = self
+            .core
+            .cells
+            .iter()
+            .find(|c| c.planned.cell_id == end.cell_id)
+        else {
+            return;
+        };
+        let profile = cell
+            .roles
+            .first()
+            .and_then(|r| self.core.agents.get(&r.agent))
+            .map(|a| a.profile.as_str())
+            .unwrap_or("");
+        let labels = [
+            self.opts.scenario.as_str(),
+            self.run_id.as_str(),
+            cell.planned.instance_class.as_str(),
+            profile,
+            cell.planned.workload().name(),
+        ];
+        m.cell_result(labels, cell.planned.workload(), &end.points);
     }
 
     /// The run's cells by class, workload and state, into the metrics.
