@@ -18,16 +18,20 @@ quickstart:
 	$(CARGO) build --profile quickstart --locked -p pgfleet-controller -p pgfleet-agent --bins
 
 ## The fast tier: unit and in-process tests, PostgreSQL fact tests (minutes).
+## The binaries are built with the tests, so with their dev-dependencies'
+## features (tokio's test-util): built alone they would differ, and every
+## crate on tokio would be compiled twice.
 test:
-	$(CARGO) build --workspace --bins --locked
+	$(CARGO) build --workspace --bins --tests --locked
 	$(CARGO) nextest run --workspace --locked --no-fail-fast
 
 ## Every tier: adds multi-process runs, serve, containers, manifests,
 ## Prometheus, traces, PostgreSQL 18 and the long property test.
+## (The client-only pgfleet first: the full one must be target/debug's last.)
 test-all:
 	$(CARGO) build -p pgfleet-controller --no-default-features --bins --locked
 	mkdir -p target/client && cp target/debug/pgfleet target/client/pgfleet
-	$(CARGO) build --workspace --bins --locked
+	$(CARGO) build --workspace --all-targets --locked
 	PGFLEET_FUZZ_CASES=$${PGFLEET_FUZZ_CASES:-300000} $(CARGO) nextest run --workspace --locked --no-fail-fast --profile all
 
 ## The slowest tests of the last `make test-all` (JUnit from nextest).
