@@ -581,118 +581,11 @@ fn validate_checks(s: &Scenario, classes: &BTreeSet<String>) -> Result<(), Inval
         let (metric, class, workload, base) = match (&c.metric, &c.ratio, &c.history) {
             (Some(m), None, None) => (&m.name, &m.class, &m.workload, "metric"),
             (None, None, Some(h)) => {
-                if crate::parse_percent(&h.max_drop.value).is_none() {
-                    return err(
-                        h.max_drop.referenced,
-                        at("history.max_drop"),
-                        format!(
-                            "`{}` is not a percentage: write how much worse the run may be than the earlier runs, e.g. `5%` (0 to 99.9)",
-                            h.max_drop.value
-                        ),
-                    );
-                }
-                if let Some(w) = &h.window
-                    && !(3..=1000).contains(&w.value)
-                {
-                    return err(
-                        w.referenced,
-                        at("history.window"),
-                        format!("{} earlier runs: a window is 3 to 1000 runs", w.value),
-                    );
-                }
-                for l in &h.same_labels {
-                    if let Err(e) = crate::labels::parse_one(&format!("{}=", l.value)) {
-                        return err(l.referenced, at("history.same_labels"), e);
-                    }
-                }
-                for v in &h.vary {
-                    let name_ok = !v.value.is_empty()
-                        && v.value.len() <= 63
-                        && v.value.chars().all(|c| {
-                            c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '.'
-                        });
-                    if !name_ok {
-                        return err(
-                            v.referenced,
-                            at("history.vary"),
-                            format!(
-                                "`{}` is not a PostgreSQL setting name (e.g. synchronous_commit)",
-                                v.value
-                            ),
-                        );
-                    }
-                }
-                if let Some(b) = c.min.as_ref().or(c.max.as_ref()) {
-                    return err(
-                        b.referenced,
-                        at(if c.min.is_some() { "min" } else { "max" }),
-                        "a history check's bound is its `max_drop`: leave out min and max",
-                    );
-                }
+                validate_history_check(c, h, &at)?;
                 (&h.metric, &h.class, &h.workload, "history")
             }
             (None, Some(r), None) => {
-                match (&r.baseline, &r.baseline_workload) {
-                    (None, None) => {
-                        return err(
-                            r.class.referenced,
-                            at("ratio"),
-                            "a ratio needs `baseline` (a class) or `baseline_workload` (an entry of workloads), or both",
-                        );
-                    }
-                    (Some(b), None) if b.value == r.class.value => {
-                        return err(
-                            b.referenced,
-                            at("ratio.baseline"),
-                            "the baseline must be another class than `class` (or give `baseline_workload`)",
-                        );
-                    }
-                    _ => {}
-                }
-                if let Some(b) = &r.baseline {
-                    known_class(b, at("ratio.baseline"), classes)?;
-                }
-                if let Some(bw) = &r.baseline_workload {
-                    let Some(w) = &r.workload else {
-                        return err(
-                            bw.referenced,
-                            at("ratio.baseline_workload"),
-                            "`baseline_workload` compares with `workload`: give both (indexes in workloads, from 0)",
-                        );
-                    };
-                    let kind = |i: usize| s.workloads.value.get(i).map(|e| e.kind.value.clone());
-                    match (kind(w.value), kind(bw.value)) {
-                        (Some(a), Some(b)) if a == b && w.value != bw.value => {}
-                        (Some(_), Some(_)) if w.value == bw.value => {
-                            return err(
-                                bw.referenced,
-                                at("ratio.baseline_workload"),
-                                "the baseline entry must be another entry than `workload`",
-                            );
-                        }
-                        (Some(a), Some(b)) => {
-                            return err(
-                                bw.referenced,
-                                at("ratio.baseline_workload"),
-                                format!(
-                                    "entry {} is `{b}`, entry {} is `{a}`: compare entries of one kind",
-                                    bw.value, w.value
-                                ),
-                            );
-                        }
-                        _ => {
-                            return err(
-                                bw.referenced,
-                                at("ratio.baseline_workload"),
-                                format!(
-                                    "{} is out of range: the scenario has {} workload entries (0-based)",
-                                    bw.value,
-                                    s.workloads.value.len()
-                                ),
-                            );
-                        }
-                    }
-                }
+                validate_ratio_check(s, r, classes, &at)?;
                 (&r.metric, &r.class, &r.workload, "ratio")
             }
             _ => {
@@ -737,6 +630,136 @@ fn validate_checks(s: &Scenario, classes: &BTreeSet<String>) -> Result<(), Inval
                 &["fail", "pass"],
                 "inconclusive outcome",
             )?;
+        }
+    }
+    Ok(())
+}
+
+/// A history check: its allowed drop, window, labels and settings that
+/// may vary; its bound is `max_drop`, not min or max.
+fn validate_history_check(
+    c: &crate::CheckSpec,
+    h: &crate::HistoryRef,
+    at: &dyn Fn(&str) -> String,
+) -> Result<(), Invalid> {
+    if crate::parse_percent(&h.max_drop.value).is_none() {
+        return err(
+            h.max_drop.referenced,
+            at("history.max_drop"),
+            format!(
+                "`{}` is not a percentage: write how much worse the run may be than the earlier runs, e.g. `5%` (0 to 99.9)",
+                h.max_drop.value
+            ),
+        );
+    }
+    if let Some(w) = &h.window
+        && !(3..=1000).contains(&w.value)
+    {
+        return err(
+            w.referenced,
+            at("history.window"),
+            format!("{} earlier runs: a window is 3 to 1000 runs", w.value),
+        );
+    }
+    for l in &h.same_labels {
+        if let Err(e) = crate::labels::parse_one(&format!("{}=", l.value)) {
+            return err(l.referenced, at("history.same_labels"), e);
+        }
+    }
+    for v in &h.vary {
+        let name_ok = !v.value.is_empty()
+            && v.value.len() <= 63
+            && v.value
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '.');
+        if !name_ok {
+            return err(
+                v.referenced,
+                at("history.vary"),
+                format!(
+                    "`{}` is not a PostgreSQL setting name (e.g. synchronous_commit)",
+                    v.value
+                ),
+            );
+        }
+    }
+    if let Some(b) = c.min.as_ref().or(c.max.as_ref()) {
+        return err(
+            b.referenced,
+            at(if c.min.is_some() { "min" } else { "max" }),
+            "a history check's bound is its `max_drop`: leave out min and max",
+        );
+    }
+    Ok(())
+}
+
+/// A ratio check: a baseline class, a baseline entry of the same kind, or
+/// both.
+fn validate_ratio_check(
+    s: &Scenario,
+    r: &crate::RatioRef,
+    classes: &BTreeSet<String>,
+    at: &dyn Fn(&str) -> String,
+) -> Result<(), Invalid> {
+    match (&r.baseline, &r.baseline_workload) {
+        (None, None) => {
+            return err(
+                r.class.referenced,
+                at("ratio"),
+                "a ratio needs `baseline` (a class) or `baseline_workload` (an entry of workloads), or both",
+            );
+        }
+        (Some(b), None) if b.value == r.class.value => {
+            return err(
+                b.referenced,
+                at("ratio.baseline"),
+                "the baseline must be another class than `class` (or give `baseline_workload`)",
+            );
+        }
+        _ => {}
+    }
+    if let Some(b) = &r.baseline {
+        known_class(b, at("ratio.baseline"), classes)?;
+    }
+    if let Some(bw) = &r.baseline_workload {
+        let Some(w) = &r.workload else {
+            return err(
+                bw.referenced,
+                at("ratio.baseline_workload"),
+                "`baseline_workload` compares with `workload`: give both (indexes in workloads, from 0)",
+            );
+        };
+        let kind = |i: usize| s.workloads.value.get(i).map(|e| e.kind.value.clone());
+        match (kind(w.value), kind(bw.value)) {
+            (Some(a), Some(b)) if a == b && w.value != bw.value => {}
+            (Some(_), Some(_)) if w.value == bw.value => {
+                return err(
+                    bw.referenced,
+                    at("ratio.baseline_workload"),
+                    "the baseline entry must be another entry than `workload`",
+                );
+            }
+            (Some(a), Some(b)) => {
+                return err(
+                    bw.referenced,
+                    at("ratio.baseline_workload"),
+                    format!(
+                        "entry {} is `{b}`, entry {} is `{a}`: compare entries of one kind",
+                        bw.value, w.value
+                    ),
+                );
+            }
+            _ => {
+                return err(
+                    bw.referenced,
+                    at("ratio.baseline_workload"),
+                    format!(
+                        "{} is out of range: the scenario has {} workload entries (0-based)",
+                        bw.value,
+                        s.workloads.value.len()
+                    ),
+                );
+            }
         }
     }
     Ok(())

@@ -478,29 +478,7 @@ impl Scheduler {
                 class,
                 first,
                 postgres_version,
-            } => {
-                self.publish(RunEvent::Agent {
-                    agent_id: agent_id.clone(),
-                    state: if first { "registered" } else { "reconnected" }.into(),
-                    detail: format!("class {class}, PostgreSQL {postgres_version}"),
-                });
-                if let Some(m) = &metrics {
-                    // Counters exist from the first registration on, at 0, so
-                    // rates and alerts see them before anything happens.
-                    let reconnects = m.agent_reconnects.with_label_values(&[class.as_str()]);
-                    m.agent_losses.with_label_values(&[class.as_str()]);
-                    if !first {
-                        reconnects.inc();
-                    }
-                }
-                if first {
-                    self.ui.line(format!(
-                        "agent {agent_id} registered (class {class}, PostgreSQL {postgres_version})"
-                    ));
-                } else {
-                    self.ui.line(format!("agent {agent_id} reconnected"));
-                }
-            }
+            } => self.agent_registered(agent_id, class, first, postgres_version),
             Observed::AgentRefused { agent_id, reason } => {
                 self.ui.line(format!("refused agent {agent_id}: {reason}"));
             }
@@ -522,36 +500,7 @@ impl Scheduler {
                 message,
                 done,
                 total,
-            } => {
-                let idx = self.core.cell_index(&cell_id);
-                if let (Some(m), Some(idx)) = (&metrics, idx) {
-                    let c = &self.core.cells[idx];
-                    m.cell_phase(
-                        [
-                            self.opts.scenario.as_str(),
-                            self.run_id.as_str(),
-                            c.planned.instance_class.as_str(),
-                            c.planned.workload().name(),
-                        ],
-                        &cell_id,
-                        &phase,
-                    );
-                }
-                if let Some(bar) = idx.and_then(|i| self.bars.get(&i)) {
-                    if total > 0 {
-                        bar.set_length(total);
-                        bar.set_position(done);
-                    }
-                    bar.set_message(format!("{phase}: {message}"));
-                }
-                self.publish(RunEvent::Progress {
-                    cell_id,
-                    phase,
-                    message,
-                    done,
-                    total,
-                });
-            }
+            } => self.progress(cell_id, phase, message, done, total),
             Observed::Sample {
                 agent_id,
                 cell,
@@ -576,45 +525,114 @@ impl Scheduler {
                 state,
                 error,
                 seconds,
-            } => {
-                let c = &self.core.cells[cell];
-                if let (Some(m), Some(secs)) = (&metrics, seconds) {
-                    m.cell_seconds
-                        .with_label_values(&[
-                            c.planned.instance_class.as_str(),
-                            c.planned.workload().name(),
-                            state.as_str(),
-                        ])
-                        .observe(secs);
-                }
-                let text = match state {
-                    CellState::Succeeded => "succeeded".to_string(),
-                    _ => format!("{}: {}", state.as_str(), error),
-                };
-                if let Some(bar) = self.bars.remove(&cell) {
-                    bar.abandon_with_message(text.clone());
-                }
-                // The cell's span ends.
-                if let Some(span) = self.spans.remove(&cell) {
-                    span.record("state", state.as_str());
-                    if let Some(m) = &metrics {
-                        m.cell_ended(&self.run_id, &c.planned.cell_id);
-                    }
-                }
-                self.ui.line(format!("cell {} {text}", c.planned.cell_id));
-                if let Some(left) = self.eta() {
-                    self.ui.progress_line(format!(
-                        "{}/{} cells done; about {} left (estimated)",
-                        self.core.cells_done(),
-                        self.core.cells.len(),
-                        pgfleet_proto::workload::approx_seconds(left.as_secs_f64())
-                    ));
-                }
-            }
+            } => self.cell_ended(cell, state, error, seconds),
             Observed::Cancelling => self.ui.line(
                 "cancelling: pending cells are dropped, running cells are asked to stop"
                     .to_string(),
             ),
+        }
+    }
+
+    /// An agent registered, or reconnected.
+    fn agent_registered(
+        &mut self,
+        agent_id: String,
+        class: String,
+        first: bool,
+        postgres_version: String,
+    ) {
+        let metrics = self.opts.metrics.clone();
+        self.publish(RunEvent::Agent {
+            agent_id: agent_id.clone(),
+            state: if first { "registered" } else { "reconnected" }.into(),
+            detail: format!("class {class}, PostgreSQL {postgres_version}"),
+        });
+        if let Some(m) = &metrics {
+            // Counters exist from the first registration on, at 0, so
+            // rates and alerts see them before anything happens.
+            let reconnects = m.agent_reconnects.with_label_values(&[class.as_str()]);
+            m.agent_losses.with_label_values(&[class.as_str()]);
+            if !first {
+                reconnects.inc();
+            }
+        }
+        if first {
+            self.ui.line(format!(
+                "agent {agent_id} registered (class {class}, PostgreSQL {postgres_version})"
+            ));
+        } else {
+            self.ui.line(format!("agent {agent_id} reconnected"));
+        }
+    }
+
+    /// A cell's progress: its phase series, its bar, the event stream.
+    fn progress(&mut self, cell_id: String, phase: String, message: String, done: u64, total: u64) {
+        let metrics = self.opts.metrics.clone();
+        let idx = self.core.cell_index(&cell_id);
+        if let (Some(m), Some(idx)) = (&metrics, idx) {
+            let c = &self.core.cells[idx];
+            m.cell_phase(
+                [
+                    self.opts.scenario.as_str(),
+                    self.run_id.as_str(),
+                    c.planned.instance_class.as_str(),
+                    c.planned.workload().name(),
+                ],
+                &cell_id,
+                &phase,
+            );
+        }
+        if let Some(bar) = idx.and_then(|i| self.bars.get(&i)) {
+            if total > 0 {
+                bar.set_length(total);
+                bar.set_position(done);
+            }
+            bar.set_message(format!("{phase}: {message}"));
+        }
+        self.publish(RunEvent::Progress {
+            cell_id,
+            phase,
+            message,
+            done,
+            total,
+        });
+    }
+
+    /// A cell ended: its duration, its bar, its span, the progress line.
+    fn cell_ended(&mut self, cell: usize, state: CellState, error: String, seconds: Option<f64>) {
+        let metrics = self.opts.metrics.clone();
+        let c = &self.core.cells[cell];
+        if let (Some(m), Some(secs)) = (&metrics, seconds) {
+            m.cell_seconds
+                .with_label_values(&[
+                    c.planned.instance_class.as_str(),
+                    c.planned.workload().name(),
+                    state.as_str(),
+                ])
+                .observe(secs);
+        }
+        let text = match state {
+            CellState::Succeeded => "succeeded".to_string(),
+            _ => format!("{}: {}", state.as_str(), error),
+        };
+        if let Some(bar) = self.bars.remove(&cell) {
+            bar.abandon_with_message(text.clone());
+        }
+        // The cell's span ends.
+        if let Some(span) = self.spans.remove(&cell) {
+            span.record("state", state.as_str());
+            if let Some(m) = &metrics {
+                m.cell_ended(&self.run_id, &c.planned.cell_id);
+            }
+        }
+        self.ui.line(format!("cell {} {text}", c.planned.cell_id));
+        if let Some(left) = self.eta() {
+            self.ui.progress_line(format!(
+                "{}/{} cells done; about {} left (estimated)",
+                self.core.cells_done(),
+                self.core.cells.len(),
+                pgfleet_proto::workload::approx_seconds(left.as_secs_f64())
+            ));
         }
     }
 
