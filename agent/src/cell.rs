@@ -168,63 +168,15 @@ async fn run_inner(
     let pg = env.pg.clone().map_err(Error::PgBin)?;
     let run_as = env.run_as.clone().map_err(Error::Provision)?;
     let spec = cluster_spec(env, assign, params, pg, run_as);
-    // The cell's data: restored from the dataset store when published
-    // there, else loaded here (and published, with `data: reuse`).
-    let mode = pgfleet_proto::dataset::Mode::parse(&assign.dataset).ok_or_else(|| {
-        Error::Provision(format!(
-            "dataset `{}` is not one of {}",
-            assign.dataset,
-            pgfleet_proto::dataset::Mode::NAMES.join(", ")
-        ))
-    })?;
-    // A multi-role cell's dataset is on one role's cluster.
-    let declared = params.dataset_of(&assign.role);
-    let build_only = mode == pgfleet_proto::dataset::Mode::Build;
-    if build_only && declared.is_none() && params.dataset().is_some() {
-        // `pgfleet datasets build`: another role of the cell builds it and
-        // reports its cluster once it has (this role may be the lead, whose
-        // end releases the others).
-        let role = params.dataset_role();
-        let mut peers = control.peers.clone();
-        tokio::select! {
-            r = peers.wait_for(|m| m.contains_key(role)) => r.map_err(|_| {
-                Error::Session("the session ended while the dataset was built".into())
-            })?,
-            _ = cancel.cancelled() => return Err(Error::Cancelled("cancelled while the dataset was built".into())),
-        };
+    let Some(DataNeeded {
+        declared,
+        wanted,
+        build_only,
+    }) = data_wanted(env, assign, params, &spec, control, environment).await?
+    else {
         return Ok(Output::default());
-    }
-    let wanted = declared
-        .clone()
-        .filter(|_| mode != pgfleet_proto::dataset::Mode::Fresh)
-        .map(|d| crate::dataset::Wanted::of(&spec.pg, d));
-    if build_only {
-        // `pgfleet datasets build`: nothing to do when it is published.
-        let Some(w) = &wanted else {
-            return Err(Error::Workload {
-                workload: params.kind().name().into(),
-                message: "this kind has no dataset to build".into(),
-            });
-        };
-        if let Ok(Some(m)) = env.datasets.find(&w.fingerprint) {
-            environment.get_or_insert_default().dataset = Some(serde_json::json!({
-                "fingerprint": w.fingerprint, "label": w.dataset.label, "how": "already published",
-                "store": env.datasets.dir, "bytes": m.bytes,
-                "built_by": format!("{} on {}", m.built_by, m.host), "built_at": m.created_at,
-            }));
-            return Ok(Output::default());
-        }
-    }
-    // A cell whose dataset waits on a volume of its own needs no room in
-    // the data root (its cluster goes there).
-    let on_cell_volume = wanted.as_ref().is_some_and(|w| {
-        env.snapshot
-            .as_deref()
-            .is_some_and(|s| !Cluster::own_volume(&spec) && s.has_volume(&w.fingerprint))
-    });
-    if !on_cell_volume {
-        check_disk(&env.clusters_dir(), params)?;
-    }
+    };
+    check_room(env, &spec, wanted.as_ref(), params)?;
     let mut prov = declared.as_ref().map(|d| crate::dataset::Provenance {
         label: d.label.clone(),
         how: "loaded".into(),
@@ -237,42 +189,18 @@ async fn run_inner(
         .as_ref()
         .filter(|_| assign.reuse_cluster && !build_only && assign.peers.is_empty())
         .map(|w| crate::keep::key(&assign.run_id, &w.fingerprint, &spec));
-    let reused = take_kept(
+    let (cluster, source, cells_on_cluster) = cluster_for(
         env,
         assign,
-        reuse_key.as_deref(),
+        &spec,
         params,
+        wanted.as_ref(),
+        reuse_key.as_deref(),
         prov.as_mut(),
         events,
+        cancel,
     )
-    .await;
-    let mut cells_on_cluster = 1;
-    let (cluster, source) = match reused {
-        Some((k, seconds)) => {
-            let crate::keep::Kept {
-                cluster,
-                loaded,
-                first_cell,
-                cells,
-                ..
-            } = *k;
-            if let (Some(p), Some(w)) = (prov.as_mut(), wanted.as_ref()) {
-                p.fingerprint = w.fingerprint.clone();
-                p.how = "reused".into();
-                p.cache = "as the previous cell left it".into();
-                p.reused_from = first_cell;
-                p.reused_by_cells = u64::from(cells) + 1;
-                p.reset_seconds = seconds;
-            }
-            cells_on_cluster = cells + 1;
-            (cluster, Source::Reused(Box::new(loaded)))
-        }
-        None => tokio::select! {
-            r = provision_with_dataset(env, assign, &spec, wanted.as_ref(), prov.as_mut(), events, cancel)
-                .instrument(phase("provision")) => r?,
-            _ = cancel.cancelled() => return Err(Error::Cancelled("cancelled while provisioning".into())),
-        },
-    };
+    .await?;
     // What a kept cluster needs from the cell: its catalog before the
     // workload ran, and the load's figures.
     let mut before: Option<String> = None;
@@ -369,6 +297,144 @@ async fn run_inner(
         _ => None,
     };
     finish(env, assign, cluster, outcome, keeping, cancel, events).await
+}
+
+/// Room in the data root for the cell's cluster, unless its dataset waits
+/// on a volume of its own (its cluster goes there).
+fn check_room(
+    env: &AgentEnv,
+    spec: &ClusterSpec,
+    wanted: Option<&crate::dataset::Wanted>,
+    params: &Params,
+) -> Result<()> {
+    let on_cell_volume = wanted.is_some_and(|w| {
+        env.snapshot
+            .as_deref()
+            .is_some_and(|s| !Cluster::own_volume(spec) && s.has_volume(&w.fingerprint))
+    });
+    if on_cell_volume {
+        return Ok(());
+    }
+    check_disk(&env.clusters_dir(), params)
+}
+
+/// What data a cell's role needs: its dataset, and where it is published.
+struct DataNeeded {
+    declared: Option<pgfleet_proto::dataset::Dataset>,
+    wanted: Option<crate::dataset::Wanted>,
+    build_only: bool,
+}
+
+/// The data a cell's role needs, or None when the role has nothing to do:
+/// `pgfleet datasets build` of a dataset another role builds, or that is
+/// published already.
+async fn data_wanted(
+    env: &AgentEnv,
+    assign: &Assign,
+    params: &Params,
+    spec: &ClusterSpec,
+    control: &Control,
+    environment: &mut Option<Environment>,
+) -> Result<Option<DataNeeded>> {
+    let cancel = &control.cancel;
+    // The cell's data: restored from the dataset store when published
+    // there, else loaded here (and published, with `data: reuse`).
+    let mode = pgfleet_proto::dataset::Mode::parse(&assign.dataset).ok_or_else(|| {
+        Error::Provision(format!(
+            "dataset `{}` is not one of {}",
+            assign.dataset,
+            pgfleet_proto::dataset::Mode::NAMES.join(", ")
+        ))
+    })?;
+    // A multi-role cell's dataset is on one role's cluster.
+    let declared = params.dataset_of(&assign.role);
+    let build_only = mode == pgfleet_proto::dataset::Mode::Build;
+    if build_only && declared.is_none() && params.dataset().is_some() {
+        // `pgfleet datasets build`: another role of the cell builds it and
+        // reports its cluster once it has (this role may be the lead, whose
+        // end releases the others).
+        let role = params.dataset_role();
+        let mut peers = control.peers.clone();
+        tokio::select! {
+            r = peers.wait_for(|m| m.contains_key(role)) => r.map_err(|_| {
+                Error::Session("the session ended while the dataset was built".into())
+            })?,
+            _ = cancel.cancelled() => return Err(Error::Cancelled("cancelled while the dataset was built".into())),
+        };
+        return Ok(None);
+    }
+    let wanted = declared
+        .clone()
+        .filter(|_| mode != pgfleet_proto::dataset::Mode::Fresh)
+        .map(|d| crate::dataset::Wanted::of(&spec.pg, d));
+    if build_only {
+        // `pgfleet datasets build`: nothing to do when it is published.
+        let Some(w) = &wanted else {
+            return Err(Error::Workload {
+                workload: params.kind().name().into(),
+                message: "this kind has no dataset to build".into(),
+            });
+        };
+        if let Ok(Some(m)) = env.datasets.find(&w.fingerprint) {
+            environment.get_or_insert_default().dataset = Some(serde_json::json!({
+                "fingerprint": w.fingerprint, "label": w.dataset.label, "how": "already published",
+                "store": env.datasets.dir, "bytes": m.bytes,
+                "built_by": format!("{} on {}", m.built_by, m.host), "built_at": m.created_at,
+            }));
+            return Ok(None);
+        }
+    }
+    Ok(Some(DataNeeded {
+        declared,
+        wanted,
+        build_only,
+    }))
+}
+
+/// The cell's cluster: the one the previous cell of its dataset left on
+/// this agent, reset (`reuse_cluster`), or a new one; with its data's
+/// source and how many cells it has served counting this one.
+#[allow(clippy::too_many_arguments)]
+async fn cluster_for(
+    env: &AgentEnv,
+    assign: &Assign,
+    spec: &ClusterSpec,
+    params: &Params,
+    wanted: Option<&crate::dataset::Wanted>,
+    reuse_key: Option<&str>,
+    mut prov: Option<&mut crate::dataset::Provenance>,
+    events: &mpsc::Sender<AgentMessage>,
+    cancel: &CancellationToken,
+) -> Result<(Cluster, Source, u32)> {
+    let reused = take_kept(env, assign, reuse_key, params, prov.as_deref_mut(), events).await;
+    Ok(match reused {
+        Some((k, seconds)) => {
+            let crate::keep::Kept {
+                cluster,
+                loaded,
+                first_cell,
+                cells,
+                ..
+            } = *k;
+            if let (Some(p), Some(w)) = (prov.as_deref_mut(), wanted) {
+                p.fingerprint = w.fingerprint.clone();
+                p.how = "reused".into();
+                p.cache = "as the previous cell left it".into();
+                p.reused_from = first_cell;
+                p.reused_by_cells = u64::from(cells) + 1;
+                p.reset_seconds = seconds;
+            }
+            (cluster, Source::Reused(Box::new(loaded)), cells + 1)
+        }
+        None => {
+            let (cluster, source) = tokio::select! {
+                r = provision_with_dataset(env, assign, spec, wanted, prov, events, cancel)
+                    .instrument(phase("provision")) => r?,
+                _ = cancel.cancelled() => return Err(Error::Cancelled("cancelled while provisioning".into())),
+            };
+            (cluster, source, 1)
+        }
+    })
 }
 
 /// What a `reuse_cluster` cell hands the next cell of its dataset: the
