@@ -640,26 +640,30 @@ impl Scheduler {
         self.core.eta(self.opts.estimated_wall?, Instant::now())
     }
 
-    /// A cell's sample into the metrics, labelled by its run, class, the
-    /// sending agent's storage profile and the workload.
-    fn sample_metrics(&self, agent_id: &str, idx: usize, kind: &str, data: &Json) {
-        let Some(m) = &self.opts.metrics else {
-            return;
-        };
+    /// A cell's series labels: its run, class, `agent_id`'s storage
+    /// profile and its workload.
+    fn series_labels(&self, idx: usize, agent_id: Option<&str>) -> [&str; 5] {
         let cell = &self.core.cells[idx];
-        let profile = self
-            .core
-            .agents
-            .get(agent_id)
+        let profile = agent_id
+            .and_then(|a| self.core.agents.get(a))
             .map(|a| a.profile.as_str())
             .unwrap_or("");
-        let labels = [
+        [
             self.opts.scenario.as_str(),
             self.run_id.as_str(),
             cell.planned.instance_class.as_str(),
             profile,
             cell.planned.workload().name(),
-        ];
+        ]
+    }
+
+    /// A cell's sample into the metrics, labelled with the sending agent's
+    /// storage profile.
+    fn sample_metrics(&self, agent_id: &str, idx: usize, kind: &str, data: &Json) {
+        let Some(m) = &self.opts.metrics else {
+            return;
+        };
+        let labels = self.series_labels(idx, Some(agent_id));
         match kind {
             "live" => m.live_second(labels, data),
             "pg_stat" => m.pg_stat(labels, data),
@@ -673,31 +677,15 @@ impl Scheduler {
         let Some(m) = &self.opts.metrics else {
             return;
         };
+        let Some(idx) = self.core.cell_index(&end.cell_id) else {
+            return;
+        };
         if end.state != CellState::Succeeded {
             return;
         }
-        let Some(cell) = self
-            .core
-            .cells
-            .iter()
-            .find(|c| c.planned.cell_id == end.cell_id)
-        else {
-            return;
-        };
-        let profile = cell
-            .roles
-            .first()
-            .and_then(|r| self.core.agents.get(&r.agent))
-            .map(|a| a.profile.as_str())
-            .unwrap_or("");
-        let labels = [
-            self.opts.scenario.as_str(),
-            self.run_id.as_str(),
-            cell.planned.instance_class.as_str(),
-            profile,
-            cell.planned.workload().name(),
-        ];
-        m.cell_result(labels, cell.planned.workload(), &end.points);
+        let lead = self.core.cells[idx].roles.first().map(|r| r.agent.as_str());
+        let kind = self.core.cells[idx].planned.workload();
+        m.cell_result(self.series_labels(idx, lead), kind, &end.points);
     }
 
     /// The run's cells by class, workload and state, into the metrics.
