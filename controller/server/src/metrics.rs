@@ -634,12 +634,17 @@ impl Metrics {
         // What tells the cell's points apart: the parameters whose values
         // differ between them (a sweep's `clients`, toast-slice's
         // `storage_mode` and `offset`).
-        let keys: BTreeSet<&str> = points
-            .iter()
-            .filter_map(|(p, _)| p.as_object())
-            .flat_map(|o| o.keys().map(String::as_str))
-            .filter(|k| points.iter().any(|(p, _)| p.get(*k) != points[0].0.get(*k)))
-            .collect();
+        // (Once per point and key: an agent decides how many points.)
+        let first = points.first().and_then(|(p, _)| p.as_object());
+        let mut keys: BTreeSet<&str> = BTreeSet::new();
+        for (p, _) in points {
+            let own = p.as_object().into_iter().flat_map(|o| o.keys());
+            for k in own.chain(first.into_iter().flat_map(|o| o.keys())) {
+                if p.get(k) != first.and_then(|f| f.get(k)) {
+                    keys.insert(k);
+                }
+            }
+        }
         for (params, figures) in points {
             // (An agent's text: bounded.)
             let point = point_label(&keys, params);
