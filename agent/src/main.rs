@@ -248,10 +248,70 @@ async fn run(mut args: RunArgs, env_token: Option<String>) -> anyhow::Result<()>
             .to_string_lossy()
             .to_string(),
     };
+    let data_root = prepare_data_root(&args, &agent_id)?;
+    let env = Arc::new(agent_env(&args, &data_root)?);
+    if let Err(e) = &env.pg {
+        tracing::error!("{e}");
+    }
+    let shutdown = cancel_on_signals();
+    let token = match &args.token_file {
+        Some(f) => Some(
+            std::fs::read_to_string(f)
+                .with_context(|| format!("reading the join token file {}", f.display()))?
+                .trim()
+                .to_string(),
+        ),
+        None => env_token.map(|t| t.trim().to_string()),
+    };
+    let ca = match &args.ca {
+        Some(f) => {
+            Some(std::fs::read(f).with_context(|| format!("reading the CA file {}", f.display()))?)
+        }
+        None => None,
+    };
+    let metrics = Arc::new(AgentMetrics::new());
+    metrics
+        .info
+        .with_label_values(&[
+            env!("CARGO_PKG_VERSION"),
+            env.pg.as_ref().map(|p| p.version.as_str()).unwrap_or(""),
+        ])
+        .set(1);
+    let metrics_address = match args.metrics_addr {
+        Some(bind) => serve_metrics(bind, &args, metrics.clone()).await?,
+        None => String::new(),
+    };
+    let cfg = session::SessionConfig {
+        controller: args.controller,
+        agent_id,
+        instance_class: args.instance_class,
+        give_up_after: Duration::from_secs(args.give_up_after_s),
+        token,
+        ca,
+        metrics,
+        metrics_address,
+    };
+    let store_dir = env.datasets.dir.clone();
+    let kept = env.kept.clone();
+    let result = session::run(cfg, env, shutdown).await;
+    kept.clear().await;
+    // Whatever happened, leave nothing behind.
+    let _ = cluster::reap_stale(&data_root.join("clusters"));
+    let _ = std::fs::remove_dir(data_root.join("clusters"));
+    pgfleet_agent::sandbox::reap_stale(&data_root.join("sandboxes"));
+    // The dataset store stays when it holds datasets (that is its point).
+    let _ = std::fs::remove_dir(&store_dir);
+    let _ = std::fs::remove_dir(&data_root);
+    result.map_err(Into::into)
+}
+
+/// The agent's data root, created (readable by PostgreSQL's user along
+/// the temp dir's path), with what an earlier agent left there removed.
+fn prepare_data_root(args: &RunArgs, agent_id: &str) -> anyhow::Result<std::path::PathBuf> {
     let data_root = args
         .data_root
         .clone()
-        .unwrap_or_else(|| std::env::temp_dir().join("pgfleet/agents").join(&agent_id));
+        .unwrap_or_else(|| std::env::temp_dir().join("pgfleet/agents").join(agent_id));
     std::fs::create_dir_all(data_root.join("clusters"))
         .with_context(|| format!("creating data root {}", data_root.display()))?;
     for d in data_root
@@ -266,6 +326,14 @@ async fn run(mut args: RunArgs, env_token: Option<String>) -> anyhow::Result<()>
     if stale > 0 {
         tracing::warn!(stale, "removed stale clusters left by an earlier agent");
     }
+    Ok(data_root)
+}
+
+/// What every cell of this agent shares: PostgreSQL's binaries and user,
+/// the dataset store (unfinished builds of an earlier agent removed), the
+/// remote store, the snapshot the volume came from, the storage and
+/// instance emulated.
+fn agent_env(args: &RunArgs, data_root: &std::path::Path) -> anyhow::Result<AgentEnv> {
     let datasets =
         pgfleet_proto::dataset::LocalStore::new(match (&args.dataset_dir, &args.data_root) {
             (Some(d), _) => d.clone(),
@@ -304,10 +372,10 @@ async fn run(mut args: RunArgs, env_token: Option<String>) -> anyhow::Result<()>
         );
         Arc::new(s)
     });
-    let env = Arc::new(AgentEnv {
+    Ok(AgentEnv {
         pg: PgBin::find(args.pg_bin.as_deref()).map_err(|e| e.to_string()),
         run_as: RunAs::resolve(&args.pg_user).map_err(|e| e.to_string()),
-        data_root: data_root.clone(),
+        data_root: data_root.to_path_buf(),
         datasets,
         dataset_reflink: args.dataset_reflink,
         remote,
@@ -325,10 +393,11 @@ async fn run(mut args: RunArgs, env_token: Option<String>) -> anyhow::Result<()>
         fio: args.fio.clone(),
         delivered: Default::default(),
         kept: Default::default(),
-    });
-    if let Err(e) = &env.pg {
-        tracing::error!("{e}");
-    }
+    })
+}
+
+/// Cancelled on SIGTERM or SIGINT: the agent tears its cells down.
+fn cancel_on_signals() -> CancellationToken {
     let shutdown = CancellationToken::new();
     let sig = shutdown.clone();
     tokio::spawn(async move {
@@ -341,72 +410,31 @@ async fn run(mut args: RunArgs, env_token: Option<String>) -> anyhow::Result<()>
         }
         sig.cancel();
     });
-    let token = match &args.token_file {
-        Some(f) => Some(
-            std::fs::read_to_string(f)
-                .with_context(|| format!("reading the join token file {}", f.display()))?
-                .trim()
-                .to_string(),
-        ),
-        None => env_token.map(|t| t.trim().to_string()),
+    shutdown
+}
+
+/// Serves /metrics on `bind`; returns what a scraper elsewhere dials: the
+/// bound IP, or for a wildcard bind the advertised address, else the host
+/// name.
+async fn serve_metrics(
+    bind: std::net::SocketAddr,
+    args: &RunArgs,
+    metrics: Arc<AgentMetrics>,
+) -> anyhow::Result<String> {
+    let bound = pgfleet_agent::metrics::serve(bind, metrics)
+        .await
+        .with_context(|| format!("serving metrics on {bind} (--metrics-addr)"))?;
+    let host = if !bound.ip().is_unspecified() {
+        bound.ip().to_string()
+    } else if let Some(a) = args.advertise_address {
+        a.to_string()
+    } else {
+        pgfleet_agent::host::hostname()
     };
-    let ca = match &args.ca {
-        Some(f) => {
-            Some(std::fs::read(f).with_context(|| format!("reading the CA file {}", f.display()))?)
-        }
-        None => None,
+    let reach = match host.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V6(_)) => format!("[{host}]:{}", bound.port()),
+        _ => format!("{host}:{}", bound.port()),
     };
-    let metrics = Arc::new(AgentMetrics::new());
-    metrics
-        .info
-        .with_label_values(&[
-            env!("CARGO_PKG_VERSION"),
-            env.pg.as_ref().map(|p| p.version.as_str()).unwrap_or(""),
-        ])
-        .set(1);
-    let metrics_address = match args.metrics_addr {
-        Some(bind) => {
-            let bound = pgfleet_agent::metrics::serve(bind, metrics.clone())
-                .await
-                .with_context(|| format!("serving metrics on {bind} (--metrics-addr)"))?;
-            // What a scraper elsewhere dials: the bound IP, or for a
-            // wildcard bind the advertised address, else the host name.
-            let host = if !bound.ip().is_unspecified() {
-                bound.ip().to_string()
-            } else if let Some(a) = args.advertise_address {
-                a.to_string()
-            } else {
-                pgfleet_agent::host::hostname()
-            };
-            let reach = match host.parse::<std::net::IpAddr>() {
-                Ok(std::net::IpAddr::V6(_)) => format!("[{host}]:{}", bound.port()),
-                _ => format!("{host}:{}", bound.port()),
-            };
-            tracing::info!(metrics = %format!("http://{reach}/metrics"), "serving metrics");
-            reach
-        }
-        None => String::new(),
-    };
-    let cfg = session::SessionConfig {
-        controller: args.controller,
-        agent_id,
-        instance_class: args.instance_class,
-        give_up_after: Duration::from_secs(args.give_up_after_s),
-        token,
-        ca,
-        metrics,
-        metrics_address,
-    };
-    let store_dir = env.datasets.dir.clone();
-    let kept = env.kept.clone();
-    let result = session::run(cfg, env, shutdown).await;
-    kept.clear().await;
-    // Whatever happened, leave nothing behind.
-    let _ = cluster::reap_stale(&data_root.join("clusters"));
-    let _ = std::fs::remove_dir(data_root.join("clusters"));
-    pgfleet_agent::sandbox::reap_stale(&data_root.join("sandboxes"));
-    // The dataset store stays when it holds datasets (that is its point).
-    let _ = std::fs::remove_dir(&store_dir);
-    let _ = std::fs::remove_dir(&data_root);
-    result.map_err(Into::into)
+    tracing::info!(metrics = %format!("http://{reach}/metrics"), "serving metrics");
+    Ok(reach)
 }

@@ -283,139 +283,28 @@ impl Remote {
             fingerprint: m.fingerprint.clone(),
             detail: format!("its remote manifest: {detail}"),
         })?;
-        let io = |what: String| move |e| Error::io(what, e);
         let building = local
             .building_dir(&m.fingerprint)
-            .map_err(io(format!("dataset store {}", local.dir.display())))?;
+            .map_err(|e| Error::io(format!("dataset store {}", local.dir.display()), e))?;
         let result = async {
             let data = building.join("data");
-            let mut mkdir = std::fs::DirBuilder::new();
-            mkdir.mode(0o700).recursive(true);
-            mkdir
-                .create(&data)
-                .map_err(io(format!("creating {}", data.display())))?;
-            for d in &m.dirs {
-                mkdir
-                    .create(data.join(d))
-                    .map_err(io(format!("creating {}", data.join(d).display())))?;
-            }
-            for f in &m.files {
-                let path = data.join(&f.path);
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&path)
-                    .and_then(|h| h.set_len(f.bytes))
-                    .map_err(io(format!("creating {}", path.display())))?;
-            }
-            let total = m.bytes;
-            let mut done = 0;
+            create_files(&data, m)?;
             let files = Arc::new(m.files.clone());
-            // Each part's future owns what it uses (spawned work needs 'static).
+            // Collected: a lazy map's closure, held across awaits, would make
+            // the download's future not provably Send.
             let jobs: Vec<_> = rm
                 .parts
                 .iter()
-                .map(|p| {
-                    let (data, files, cancel) = (data.clone(), files.clone(), cancel.clone());
-                    let (store, url) = (self.store.clone(), self.url.clone());
-                    let key = self.key(&m.fingerprint, &format!("parts/{}", p.name));
-                    let (part, fingerprint) = (p.clone(), m.fingerprint.clone());
-                    async move {
-                    if cancel.is_cancelled() {
-                        return Err(Error::Cancelled(
-                            "cancelled while downloading a dataset".into(),
-                        ));
-                    }
-                    let z = store
-                        .get(&key)
-                        .await
-                        .map_err(|e| match e {
-                            object_store::Error::NotFound { .. } => Error::DatasetCorrupt {
-                                fingerprint: fingerprint.clone(),
-                                detail: format!("part {} is missing", part.name),
-                            },
-                            e => remote_err(format!("downloading {url}/{key}"), e),
-                        })?
-                        .bytes()
-                        .await
-                        .map_err(|e| remote_err(format!("downloading {url}/{key}"), e))?;
-                    tokio::task::spawn_blocking(move || {
-                        let corrupt = |detail: String| Error::DatasetCorrupt {
-                            fingerprint: fingerprint.clone(),
-                            detail,
-                        };
-                        let sha = hex(&Sha256::digest(&z));
-                        if z.len() as u64 != part.bytes || sha != part.sha256 {
-                            return Err(corrupt(format!(
-                                "part {} has {} bytes with SHA-256 {sha}, its manifest says {} bytes with {}",
-                                part.name,
-                                z.len(),
-                                part.bytes,
-                                part.sha256
-                            )));
-                        }
-                        let raw = zstd::bulk::decompress(&z, part.raw_bytes as usize)
-                            .map_err(|e| corrupt(format!("part {}: {e}", part.name)))?;
-                        if raw.len() as u64 != part.raw_bytes {
-                            return Err(corrupt(format!(
-                                "part {} holds {} bytes, its manifest says {}",
-                                part.name,
-                                raw.len(),
-                                part.raw_bytes
-                            )));
-                        }
-                        let mut at = 0usize;
-                        for c in &part.chunks {
-                            let path = data.join(&files[c.file].path);
-                            let f = std::fs::OpenOptions::new()
-                                .write(true)
-                                .open(&path)
-                                .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
-                            f.write_all_at(&raw[at..at + c.len as usize], c.offset)
-                                .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
-                            at += c.len as usize;
-                        }
-                        Ok(part.raw_bytes)
-                    })
-                    .await
-                    .map_err(|e| Error::Remote(format!("writing a part: {e}")))?
-                    }
-                })
+                .map(|p| self.fetch_part(m, p, &data, &files, cancel))
                 .collect();
             let mut parts = futures::stream::iter(jobs).buffer_unordered(PARALLEL);
+            let mut done = 0;
             while let Some(n) = parts.next().await {
                 done += n?;
-                progress(done, total);
+                progress(done, m.bytes);
             }
             drop(parts);
-            // Durable before it is published: the files, then the manifest.
-            let files: Vec<std::path::PathBuf> =
-                m.files.iter().map(|f| data.join(&f.path)).collect();
-            tokio::task::spawn_blocking(move || {
-                for p in files {
-                    std::fs::File::open(&p)?.sync_all()?;
-                }
-                Ok::<_, std::io::Error>(())
-            })
-            .await
-            .map_err(|e| Error::Remote(format!("syncing: {e}")))?
-            .map_err(io("syncing the downloaded files".into()))?;
-            let manifest = building.join("manifest.json");
-            let json = serde_json::to_vec_pretty(m).map_err(|e| remote_err("manifest", e))?;
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&manifest)
-                .map_err(io(format!("writing {}", manifest.display())))?;
-            std::io::Write::write_all(&mut f, &json)
-                .and_then(|()| f.sync_all())
-                .map_err(io(format!("writing {}", manifest.display())))?;
-            local
-                .publish(&building, &m.fingerprint)
-                .map_err(io(format!("publishing into {}", local.dir.display())))?;
-            Ok(())
+            publish(&building, &data, m, local).await
         }
         .await;
         if let Err(e) = result {
@@ -428,6 +317,46 @@ impl Remote {
             parts: rm.parts.len(),
             seconds: started.elapsed().as_secs_f64(),
         })
+    }
+
+    /// Downloads part `p`, checks it against the manifest and writes its
+    /// chunks into the files under `data`; returns the bytes written. The
+    /// future owns what it uses (spawned work needs 'static).
+    fn fetch_part(
+        &self,
+        m: &Manifest,
+        p: &Part,
+        data: &Path,
+        files: &Arc<Vec<pgfleet_proto::dataset::FileEntry>>,
+        cancel: &CancellationToken,
+    ) -> impl std::future::Future<Output = Result<u64>> + use<> {
+        let (data, files, cancel) = (data.to_path_buf(), files.clone(), cancel.clone());
+        let (store, url) = (self.store.clone(), self.url.clone());
+        let key = self.key(&m.fingerprint, &format!("parts/{}", p.name));
+        let (part, fingerprint) = (p.clone(), m.fingerprint.clone());
+        async move {
+            if cancel.is_cancelled() {
+                return Err(Error::Cancelled(
+                    "cancelled while downloading a dataset".into(),
+                ));
+            }
+            let z = store
+                .get(&key)
+                .await
+                .map_err(|e| match e {
+                    object_store::Error::NotFound { .. } => Error::DatasetCorrupt {
+                        fingerprint: fingerprint.clone(),
+                        detail: format!("part {} is missing", part.name),
+                    },
+                    e => remote_err(format!("downloading {url}/{key}"), e),
+                })?
+                .bytes()
+                .await
+                .map_err(|e| remote_err(format!("downloading {url}/{key}"), e))?;
+            tokio::task::spawn_blocking(move || write_part(&z, &part, &data, &files, &fingerprint))
+                .await
+                .map_err(|e| Error::Remote(format!("writing a part: {e}")))?
+        }
     }
 
     /// Removes a remote dataset: its manifest first, so a half-removed one
@@ -454,6 +383,110 @@ impl Remote {
         }
         Ok(())
     }
+}
+
+/// The dataset's directories and its files at their full sizes (sparse),
+/// under `data`, for the parts to write into.
+fn create_files(data: &Path, m: &Manifest) -> Result<()> {
+    let io = |what: String| move |e| Error::io(what, e);
+    let mut mkdir = std::fs::DirBuilder::new();
+    mkdir.mode(0o700).recursive(true);
+    mkdir
+        .create(data)
+        .map_err(io(format!("creating {}", data.display())))?;
+    for d in &m.dirs {
+        mkdir
+            .create(data.join(d))
+            .map_err(io(format!("creating {}", data.join(d).display())))?;
+    }
+    for f in &m.files {
+        let path = data.join(&f.path);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .and_then(|h| h.set_len(f.bytes))
+            .map_err(io(format!("creating {}", path.display())))?;
+    }
+    Ok(())
+}
+
+/// A downloaded part checked (size and SHA-256 as stored, size after
+/// decompression) and its chunks written where they belong.
+fn write_part(
+    z: &[u8],
+    part: &Part,
+    data: &Path,
+    files: &[pgfleet_proto::dataset::FileEntry],
+    fingerprint: &str,
+) -> Result<u64> {
+    let corrupt = |detail: String| Error::DatasetCorrupt {
+        fingerprint: fingerprint.to_string(),
+        detail,
+    };
+    let sha = hex(&Sha256::digest(z));
+    if z.len() as u64 != part.bytes || sha != part.sha256 {
+        return Err(corrupt(format!(
+            "part {} has {} bytes with SHA-256 {sha}, its manifest says {} bytes with {}",
+            part.name,
+            z.len(),
+            part.bytes,
+            part.sha256
+        )));
+    }
+    let raw = zstd::bulk::decompress(z, part.raw_bytes as usize)
+        .map_err(|e| corrupt(format!("part {}: {e}", part.name)))?;
+    if raw.len() as u64 != part.raw_bytes {
+        return Err(corrupt(format!(
+            "part {} holds {} bytes, its manifest says {}",
+            part.name,
+            raw.len(),
+            part.raw_bytes
+        )));
+    }
+    let mut at = 0usize;
+    for c in &part.chunks {
+        let path = data.join(&files[c.file].path);
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+        f.write_all_at(&raw[at..at + c.len as usize], c.offset)
+            .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+        at += c.len as usize;
+    }
+    Ok(part.raw_bytes)
+}
+
+/// Durable before it is published: the files synced, then the manifest
+/// written and synced, then the build renamed into the store.
+async fn publish(building: &Path, data: &Path, m: &Manifest, local: &LocalStore) -> Result<()> {
+    let io = |what: String| move |e| Error::io(what, e);
+    let files: Vec<std::path::PathBuf> = m.files.iter().map(|f| data.join(&f.path)).collect();
+    tokio::task::spawn_blocking(move || {
+        for p in files {
+            std::fs::File::open(&p)?.sync_all()?;
+        }
+        Ok::<_, std::io::Error>(())
+    })
+    .await
+    .map_err(|e| Error::Remote(format!("syncing: {e}")))?
+    .map_err(io("syncing the downloaded files".into()))?;
+    let manifest = building.join("manifest.json");
+    let json = serde_json::to_vec_pretty(m).map_err(|e| remote_err("manifest", e))?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&manifest)
+        .map_err(io(format!("writing {}", manifest.display())))?;
+    std::io::Write::write_all(&mut f, &json)
+        .and_then(|()| f.sync_all())
+        .map_err(io(format!("writing {}", manifest.display())))?;
+    local
+        .publish(building, &m.fingerprint)
+        .map_err(io(format!("publishing into {}", local.dir.display())))
 }
 
 /// Cuts the dataset's files into parts of at most `PART_BYTES` (their

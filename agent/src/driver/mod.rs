@@ -392,6 +392,183 @@ enum TxnError {
     Fatal(String),
 }
 
+/// A transaction's end as it is recorded: Ok, or its failure's class and
+/// message after the tries ran out.
+type Outcome = Result<(), (&'static str, String)>;
+
+impl ClientStats {
+    /// One transaction of the measured window, by its scheduled start.
+    fn record(
+        &mut self,
+        outcome: &Outcome,
+        scheduled: Instant,
+        finished: Instant,
+        cfg: &DriverConfig,
+        warm_end: Instant,
+    ) {
+        match outcome {
+            Ok(()) => {
+                let us = finished.duration_since(scheduled).as_micros() as u64;
+                self.transactions += 1;
+                self.hist.saturating_record(us.max(1));
+                if cfg
+                    .latency_limit
+                    .is_some_and(|l| us as u128 > l.as_micros())
+                {
+                    self.late += 1;
+                }
+                let sec = scheduled.duration_since(warm_end).as_secs() as usize;
+                if self.per_second.len() <= sec {
+                    self.per_second.resize(sec + 1, SecondStat::default());
+                }
+                self.per_second[sec].record(us);
+                self.last_end = Some(finished);
+            }
+            Err((class, _)) => *self.failures.entry(class.to_string()).or_default() += 1,
+        }
+    }
+}
+
+/// The second a client is filling for the live figures; published to
+/// `Live` when its next transaction falls in a later second, and at the end.
+struct LiveFill<'a> {
+    to: Option<&'a Live>,
+    filling: Option<(u64, LiveSecond)>,
+}
+
+impl LiveFill<'_> {
+    fn record(&mut self, outcome: &Outcome, sec: u64, latency: Duration) {
+        if self.to.is_none() {
+            return;
+        }
+        if self.filling.as_ref().is_some_and(|(s, _)| *s != sec) {
+            self.publish();
+        }
+        let (_, l) = self
+            .filling
+            .get_or_insert_with(|| (sec, LiveSecond::default()));
+        match outcome {
+            Ok(()) => l.stat.record(latency.as_micros() as u64),
+            Err((class, _)) => *l.failures.entry(class.to_string()).or_default() += 1,
+        }
+    }
+
+    fn publish(&mut self) {
+        if let (Some(to), Some((sec, s))) = (self.to, self.filling.take()) {
+            to.add(sec, &s);
+        }
+    }
+}
+
+/// --rate: one client's Poisson arrivals (exponential gaps with mean
+/// 1/rate), drawn from their own generator (pgbench's thread's), so the
+/// rate does not shift the script's values.
+struct Arrivals {
+    rng: Rng,
+    rate: f64,
+    next_due: Instant,
+}
+
+enum Arrival {
+    /// Due at this instant (slept until it).
+    Due(Instant),
+    /// Due at this instant but already later than the latency limit:
+    /// skipped, as pgbench skips it.
+    Late(Instant),
+    /// The next arrival falls after the end (slept until the end).
+    Over,
+}
+
+impl Arrivals {
+    async fn next(&mut self, end: Option<Instant>, latency_limit: Option<Duration>) -> Arrival {
+        let gap = -(1.0 - self.rng.double()).ln() / self.rate;
+        self.next_due += Duration::from_secs_f64(gap);
+        if let Some(end) = end
+            && self.next_due >= end
+        {
+            tokio::time::sleep_until(end.into()).await;
+            return Arrival::Over;
+        }
+        tokio::time::sleep_until(self.next_due.into()).await;
+        match latency_limit {
+            Some(limit) if Instant::now().duration_since(self.next_due) > limit => {
+                Arrival::Late(self.next_due)
+            }
+            _ => Arrival::Due(self.next_due),
+        }
+    }
+}
+
+/// A client's variables: the run's, then pgbench's automatic ones unless
+/// defined.
+fn client_vars(id: u32, cfg: &DriverConfig, seeds: &Seeds) -> Vars {
+    let mut vars: Vars = cfg
+        .vars
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for (k, v) in [
+        ("client_id", Value::Int(id as i64)),
+        ("default_seed", Value::Int(seeds.default_seed)),
+        ("random_seed", Value::Int(cfg.seed as i64)),
+    ] {
+        vars.entry(k.to_string()).or_insert(Var::Value(v));
+    }
+    vars
+}
+
+/// One client's connection and what carries over between its
+/// transactions: statements prepared, parameters' buffer, variables.
+struct Session {
+    db: wire::Conn,
+    names: Vec<String>,
+    prepared: Vec<bool>,
+    params: Vec<Var>,
+    vars: Vars,
+}
+
+impl Session {
+    /// The script run until it commits or fails for good: serialization
+    /// failures and deadlocks are retried with the same random values, up
+    /// to `max_tries`; `retries` counts the retries. Err: the client aborts.
+    async fn run(
+        &mut self,
+        cfg: &DriverConfig,
+        rng: &mut Rng,
+        retries: &mut u64,
+    ) -> Result<Outcome, String> {
+        let snapshot = *rng;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let ran = transaction(
+                cfg,
+                &mut self.db,
+                &self.names,
+                &mut self.prepared,
+                &mut self.params,
+                &mut self.vars,
+                rng,
+            )
+            .await;
+            match ran {
+                Ok(()) => return Ok(Ok(())),
+                Err(TxnError::Retryable(class, msg)) => {
+                    if self.db.status() != wire::TxStatus::Idle {
+                        let _ = self.db.simple("ROLLBACK").await;
+                    }
+                    if tries >= cfg.max_tries {
+                        return Ok(Err((class, msg)));
+                    }
+                    *retries += 1;
+                    *rng = snapshot;
+                }
+                Err(TxnError::Fatal(msg)) => return Err(msg),
+            }
+        }
+    }
+}
+
 async fn client(
     id: u32,
     cfg: &DriverConfig,
@@ -408,41 +585,27 @@ async fn client(
         .map_err(|e| format!("client {id}: connecting: {e}"));
     // Reach the barrier even on failure, so the others are not left waiting.
     barrier.wait().await;
-    let mut db = connected.map_err(DriverError)?;
-    let names: Vec<String> = (0..cfg.script.commands.len()).map(stmt_name).collect();
-    let mut prepared = vec![false; names.len()];
-    let mut params = Vec::new();
+    let mut session = Session {
+        db: connected.map_err(DriverError)?,
+        names: (0..cfg.script.commands.len()).map(stmt_name).collect(),
+        prepared: vec![false; cfg.script.commands.len()],
+        params: Vec::new(),
+        vars: client_vars(id, cfg, seeds),
+    };
     let t0 = *start.get_or_init(Instant::now);
     let warm_end = t0 + cfg.warmup;
     let end = cfg.duration.map(|d| warm_end + d);
     let mut stats = ClientStats::new();
     let mut rng = seeds.clients[id as usize];
-    // Throttling draws from its own generator (pgbench's thread's), so
-    // --rate does not shift the script's values.
-    let mut throttle =
-        Rng::seeded(cfg.seed ^ (u64::from(id) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let mut vars: Vars = cfg
-        .vars
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    // pgbench's automatic variables, unless defined.
-    for (k, v) in [
-        ("client_id", Value::Int(id as i64)),
-        ("default_seed", Value::Int(seeds.default_seed)),
-        ("random_seed", Value::Int(cfg.seed as i64)),
-    ] {
-        vars.entry(k.to_string()).or_insert(Var::Value(v));
-    }
-    let per_client_rate = cfg.rate.map(|r| r / cfg.clients as f64);
-    let mut next_due = t0;
+    let mut arrivals = cfg.rate.map(|r| Arrivals {
+        rng: Rng::seeded(cfg.seed ^ (u64::from(id) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+        rate: r / cfg.clients as f64,
+        next_due: t0,
+    });
     let mut done: u64 = 0;
-    // The second this client is filling for the live figures.
-    let mut live: Option<(u64, LiveSecond)> = None;
-    let publish = |live: &mut Option<(u64, LiveSecond)>| {
-        if let (Some(l), Some((sec, s))) = (&cfg.live, live.take()) {
-            l.add(sec, &s);
-        }
+    let mut live = LiveFill {
+        to: cfg.live.as_deref(),
+        filling: None,
     };
     loop {
         if stop.load(Ordering::Relaxed) {
@@ -452,103 +615,58 @@ async fn client(
         if end.is_some_and(|e| now >= e) || cfg.transactions.is_some_and(|n| done >= n) {
             break;
         }
-        let scheduled = match per_client_rate {
-            Some(r) => {
-                // Poisson arrivals: exponential gaps with mean 1/r.
-                let gap = -(1.0 - throttle.double()).ln() / r;
-                next_due += Duration::from_secs_f64(gap);
-                if end.is_some_and(|e| next_due >= e) {
-                    tokio::time::sleep_until(end.unwrap_or(next_due).into()).await;
-                    break;
-                }
-                tokio::time::sleep_until(next_due.into()).await;
-                if let Some(limit) = cfg.latency_limit
-                    && Instant::now().duration_since(next_due) > limit
-                {
-                    if next_due >= warm_end {
-                        stats.skipped += 1;
-                    }
+        let scheduled = match arrivals.as_mut() {
+            None => now,
+            Some(a) => match a.next(end, cfg.latency_limit).await {
+                Arrival::Due(at) => at,
+                Arrival::Late(at) => {
+                    stats.skipped += u64::from(at >= warm_end);
                     continue;
                 }
-                next_due
-            }
-            None => now,
+                Arrival::Over => break,
+            },
         };
-        let snapshot = rng;
-        let mut tries = 0;
-        let outcome = loop {
-            tries += 1;
-            match transaction(
-                cfg,
-                &mut db,
-                &names,
-                &mut prepared,
-                &mut params,
-                &mut vars,
-                &mut rng,
-            )
+        let mut retries = 0;
+        let outcome = session
+            .run(cfg, &mut rng, &mut retries)
             .await
-            {
-                Ok(()) => break Ok(()),
-                Err(TxnError::Retryable(class, msg)) => {
-                    if db.status() != wire::TxStatus::Idle {
-                        let _ = db.simple("ROLLBACK").await;
-                    }
-                    if tries < cfg.max_tries {
-                        stats.retries += u64::from(scheduled >= warm_end);
-                        rng = snapshot;
-                        continue;
-                    }
-                    break Err((class, msg));
-                }
-                Err(TxnError::Fatal(msg)) => {
-                    return Err(DriverError(format!("client {id} aborted: {msg}")));
-                }
-            }
-        };
+            .map_err(|msg| DriverError(format!("client {id} aborted: {msg}")))?;
         let finished = Instant::now();
         done += 1;
         if scheduled < warm_end {
             continue;
         }
+        stats.retries += retries;
         let sec = scheduled.duration_since(warm_end).as_secs();
-        if cfg.live.is_some() {
-            if live.as_ref().is_some_and(|(s, _)| *s != sec) {
-                publish(&mut live);
-            }
-            let (_, l) = live.get_or_insert_with(|| (sec, LiveSecond::default()));
-            match &outcome {
-                Ok(()) => l
-                    .stat
-                    .record(finished.duration_since(scheduled).as_micros() as u64),
-                Err((class, _)) => *l.failures.entry(class.to_string()).or_default() += 1,
-            }
-        }
-        match outcome {
-            Ok(()) => {
-                let us = finished.duration_since(scheduled).as_micros() as u64;
-                stats.transactions += 1;
-                stats.hist.saturating_record(us.max(1));
-                if cfg
-                    .latency_limit
-                    .is_some_and(|l| us as u128 > l.as_micros())
-                {
-                    stats.late += 1;
-                }
-                let sec = scheduled.duration_since(warm_end).as_secs() as usize;
-                if stats.per_second.len() <= sec {
-                    stats.per_second.resize(sec + 1, SecondStat::default());
-                }
-                stats.per_second[sec].record(us);
-                stats.last_end = Some(finished);
-            }
-            Err((class, _)) => *stats.failures.entry(class.to_string()).or_default() += 1,
-        }
+        live.record(&outcome, sec, finished.duration_since(scheduled));
+        stats.record(&outcome, scheduled, finished, cfg, warm_end);
     }
-    publish(&mut live);
+    live.publish();
     Ok(stats)
 }
 
+/// Where a command is in its script (`name:line`), formatted only when an
+/// error needs it: the success path runs per statement.
+#[derive(Clone, Copy)]
+struct At<'a> {
+    script: &'a str,
+    line: usize,
+}
+
+impl std::fmt::Display for At<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.script, self.line)
+    }
+}
+
+impl At<'_> {
+    fn fatal(self, m: impl std::fmt::Display) -> TxnError {
+        TxnError::Fatal(format!("{self}: {m}"))
+    }
+}
+
+/// One run of the script on one connection; the connection's prepared
+/// statements and the client's variables carry over between runs.
 async fn transaction(
     cfg: &DriverConfig,
     db: &mut wire::Conn,
@@ -558,39 +676,33 @@ async fn transaction(
     vars: &mut Vars,
     rng: &mut Rng,
 ) -> Result<(), TxnError> {
-    let name = &cfg.script.name;
     let commands = &cfg.script.commands;
     // In a pipeline: the Syncs queued so far (\syncpipeline).
     let mut pipeline: Option<usize> = None;
-    let fatal = |line: &usize, m: &str| TxnError::Fatal(format!("{name}:{line}: {m}"));
     let mut pc = 0;
     while let Some((line, c)) = commands.get(pc) {
         let i = pc;
+        let at = At {
+            script: &cfg.script.name,
+            line: *line,
+        };
         pc += 1;
         match c {
             Command::If { .. } | Command::Elif { .. } | Command::Else { .. } | Command::Endif => {
-                pc = cfg
-                    .script
-                    .branch(
-                        i,
-                        &mut Env {
-                            vars,
-                            rng,
-                            debug: None,
-                        },
-                    )
-                    .map_err(|e| TxnError::Fatal(format!("{name}:{line}: {e}")))?;
+                let mut env = Env {
+                    vars,
+                    rng,
+                    debug: None,
+                };
+                pc = cfg.script.branch(i, &mut env).map_err(|e| at.fatal(e))?;
             }
             Command::Set { var, expr } => {
-                let v = eval(
-                    expr,
-                    &mut Env {
-                        vars,
-                        rng,
-                        debug: None,
-                    },
-                )
-                .map_err(|e| TxnError::Fatal(format!("{name}:{line}: {e}")))?;
+                let mut env = Env {
+                    vars,
+                    rng,
+                    debug: None,
+                };
+                let v = eval(expr, &mut env).map_err(|e| at.fatal(e))?;
                 match vars.get_mut(var) {
                     Some(slot) => *slot = Var::Value(v),
                     None => {
@@ -599,41 +711,10 @@ async fn transaction(
                 }
             }
             Command::Sleep { amount, unit_us } => {
-                // pgbench reads the amount as atoi() of its text (a double
-                // variable sleeps its integer part); below zero, no sleep.
-                let n = match amount {
-                    Expr::Var(v) => vars.get(v).map(|x| atoi(&x.to_string())).ok_or_else(|| {
-                        TxnError::Fatal(format!(
-                            "{name}:{line}: \\sleep: undefined variable \"{v}\""
-                        ))
-                    })?,
-                    Expr::Const(Value::Int(i)) => *i,
-                    other => {
-                        return Err(TxnError::Fatal(format!(
-                            "{name}:{line}: \\sleep: unexpected amount {other:?}"
-                        )));
-                    }
-                };
-                let us = (n.max(0) as u64).saturating_mul(*unit_us);
+                let us = sleep_us(amount, *unit_us, vars, at)?;
                 tokio::time::sleep(Duration::from_micros(us)).await;
             }
-            Command::Pipeline(op) => match (op, pipeline) {
-                (script::PipelineOp::Start, None) => pipeline = Some(0),
-                (script::PipelineOp::Start, Some(_)) => {
-                    return Err(fatal(line, "already in pipeline mode"));
-                }
-                (_, None) => return Err(fatal(line, "not in pipeline mode")),
-                (script::PipelineOp::Sync, Some(n)) => {
-                    db.queue_sync();
-                    pipeline = Some(n + 1);
-                }
-                (script::PipelineOp::End, Some(n)) => {
-                    pipeline = None;
-                    if let Err(e) = db.end_pipeline(n).await {
-                        return Err(classify(&e, &format!("{name}:{line}")));
-                    }
-                }
-            },
+            Command::Pipeline(op) => pipeline = pipeline_step(*op, pipeline, db, at).await?,
             Command::Sql {
                 sql,
                 params: names_of,
@@ -641,22 +722,12 @@ async fn transaction(
                 store,
             } if pipeline.is_some() => {
                 if *compound {
-                    return Err(fatal(
-                        line,
-                        "a compound (\\;) command cannot run in pipeline mode",
-                    ));
+                    return Err(at.fatal("a compound (\\;) command cannot run in pipeline mode"));
                 }
                 if store.is_some() {
-                    return Err(fatal(line, "gset is not allowed in pipeline mode"));
+                    return Err(at.fatal("gset is not allowed in pipeline mode"));
                 }
-                params.clear();
-                for p in names_of {
-                    params.push(
-                        vars.get(p)
-                            .ok_or_else(|| fatal(line, &format!("undefined variable \"{p}\"")))?
-                            .clone(),
-                    );
-                }
+                bind(names_of, vars, params, at)?;
                 let queued = if prepared[i] {
                     Ok(())
                 } else {
@@ -664,18 +735,18 @@ async fn transaction(
                     db.queue_prepare(&names[i], sql)
                 };
                 if let Err(e) = queued.and_then(|()| db.queue_execute(&names[i], params)) {
-                    return Err(classify(&e, &format!("{name}:{line}")));
+                    return Err(classify(&e, &at.to_string()));
                 }
             }
-            Command::Fail(m) => return Err(fatal(line, m)),
+            Command::Fail(m) => return Err(at.fatal(m)),
             Command::Shell { var, args } => {
                 let out = shell(args, vars, cfg.shell.as_deref(), var.is_some())
                     .await
-                    .map_err(|e| TxnError::Fatal(format!("{name}:{line}: {e}")))?;
+                    .map_err(|e| at.fatal(e))?;
                 if let Some(var) = var {
                     let n: i64 = out.trim().parse().map_err(|_| {
-                        TxnError::Fatal(format!(
-                            "{name}:{line}: \\setshell: command must return an integer (not \"{}\")",
+                        at.fatal(format!(
+                            "\\setshell: command must return an integer (not \"{}\")",
                             out.trim()
                         ))
                     })?;
@@ -688,62 +759,107 @@ async fn transaction(
                 compound: false,
                 store,
             } => {
-                params.clear();
-                for p in names_of {
-                    params.push(
-                        vars.get(p)
-                            .ok_or_else(|| {
-                                TxnError::Fatal(format!(
-                                    "{name}:{line}: undefined variable \"{p}\""
-                                ))
-                            })?
-                            .clone(),
-                    );
-                }
+                bind(names_of, vars, params, at)?;
                 if !prepared[i] {
                     if let Err(e) = db.prepare(&names[i], sql).await {
-                        return Err(classify(&e, &format!("{name}:{line}: preparing")));
+                        return Err(classify(&e, &format!("{at}: preparing")));
                     }
                     prepared[i] = true;
                 }
-                match store {
-                    None => {
-                        if let Err(e) = db.execute(&names[i], params).await {
-                            return Err(classify(&e, &format!("{name}:{line}")));
-                        }
-                    }
-                    Some(store) => match db.execute_rows(&names[i], params).await {
-                        Ok(sets) => keep_rows(store, &sets, vars)
-                            .map_err(|e| TxnError::Fatal(format!("{name}:{line}: {e}")))?,
-                        Err(e) => return Err(classify(&e, &format!("{name}:{line}"))),
-                    },
-                }
+                let ran = match store {
+                    None => db.execute(&names[i], params).await.map(|()| None),
+                    Some(_) => db.execute_rows(&names[i], params).await.map(Some),
+                };
+                keep(ran, store.as_ref(), vars, at)?;
             }
             Command::Sql { sql, store, .. } => {
                 // Statements joined by `\;`: one simple query, variables
                 // substituted as text (pgbench's simple protocol).
                 let text = script::substitute(sql, vars);
-                match store {
-                    None => {
-                        if let Err(e) = db.simple(&text).await {
-                            return Err(classify(&e, &format!("{name}:{line}")));
-                        }
-                    }
-                    Some(store) => match db.simple_rows(&text).await {
-                        Ok(sets) => keep_rows(store, &sets, vars)
-                            .map_err(|e| TxnError::Fatal(format!("{name}:{line}: {e}")))?,
-                        Err(e) => return Err(classify(&e, &format!("{name}:{line}"))),
-                    },
-                }
+                let ran = match store {
+                    None => db.simple(&text).await.map(|()| None),
+                    Some(_) => db.simple_rows(&text).await.map(Some),
+                };
+                keep(ran, store.as_ref(), vars, at)?;
             }
         }
     }
     if pipeline.is_some() {
         return Err(TxnError::Fatal(format!(
-            "{name}: end of script reached with the pipeline open (\\endpipeline missing)"
+            "{}: end of script reached with the pipeline open (\\endpipeline missing)",
+            cfg.script.name
         )));
     }
     Ok(())
+}
+
+/// `\sleep`'s microseconds. pgbench reads the amount as atoi() of its text
+/// (a double variable sleeps its integer part); below zero, no sleep.
+fn sleep_us(amount: &Expr, unit_us: u64, vars: &Vars, at: At<'_>) -> Result<u64, TxnError> {
+    let n = match amount {
+        Expr::Var(v) => vars
+            .get(v)
+            .map(|x| atoi(&x.to_string()))
+            .ok_or_else(|| at.fatal(format!("\\sleep: undefined variable \"{v}\"")))?,
+        Expr::Const(Value::Int(i)) => *i,
+        other => return Err(at.fatal(format!("\\sleep: unexpected amount {other:?}"))),
+    };
+    Ok((n.max(0) as u64).saturating_mul(unit_us))
+}
+
+/// `\startpipeline`, `\syncpipeline`, `\endpipeline`: the pipeline's state
+/// after `op` (the Syncs queued so far; None outside a pipeline).
+async fn pipeline_step(
+    op: script::PipelineOp,
+    pipeline: Option<usize>,
+    db: &mut wire::Conn,
+    at: At<'_>,
+) -> Result<Option<usize>, TxnError> {
+    match (op, pipeline) {
+        (script::PipelineOp::Start, None) => Ok(Some(0)),
+        (script::PipelineOp::Start, Some(_)) => Err(at.fatal("already in pipeline mode")),
+        (_, None) => Err(at.fatal("not in pipeline mode")),
+        (script::PipelineOp::Sync, Some(n)) => {
+            db.queue_sync();
+            Ok(Some(n + 1))
+        }
+        (script::PipelineOp::End, Some(n)) => match db.end_pipeline(n).await {
+            Ok(()) => Ok(None),
+            Err(e) => Err(classify(&e, &at.to_string())),
+        },
+    }
+}
+
+/// A statement's parameters: the values of the variables it names.
+fn bind(
+    names_of: &[String],
+    vars: &Vars,
+    params: &mut Vec<Var>,
+    at: At<'_>,
+) -> Result<(), TxnError> {
+    params.clear();
+    for p in names_of {
+        let v = vars
+            .get(p)
+            .ok_or_else(|| at.fatal(format!("undefined variable \"{p}\"")))?;
+        params.push(v.clone());
+    }
+    Ok(())
+}
+
+/// A statement's outcome: its error classified, or its rows kept into
+/// variables when the command has `\gset` / `\aset`.
+fn keep(
+    ran: Result<Option<Vec<wire::ResultSet>>, wire::WireError>,
+    store: Option<&script::Store>,
+    vars: &mut Vars,
+    at: At<'_>,
+) -> Result<(), TxnError> {
+    match (ran, store) {
+        (Err(e), _) => Err(classify(&e, &at.to_string())),
+        (Ok(Some(sets)), Some(store)) => keep_rows(store, &sets, vars).map_err(|e| at.fatal(e)),
+        (Ok(_), _) => Ok(()),
+    }
 }
 
 /// `\gset`: the last statement's one row into variables (its column

@@ -60,15 +60,51 @@ pub async fn drive_until(
     } else {
         None
     };
-    // The real pgbench parses its own script (it may use what pgfleet's
-    // driver does not run).
+    let cfg = driver_config(d, &text, scale, stop, sandbox.as_ref())?;
+    let sampler = Sampler::start(
+        server,
+        device,
+        Duration::from_secs(1),
+        cfg.warmup,
+        ctx.events.clone(),
+        ctx.cell_id.clone(),
+    )
+    .await?;
+    let phases_done = CancellationToken::new();
+    let (result, ()) = tokio::join!(
+        async {
+            let r = run_driver(ctx, server, cfg, &text, &d.driver, sandbox.as_deref(), stop).await;
+            phases_done.cancel();
+            r
+        },
+        phase_spans(d.warmup_s, &phases_done)
+    );
+    let result = match result? {
+        Ok(r) => r,
+        Err(e) if ctx.cancel.is_cancelled() => return Err(Error::Cancelled(e.0)),
+        Err(e) => return Err(werr(e.0)),
+    };
+    Ok((result, sampler.finish().await?.internals()))
+}
+
+/// The driver's configuration from the workload's parameters: the script
+/// (parsed by pgfleet's driver; the real pgbench parses its own, which may
+/// use what pgfleet's driver does not run), pgbench's variables and the
+/// defines, the seed, and the shell's sandbox where the workload opted in.
+fn driver_config(
+    d: &DriveParams,
+    text: &str,
+    scale: u64,
+    stop: Option<&tokio_util::sync::CancellationToken>,
+    sandbox: Option<&Arc<Sandbox>>,
+) -> Result<DriverConfig> {
     let script = if d.driver == "pgbench" {
         Script {
             name: d.script.clone(),
             commands: Vec::new(),
         }
     } else {
-        Script::parse(&d.script, &text).map_err(|e| werr(e.to_string()))?
+        Script::parse(&d.script, text).map_err(|e| werr(e.to_string()))?
     };
     if d.duration_s.is_none() == d.transactions.is_none() {
         return Err(werr(
@@ -99,7 +135,7 @@ pub async fn drive_until(
             .map(|t| t.as_nanos() as u64)
             .unwrap_or(1)
     });
-    let cfg = DriverConfig {
+    Ok(DriverConfig {
         script,
         clients: d.clients.max(1),
         threads: d.threads.max(1),
@@ -119,24 +155,28 @@ pub async fn drive_until(
             if !d.allow_shell {
                 return Err(werr(pgfleet_proto::workload::pgbench::SHELL_REFUSED.into()));
             }
-            sandbox.clone()
+            sandbox.cloned()
         } else {
             None
         },
         seed,
         stop_when: stop.cloned(),
         live: None,
-    };
+    })
+}
 
-    let sampler = Sampler::start(
-        server,
-        device,
-        Duration::from_secs(1),
-        cfg.warmup,
-        ctx.events.clone(),
-        ctx.cell_id.clone(),
-    )
-    .await?;
+/// Runs the driver `cfg` names (pgfleet's on a blocking thread, its
+/// seconds reported live; or the real pgbench in the sandbox), reporting
+/// progress. The outer error is the agent's; the inner, the driver's.
+async fn run_driver(
+    ctx: &CellContext<'_>,
+    server: &Server,
+    cfg: DriverConfig,
+    text: &str,
+    driver_name: &str,
+    sandbox: Option<&Sandbox>,
+    stop: Option<&tokio_util::sync::CancellationToken>,
+) -> Result<std::result::Result<DriverResult, driver::DriverError>> {
     let (events, cell_id) = (ctx.events.clone(), ctx.cell_id.clone());
     let progress = move |done: f64, total: f64| {
         let _ = events.try_send(AgentMessage {
@@ -149,73 +189,53 @@ pub async fn drive_until(
             })),
         });
     };
-    let phases_done = CancellationToken::new();
-    let driven = async {
-        let result = match d.driver.as_str() {
-            "pgbench" => {
-                progress(
-                    0.0,
-                    (cfg.warmup + cfg.duration.unwrap_or_default()).as_secs_f64(),
-                );
-                if stop.is_some() {
-                    return Err(werr(
-                        "driver: pgbench cannot be stopped early; use driver: pgfleet".into(),
-                    ));
-                }
-                driver::pgbench_bin::run(
-                    &cfg,
-                    &text,
-                    &ctx.cluster.pg,
-                    &server.conninfo_without_password(),
-                    server.password().as_deref(),
-                    sandbox
-                        .as_deref()
-                        .ok_or_else(|| werr("no sandbox for pgbench".into()))?,
-                    &ctx.cancel,
-                )
-                .await
+    Ok(match driver_name {
+        "pgbench" => {
+            progress(
+                0.0,
+                (cfg.warmup + cfg.duration.unwrap_or_default()).as_secs_f64(),
+            );
+            if stop.is_some() {
+                return Err(werr(
+                    "driver: pgbench cannot be stopped early; use driver: pgfleet".into(),
+                ));
             }
-            "pgfleet" => {
-                let (pg, cancel) = (server.config.clone(), ctx.cancel.clone());
-                let live = Arc::new(driver::Live::default());
-                let mut cfg = cfg;
-                cfg.live = Some(live.clone());
-                let done = CancellationToken::new();
-                let finished = done.clone();
-                let run = async move {
-                    let r = tokio::task::spawn_blocking(move || {
-                        driver::run_blocking(cfg, pg, cancel, progress)
-                    })
-                    .await;
-                    finished.cancel();
-                    r
-                };
-                let (r, reported) = tokio::join!(run, report_live(ctx, &live, &done));
-                reported?;
-                r.map_err(|e| werr(format!("driver thread: {e}")))?
-            }
-            other => {
-                return Err(werr(format!(
-                    "unknown driver `{other}`: allowed pgfleet, pgbench"
-                )));
-            }
-        };
-        Ok::<_, Error>(result)
-    };
-    let (result, ()) = tokio::join!(
-        async {
-            let r = driven.await;
-            phases_done.cancel();
-            r
-        },
-        phase_spans(d.warmup_s, &phases_done)
-    );
-    let result = match result? {
-        Ok(r) => r,
-        Err(e) if ctx.cancel.is_cancelled() => return Err(Error::Cancelled(e.0)),
-        Err(e) => return Err(werr(e.0)),
-    };
-    Ok((result, sampler.finish().await?.internals()))
+            driver::pgbench_bin::run(
+                &cfg,
+                text,
+                &ctx.cluster.pg,
+                &server.conninfo_without_password(),
+                server.password().as_deref(),
+                sandbox.ok_or_else(|| werr("no sandbox for pgbench".into()))?,
+                &ctx.cancel,
+            )
+            .await
+        }
+        "pgfleet" => {
+            let (pg, cancel) = (server.config.clone(), ctx.cancel.clone());
+            let live = Arc::new(driver::Live::default());
+            let mut cfg = cfg;
+            cfg.live = Some(live.clone());
+            let done = CancellationToken::new();
+            let finished = done.clone();
+            let run = async move {
+                let r = tokio::task::spawn_blocking(move || {
+                    driver::run_blocking(cfg, pg, cancel, progress)
+                })
+                .await;
+                finished.cancel();
+                r
+            };
+            let (r, reported) = tokio::join!(run, report_live(ctx, &live, &done));
+            reported?;
+            r.map_err(|e| werr(format!("driver thread: {e}")))?
+        }
+        other => {
+            return Err(werr(format!(
+                "unknown driver `{other}`: allowed pgfleet, pgbench"
+            )));
+        }
+    })
 }
 
 /// The driver's phases as spans: `warm-up` for its first `warmup_s`, then

@@ -112,6 +112,59 @@ async fn measure(
     there: &Client,
 ) -> Result<Output> {
     let timeout = Duration::from_secs_f64(p.timeout_s);
+    let initial_sync_seconds = subscribe(ctx, p, publisher, here, there, timeout).await?;
+    let backlog = build_backlog(ctx, p, driven, here, there, timeout).await?;
+    let drained = drain(ctx, p, &backlog, here, there, timeout).await?;
+
+    let (rows_here, sum_here) = checksum(here).await?;
+    let (rows_there, sum_there) = checksum(there).await?;
+    let spill = there
+        .query_opt(
+            "SELECT spill_txns, spill_bytes, stream_txns, total_txns, total_bytes \
+             FROM pg_stat_replication_slots WHERE slot_name = $1",
+            &[&NAME],
+        )
+        .await
+        .ok()
+        .flatten();
+    let stat = |i: usize| spill.as_ref().map(|r| r.get::<_, i64>(i).max(0) as u64);
+    Ok(Output::of(&[Point {
+        params: PointParams {
+            scale: p.init.scale,
+            backlog_target_bytes: p.backlog_bytes,
+            clients: p.clients,
+        },
+        metrics: Metrics {
+            backlog_bytes: backlog.bytes,
+            backlog_target_bytes: p.backlog_bytes,
+            backlog_seconds: backlog.seconds,
+            backlog_transactions: backlog.transactions,
+            drain_seconds: drained.seconds,
+            drain_mb_per_s: backlog.bytes as f64 / (1 << 20) as f64 / drained.seconds.max(1e-9),
+            initial_sync_seconds,
+            rows_match: rows_here == rows_there && sum_here == sum_there,
+            rows: rows_here,
+            spill_txns: stat(0),
+            spill_bytes: stat(1),
+            stream_txns: stat(2),
+            total_txns: stat(3),
+            total_bytes: stat(4),
+            internals: drained.internals,
+            load: loaded,
+        },
+    }]))
+}
+
+/// Steps 2-3: the subscriber's empty tables, the marker on both sides, the
+/// publication and the subscription; returns the initial sync's seconds.
+async fn subscribe(
+    ctx: &CellContext<'_>,
+    p: &Params,
+    publisher: &Server,
+    here: &Client,
+    there: &Client,
+    timeout: Duration,
+) -> Result<f64> {
     // The subscriber's tables: pgbench's schema with its keys, no rows.
     for stmt in pgbench_init::ddl(&p.init) {
         here.batch_execute(&stmt).await?;
@@ -150,8 +203,28 @@ async fn measure(
         Ok(n == 0)
     })
     .await?;
-    let initial_sync_seconds = started.elapsed().as_secs_f64();
+    Ok(started.elapsed().as_secs_f64())
+}
 
+/// The backlog the slot retained, ending at `target`, the publisher's WAL
+/// position after the marker.
+struct Backlog {
+    bytes: u64,
+    seconds: f64,
+    transactions: u64,
+    target: String,
+}
+
+/// Step 4: apply paused, random UPDATEs on the publisher until its slot
+/// retains the target backlog, then the marker committed after it.
+async fn build_backlog(
+    ctx: &CellContext<'_>,
+    p: &Params,
+    driven: &Server,
+    here: &Client,
+    there: &Client,
+    timeout: Duration,
+) -> Result<Backlog> {
     // Pause apply; the slot now keeps every WAL byte the publisher writes.
     here.batch_execute(&format!("ALTER SUBSCRIPTION {NAME} DISABLE"))
         .await?;
@@ -167,7 +240,7 @@ async fn measure(
     })
     .await?;
 
-    let backlog_started = Instant::now();
+    let started = Instant::now();
     let stop = tokio_util::sync::CancellationToken::new();
     let drive = DriveParams {
         script: "random-update".into(),
@@ -209,7 +282,7 @@ async fn measure(
             p.backlog_bytes, p.timeout_s
         )));
     }
-    let backlog_seconds = backlog_started.elapsed().as_secs_f64();
+    let seconds = started.elapsed().as_secs_f64();
     // The marker commits after the whole backlog: seeing it here means
     // everything before it was applied.
     there
@@ -221,8 +294,30 @@ async fn measure(
         .await
         .map_err(on_publisher)?
         .get(0);
-    let backlog_bytes = slot_lag(there, Some(&target)).await?;
+    Ok(Backlog {
+        bytes: slot_lag(there, Some(&target)).await?,
+        seconds,
+        transactions: driven.0.transactions,
+        target,
+    })
+}
 
+struct Drained {
+    seconds: f64,
+    internals: pgfleet_proto::workload::Internals,
+}
+
+/// Step 5: apply resumed, timed until the marker is visible here, the lag
+/// sampled every second (one sample each side of the drain at least).
+async fn drain(
+    ctx: &CellContext<'_>,
+    p: &Params,
+    backlog: &Backlog,
+    here: &Client,
+    there: &Client,
+    timeout: Duration,
+) -> Result<Drained> {
+    let target = backlog.target.as_str();
     let sampler = Sampler::start(
         &ctx.cluster.server(),
         ctx.cluster.device_stat_file(),
@@ -236,13 +331,13 @@ async fn measure(
     here.batch_execute(&format!("ALTER SUBSCRIPTION {NAME} ENABLE"))
         .await?;
     // The lag series starts at the whole backlog and (below) ends drained,
-    // however short the drain: one sample each side of it at least.
+    // however short the drain.
     ctx.sample(
         "lag",
         &Lag {
             second: 0.0,
-            lag_bytes: received_lag(here, &target).await?,
-            slot_lag_bytes: backlog_bytes,
+            lag_bytes: received_lag(here, target).await?,
+            slot_lag_bytes: backlog.bytes,
         },
     )
     .await?;
@@ -264,70 +359,24 @@ async fn measure(
         }
         if t0.elapsed() >= next_sample {
             next_sample += Duration::from_secs(1);
-            let lag = Lag {
-                second: t0.elapsed().as_secs_f64(),
-                lag_bytes: received_lag(here, &target).await?,
-                slot_lag_bytes: slot_lag(there, Some(&target)).await?,
-            };
+            let lag = lag_at(here, there, target, t0.elapsed().as_secs_f64()).await?;
             ctx.progress(
                 "drain",
-                backlog_bytes.saturating_sub(lag.lag_bytes),
-                backlog_bytes.max(1),
+                backlog.bytes.saturating_sub(lag.lag_bytes),
+                backlog.bytes.max(1),
                 format!("{} MiB to go", lag.lag_bytes >> 20),
             );
             ctx.sample("lag", &lag).await?;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let drain_seconds = t0.elapsed().as_secs_f64();
-    ctx.sample(
-        "lag",
-        &Lag {
-            second: drain_seconds,
-            lag_bytes: received_lag(here, &target).await?,
-            slot_lag_bytes: slot_lag(there, Some(&target)).await?,
-        },
-    )
-    .await?;
-    let internals = sampler.finish().await?.internals();
-
-    let (rows_here, sum_here) = checksum(here).await?;
-    let (rows_there, sum_there) = checksum(there).await?;
-    let spill = there
-        .query_opt(
-            "SELECT spill_txns, spill_bytes, stream_txns, total_txns, total_bytes \
-             FROM pg_stat_replication_slots WHERE slot_name = $1",
-            &[&NAME],
-        )
-        .await
-        .ok()
-        .flatten();
-    let stat = |i: usize| spill.as_ref().map(|r| r.get::<_, i64>(i).max(0) as u64);
-    Ok(Output::of(&[Point {
-        params: PointParams {
-            scale: p.init.scale,
-            backlog_target_bytes: p.backlog_bytes,
-            clients: p.clients,
-        },
-        metrics: Metrics {
-            backlog_bytes,
-            backlog_target_bytes: p.backlog_bytes,
-            backlog_seconds,
-            backlog_transactions: driven.0.transactions,
-            drain_seconds,
-            drain_mb_per_s: backlog_bytes as f64 / (1 << 20) as f64 / drain_seconds.max(1e-9),
-            initial_sync_seconds,
-            rows_match: rows_here == rows_there && sum_here == sum_there,
-            rows: rows_here,
-            spill_txns: stat(0),
-            spill_bytes: stat(1),
-            stream_txns: stat(2),
-            total_txns: stat(3),
-            total_bytes: stat(4),
-            internals,
-            load: loaded,
-        },
-    }]))
+    let seconds = t0.elapsed().as_secs_f64();
+    ctx.sample("lag", &lag_at(here, there, target, seconds).await?)
+        .await?;
+    Ok(Drained {
+        seconds,
+        internals: sampler.finish().await?.internals(),
+    })
 }
 
 /// Polls `done` every 100 ms until it holds; fails naming `what` after
@@ -367,6 +416,16 @@ async fn slot_lag(there: &Client, to: Option<&str>) -> Result<u64> {
             message: format!("reading the slot `{NAME}`: {}", crate::pg_text(&e)),
         })?;
     Ok(row.get::<_, i64>(0).max(0) as u64)
+}
+
+/// The lag to `target` at `second` of the drain: still to receive here,
+/// still retained by the slot there.
+async fn lag_at(here: &Client, there: &Client, target: &str, second: f64) -> Result<Lag> {
+    Ok(Lag {
+        second,
+        lag_bytes: received_lag(here, target).await?,
+        slot_lag_bytes: slot_lag(there, Some(target)).await?,
+    })
 }
 
 /// WAL the subscriber has still to receive up to `target`.

@@ -383,95 +383,9 @@ fn agent_objects(
         "controller": true,
         "blockOwnerDeletion": true,
     }]);
-    let storage = f.storage.as_ref();
-    let size = storage
-        .and_then(|s| s.size.as_ref())
-        .and_then(|s| s.value.bytes().ok())
-        .unwrap_or(DEFAULT_VOLUME_BYTES);
-    let mut pvc_spec = json!({
-        "accessModes": ["ReadWriteOnce"],
-        "resources": { "requests": { "storage": quantity(size) } },
-    });
-    if let Some(sc) = storage.and_then(|s| s.storage_class.as_ref()) {
-        pvc_spec["storageClassName"] = json!(sc.value);
-    }
-    let pvc: PersistentVolumeClaim = from_value(json!({
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {
-            "name": format!("{name}-data"),
-            "namespace": opts.namespace,
-            "labels": labels(run_id, "agent-data", Some(class)),
-            "ownerReferences": owner_ref,
-        },
-        "spec": pvc_spec,
-    }));
-    let inst = f.instance();
-    let kube = f.kubernetes.clone().unwrap_or_default();
-    let mut node_selector: BTreeMap<String, String> = kube
-        .node_selector
-        .iter()
-        .map(|(k, v)| (k.clone(), v.value.clone()))
-        .collect();
-    if !inst.instance_type.is_empty() {
-        node_selector.insert(INSTANCE_TYPE_LABEL.into(), inst.instance_type.clone());
-    }
-    let requests = kube.requests.unwrap_or_default();
-    let cpu = requests.cpu.map(|c| c.value).unwrap_or(1.0);
-    let memory = requests
-        .memory
-        .and_then(|m| m.value.bytes().ok())
-        .unwrap_or(1 << 30);
-    let tolerations: Vec<Value> = kube
-        .tolerations
-        .iter()
-        .map(|t| {
-            let mut v = json!({});
-            let put = |v: &mut Value, k: &str, x: &Option<serde_saphyr::Spanned<String>>| {
-                if let Some(x) = x {
-                    v[k] = json!(x.value);
-                }
-            };
-            put(&mut v, "key", &t.key);
-            put(&mut v, "operator", &t.operator);
-            put(&mut v, "value", &t.value);
-            put(&mut v, "effect", &t.effect);
-            v
-        })
-        .collect();
-    let mut env = vec![
-        json!({"name": "PGFLEET_CONTROLLER", "value": opts.controller_url}),
-        json!({"name": "PGFLEET_AGENT_ID", "value": name}),
-        json!({"name": "PGFLEET_INSTANCE_CLASS", "value": class}),
-        json!({"name": "PGFLEET_STORAGE_PROFILE", "value": f.profile()}),
-        json!({"name": "PGFLEET_INSTANCE_TYPE", "value": inst.instance_type}),
-        json!({"name": "PGFLEET_DATA_ROOT", "value": DATA_ROOT}),
-        // The join token as an environment variable, not a file: the agent
-        // reads it once and removes it; PostgreSQL, which runs as the same
-        // uid here, could read a mounted file (SECURITY.md, "In pods").
-        json!({"name": "PGFLEET_JOIN_TOKEN", "valueFrom": {"secretKeyRef": {
-            "name": opts.token_secret, "key": "join-token",
-        }}}),
-        json!({"name": "PGFLEET_ADVERTISE_ADDRESS",
-               "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}),
-    ];
-    if let Some(url) = &opts.dataset_remote {
-        env.push(json!({"name": "PGFLEET_DATASET_REMOTE", "value": url}));
-    }
-    if let Some(h) = storage.and_then(|s| s.hydrate.as_ref()) {
-        env.push(json!({"name": "PGFLEET_HYDRATE", "value": h.value}));
-    }
-    let mut mounts = vec![json!({"name": "data", "mountPath": DATA_ROOT})];
-    let mut volumes = vec![
-        json!({"name": "data", "persistentVolumeClaim": {"claimName": format!("{name}-data")}}),
-    ];
-    if let Some(ca) = &opts.ca_secret {
-        env.push(json!({"name": "PGFLEET_CA", "value": format!("{CA_DIR}/ca.pem")}));
-        mounts.push(json!({"name": "ca", "mountPath": CA_DIR, "readOnly": true}));
-        volumes.push(json!({"name": "ca", "secret": {
-            "secretName": ca, "items": [{"key": "ca.pem", "path": "ca.pem"}],
-        }}));
-    }
+    let pvc = data_claim(f, &name, run_id, &owner_ref, opts);
+    let place = Placement::of(f);
+    let (env, mounts, volumes) = agent_environment(f, &name, opts);
     let mut spec = json!({
         "restartPolicy": "Never",
         "automountServiceAccountToken": false,
@@ -506,7 +420,7 @@ fn agent_objects(
             ],
             "ports": [{"name": "metrics", "containerPort": AGENT_METRICS_PORT, "protocol": "TCP"}],
             "env": env,
-            "resources": {"requests": {"cpu": cpu_quantity(cpu), "memory": quantity(memory)}},
+            "resources": {"requests": {"cpu": cpu_quantity(place.cpu), "memory": quantity(place.memory)}},
             "volumeMounts": mounts,
             "securityContext": {
                 "allowPrivilegeEscalation": false,
@@ -518,11 +432,11 @@ fn agent_objects(
     if let Some(secret) = &opts.dataset_remote_secret {
         spec["containers"][0]["envFrom"] = json!([{"secretRef": {"name": secret}}]);
     }
-    if !node_selector.is_empty() {
-        spec["nodeSelector"] = json!(node_selector);
+    if !place.node_selector.is_empty() {
+        spec["nodeSelector"] = json!(place.node_selector);
     }
-    if !tolerations.is_empty() {
-        spec["tolerations"] = json!(tolerations);
+    if !place.tolerations.is_empty() {
+        spec["tolerations"] = json!(place.tolerations);
     }
     let mut pod_labels = labels(run_id, "agent", Some(class));
     pod_labels.insert("pgfleet.io/storage-profile".into(), f.profile());
@@ -549,6 +463,140 @@ fn agent_objects(
         cell_pvcs: Vec::new(),
         pod,
     }
+}
+
+/// The agent's data volume: the class's storage class and size.
+fn data_claim(
+    f: &FleetEntry,
+    name: &str,
+    run_id: &str,
+    owner_ref: &Value,
+    opts: &KubeOptions,
+) -> PersistentVolumeClaim {
+    let class = &f.name.value;
+    let storage = f.storage.as_ref();
+    let size = storage
+        .and_then(|s| s.size.as_ref())
+        .and_then(|s| s.value.bytes().ok())
+        .unwrap_or(DEFAULT_VOLUME_BYTES);
+    let mut pvc_spec = json!({
+        "accessModes": ["ReadWriteOnce"],
+        "resources": { "requests": { "storage": quantity(size) } },
+    });
+    if let Some(sc) = storage.and_then(|s| s.storage_class.as_ref()) {
+        pvc_spec["storageClassName"] = json!(sc.value);
+    }
+    from_value(json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": format!("{name}-data"),
+            "namespace": opts.namespace,
+            "labels": labels(run_id, "agent-data", Some(class)),
+            "ownerReferences": owner_ref,
+        },
+        "spec": pvc_spec,
+    }))
+}
+
+/// Where the agent's pod may run and what it asks for: the class's node
+/// selector (with its instance type), tolerations and requests.
+struct Placement {
+    node_selector: BTreeMap<String, String>,
+    tolerations: Vec<Value>,
+    cpu: f64,
+    memory: u64,
+}
+
+impl Placement {
+    fn of(f: &FleetEntry) -> Placement {
+        let inst = f.instance();
+        let kube = f.kubernetes.clone().unwrap_or_default();
+        let mut node_selector: BTreeMap<String, String> = kube
+            .node_selector
+            .iter()
+            .map(|(k, v)| (k.clone(), v.value.clone()))
+            .collect();
+        if !inst.instance_type.is_empty() {
+            node_selector.insert(INSTANCE_TYPE_LABEL.into(), inst.instance_type.clone());
+        }
+        let requests = kube.requests.unwrap_or_default();
+        let cpu = requests.cpu.map(|c| c.value).unwrap_or(1.0);
+        let memory = requests
+            .memory
+            .and_then(|m| m.value.bytes().ok())
+            .unwrap_or(1 << 30);
+        let tolerations: Vec<Value> = kube
+            .tolerations
+            .iter()
+            .map(|t| {
+                let mut v = json!({});
+                let put = |v: &mut Value, k: &str, x: &Option<serde_saphyr::Spanned<String>>| {
+                    if let Some(x) = x {
+                        v[k] = json!(x.value);
+                    }
+                };
+                put(&mut v, "key", &t.key);
+                put(&mut v, "operator", &t.operator);
+                put(&mut v, "value", &t.value);
+                put(&mut v, "effect", &t.effect);
+                v
+            })
+            .collect();
+        Placement {
+            node_selector,
+            tolerations,
+            cpu,
+            memory,
+        }
+    }
+}
+
+/// The agent container's environment, mounts and the pod's volumes: the
+/// controller to join, its identity and class, the join token from its
+/// secret, the dataset store, the CA.
+fn agent_environment(
+    f: &FleetEntry,
+    name: &str,
+    opts: &KubeOptions,
+) -> (Vec<Value>, Vec<Value>, Vec<Value>) {
+    let class = &f.name.value;
+    let inst = f.instance();
+    let storage = f.storage.as_ref();
+    let mut env = vec![
+        json!({"name": "PGFLEET_CONTROLLER", "value": opts.controller_url}),
+        json!({"name": "PGFLEET_AGENT_ID", "value": name}),
+        json!({"name": "PGFLEET_INSTANCE_CLASS", "value": class}),
+        json!({"name": "PGFLEET_STORAGE_PROFILE", "value": f.profile()}),
+        json!({"name": "PGFLEET_INSTANCE_TYPE", "value": inst.instance_type}),
+        json!({"name": "PGFLEET_DATA_ROOT", "value": DATA_ROOT}),
+        // The join token as an environment variable, not a file: the agent
+        // reads it once and removes it; PostgreSQL, which runs as the same
+        // uid here, could read a mounted file (SECURITY.md, "In pods").
+        json!({"name": "PGFLEET_JOIN_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": opts.token_secret, "key": "join-token",
+        }}}),
+        json!({"name": "PGFLEET_ADVERTISE_ADDRESS",
+               "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}),
+    ];
+    if let Some(url) = &opts.dataset_remote {
+        env.push(json!({"name": "PGFLEET_DATASET_REMOTE", "value": url}));
+    }
+    if let Some(h) = storage.and_then(|s| s.hydrate.as_ref()) {
+        env.push(json!({"name": "PGFLEET_HYDRATE", "value": h.value}));
+    }
+    let mut mounts = vec![json!({"name": "data", "mountPath": DATA_ROOT})];
+    let mut volumes = vec![
+        json!({"name": "data", "persistentVolumeClaim": {"claimName": format!("{name}-data")}}),
+    ];
+    if let Some(ca) = &opts.ca_secret {
+        env.push(json!({"name": "PGFLEET_CA", "value": format!("{CA_DIR}/ca.pem")}));
+        mounts.push(json!({"name": "ca", "mountPath": CA_DIR, "readOnly": true}));
+        volumes.push(json!({"name": "ca", "secret": {
+            "secretName": ca, "items": [{"key": "ca.pem", "path": "ca.pem"}],
+        }}));
+    }
+    (env, mounts, volumes)
 }
 
 /// The agents a run's plan launches, for the hub to expect before the pods

@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 
 use super::{AgentSource, Launched};
 use crate::events::Event;
-use pgfleet_scenario::Scenario;
+use pgfleet_scenario::{FleetEntry, Scenario};
 use pgfleet_store::Error;
 use pgfleet_store::Result;
 
@@ -106,158 +106,141 @@ impl LocalAgents {
         create_traversable(&run_dir)?;
         std::fs::create_dir_all(log_dir)
             .map_err(|e| Error::Agents(format!("creating {}: {e}", log_dir.display())))?;
-        let token_file = run_dir.join("join-token");
-        {
-            use std::io::Write;
-            use std::os::unix::fs::OpenOptionsExt;
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&token_file)
-                .and_then(|mut f| f.write_all(access.token.as_bytes()))
-                .map_err(|e| Error::Agents(format!("writing {}: {e}", token_file.display())))?;
-        }
         let mut me = LocalAgents {
             opts,
             run_dir,
             children: Vec::new(),
         };
+        let token_file = me.run_dir.join("join-token");
+        let mut started = write_private(&token_file, access.token.as_bytes());
         let mut n = 0;
         for f in &scenario.fleet.value {
             for i in 0..f.count() {
-                let agent_id = format!("{}-{i}", f.name.value);
-                let data_root = me.run_dir.join(&agent_id);
-                let log_path = log_dir.join(format!("{agent_id}.log"));
-                let log = std::fs::File::create(&log_path)
-                    .map_err(|e| Error::Agents(format!("creating {}: {e}", log_path.display())))?;
-                let mut cmd = match me.opts.netns.get(n % me.opts.netns.len().max(1)) {
-                    Some(ns) => {
-                        let address = netns_address(ns).await?;
-                        // `ip netns exec` enters the namespace and execs the
-                        // agent: same process, so the parent-death signal holds.
-                        let mut c = Command::new("ip");
-                        c.args(["netns", "exec", ns]).arg(&me.opts.agent_bin);
-                        c.arg("run").args(["--advertise-address", &address]);
-                        if me.opts.agent_metrics {
-                            c.args(["--metrics-addr", &format!("{address}:0")]);
-                        }
-                        c
-                    }
-                    None => {
-                        let mut c = Command::new(&me.opts.agent_bin);
-                        c.arg("run");
-                        if me.opts.agent_metrics {
-                            c.args(["--metrics-addr", "127.0.0.1:0"]);
-                        }
-                        c
-                    }
+                if started.is_err() {
+                    break;
+                }
+                let agent = Agent {
+                    class: f,
+                    agent_id: format!("{}-{i}", f.name.value),
+                    netns: me.opts.netns.get(n % me.opts.netns.len().max(1)),
                 };
                 n += 1;
-                cmd.args(["--controller", &access.controller])
-                    .arg("--token-file")
-                    .arg(&token_file)
-                    .args(["--agent-id", &agent_id])
-                    .args(["--instance-class", &f.name.value])
-                    .args(["--storage-profile", &f.profile()])
-                    .arg("--data-root")
-                    .arg(&data_root)
-                    .arg("--dataset-dir")
-                    .arg(&me.opts.dataset_dir)
-                    .args(
-                        me.opts
-                            .dataset_remote
-                            .iter()
-                            .flat_map(|r| ["--dataset-remote", r.as_str()]),
-                    )
-                    .stdin(Stdio::null())
-                    .stdout(log.try_clone().map_err(|e| Error::Agents(e.to_string()))?)
-                    .stderr(log)
-                    .process_group(0);
-                let caps = f.caps();
-                cmd.args(["--read-iops", &caps.read_iops.to_string()])
-                    .args(["--write-iops", &caps.write_iops.to_string()])
-                    .args(["--read-mbps", &caps.read_mbps.to_string()])
-                    .args(["--write-mbps", &caps.write_mbps.to_string()]);
-                if caps.combined {
-                    cmd.arg("--combined-io");
-                }
-                if !f.emulate() {
-                    cmd.arg("--no-emulate");
-                }
-                let instance = f.instance();
-                if !instance.instance_type.is_empty() {
-                    cmd.args(["--instance-type", &instance.instance_type]);
-                }
-                cmd.args(["--memory-bytes", &instance.memory_bytes.to_string()])
-                    .args(["--cpus", &instance.cpus.to_string()]);
-                if !instance.emulate {
-                    cmd.arg("--no-emulate-instance");
-                }
-                if let Some(ca) = &access.ca {
-                    cmd.arg("--ca").arg(ca);
-                }
-                if let Some(p) = &me.opts.pg_bin {
-                    cmd.arg("--pg-bin").arg(p);
-                }
-                if let Some(u) = &me.opts.pg_user {
-                    cmd.args(["--pg-user", u]);
-                }
-                let parent = std::process::id();
-                // SAFETY: only async-signal-safe calls in the child.
-                unsafe {
-                    cmd.pre_exec(move || {
-                        if libc::prctl(
-                            libc::PR_SET_PDEATHSIG,
-                            libc::SIGTERM as libc::c_ulong,
-                            0,
-                            0,
-                            0,
-                        ) != 0
-                        {
-                            return Err(std::io::Error::last_os_error());
-                        }
-                        if libc::getppid() as u32 != parent {
-                            libc::_exit(1);
-                        }
-                        Ok(())
-                    });
-                }
-                let mut child = match cmd.spawn() {
-                    Ok(c) => c,
-                    Err(e) => {
-                        me.shutdown().await;
-                        return Err(Error::Agents(format!(
-                            "starting {}: {e}; build it (cargo build) or pass --agent-bin PATH",
-                            me.opts.agent_bin.display()
-                        )));
-                    }
-                };
-                let launched = Launched {
-                    agent_id: agent_id.clone(),
-                    instance_class: f.name.value.clone(),
-                };
-                let pid = child.id();
-                let ev = events.clone();
-                let wait = tokio::spawn(async move {
-                    let status = child
-                        .wait()
-                        .await
-                        .map(|s| s.to_string())
-                        .unwrap_or_else(|e| e.to_string());
-                    let why = format!("agent process exited ({status}); see its log");
-                    let _ = ev.send(Event::Gone { agent_id, why }).await;
-                });
-                me.children.push(Child {
-                    launched,
-                    pid,
-                    data_root,
-                    wait: Some(wait),
-                });
+                started = me
+                    .spawn(agent, access, &token_file, log_dir, &events)
+                    .await
+                    .map(|child| me.children.push(child));
             }
         }
+        // A failed start stops the agents already started (and removes the
+        // run's directory with them).
+        if let Err(e) = started {
+            for c in &me.children {
+                if let Some(pid) = c.pid {
+                    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+                }
+            }
+            me.stop_all().await;
+            return Err(e);
+        }
         Ok(me)
+    }
+
+    /// Starts one agent process (its log in `log_dir`), watched: its exit
+    /// is an `Event::Gone`.
+    async fn spawn(
+        &self,
+        agent: Agent<'_>,
+        access: &Access,
+        token_file: &Path,
+        log_dir: &Path,
+        events: &mpsc::Sender<Event>,
+    ) -> Result<Child> {
+        let f = agent.class;
+        let agent_id = agent.agent_id;
+        let data_root = self.run_dir.join(&agent_id);
+        let log_path = log_dir.join(format!("{agent_id}.log"));
+        let log = std::fs::File::create(&log_path)
+            .map_err(|e| Error::Agents(format!("creating {}: {e}", log_path.display())))?;
+        let mut cmd = match agent.netns {
+            Some(ns) => {
+                let address = netns_address(ns).await?;
+                // `ip netns exec` enters the namespace and execs the
+                // agent: same process, so the parent-death signal holds.
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(&self.opts.agent_bin);
+                c.arg("run").args(["--advertise-address", &address]);
+                if self.opts.agent_metrics {
+                    c.args(["--metrics-addr", &format!("{address}:0")]);
+                }
+                c
+            }
+            None => {
+                let mut c = Command::new(&self.opts.agent_bin);
+                c.arg("run");
+                if self.opts.agent_metrics {
+                    c.args(["--metrics-addr", "127.0.0.1:0"]);
+                }
+                c
+            }
+        };
+        cmd.args(["--controller", &access.controller])
+            .arg("--token-file")
+            .arg(token_file)
+            .args(["--agent-id", &agent_id])
+            .args(["--instance-class", &f.name.value])
+            .args(["--storage-profile", &f.profile()])
+            .arg("--data-root")
+            .arg(&data_root)
+            .arg("--dataset-dir")
+            .arg(&self.opts.dataset_dir)
+            .args(
+                self.opts
+                    .dataset_remote
+                    .iter()
+                    .flat_map(|r| ["--dataset-remote", r.as_str()]),
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| Error::Agents(e.to_string()))?)
+            .stderr(log)
+            .process_group(0);
+        class_args(&mut cmd, f);
+        if let Some(ca) = &access.ca {
+            cmd.arg("--ca").arg(ca);
+        }
+        if let Some(p) = &self.opts.pg_bin {
+            cmd.arg("--pg-bin").arg(p);
+        }
+        if let Some(u) = &self.opts.pg_user {
+            cmd.args(["--pg-user", u]);
+        }
+        die_with_parent(&mut cmd);
+        let mut child = cmd.spawn().map_err(|e| {
+            Error::Agents(format!(
+                "starting {}: {e}; build it (cargo build) or pass --agent-bin PATH",
+                self.opts.agent_bin.display()
+            ))
+        })?;
+        let launched = Launched {
+            agent_id: agent_id.clone(),
+            instance_class: f.name.value.clone(),
+        };
+        let pid = child.id();
+        let ev = events.clone();
+        let wait = tokio::spawn(async move {
+            let status = child
+                .wait()
+                .await
+                .map(|s| s.to_string())
+                .unwrap_or_else(|e| e.to_string());
+            let why = format!("agent process exited ({status}); see its log");
+            let _ = ev.send(Event::Gone { agent_id, why }).await;
+        });
+        Ok(Child {
+            launched,
+            pid,
+            data_root,
+            wait: Some(wait),
+        })
     }
 
     async fn stop_all(&mut self) {
@@ -289,6 +272,77 @@ impl LocalAgents {
         // The data dir itself goes too when no other run uses it.
         let _ = std::fs::remove_dir(&self.opts.data_dir);
     }
+}
+
+/// One agent `launch` starts: its class, id and network namespace (None:
+/// the controller's).
+struct Agent<'a> {
+    class: &'a FleetEntry,
+    agent_id: String,
+    netns: Option<&'a String>,
+}
+
+/// The class's storage caps and instance, as the agent's flags.
+fn class_args(cmd: &mut Command, f: &FleetEntry) {
+    let caps = f.caps();
+    cmd.args(["--read-iops", &caps.read_iops.to_string()])
+        .args(["--write-iops", &caps.write_iops.to_string()])
+        .args(["--read-mbps", &caps.read_mbps.to_string()])
+        .args(["--write-mbps", &caps.write_mbps.to_string()]);
+    if caps.combined {
+        cmd.arg("--combined-io");
+    }
+    if !f.emulate() {
+        cmd.arg("--no-emulate");
+    }
+    let instance = f.instance();
+    if !instance.instance_type.is_empty() {
+        cmd.args(["--instance-type", &instance.instance_type]);
+    }
+    cmd.args(["--memory-bytes", &instance.memory_bytes.to_string()])
+        .args(["--cpus", &instance.cpus.to_string()]);
+    if !instance.emulate {
+        cmd.arg("--no-emulate-instance");
+    }
+}
+
+/// The child gets SIGTERM when the controller dies (and exits at once if
+/// it already has): agents never outlive their controller.
+fn die_with_parent(cmd: &mut Command) {
+    let parent = std::process::id();
+    // SAFETY: only async-signal-safe calls in the child.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGTERM as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() as u32 != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Writes `bytes` to a file only its owner can read (the join token).
+fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(bytes))
+        .map_err(|e| Error::Agents(format!("writing {}: {e}", path.display())))
 }
 
 /// The first global IPv4 address in network namespace `ns`.
