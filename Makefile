@@ -26,17 +26,22 @@ test:
 	$(CARGO) nextest run --workspace --locked --no-fail-fast
 
 ## Every tier: adds multi-process runs, serve, containers, manifests,
-## Prometheus, traces, PostgreSQL 18 and the long property test.
+## Prometheus, traces, PostgreSQL 18 and the long property test; then the
+## lease-timed tests alone (profile `timed`, .config/nextest.toml). Both
+## run even when the first fails.
 ## (The client-only pgfleet first: the full one must be target/debug's last.)
 test-all:
 	$(CARGO) build -p pgfleet-controller --no-default-features --bins --locked
 	mkdir -p target/client && cp target/debug/pgfleet target/client/pgfleet
 	$(CARGO) build --workspace --all-targets --locked
-	PGFLEET_FUZZ_CASES=$${PGFLEET_FUZZ_CASES:-300000} $(CARGO) nextest run --workspace --locked --no-fail-fast --profile all
+	status=0; \
+	PGFLEET_FUZZ_CASES=$${PGFLEET_FUZZ_CASES:-300000} $(CARGO) nextest run --workspace --locked --no-fail-fast --profile all || status=1; \
+	$(CARGO) nextest run --workspace --locked --no-fail-fast --profile timed || status=1; \
+	exit $$status
 
 ## The slowest tests of the last `make test-all` (JUnit from nextest).
 test-times:
-	python3 .ci/test-times.py target/nextest/all/junit.xml 15
+	python3 .ci/test-times.py 15
 
 build:
 	$(CARGO) build --workspace --bins

@@ -59,7 +59,10 @@ struct Server {
 }
 
 /// Starts `pgfleet serve` on the given ports (0: any) and waits until it
-/// says where it listens.
+/// says where it listens. Its lease is 10 s unless `extra` gives one: long
+/// enough that an agent next to another PostgreSQL test is never taken for
+/// lost, short enough that a killed one is found quickly. (The test that
+/// holds a lease to 3 s runs alone: profile `timed`.)
 fn start_serve(s: &Scratch, grpc: u16, http: u16, extra: &[&str]) -> Server {
     start_serve_env(s, grpc, http, extra, &[])
 }
@@ -83,7 +86,11 @@ fn start_serve_env(
         .arg(s.dir.join("api.token"))
         .arg("--join-token-file")
         .arg(s.dir.join("join.token"))
-        .args(["--lease-s", "3"])
+        .args(if extra.contains(&"--lease-s") {
+            &[][..]
+        } else {
+            &["--lease-s", "10"][..]
+        })
         .args(extra)
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
@@ -1023,7 +1030,12 @@ fn a_flooding_agent_neither_stalls_the_controller_nor_bloats_its_metrics() {
 
     let s = Scratch::new("serve-flood");
     let token = tokens(&s);
-    let mut server = start_serve(&s, 0, 0, &["--registration-timeout-s", "30"]);
+    let mut server = start_serve(
+        &s,
+        0,
+        0,
+        &["--registration-timeout-s", "30", "--lease-s", "3"],
+    );
     let api = server.api.clone();
     let mut agent = start_agent(&s, "a-1", "local", server.grpc);
     let sc =
