@@ -45,10 +45,11 @@ async fn run(secs: u64, rounds: usize, scale: u64, only: &str) -> anyhow::Result
     result
 }
 
-async fn pgbench(pg: &PgBin, cluster: &Cluster, args: &[String]) -> anyhow::Result<String> {
+/// Runs pgbench on `conninfo`.
+async fn pgbench(pg: &PgBin, conninfo: &str, args: &[String]) -> anyhow::Result<String> {
     let out = tokio::process::Command::new(pg.tool("pgbench"))
         .args(args)
-        .arg(cluster.conninfo())
+        .arg(conninfo)
         .output()
         .await?;
     anyhow::ensure!(
@@ -81,96 +82,125 @@ async fn bench(
         partitions: 0,
         load_connections: 0,
     };
-
-    // ---- loader
     if only != "driver" {
-        println!("## Loader: pgfleet pgbench-init vs pgbench -i, scale {scale}, {rounds} rounds\n");
-        let scale_s = scale.to_string();
-        let pgbench_runs: [(&str, Vec<&str>); 3] = [
-            ("pgbench -i", vec!["-i", "-q", "-s", &scale_s]),
-            (
-                "pgbench -i -I dtGvp",
-                vec!["-i", "-q", "-I", "dtGvp", "-s", &scale_s],
-            ),
-            (
-                "pgbench -i --partitions 2",
-                vec!["-i", "-q", "--partitions", "2", "-s", &scale_s],
-            ),
-        ];
-        let ours_runs = [
-            ("pgfleet, default (load_connections: 0)", 0, 0),
-            ("pgfleet, 2 connections", 2, 0),
-            ("pgfleet, 1 connection (COPY FREEZE)", 1, 0),
-            ("pgfleet, 2 partitions (COPY FREEZE each)", 2, 2),
-            ("pgfleet, 2 partitions, 1 connection", 1, 2),
-        ];
-        let verbose = std::env::var_os("VERBOSE").is_some();
-        // One untimed load first: the first load of a fresh cluster also
-        // creates its WAL segments (later ones recycle them), which made
-        // whichever loader ran first look up to 1.6x slower.
-        pgbench_init::load(&ctx, &init).await?;
-        let mut ours = vec![vec![]; ours_runs.len()];
-        let mut theirs = vec![vec![]; pgbench_runs.len()];
-        for _ in 0..rounds {
-            for (i, (_, conns, partitions)) in ours_runs.iter().enumerate() {
-                let p = InitParams {
-                    load_connections: *conns,
-                    partitions: *partitions,
-                    ..init.clone()
-                };
-                let t = Instant::now();
-                let l = pgbench_init::load(&ctx, &p).await?;
-                ours[i].push(t.elapsed().as_secs_f64());
-                if verbose {
-                    eprintln!("{}: {:?}", ours_runs[i].0, l.steps);
-                }
-            }
-            for (i, (_, args)) in pgbench_runs.iter().enumerate() {
-                let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-                let t = Instant::now();
-                let out = pgbench(pg, cluster, &args).await?;
-                theirs[i].push(t.elapsed().as_secs_f64());
-                if verbose {
-                    eprintln!(
-                        "{}: {}",
-                        pgbench_runs[i].0,
-                        out.lines().last().unwrap_or_default()
-                    );
-                }
-            }
-        }
-        let best_flat = median(&theirs[0]).min(median(&theirs[1]));
-        let part = median(&theirs[2]);
-        println!(
-            "| loader | seconds (median) | min-max | speed-up vs the faster pgbench mode |\n|---|---|---|---|"
-        );
-        let row = |name: &str, v: &[f64], base: f64| {
-            let (lo, hi) = v
-                .iter()
-                .fold((f64::MAX, 0f64), |(a, b), x| (a.min(*x), b.max(*x)));
-            println!(
-                "| {name} | {:.2} | {lo:.2}-{hi:.2} | {:.2}x |",
-                median(v),
-                base / median(v)
-            );
-        };
-        for (i, (name, _, partitions)) in ours_runs.iter().enumerate() {
-            row(
-                name,
-                &ours[i],
-                if *partitions > 0 { part } else { best_flat },
-            );
-        }
-        for (i, (name, _)) in pgbench_runs.iter().enumerate() {
-            row(name, &theirs[i], if i == 2 { part } else { best_flat });
-        }
+        loader(&ctx, cluster, pg, &init, rounds).await?;
     }
     if only == "loader" {
         return Ok(());
     }
-
-    // ---- driver
+    // Both drivers run as the workload role on the tables handed to it,
+    // as a cell's do.
     pgbench_init::load(&ctx, &init).await?;
+    cluster.hand_over().await?;
+    driver_rounds(cluster, pg, secs, rounds, scale).await
+}
+
+/// pgfleet's loader in its modes against `pgbench -i`'s, alternating,
+/// `rounds` times: the medians as a Markdown table.
+async fn loader(
+    ctx: &CellContext<'_>,
+    cluster: &Cluster,
+    pg: &PgBin,
+    init: &InitParams,
+    rounds: usize,
+) -> anyhow::Result<()> {
+    let scale = init.scale;
+    println!("## Loader: pgfleet pgbench-init vs pgbench -i, scale {scale}, {rounds} rounds\n");
+    let scale_s = scale.to_string();
+    let pgbench_runs: [(&str, Vec<&str>); 3] = [
+        ("pgbench -i", vec!["-i", "-q", "-s", &scale_s]),
+        (
+            "pgbench -i -I dtGvp",
+            vec!["-i", "-q", "-I", "dtGvp", "-s", &scale_s],
+        ),
+        (
+            "pgbench -i --partitions 2",
+            vec!["-i", "-q", "--partitions", "2", "-s", &scale_s],
+        ),
+    ];
+    let ours_runs = [
+        ("pgfleet, default (load_connections: 0)", 0, 0),
+        ("pgfleet, 2 connections", 2, 0),
+        ("pgfleet, 1 connection (COPY FREEZE)", 1, 0),
+        ("pgfleet, 2 partitions (COPY FREEZE each)", 2, 2),
+        ("pgfleet, 2 partitions, 1 connection", 1, 2),
+    ];
+    let verbose = std::env::var_os("VERBOSE").is_some();
+    // The superuser's sessions search pg_catalog only (the agent's own
+    // statements name their schemas); pgbench -i's do not: `public`, as
+    // the loader's tables are.
+    let superuser = format!("{} options='-c search_path=public'", cluster.conninfo());
+    // One untimed load first: the first load of a fresh cluster also
+    // creates its WAL segments (later ones recycle them), which made
+    // whichever loader ran first look up to 1.6x slower.
+    pgbench_init::load(ctx, init).await?;
+    let mut ours = vec![vec![]; ours_runs.len()];
+    let mut theirs = vec![vec![]; pgbench_runs.len()];
+    for _ in 0..rounds {
+        for (i, (_, conns, partitions)) in ours_runs.iter().enumerate() {
+            let p = InitParams {
+                load_connections: *conns,
+                partitions: *partitions,
+                ..init.clone()
+            };
+            let t = Instant::now();
+            let l = pgbench_init::load(ctx, &p).await?;
+            ours[i].push(t.elapsed().as_secs_f64());
+            if verbose {
+                eprintln!("{}: {:?}", ours_runs[i].0, l.steps);
+            }
+        }
+        for (i, (_, args)) in pgbench_runs.iter().enumerate() {
+            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            let t = Instant::now();
+            let out = pgbench(pg, &superuser, &args).await?;
+            theirs[i].push(t.elapsed().as_secs_f64());
+            if verbose {
+                eprintln!(
+                    "{}: {}",
+                    pgbench_runs[i].0,
+                    out.lines().last().unwrap_or_default()
+                );
+            }
+        }
+    }
+    let best_flat = median(&theirs[0]).min(median(&theirs[1]));
+    let part = median(&theirs[2]);
+    println!(
+        "| loader | seconds (median) | min-max | speed-up vs the faster pgbench mode |\n|---|---|---|---|"
+    );
+    let row = |name: &str, v: &[f64], base: f64| {
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::MAX, 0f64), |(a, b), x| (a.min(*x), b.max(*x)));
+        println!(
+            "| {name} | {:.2} | {lo:.2}-{hi:.2} | {:.2}x |",
+            median(v),
+            base / median(v)
+        );
+    };
+    for (i, (name, _, partitions)) in ours_runs.iter().enumerate() {
+        row(
+            name,
+            &ours[i],
+            if *partitions > 0 { part } else { best_flat },
+        );
+    }
+    for (i, (name, _)) in pgbench_runs.iter().enumerate() {
+        row(name, &theirs[i], if i == 2 { part } else { best_flat });
+    }
+    Ok(())
+}
+
+/// pgfleet's driver against `pgbench -M prepared` on the built-in scripts,
+/// alternating, `rounds` times: TPS, their ratio per round, client CPU.
+async fn driver_rounds(
+    cluster: &Cluster,
+    pg: &PgBin,
+    secs: u64,
+    rounds: usize,
+    scale: u64,
+) -> anyhow::Result<()> {
     println!(
         "\n## Driver: pgfleet vs pgbench -M prepared, 8 clients, 2 threads, {secs} s x {rounds} rounds\n"
     );
@@ -207,7 +237,7 @@ async fn bench(
                 live: None,
             };
             let c0 = common::cpu_seconds(libc::RUSAGE_SELF);
-            let pgc = cluster.pg_config();
+            let pgc = cluster.workload_server().config;
             let r = tokio::task::spawn_blocking(move || {
                 driver::run_blocking(cfg, pgc, CancellationToken::new(), |_, _| {})
             })
@@ -221,7 +251,7 @@ async fn bench(
             let c0 = common::cpu_seconds(libc::RUSAGE_CHILDREN);
             let out = pgbench(
                 pg,
-                cluster,
+                &cluster.workload_server().conninfo,
                 &[
                     "-n".into(),
                     "-M".into(),

@@ -279,74 +279,11 @@ async fn main() {
     let dir = std::env::temp_dir().join(format!("pgfleet-serve-load-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     pem_files(&dir);
-    let bin: PathBuf = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("pgfleet");
     let slow = std::env::var("SERVE_LOAD_STORE_WRITE_IOPS")
         .ok()
         .and_then(|x| x.parse::<u64>().ok())
         .map(|iops| SlowDisk::new(&dir, iops));
-    let store_dir = slow.as_ref().map_or(dir.clone(), |s| s.mount.clone());
-    // In the slow disk's cgroup from its first write on.
-    let mut launcher = match &slow {
-        Some(s) => {
-            let mut c = Command::new("sh");
-            c.arg("-c")
-                .arg(format!(
-                    "echo $$ > {}/cgroup.procs && exec \"$0\" \"$@\"",
-                    s.cgroup.display()
-                ))
-                .arg(&bin);
-            c
-        }
-        None => Command::new(&bin),
-    };
-    let mut serve = launcher
-        .arg("--store")
-        .arg(store_dir.join("store.db"))
-        .args(["serve", "--bind", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-        .arg("--api-token-file")
-        .arg(dir.join("api.token"))
-        .arg("--join-token-file")
-        .arg(dir.join("join.token"))
-        .arg("--tls-cert")
-        .arg(dir.join("server.pem"))
-        .arg("--tls-key")
-        .arg(dir.join("server.key"))
-        .args(["--lease-s", "10", "--registration-timeout-s", "120"])
-        .env("PGFLEET_LOG", "info")
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start pgfleet serve (build it: cargo build --release --workspace --bins)");
-    let pid = serve.id();
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    let stderr = serve.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let first = rx.recv_timeout(Duration::from_secs(30)).unwrap();
-    let api = first
-        .split("API on http://")
-        .nth(1)
-        .unwrap()
-        .split(',')
-        .next()
-        .unwrap()
-        .to_string();
-    let grpc = first
-        .split("gRPC on ")
-        .nth(1)
-        .unwrap()
-        .split(')')
-        .next()
-        .unwrap()
-        .to_string();
+    let mut serve = Serve::start(&dir, slow.as_ref());
     let token = "bench-api-token-0123456789".to_string();
 
     let ca = std::fs::read(dir.join("ca.pem")).unwrap();
@@ -355,20 +292,126 @@ async fn main() {
     for i in 0..n {
         agents.push(tokio::spawn(agent(
             i,
-            format!("https://{grpc}"),
+            format!("https://{}", serve.grpc),
             ca.clone(),
             "bench-join-token-0123456789".into(),
             Duration::from_secs(secs),
             sent.clone(),
         )));
     }
+    // Submit over the API (the simulated agents join meanwhile).
+    let run = submit(&serve.api, &token, &load_scenario(n, secs));
+    eprintln!("run {run}: {n} simulated agents, {secs} s each");
+    wait_all_running(&serve.api, &token, &run, n).await;
+    let w = measure_window(&serve, &token, &run, secs, &sent).await;
+
+    // The run ends; the server logs the message waits.
+    let mut log = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if let Ok(line) = serve.log.recv_timeout(Duration::from_millis(500)) {
+            let done = line.contains(&format!("run {run} "));
+            log.push(line);
+            if done {
+                break;
+            }
+        }
+    }
+    let _ = serve.child.kill();
+    let _ = serve.child.wait();
+    for a in agents {
+        a.abort();
+    }
+    print_figures(n, w, &log, &run, slow.as_ref());
+    drop(slow);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The `pgfleet serve` under test (next to this example's directory), its
+/// log's lines as they come, and where it listens.
+struct Serve {
+    child: std::process::Child,
+    log: std::sync::mpsc::Receiver<String>,
+    api: String,
+    grpc: String,
+}
+
+impl Serve {
+    fn start(dir: &Path, slow: Option<&SlowDisk>) -> Serve {
+        let bin: PathBuf = std::env::current_exe()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .join("pgfleet");
+        let store_dir = slow.map_or(dir.to_path_buf(), |s| s.mount.clone());
+        // In the slow disk's cgroup from its first write on.
+        let mut launcher = match slow {
+            Some(s) => {
+                let mut c = Command::new("sh");
+                c.arg("-c")
+                    .arg(format!(
+                        "echo $$ > {}/cgroup.procs && exec \"$0\" \"$@\"",
+                        s.cgroup.display()
+                    ))
+                    .arg(&bin);
+                c
+            }
+            None => Command::new(&bin),
+        };
+        let mut child = launcher
+            .arg("--store")
+            .arg(store_dir.join("store.db"))
+            .args(["serve", "--bind", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+            .arg("--api-token-file")
+            .arg(dir.join("api.token"))
+            .arg("--join-token-file")
+            .arg(dir.join("join.token"))
+            .arg("--tls-cert")
+            .arg(dir.join("server.pem"))
+            .arg("--tls-key")
+            .arg(dir.join("server.key"))
+            .args(["--lease-s", "10", "--registration-timeout-s", "120"])
+            .env("PGFLEET_LOG", "info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start pgfleet serve (build it: cargo build --release --workspace --bins)");
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let first = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        let after = |marker: &str, end: char| {
+            first
+                .split(marker)
+                .nth(1)
+                .unwrap()
+                .split(end)
+                .next()
+                .unwrap()
+                .to_string()
+        };
+        Serve {
+            api: after("API on http://", ','),
+            grpc: after("gRPC on ", ')'),
+            child,
+            log: rx,
+        }
+    }
+}
+
+/// One cell per agent: `replicas` cells per class, on the classes that
+/// have that many agents (a last, smaller class gets its own entry).
+fn load_scenario(n: usize, secs: u64) -> String {
     let mut scenario = "name: serve-load\nfleet:\n".to_string();
     for c in 0..n.div_ceil(PER_CLASS) {
         let count = (n - c * PER_CLASS).min(PER_CLASS);
         scenario.push_str(&format!("  - name: sim{c}\n    count: {count}\n"));
     }
-    // One cell per agent: `replicas` cells per class, on the classes that
-    // have that many agents (a last, smaller class gets its own entry).
     let full = n / PER_CLASS;
     scenario.push_str("workloads:\n");
     if full > 0 {
@@ -384,9 +427,12 @@ async fn main() {
             n % PER_CLASS
         ));
     }
-    // Submit over the API (the simulated agents join meanwhile).
-    let body = scenario.clone();
-    let mut c = std::net::TcpStream::connect(&api).unwrap();
+    scenario
+}
+
+/// POST /v1/runs; returns the run's id.
+fn submit(api: &str, token: &str, body: &str) -> String {
+    let mut c = std::net::TcpStream::connect(api).unwrap();
     write!(
         c,
         "POST /v1/runs HTTP/1.1\r\nhost: {api}\r\nauthorization: Bearer {token}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
@@ -395,20 +441,19 @@ async fn main() {
     .unwrap();
     let mut answer = String::new();
     c.read_to_string(&mut answer).unwrap();
-    let run = answer
+    answer
         .split("\"id\":\"")
         .nth(1)
         .and_then(|x| x.split('"').next())
         .unwrap_or_else(|| panic!("submit failed: {answer}"))
-        .to_string();
-    eprintln!("run {run}: {n} simulated agents, {secs} s each");
+        .to_string()
+}
 
-    // Wait until every cell runs, then measure the window.
-    let api2 = api.clone();
-    let token2 = token.clone();
-    let run2 = run.clone();
+/// Waits (up to 2 minutes) until the run's `n` cells all run.
+async fn wait_all_running(api: &str, token: &str, run: &str, n: usize) {
+    let (api, token, run) = (api.to_string(), token.to_string(), run.to_string());
     let all_running = move || {
-        let (_, body) = get(&api2, &format!("/v1/runs/{run2}"), &token2);
+        let (_, body) = get(&api, &format!("/v1/runs/{run}"), &token);
         body.split("\"running\":")
             .nth(1)
             .and_then(|x| x.split(',').next())
@@ -427,6 +472,33 @@ async fn main() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// What the measured window showed.
+struct Window {
+    seconds: f64,
+    cores: f64,
+    messages: u64,
+    rss_mb: f64,
+    api_ms: Vec<f64>,
+    scrape_ms: Vec<f64>,
+    scrape_bytes: usize,
+    report_ms: Vec<f64>,
+    report_bytes: usize,
+}
+
+/// The window while every agent streams: the run's status polled every
+/// 250 ms, /metrics scraped and the running run's report rendered every
+/// 5 s, serve's CPU and peak memory.
+async fn measure_window(
+    serve: &Serve,
+    token: &str,
+    run: &str,
+    secs: u64,
+    sent: &AtomicU64,
+) -> Window {
+    let pid = serve.child.id();
+    let api = &serve.api;
     let ticks0 = cpu_ticks(pid);
     let t0 = Instant::now();
     let sent0 = sent.load(Ordering::Relaxed);
@@ -448,7 +520,7 @@ async fn main() {
             scrape_ms.push(last_scrape.elapsed().as_secs_f64() * 1000.0);
             scrape_bytes = body.split_once("\r\n\r\n").map_or(0, |(_, b)| b.len());
             // A large run's report, rendered from the store meanwhile.
-            let (a, r, tk) = (api.clone(), run.clone(), token.clone());
+            let (a, r, tk) = (api.clone(), run.to_string(), token.to_string());
             let q = Instant::now();
             let (code, body) = tokio::task::spawn_blocking(move || {
                 get(&a, &format!("/v1/runs/{r}/report.md"), &tk)
@@ -459,7 +531,7 @@ async fn main() {
             report_ms.push(q.elapsed().as_secs_f64() * 1000.0);
             report_bytes = body.len();
         }
-        let (a, r, tk) = (api.clone(), run.clone(), token.clone());
+        let (a, r, tk) = (api.clone(), run.to_string(), token.to_string());
         let q = Instant::now();
         let (code, _) = tokio::task::spawn_blocking(move || get(&a, &format!("/v1/runs/{r}"), &tk))
             .await
@@ -468,29 +540,22 @@ async fn main() {
         api_ms.push(q.elapsed().as_secs_f64() * 1000.0);
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let window = t0.elapsed().as_secs_f64();
+    let seconds = t0.elapsed().as_secs_f64();
     let hz = 100.0; // USER_HZ
-    let cores = (cpu_ticks(pid) - ticks0) as f64 / hz / window;
-    let messages = sent.load(Ordering::Relaxed) - sent0;
-    let rss_mb = status_kb(pid, "VmHWM:") as f64 / 1024.0;
+    Window {
+        seconds,
+        cores: (cpu_ticks(pid) - ticks0) as f64 / hz / seconds,
+        messages: sent.load(Ordering::Relaxed) - sent0,
+        rss_mb: status_kb(pid, "VmHWM:") as f64 / 1024.0,
+        api_ms,
+        scrape_ms,
+        scrape_bytes,
+        report_ms,
+        report_bytes,
+    }
+}
 
-    // The run ends; the server logs the message waits.
-    let mut log = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        if let Ok(line) = rx.recv_timeout(Duration::from_millis(500)) {
-            let done = line.contains(&format!("run {run} "));
-            log.push(line);
-            if done {
-                break;
-            }
-        }
-    }
-    let _ = serve.kill();
-    let _ = serve.wait();
-    for a in agents {
-        a.abort();
-    }
+fn print_figures(n: usize, mut w: Window, log: &[String], run: &str, slow: Option<&SlowDisk>) {
     let waits = log
         .iter()
         .find(|l| l.contains("agent messages: wait"))
@@ -502,39 +567,40 @@ async fn main() {
         .find(|l| l.contains(&format!("run {run} ")))
         .cloned()
         .unwrap_or_default();
+    let (window, messages) = (w.seconds, w.messages);
     println!("agents:            {n}");
     println!(
         "window:            {window:.0} s, {messages} agent messages ({:.0}/s)",
         messages as f64 / window
     );
-    println!("serve CPU:         {cores:.3} cores");
-    println!("serve peak RSS:    {rss_mb:.0} MiB");
+    println!("serve CPU:         {:.3} cores", w.cores);
+    println!("serve peak RSS:    {:.0} MiB", w.rss_mb);
     println!(
         "message waits:     {}",
         waits.split("messages=").nth(1).unwrap_or("(not logged)")
     );
     println!(
         "API GET /v1/runs/{{id}}: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms ({} requests)",
-        quantile(&mut api_ms, 0.5),
-        quantile(&mut api_ms, 0.99),
-        quantile(&mut api_ms, 1.0),
-        api_ms.len()
+        quantile(&mut w.api_ms, 0.5),
+        quantile(&mut w.api_ms, 0.99),
+        quantile(&mut w.api_ms, 1.0),
+        w.api_ms.len()
     );
     println!(
         "GET /metrics:      p50 {:.1} ms, max {:.1} ms ({} scrapes), {:.0} KiB",
-        quantile(&mut scrape_ms, 0.5),
-        quantile(&mut scrape_ms, 1.0),
-        scrape_ms.len(),
-        scrape_bytes as f64 / 1024.0
+        quantile(&mut w.scrape_ms, 0.5),
+        quantile(&mut w.scrape_ms, 1.0),
+        w.scrape_ms.len(),
+        w.scrape_bytes as f64 / 1024.0
     );
     println!(
         "GET report.md:     p50 {:.0} ms, max {:.0} ms ({} renders of the running run), {:.0} KiB",
-        quantile(&mut report_ms, 0.5),
-        quantile(&mut report_ms, 1.0),
-        report_ms.len(),
-        report_bytes as f64 / 1024.0
+        quantile(&mut w.report_ms, 0.5),
+        quantile(&mut w.report_ms, 1.0),
+        w.report_ms.len(),
+        w.report_bytes as f64 / 1024.0
     );
-    if let Some(s) = &slow {
+    if let Some(s) = slow {
         println!(
             "store disk:        a loop device held to {} write IOPS (block-I/O cgroup)",
             s.iops
@@ -542,8 +608,6 @@ async fn main() {
     }
     println!("agents lost:       {lost}");
     println!("run:               {status}");
-    drop(slow);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The store's slow disk: a loop device with ext4 mounted under the
