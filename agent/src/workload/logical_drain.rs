@@ -116,8 +116,9 @@ async fn measure(
     let backlog = build_backlog(ctx, p, driven, here, there, timeout).await?;
     let drained = drain(ctx, p, &backlog, here, there, timeout).await?;
 
-    let (rows_here, sum_here) = checksum(here).await?;
-    let (rows_there, sum_there) = checksum(there).await?;
+    // Both sides at once: each scans its own cluster.
+    let (h, t) = tokio::join!(checksum(here), checksum(there));
+    let ((rows_here, sum_here), (rows_there, sum_there)) = (h?, t?);
     let spill = there
         .query_opt(
             "SELECT spill_txns, spill_bytes, stream_txns, total_txns, total_bytes \

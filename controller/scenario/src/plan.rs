@@ -1022,7 +1022,10 @@ workloads:
             cell(&cells, "w1-nvme-backlog-64MiB").fresh_estimate(),
             cell(&cells, "w1-gp3-backlog-64MiB").fresh_estimate(),
         );
-        assert!(dg.seconds - dn.seconds > 60.0, "{dn:?} {dg:?}");
+        // The drain's backlog (a few thousand UPDATEs, page images mostly:
+        // BENCHMARKS.md "Estimates: the logical drain") and its sync write
+        // through gp3's budget.
+        assert!(dg.seconds > 1.3 * dn.seconds, "{dn:?} {dg:?}");
         // An instance's CPUs bound CPU-bound work (a partitioned load).
         let load = |cpus: u32| {
             let text = format!(

@@ -10,8 +10,8 @@ use serde_saphyr::Spanned;
 
 use super::pgbench_init::{self, InitParams, with_load_keys};
 use super::{
-    Better, ByteSize, Capacity, Checked, ESTIMATE_BYTES_PER_SECOND, Estimate, Field, Internals,
-    KindParams, KindSpec, Metric, Work, human_bytes, or,
+    Better, ByteSize, Capacity, Checked, Estimate, Field, Internals, KindParams, KindSpec, Metric,
+    Work, human_bytes, or,
 };
 
 pub const DESCRIPTION: &str = "publisher and subscriber on two agents: build a logical-replication backlog, time its drain: seconds, MB/s, rows match";
@@ -50,15 +50,45 @@ pub const PUBLISHER: &str = "publisher";
 pub const SUBSCRIBER: &str = "subscriber";
 /// Names of the publication, subscription and slot.
 pub const NAME: &str = "pgfleet_drain";
-/// Rates of the reference host for estimates (PostgreSQL 15, release;
-/// BENCHMARKS.md "Estimates"): 4 clients built a 64 MiB backlog in
-/// 97-102 s at 3,000 write IOPS (one flush per ~224 bytes of WAL: 56 per
-/// client, as commits waiting together share a flush) and in ~40 s on the
-/// host's disk (its flushes: `HOST_IOPS`); CPU alone would allow ~12 s on
-/// 2 cores. The drain ran at 10-24 MB/s.
-pub const BACKLOG_BYTES_PER_CPU_SECOND: f64 = 2.9e6;
-pub const BACKLOG_BYTES_PER_FLUSH_AND_CLIENT: f64 = 56.0;
-pub const DRAIN_BYTES_PER_CPU_SECOND: f64 = 12e6;
+/// The backlog in transactions, as estimates see it (PostgreSQL 15,
+/// release; BENCHMARKS.md "Estimates: the logical drain"). Each of the
+/// backlog's random UPDATEs writes its own records (`WAL_BYTES_PER_UPDATE`:
+/// the new row at `wal_level = logical`, its key's entry, the commit) and a
+/// full-page image of every page it is the first to change since the last
+/// checkpoint: its heap page, the page the new version goes to, its key's
+/// leaf. A cell's publisher starts from a checkpoint (a dataset is
+/// published after one and restored from a clean copy), so at scale 300
+/// the first 18,460 UPDATEs each wrote ~15 KB of WAL (276 MB), not the
+/// 224 bytes of an UPDATE alone: the backlog took 5 s, not the 160 s that
+/// bytes at 224 per UPDATE predicted, and drained in 3.9 s.
+pub const WAL_BYTES_PER_UPDATE: f64 = 224.0;
+/// A page's full image in the WAL (the 8 KiB page, its record's header).
+pub const FULL_PAGE_IMAGE_BYTES: f64 = 8_250.0;
+/// CPU of one backlog UPDATE on the publisher without page images (the
+/// reference host's 2.9 MB/s of 224-byte UPDATEs), and of each page image
+/// (fit on scale 300's 3,690 UPDATEs a second on one CPU, ~1.9 images
+/// each).
+pub const CPU_SECONDS_PER_UPDATE: f64 = 77e-6;
+pub const CPU_SECONDS_PER_PAGE_IMAGE: f64 = 100e-6;
+/// Commits that share a WAL flush grow with the clients waiting together:
+/// 4 clients flushed once per UPDATE on the reference host.
+pub const UPDATES_PER_FLUSH_AND_CLIENT: f64 = 0.25;
+/// The apply worker's CPU per transaction (it commits without waiting for
+/// its flush): 10-24 MB/s of 224-byte UPDATEs on the reference host, and
+/// 4,700 a second with their page images at scale 300.
+pub const DRAIN_CPU_SECONDS_PER_UPDATE: f64 = 15e-6;
+/// From `ALTER SUBSCRIPTION ... ENABLE` to the apply worker at work: the
+/// launcher starts it (0.2-4 s measured; longer when the worker last
+/// started under `wal_retrieve_retry_interval` before).
+pub const DRAIN_START_SECONDS: f64 = 2.0;
+/// The initial sync's COPY into the subscriber's keyed table: 4.7 GB in
+/// 74 s on one CPU at scale 300, and in 127 s under gp3's 125 MiB/s, where
+/// it wrote ~3.5 times the data (heap, key, their WAL, the checkpoints).
+pub const SYNC_BYTES_PER_CPU_SECOND: f64 = 62e6;
+pub const SYNC_WRITES_PER_DATA_BYTE: f64 = 3.5;
+/// The rows' count and checksum at the end, on both sides at once: a scan
+/// and a hash per row (30 M rows: ~17 s of one CPU).
+pub const CHECKSUM_CPU_SECONDS_PER_ROW: f64 = 0.57e-6;
 
 with_load_keys! {
     #[derive(Debug, Clone, Deserialize)]
@@ -190,20 +220,48 @@ impl KindParams for Params {
         let data = self.init.data_bytes() as f64;
         let backlog = self.backlog_bytes as f64;
         // Initial sync copies the table into the subscriber (heap, key, WAL).
-        let sync = Work::cpu(data / ESTIMATE_BYTES_PER_SECOND, 1.0)
-            .writing(2.0 * data)
+        let sync = Work::cpu(data / SYNC_BYTES_PER_CPU_SECOND, 1.0)
+            .writing(SYNC_WRITES_PER_DATA_BYTE * data)
             .seconds(c);
-        // The backlog is WAL of the clients' random UPDATEs, each commit
-        // waiting for its flush.
+        let b = Backlog::of(&self.init, backlog);
+        // A page not in the instance's memory is read from the device:
+        // the UPDATE's heap page and its key's leaf, on both sides.
+        let missed = if c.memory_bytes > 0 {
+            (1.0 - c.memory_bytes as f64 / data).clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        let reads = 2.0 * b.updates * missed;
+        // The clients' UPDATEs, each commit waiting for its flush; the
+        // pages they change outgrow shared buffers and are written back
+        // meanwhile (gp3's budget: 23.8 s for 18,000 UPDATEs at scale 300).
         let clients = self.clients as f64;
-        let build = Work::cpu(backlog / BACKLOG_BYTES_PER_CPU_SECOND, clients)
-            .flushing(backlog / (BACKLOG_BYTES_PER_FLUSH_AND_CLIENT * clients))
-            .seconds(c);
+        let build = Work::cpu(
+            b.updates * CPU_SECONDS_PER_UPDATE + b.page_images * CPU_SECONDS_PER_PAGE_IMAGE,
+            clients,
+        )
+        .random_reads(reads)
+        .writing(backlog)
+        .flushing(b.updates / (UPDATES_PER_FLUSH_AND_CLIENT * clients) + b.page_images)
+        .seconds(c);
         // The drain decodes and applies it (the apply worker commits
-        // asynchronously).
-        let drain = Work::cpu(backlog / DRAIN_BYTES_PER_CPU_SECOND, 1.0).seconds(c);
+        // asynchronously), changing the same pages on the subscriber.
+        let drain = Work::cpu(
+            b.updates * DRAIN_CPU_SECONDS_PER_UPDATE + b.page_images * CPU_SECONDS_PER_PAGE_IMAGE,
+            1.0,
+        )
+        .random_reads(reads)
+        .writing(backlog)
+        .seconds(c)
+            + DRAIN_START_SECONDS;
+        // Rows counted and checksummed on both sides at once: reading the
+        // heap (what the instance's memory does not hold), then hashing.
+        let rows = self.init.scale as f64 * 100_000.0;
+        let heap = self.init.accounts_heap_bytes() as f64;
+        let verify = Work::cpu(rows * CHECKSUM_CPU_SECONDS_PER_ROW, 1.0).seconds(c)
+            + Work::default().reading(heap * missed).seconds(c);
         Estimate {
-            seconds: load.seconds + sync + build + drain,
+            seconds: load.seconds + sync + build + drain + verify,
             measured_seconds: drain,
             // The publisher: its data, the backlog held by the slot, the
             // updates' new row versions, WAL headroom.
@@ -240,6 +298,108 @@ impl KindParams for Params {
                 ("max_logical_replication_workers", "4".into()),
                 ("max_replication_slots", "10".into()),
             ],
+        }
+    }
+}
+
+/// The backlog's random UPDATEs as estimates see them: how many it takes
+/// to leave `bytes` of WAL in the slot, and the full-page images among
+/// their WAL (see `WAL_BYTES_PER_UPDATE`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Backlog {
+    pub updates: f64,
+    pub page_images: f64,
+}
+
+impl Backlog {
+    /// The UPDATEs of uniformly random accounts that write `bytes` of WAL,
+    /// starting after a checkpoint: after `n` of them, a set of `pages`
+    /// pages has had ~`pages * (1 - e^(-n/pages))` first changes, each a
+    /// page image; the new versions fill fresh pages in order.
+    pub fn of(init: &InitParams, bytes: f64) -> Backlog {
+        let heap = (init.accounts_heap_bytes() as f64 / 8192.0).max(1.0);
+        let leaves =
+            ((init.scale * pgbench_init::ACCOUNTS_INDEX_BYTES_PER_SCALE) as f64 / 8192.0).max(1.0);
+        let rows_per_page = (init.scale as f64 * 100_000.0 / heap).max(1.0);
+        let images = |n: f64| {
+            heap * (1.0 - (-n / heap).exp())
+                + leaves * (1.0 - (-n / leaves).exp())
+                + n / rows_per_page
+        };
+        let wal = |n: f64| n * WAL_BYTES_PER_UPDATE + images(n) * FULL_PAGE_IMAGE_BYTES;
+        // wal() grows with n: bisect between none and all at 224 bytes.
+        let (mut lo, mut hi) = (0.0, bytes / WAL_BYTES_PER_UPDATE);
+        for _ in 0..100 {
+            let mid = (lo + hi) / 2.0;
+            if wal(mid) < bytes {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        Backlog {
+            updates: hi,
+            page_images: images(hi),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Capacity, KindParams, Params, plan_entry};
+    use super::*;
+
+    fn drain(text: &str) -> Params {
+        plan_entry(text).unwrap().remove(0).1
+    }
+
+    /// At scale 300 a 256 MiB backlog is ~18,000 UPDATEs of ~15 KB of WAL
+    /// each, page images mostly (measured: 18,460 for 276 MB); at scale 10,
+    /// 64 MiB is ~7,000 (measured: 7,657 for 70.6 MB), not the 300,000
+    /// UPDATEs that 224 bytes each would take.
+    #[test]
+    fn the_backlog_counts_page_images() {
+        let Params::LogicalDrain(p) = drain("{kind: logical-drain, scale: 300}") else {
+            panic!()
+        };
+        let b = Backlog::of(&p.init, 276e6);
+        assert!((17_000.0..20_000.0).contains(&b.updates), "{b:?}");
+        assert!((1.7..2.1).contains(&(b.page_images / b.updates)), "{b:?}");
+        let Params::LogicalDrain(small) = drain("{kind: logical-drain, scale: 10}") else {
+            panic!()
+        };
+        let s = Backlog::of(&small.init, 70.6e6);
+        assert!((6_000.0..9_000.0).contains(&s.updates), "{s:?}");
+    }
+
+    /// The mid-scale cells measured (BENCHMARKS.md "Estimates: the logical
+    /// drain"), scale 300, a 256 MiB backlog, one CPU and 1 GiB: nvme took
+    /// 169 s building its dataset (load 42 s), gp3 340 s restoring it
+    /// (68 s to the publisher's start). The model's phases after the data
+    /// against what they took: the estimates within ±30 %.
+    #[test]
+    fn a_mid_scale_drain_is_estimated_within_30_percent() {
+        let Params::LogicalDrain(p) =
+            drain("{kind: logical-drain, scale: 300, backlog_bytes: 256MiB, clients: 4}")
+        else {
+            panic!()
+        };
+        let (mut nvme, mut gp3) = Capacity::two_cores_and_gp3();
+        for c in [&mut nvme, &mut gp3] {
+            c.cpus = 1.0;
+            c.memory_bytes = 1 << 30;
+        }
+        // What each took after its publisher's data was there.
+        for (c, took, data) in [(nvme, 169.0, 42.0 + 5.0), (gp3, 340.0 - 34.0, 68.0)] {
+            let e = p.estimate(&c);
+            let after_data = e.seconds - e.load_seconds;
+            let ratio = after_data / (took - data);
+            assert!(
+                (0.7..1.3).contains(&ratio),
+                "{:?}: estimated {after_data:.0} s after the data, took {:.0} s ({ratio:.2}x)",
+                c.caps,
+                took - data
+            );
         }
     }
 }
