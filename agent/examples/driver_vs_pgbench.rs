@@ -60,6 +60,16 @@ async fn pgbench(pg: &PgBin, conninfo: &str, args: &[String]) -> anyhow::Result<
     Ok(String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr))
 }
 
+/// A file removed when it goes out of scope, on every path (a failed
+/// round included).
+struct TempFile(std::path::PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 fn grab(text: &str, key: &str) -> Option<f64> {
     let rest = &text[text.find(key)? + key.len()..];
     rest.split_whitespace().next()?.parse().ok()
@@ -209,9 +219,10 @@ async fn driver_rounds(
     );
     for name in ["select-only", "random-update"] {
         let text = driver::builtin(name).unwrap_or_default();
-        let file =
-            std::env::temp_dir().join(format!("pgfleet-bench-{name}-{}.sql", std::process::id()));
-        std::fs::write(&file, text)?;
+        let file = TempFile(
+            std::env::temp_dir().join(format!("pgfleet-bench-{name}-{}.sql", std::process::id())),
+        );
+        std::fs::write(&file.0, text)?;
         let (mut a, mut b, mut ca, mut cb) = (vec![], vec![], vec![], vec![]);
         for _ in 0..rounds {
             let cfg = DriverConfig {
@@ -267,7 +278,7 @@ async fn driver_rounds(
                     "-D".into(),
                     format!("scale={scale}"),
                     "-f".into(),
-                    file.display().to_string(),
+                    file.0.display().to_string(),
                 ],
             )
             .await?;
@@ -275,7 +286,7 @@ async fn driver_rounds(
             cb.push((common::cpu_seconds(libc::RUSAGE_CHILDREN) - c0) / n * 1e6);
             b.push(grab(&out, "tps = ").ok_or_else(|| anyhow::anyhow!("no tps in {out}"))?);
         }
-        let _ = std::fs::remove_file(&file);
+        drop(file);
         // Rounds alternate the two tools, so each round's ratio is a
         // paired comparison under the same machine conditions.
         let ratios: Vec<f64> = a.iter().zip(&b).map(|(x, y)| x / y).collect();
