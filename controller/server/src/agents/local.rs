@@ -111,29 +111,9 @@ impl LocalAgents {
             run_dir,
             children: Vec::new(),
         };
-        let token_file = me.run_dir.join("join-token");
-        let mut started = write_private(&token_file, access.token.as_bytes());
-        let mut n = 0;
-        for f in &scenario.fleet.value {
-            for i in 0..f.count() {
-                if started.is_err() {
-                    break;
-                }
-                let agent = Agent {
-                    class: f,
-                    agent_id: format!("{}-{i}", f.name.value),
-                    netns: me.opts.netns.get(n % me.opts.netns.len().max(1)),
-                };
-                n += 1;
-                started = me
-                    .spawn(agent, access, &token_file, log_dir, &events)
-                    .await
-                    .map(|child| me.children.push(child));
-            }
-        }
         // A failed start stops the agents already started (and removes the
         // run's directory with them).
-        if let Err(e) = started {
+        if let Err(e) = me.start_all(scenario, access, log_dir, &events).await {
             for c in &me.children {
                 if let Some(pid) = c.pid {
                     let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
@@ -143,6 +123,36 @@ impl LocalAgents {
             return Err(e);
         }
         Ok(me)
+    }
+
+    /// Writes the join token and starts the fleet's agents, each class's
+    /// instances in turn, spread over the network namespaces; stops at the
+    /// first that fails.
+    async fn start_all(
+        &mut self,
+        scenario: &Scenario,
+        access: &Access,
+        log_dir: &Path,
+        events: &mpsc::Sender<Event>,
+    ) -> Result<()> {
+        let token_file = self.run_dir.join("join-token");
+        write_private(&token_file, access.token.as_bytes())?;
+        let mut n = 0;
+        for f in &scenario.fleet.value {
+            for i in 0..f.count() {
+                let agent = Agent {
+                    class: f,
+                    agent_id: format!("{}-{i}", f.name.value),
+                    netns: self.opts.netns.get(n % self.opts.netns.len().max(1)),
+                };
+                n += 1;
+                let child = self
+                    .spawn(agent, access, &token_file, log_dir, events)
+                    .await?;
+                self.children.push(child);
+            }
+        }
+        Ok(())
     }
 
     /// Starts one agent process (its log in `log_dir`), watched: its exit
