@@ -1343,6 +1343,27 @@ workloads:
         "{text}"
     );
     let built = estimate(&s.report(), "w0-local-tpcb-like-r1");
+    let first_run = s.report()["run_id"].as_str().unwrap().to_string();
+    // The cells' estimates by phase are in the report; the store's plan
+    // learns from this run: `validate` says which cells and from which run.
+    let phases = &s.report()["cells"][0]["estimate_phases"];
+    assert!(phases["data"].as_f64().unwrap() > 0.0, "{phases}");
+    let learned = std::process::Command::new(common::pgfleet())
+        .arg("--store")
+        .arg(s.store())
+        .arg("validate")
+        .arg(&sc)
+        .arg("--data-dir")
+        .arg(s.data())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&learned.stdout).to_string();
+    assert!(
+        // (w0's cells are too short to teach: estimates under a second.)
+        text.contains("* w1-local-tpcb-like: data ")
+            && text.contains(&format!("the model, learned from run {first_run}")),
+        "{text}"
+    );
     std::fs::remove_dir_all(s.out()).unwrap();
     let out = s.run_cmd(&sc, &[]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));

@@ -912,6 +912,47 @@ fn the_api_refuses_shell_scenarios_full_queues_read_only_writes_and_speaks_tls()
     let (code, _, body) = submit(reader);
     assert_eq!(code, 403, "{body}");
     assert!(body.contains("read-only"), "{body}");
+    // ... but may plan (nothing is stored: the runs listed below are the
+    // two submitted). The plan has each cell's estimate by phase.
+    let (code, _, body) = http(&api, "POST", "/v1/plan", Some(reader), &[], &sc);
+    assert_eq!(code, 200, "{body}");
+    let plan = json(&body);
+    let cell = &plan["cells"][0];
+    let p = &cell["phases"];
+    let sum: f64 = ["data", "prepare", "measure", "other"]
+        .iter()
+        .map(|k| p[k].as_f64().unwrap())
+        .sum();
+    let seconds = cell["seconds"].as_f64().unwrap();
+    assert!(seconds > 0.0 && (sum - seconds).abs() < 0.5, "{body}");
+    assert_eq!(cell["data_step"], "built", "{body}");
+    assert!(p["data"].as_f64().unwrap() > 0.0, "{body}");
+    assert!(
+        plan["shares"]
+            .as_str()
+            .unwrap()
+            .starts_with("data movement "),
+        "{body}"
+    );
+    assert!(
+        plan["text"]
+            .as_str()
+            .unwrap()
+            .contains("where the hours go"),
+        "{body}"
+    );
+    let (code, _, body) = http(
+        &api,
+        "POST",
+        "/v1/plan?name=shell.yaml",
+        Some(reader),
+        &[],
+        shell,
+    );
+    assert_eq!(code, 403, "{body}");
+    assert_eq!(json(&body)["location"]["line"], 9, "{body}");
+    let (code, _, body) = http(&api, "POST", "/v1/plan", Some(reader), &[], "name: [");
+    assert_eq!(code, 422, "{body}");
     // The first starts (waiting for agents), the second waits in the
     // queue, the third finds it full.
     let mut ids = Vec::new();

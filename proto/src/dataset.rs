@@ -469,6 +469,32 @@ pub struct Provenance {
     pub hydration: Option<Hydration>,
 }
 
+impl Provenance {
+    /// Seconds the cell `cell_id` spent moving its data, the measured
+    /// counterpart of a plan's `Phases::data`: loading and publishing it
+    /// (built, loaded; `load_seconds` of a restored one is its builder's)
+    /// and reading a published copy back,
+    /// or downloading, hydrating (where this cell read it), restoring and
+    /// reading it back, or resetting a kept cluster. Waiting for a builder
+    /// is not in it (`wait_seconds`), nor in an estimate.
+    pub fn data_seconds(&self, cell_id: &str) -> f64 {
+        match self.how.as_str() {
+            "built" | "loaded" => {
+                self.load_seconds + self.publish_seconds + self.upload_seconds + self.rewarm_seconds
+            }
+            "reused" => self.reset_seconds,
+            _ => {
+                let hydrated = self
+                    .hydration
+                    .as_ref()
+                    .filter(|h| h.by_cell == cell_id)
+                    .map_or(0.0, |h| h.seconds);
+                self.download_seconds + hydrated + self.restore_seconds + self.rewarm_seconds
+            }
+        }
+    }
+}
+
 fn is_zero(x: &f64) -> bool {
     *x == 0.0
 }

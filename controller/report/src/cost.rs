@@ -107,6 +107,7 @@ mod tests {
         let cell = |class: &str, from: &str, to: &str| CellRow {
             point: Default::default(),
             estimate_seconds: None,
+            estimate: None,
             cell_id: "c".into(),
             workload: "pgbench".into(),
             instance_class: class.into(),

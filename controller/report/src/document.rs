@@ -168,6 +168,10 @@ pub struct Cell {
     pub finished_at: Option<String>,
     pub seconds: Option<f64>,
     pub estimate_seconds: Option<f64>,
+    /// That estimate by phase (reports of runs planned before phases have
+    /// none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate_phases: Option<pgfleet_proto::workload::Phases>,
     /// The cluster's own view, as the agent sent it (a multi-role cell's
     /// is `{<role>: ..}`): `pgfleet_proto::environment::Environment`.
     pub environment: Option<Json>,

@@ -819,6 +819,7 @@ mod tests {
         let cell = |id: &str, d: Json| pgfleet_store::CellRow {
             point: Default::default(),
             estimate_seconds: None,
+            estimate: None,
             cell_id: id.into(),
             workload: "pgbench".into(),
             instance_class: "local".into(),
@@ -918,6 +919,7 @@ mod tests {
         let cell = |id: &str, class: &str, start: &str, end: &str| pgfleet_store::CellRow {
             point: Default::default(),
             estimate_seconds: None,
+            estimate: None,
             cell_id: id.into(),
             workload: "pgbench".into(),
             instance_class: class.into(),
@@ -978,6 +980,7 @@ mod tests {
         let cell = |class: &str, env: Option<Json>| pgfleet_store::CellRow {
             point: Default::default(),
             estimate_seconds: None,
+            estimate: None,
             cell_id: "c".into(),
             workload: "pgbench".into(),
             instance_class: class.into(),

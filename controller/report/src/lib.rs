@@ -202,6 +202,7 @@ pub fn build(store: &Store, run_id: &str) -> Result<Report> {
             finished_at: c.finished_at.clone(),
             seconds: c.seconds(),
             estimate_seconds: c.estimate_seconds,
+            estimate_phases: c.estimate.as_ref().map(|e| e.phases),
             environment: c.environment.clone(),
         })
         .collect();

@@ -334,22 +334,29 @@ fn environment(md: &mut String, doc: &Report) {
     }
 }
 
-/// Every cell: its agent, state, time beside its estimate, and error.
+/// Every cell: its agent, state, time beside its estimate (of it moving
+/// data, and the estimate by phase), and error.
 fn cells(md: &mut String, doc: &Report) {
     let _ = writeln!(
         md,
-        "\n## Cells\n\n| cell | agent | state | took | estimated | error |\n|---|---|---|---|---|---|"
+        "\n## Cells\n\n| cell | agent | state | took | of it data | estimated | by phase | error |\n|---|---|---|---|---|---|---|---|"
     );
     let secs = |v: Option<f64>| v.map(approx_seconds).unwrap_or_default();
     for c in &doc.cells {
+        let data = c
+            .dataset()
+            .filter(|_| c.seconds.is_some())
+            .map(|d| d.data_seconds(&c.cell_id));
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
             c.cell_id,
             c.agent.as_deref().unwrap_or(""),
             c.state,
             secs(c.seconds),
+            secs(data),
             secs(c.estimate_seconds),
+            c.estimate_phases.map(|p| p.describe()).unwrap_or_default(),
             c.error
                 .as_deref()
                 .unwrap_or("")
@@ -394,10 +401,34 @@ fn estimates(md: &mut String, doc: &Report) {
             ratios.len()
         ));
     }
+    let phases: Vec<_> = doc.cells.iter().filter_map(|c| c.estimate_phases).collect();
+    if !phases.is_empty() {
+        parts.push(format!(
+            "of the cells' estimated time, {}",
+            pgfleet_proto::workload::Phases::sum(&phases).shares()
+        ));
+    }
+    let (took, data) = doc
+        .cells
+        .iter()
+        .filter(|c| c.state == "succeeded")
+        .filter_map(|c| {
+            Some((
+                c.seconds?,
+                c.dataset().map_or(0.0, |d| d.data_seconds(&c.cell_id)),
+            ))
+        })
+        .fold((0.0, 0.0), |a, (t, d)| (a.0 + t, a.1 + d));
+    if took > 0.0 && data > 0.0 {
+        parts.push(format!(
+            "the succeeded cells spent {:.0} % of their time moving data",
+            100.0 * data / took
+        ));
+    }
     if !parts.is_empty() {
         let _ = writeln!(
             md,
-            "\nEstimates: {}. They come from each kind's work (CPU time, bytes, I/Os) over the class's CPUs and storage caps, corrected by what earlier cells of the same kind, class and dataset step took where the store held any (`pgfleet validate` lists them); this run's cells correct the next run's.",
+            "\nEstimates: {}. They come from each kind's work (CPU time, bytes, I/Os) over the class's CPUs and storage caps, corrected by what earlier cells took against the model where the store held any: moving data by cells of the same class that came by it the same way, the rest by cells of the same kind and class (`pgfleet validate` lists the corrections and their runs); this run's cells correct the next run's.",
             parts.join("; ")
         );
     }
@@ -931,17 +962,32 @@ mod render_tests {
     fn cells_show_their_time_against_the_estimate() {
         let doc = serde_json::json!({"run_id": "r", "seconds": 600.0, "estimated_seconds": 480.0,
             "cells": [
-                {"cell_id": "a", "state": "succeeded", "seconds": 100.0, "estimate_seconds": 80.0},
-                {"cell_id": "b", "state": "succeeded", "seconds": 50.0, "estimate_seconds": 100.0},
+                {"cell_id": "a", "state": "succeeded", "seconds": 100.0, "estimate_seconds": 80.0,
+                 "estimate_phases": {"data": 50.0, "prepare": 10.0, "measure": 15.0, "other": 5.0},
+                 "environment": {"dataset": {"how": "restored", "restore_seconds": 30.0, "rewarm_seconds": 10.0}}},
+                {"cell_id": "b", "state": "succeeded", "seconds": 50.0, "estimate_seconds": 100.0,
+                 "estimate_phases": {"data": 30.0, "prepare": 0.0, "measure": 60.0, "other": 10.0}},
                 {"cell_id": "c", "state": "succeeded", "seconds": 90.0, "estimate_seconds": 100.0},
                 {"cell_id": "d", "state": "failed", "seconds": 1.0, "estimate_seconds": 100.0},
                 {"cell_id": "e", "state": "pending"}]});
         let (md, _) = render(doc.clone());
         assert!(
-            md.contains("| a |  | succeeded | 100 s | 80 s |  |"),
+            md.contains(
+                "| a |  | succeeded | 100 s | 40 s | 80 s | data 50 s · prepare 10 s · measure 15 s · other 5 s |  |"
+            ),
             "{md}"
         );
-        assert!(md.contains("| e |  | pending |  |  |  |"), "{md}");
+        assert!(md.contains("| e |  | pending |  |  |  |  |  |"), "{md}");
+        // Of 180 s estimated for a and b: data 80, prepare 10, measure 75,
+        // other 15; of the 240 s the succeeded cells took, a moved data 40.
+        assert!(
+            md.contains("of the cells' estimated time, data movement 44 %, preparation 6 %, measuring 42 %, the rest 8 %"),
+            "{md}"
+        );
+        assert!(
+            md.contains("the succeeded cells spent 17 % of their time moving data"),
+            "{md}"
+        );
         assert!(
             md.contains("the run took 10 min against an estimate of 8 min (1.25x)"),
             "{md}"

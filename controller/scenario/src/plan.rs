@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use pgfleet_proto::workload::{Estimate, Kind, Params};
+use pgfleet_proto::workload::{Estimate, Kind, Params, Phases};
 
 use super::Scenario;
 
@@ -38,33 +38,100 @@ pub struct PlannedCell {
     /// With `data: reuse`: the dataset it shares with the plan's other
     /// cells, and whether it is the one that builds it.
     pub share: Option<Share>,
-    /// What earlier cells of its kind, class and dataset step took against
-    /// their estimates, applied to `estimate` (`learned::Learned::apply`);
-    /// `learned_fresh` the same for `fresh_estimate` (a load of its own).
-    pub learned: Option<Factor>,
-    pub learned_fresh: Option<Factor>,
+    /// What earlier cells took against the model, applied to `estimate`
+    /// (`learned::Learned::apply`); `learned_fresh` the same for
+    /// `fresh_estimate` (a load of its own). `model` is the estimate
+    /// before them.
+    pub learned: Corrections,
+    pub learned_fresh: Corrections,
+    pub model: Option<Estimate>,
     /// `data: reuse`, but the plan has it load its own data, and why
     /// (`load_where_restoring_is_slower`).
     pub loads_instead: Option<&'static str>,
 }
 
-/// A correction of the model's estimate learned from earlier cells: the
-/// median of what they took over their estimates, and of how many cells.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// A correction of the model learned from earlier cells: the median of
+/// what they took over what the model said (of one part of a cell), of how
+/// many cells, and the runs they were in, newest first.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Factor {
     pub ratio: f64,
     pub cells: usize,
+    pub runs: Vec<String>,
 }
 
-impl Factor {
-    /// `e` with its seconds (and its load) times the ratio; its timed
-    /// part stays as the scenario asks, within the whole.
+/// The corrections of a cell's estimate, each learned where the model's
+/// error has one cause: `data` (moving its data: `Phases::data`) from
+/// cells of its class's capacity that came by their data the same way
+/// (built, restored, ...), of any kind; `work` (the rest: preparing,
+/// measuring, provisioning) from cells of its kind and class capacity,
+/// however they came by their data, so a restored cell learns from a
+/// built one's measuring. A kind without a dataset learns its whole as
+/// `work` (both are that factor).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Corrections {
+    pub data: Option<Factor>,
+    pub work: Option<Factor>,
+}
+
+impl Corrections {
+    pub fn is_empty(&self) -> bool {
+        self.data.is_none() && self.work.is_none()
+    }
+
+    /// The runs the corrections were learned from, newest first.
+    pub fn runs(&self) -> Vec<&str> {
+        let mut runs: Vec<&str> = Vec::new();
+        for f in self.data.iter().chain(&self.work) {
+            for r in &f.runs {
+                if !runs.contains(&r.as_str()) {
+                    runs.push(r);
+                }
+            }
+        }
+        runs
+    }
+
+    /// "data 0.81x, the rest 1.30x" (what `validate` shows beside a cell).
+    pub fn describe(&self) -> String {
+        let f =
+            |name: &str, f: &Option<Factor>| f.as_ref().map(|f| format!("{name} {:.2}x", f.ratio));
+        if self.data == self.work {
+            return f("all", &self.work).unwrap_or_default();
+        }
+        [f("data", &self.data), f("the rest", &self.work)]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// `e` with its data movement times the `data` ratio and the rest
+    /// times the `work` ratio. A timed measurement keeps the length the
+    /// scenario asks for (within the whole): the rest's correction goes to
+    /// its preparation and the rest.
     pub fn scale(&self, e: Estimate) -> Estimate {
-        let seconds = e.seconds * self.ratio;
+        if self.is_empty() {
+            return e;
+        }
+        let ratio = |f: &Option<Factor>| f.as_ref().map_or(1.0, |f| f.ratio);
+        let (d, w) = (ratio(&self.data), ratio(&self.work));
+        let p = e.phases();
+        let work = (e.seconds - p.data).max(0.0) * w;
+        let measured = e.measured_seconds.min(work);
+        let rest = p.prepare + p.other;
+        let k = if rest > 0.0 {
+            (work - measured).max(0.0) / rest
+        } else {
+            0.0
+        };
         Estimate {
-            seconds,
-            load_seconds: e.load_seconds * self.ratio,
-            measured_seconds: e.measured_seconds.min(seconds),
+            seconds: p.data * d + work,
+            measured_seconds: measured,
+            load_seconds: e.load_seconds * d,
+            hydrate_seconds: e.hydrate_seconds * d,
+            publish_seconds: e.publish_seconds * d,
+            prepare_seconds: e.prepare_seconds * k,
             ..e
         }
     }
@@ -152,8 +219,8 @@ impl PlannedCell {
     }
     /// The estimate when the cell loads its own data (`data: fresh`).
     pub fn fresh_estimate(&self) -> Estimate {
-        let e = self.params.estimate(&self.capacity);
-        self.learned_fresh.map_or(e, |f| f.scale(e))
+        self.learned_fresh
+            .scale(self.params.estimate(&self.capacity))
     }
 
     /// How the plan has the cell come by its data, in the words of the
@@ -170,15 +237,27 @@ impl PlannedCell {
         }
     }
 
+    /// The estimate before learned corrections.
+    pub fn model_estimate(&self) -> Estimate {
+        self.model.unwrap_or(self.estimate)
+    }
+
     /// What the model's estimate of the cell depends on besides its
-    /// parameters: its kind and what its class gives it (the instance's
-    /// CPUs and memory, the storage's caps). Earlier cells of the same key
-    /// and dataset step teach its correction (`learned`).
+    /// parameters: its kind and what its class gives it. Earlier cells of
+    /// the same key teach the correction of all but its data movement
+    /// (`Corrections::work`).
     pub fn estimate_key(&self) -> String {
+        format!("{} {}", self.workload().name(), self.capacity_key())
+    }
+
+    /// What its class gives it: the instance's CPUs and memory, the
+    /// storage's caps. Earlier cells of the same capacity that came by
+    /// their data the same way teach its data movement's correction
+    /// (`Corrections::data`).
+    pub fn capacity_key(&self) -> String {
         let (c, caps) = (&self.capacity, &self.capacity.caps);
         format!(
-            "{} cpus={:.2} memory={} caps={}/{}/{}/{}",
-            self.workload().name(),
+            "cpus={:.2} memory={} caps={}/{}/{}/{}",
             c.cpus,
             c.memory_bytes,
             caps.read_iops,
@@ -389,6 +468,7 @@ fn reuse_estimates(s: &Scenario, cells: &mut [PlannedCell], held: &Holdings) {
             share.builds = true;
             share.ready_seconds = e.load_seconds + publish;
             e.seconds += publish;
+            e.publish_seconds = publish;
         } else {
             // The read back stops at what the instance's memory holds.
             let warm = match c.capacity.memory_bytes {
@@ -415,6 +495,7 @@ fn reuse_estimates(s: &Scenario, cells: &mut [PlannedCell], held: &Holdings) {
             };
             let (seconds, load) = (e.seconds, e.load_seconds);
             e.load_seconds = hydrate + restore + rewarm.seconds(&c.capacity);
+            e.hydrate_seconds = hydrate;
             e.seconds = (seconds - load).max(0.0) + e.load_seconds;
         }
     }
@@ -489,8 +570,9 @@ pub fn plan_for(s: &Scenario, held: &Holdings) -> Vec<PlannedCell> {
                         point: point.clone(),
                         capacity,
                         share: None,
-                        learned: None,
-                        learned_fresh: None,
+                        learned: Corrections::default(),
+                        learned_fresh: Corrections::default(),
+                        model: None,
                         loads_instead: None,
                     });
                 }
@@ -585,6 +667,7 @@ fn reused_cluster_estimates(s: &Scenario, cells: &mut [PlannedCell]) {
         let e = &mut c.estimate;
         e.seconds = (e.seconds - e.load_seconds).max(0.0) + reset;
         e.load_seconds = reset;
+        e.hydrate_seconds = 0.0;
     }
 }
 
@@ -595,6 +678,8 @@ pub struct PlanEstimate {
     /// Sum over cells.
     pub cell_seconds: f64,
     pub measured_seconds: f64,
+    /// `cell_seconds` by phase.
+    pub phases: Phases,
     /// Wall clock on the fleet: per class, its cells spread over its agents
     /// (longest first), and classes side by side; no less than the emulated
     /// instances' CPU-seconds over this host's cores.
@@ -698,6 +783,7 @@ fn estimate_with(s: &Scenario, cells: &[PlannedCell], reused: bool) -> PlanEstim
     PlanEstimate {
         cell_seconds: cells.iter().map(|c| of(c).seconds).sum(),
         measured_seconds: cells.iter().map(|c| of(c).measured_seconds).sum(),
+        phases: Phases::sum(&cells.iter().map(|c| of(c).phases()).collect::<Vec<_>>()),
         wall_seconds: wall,
         disk_bytes_per_agent: cells.iter().map(|c| of(c).disk_bytes).max().unwrap_or(0),
     }
@@ -715,7 +801,7 @@ pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> 
         w(|c| c.instance_class.len(), 5),
     );
     let mut out = format!(
-        "{}: valid; {} cell{} on {agents} agent{}:\n  {:<wc$}  {:<wk$}  {:<wl$}  {:>10}  {:>10}  {:>10}\n",
+        "{}: valid; {} cell{} on {agents} agent{}:\n  {:<wc$}  {:<wk$}  {:<wl$}  {:>10}  {:>9} {:<8}  {:>9}  {:>9}  {:>9}  {:>9}\n",
         path.display(),
         cells.len(),
         if cells.len() == 1 { "" } else { "s" },
@@ -724,19 +810,38 @@ pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> 
         "kind",
         "class",
         "takes",
+        "data",
+        "",
+        "prepare",
         "measures",
+        "other",
         "disk"
     );
     for c in cells {
         let e = c.estimate();
+        let p = e.phases();
+        let step = match c.how() {
+            "none" if p.data >= 0.5 => "load",
+            "none" => "",
+            "built" => "build",
+            "loaded" => "load",
+            "restored" if p.hydrate > 0.0 => "hydrate",
+            "restored" => "restore",
+            _ => "reset",
+        };
         out += &format!(
-            "  {:<wc$}  {:<wk$}  {:<wl$}  {:>10}  {:>10}  {:>10}\n",
+            "  {:<wc$}  {:<wk$}  {:<wl$}  {:>10}  {:>9} {:<8}  {:>9}  {:>9}  {:>9}  {:>9}{}\n",
             c.cell_id,
             c.workload(),
             c.instance_class,
             approx_seconds(e.seconds),
-            approx_seconds(e.measured_seconds),
-            approx_bytes(e.disk_bytes)
+            approx_seconds(p.data),
+            step,
+            approx_seconds(p.prepare),
+            approx_seconds(p.measure),
+            approx_seconds(p.other),
+            approx_bytes(e.disk_bytes),
+            if c.learned.is_empty() { "" } else { "  *" }
         );
     }
     for (i, sweep) in s.sweeps.iter().enumerate() {
@@ -769,6 +874,9 @@ pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> 
         approx_seconds(t.wall_seconds),
         approx_bytes(t.disk_bytes_per_agent)
     );
+    out += &format!("  where the hours go: {}\n", t.phases.shares());
+    out += &longest(cells);
+    out += &corrected(cells);
     if let Some((currency, prices)) = s.prices() {
         // The fleet's instances are held for the whole run.
         let per_hour: f64 = s
@@ -802,6 +910,63 @@ pub fn describe(s: &Scenario, cells: &[PlannedCell], path: &std::path::Path) -> 
                 classes.into_iter().collect::<Vec<_>>().join(", ")
             );
         }
+    }
+    out
+}
+
+/// The kinds and classes holding the most of the plan's cell time, with
+/// their longest cell: where to look first to make a plan shorter.
+fn longest(cells: &[PlannedCell]) -> String {
+    use pgfleet_proto::workload::approx_seconds;
+    let total: f64 = cells.iter().map(|c| c.estimate().seconds).sum();
+    if cells.len() < 3 || total <= 0.0 {
+        return String::new();
+    }
+    let mut groups: BTreeMap<(String, &str), (f64, usize, f64)> = BTreeMap::new();
+    for c in cells {
+        let s = c.estimate().seconds;
+        let g = groups
+            .entry((c.workload().name().to_string(), c.instance_class.as_str()))
+            .or_default();
+        *g = (g.0 + s, g.1 + 1, g.2.max(s));
+    }
+    let mut groups: Vec<_> = groups.into_iter().collect();
+    groups.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
+    let mut out = String::from("  the longest: ");
+    out += &groups
+        .iter()
+        .take(3)
+        .map(|((kind, class), (sum, n, max))| {
+            let cells = match n {
+                1 => format!("1 cell, {}", approx_seconds(*max)),
+                n => format!("{n} cells, up to {} each", approx_seconds(*max)),
+            };
+            format!("{kind} on {class} {:.0} % ({cells})", 100.0 * sum / total)
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    out + "\n"
+}
+
+/// The cells whose estimates earlier cells corrected (`*` in the table),
+/// with the corrections and the runs they come from.
+fn corrected(cells: &[PlannedCell]) -> String {
+    let mut out = String::new();
+    for c in cells.iter().filter(|c| !c.learned.is_empty()) {
+        let runs = c.learned.runs();
+        let more = runs.len().saturating_sub(3);
+        out += &format!(
+            "  * {}: {} the model, learned from run{} {}{}\n",
+            c.cell_id,
+            c.learned.describe(),
+            if runs.len() == 1 { "" } else { "s" },
+            runs.iter().take(3).copied().collect::<Vec<_>>().join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        );
     }
     out
 }
@@ -1235,11 +1400,81 @@ workloads:
             (hydration - read).abs() < read * 0.05 && read > 0.0,
             "{hydration} s for {bytes} bytes"
         );
+        assert!((n1.estimate().hydrate_seconds - hydration).abs() < 1e-9);
+        assert_eq!(n3.estimate().hydrate_seconds, 0.0);
         let text = describe(&s, &cells, std::path::Path::new("ab.yaml"));
         assert!(
             text.contains(
                 "1 already in the snapshots the agents' volumes start from, hydrated once per agent and restored (pgbench-s200)"
             ),
+            "{text}"
+        );
+        let row = |id: &str| text.lines().find(|l| l.contains(id)).unwrap().to_string();
+        assert!(
+            row("w0-nvme-select-only-r1").contains(" hydrate "),
+            "{text}"
+        );
+        assert!(
+            row("w0-nvme-select-only-r3").contains(" restore "),
+            "{text}"
+        );
+        assert!(
+            text.contains("where the hours go: data movement "),
+            "{text}"
+        );
+        assert!(text.contains(" (of it hydrate "), "{text}");
+    }
+
+    /// Each cell's estimate is split into phases that add up to it: the
+    /// data movement (a build's load and publish, a restore), the kind's
+    /// preparation (a drain's sync and backlog), the timed measurement and
+    /// the rest; `validate` shows them per cell and the run's shares.
+    #[test]
+    fn a_plan_says_where_the_hours_go() {
+        let s = super::super::parse(std::path::Path::new("ab.yaml"), AB).unwrap();
+        let cells = plan(&s);
+        for c in &cells {
+            let (e, p) = (c.estimate(), c.estimate().phases());
+            assert!(
+                (p.total() - e.seconds).abs() < 1e-6,
+                "{}: {p:?} {e:?}",
+                c.cell_id
+            );
+        }
+        let built = cells.iter().find(|c| c.how() == "built").unwrap();
+        let p = built.estimate().phases();
+        assert!(p.publish > 0.0 && p.data > p.publish, "{p:?}");
+        assert_eq!(p.measure, 10.0);
+        let drain = cell(&cells, "w1-gp3-backlog-64MiB");
+        let p = drain.estimate().phases();
+        assert!(
+            p.prepare > p.measure && p.other > 0.0,
+            "sync and backlog; the checksum: {p:?}"
+        );
+        let t = estimate(&s, &cells);
+        assert!((t.phases.total() - t.cell_seconds).abs() < 1e-6);
+        let text = describe(&s, &cells, std::path::Path::new("ab.yaml"));
+        let header = text.lines().nth(1).unwrap();
+        for col in ["takes", "data", "prepare", "measures", "other", "disk"] {
+            assert!(header.contains(col), "{header}");
+        }
+        let shares = text
+            .lines()
+            .find(|l| l.contains("where the hours go: "))
+            .unwrap();
+        let sum: f64 = shares
+            .split(" %")
+            .filter_map(|x| x.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        // data + prepare + measure + rest (publish is within data).
+        let publish = 100.0 * t.phases.publish / t.phases.total();
+        assert!((sum - publish.round() - 100.0).abs() <= 2.0, "{shares}");
+        assert!(
+            text.contains("the longest: pgbench on gp3 59 % (2 cells, up to 67 s each); "),
+            "{text}"
+        );
+        assert!(
+            text.contains("logical-drain on gp3 7 % (1 cell, 17 s)"),
             "{text}"
         );
     }

@@ -19,7 +19,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use futures::StreamExt;
 use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
@@ -125,6 +125,65 @@ pub struct CellView {
     pub error: Option<String>,
     pub started_at: Option<String>,
     pub finished_at: Option<String>,
+}
+
+/// Seconds by phase: `data` (loading, restoring, hydrating, publishing
+/// the data), `prepare` (the kind's own preparation), `measure` and
+/// `other` add up to the whole; `hydrate` and `publish` are of `data`.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+pub struct PhasesView {
+    pub data: f64,
+    pub hydrate: f64,
+    pub publish: f64,
+    pub prepare: f64,
+    pub measure: f64,
+    pub other: f64,
+}
+
+impl From<pgfleet_proto::workload::Phases> for PhasesView {
+    fn from(p: pgfleet_proto::workload::Phases) -> PhasesView {
+        let r = |x: f64| (x * 10.0).round() / 10.0;
+        PhasesView {
+            data: r(p.data),
+            hydrate: r(p.hydrate),
+            publish: r(p.publish),
+            prepare: r(p.prepare),
+            measure: r(p.measure),
+            other: r(p.other),
+        }
+    }
+}
+
+/// A cell of a plan, with its estimate.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PlannedCellView {
+    pub cell_id: String,
+    pub workload: String,
+    pub instance_class: String,
+    /// How it comes by its data: built, restored, reused, loaded, or none.
+    pub data_step: String,
+    pub seconds: f64,
+    pub phases: PhasesView,
+    /// The corrections learned from earlier cells ("data 0.81x, the rest
+    /// 1.30x"), and the runs they come from; none: the model's estimate.
+    pub learned: Option<String>,
+    pub learned_from: Vec<String>,
+}
+
+/// What a submission would run and how long it would take.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PlanView {
+    pub scenario: String,
+    pub cells: Vec<PlannedCellView>,
+    /// The cells' seconds summed, and by phase, and each phase's share.
+    pub cell_seconds: f64,
+    pub phases: PhasesView,
+    pub shares: String,
+    /// Wall clock on the server's fleet, and the most disk one agent needs.
+    pub wall_seconds: f64,
+    pub disk_bytes_per_agent: u64,
+    /// `pgfleet validate`'s text of the same plan.
+    pub text: String,
 }
 
 /// A run in full.
@@ -280,6 +339,73 @@ async fn submit(
         }
         Err(Rejected::Store(e)) => store_error(e),
     }
+}
+
+/// Plan a run without submitting it: the body is the scenario (YAML),
+/// checked as a submission is. The answer has each cell with its estimate
+/// by phase (and what earlier cells on the server's store corrected), the
+/// totals, and where the hours go. Read-only tokens may plan.
+#[utoipa::path(post, path = "/v1/plan",
+    request_body(content = String, content_type = "application/yaml", description = "The scenario file"),
+    params(SubmitQuery),
+    responses(
+        (status = 200, description = "The plan", body = PlanView),
+        (status = 400, description = "Not UTF-8", body = ApiError),
+        (status = 401, description = "Missing or wrong token", body = ApiError),
+        (status = 403, description = "Valid, but refused by this server, located", body = ApiError),
+        (status = 413, description = "Scenario too large", body = ApiError),
+        (status = 422, description = "Invalid scenario, located", body = ApiError),
+        (status = 503, description = "Store unavailable", body = ApiError),
+    ),
+    security(("bearer" = [])), tag = "runs")]
+async fn plan(State(s): State<Shared>, Query(q): Query<SubmitQuery>, body: Body) -> Response {
+    let limit = s.max_scenario_bytes;
+    let Ok(bytes) = http_body_util::Limited::new(body, limit).collect().await else {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the scenario is larger than {limit} bytes (serve --max-scenario-bytes)"),
+        );
+    };
+    let Ok(yaml) = String::from_utf8(bytes.to_bytes().to_vec()) else {
+        return error(StatusCode::BAD_REQUEST, "the scenario is not UTF-8 text");
+    };
+    let name = q
+        .name
+        .filter(|n| !n.is_empty() && n.len() <= 200)
+        .unwrap_or_else(|| "scenario.yaml".into());
+    let (sc, cells) = match s.plan(&name, &yaml) {
+        Ok(p) => p,
+        Err(Rejected::Invalid(e)) => return located(StatusCode::UNPROCESSABLE_ENTITY, &e),
+        Err(Rejected::Forbidden(e)) => return located(StatusCode::FORBIDDEN, &e),
+        Err(Rejected::Store(e)) => return store_error(e),
+        Err(Rejected::Busy(n)) => {
+            return error(StatusCode::SERVICE_UNAVAILABLE, format!("{n} runs queued"));
+        }
+    };
+    let t = pgfleet_scenario::plan::estimate(&sc, &cells);
+    let view = PlanView {
+        scenario: sc.name.value.clone(),
+        cells: cells
+            .iter()
+            .map(|c| PlannedCellView {
+                cell_id: c.cell_id.clone(),
+                workload: c.workload().name().to_string(),
+                instance_class: c.instance_class.clone(),
+                data_step: c.how().to_string(),
+                seconds: (c.estimate().seconds * 10.0).round() / 10.0,
+                phases: c.estimate().phases().into(),
+                learned: (!c.learned.is_empty()).then(|| c.learned.describe()),
+                learned_from: c.learned.runs().into_iter().map(String::from).collect(),
+            })
+            .collect(),
+        cell_seconds: (t.cell_seconds * 10.0).round() / 10.0,
+        phases: t.phases.into(),
+        shares: t.phases.shares(),
+        wall_seconds: (t.wall_seconds * 10.0).round() / 10.0,
+        disk_bytes_per_agent: t.disk_bytes_per_agent,
+        text: pgfleet_scenario::plan::describe(&sc, &cells, std::path::Path::new(&name)),
+    };
+    json(StatusCode::OK, &view)
 }
 
 /// A scenario error with its location as fields.
@@ -929,8 +1055,8 @@ impl Modify for BearerAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "pgfleet", description = "Submit PostgreSQL storage experiments to a pgfleet controller, follow them, and fetch their reports."),
-    paths(submit, list_runs, get_run, cancel_run, events, history, report_json, report_md, report_html, plots, plot, agents, datasets, healthz, readyz, metrics, sd_agents, openapi_json),
-    components(schemas(ApiError, StreamEvent, Location, Links, Submitted, RunSummary, Progress, CellView, RunDetail, AgentView, SdTargets, crate::datasets::DatasetView, crate::datasets::DatasetUse, crate::datasets::SnapshotView)),
+    paths(submit, plan, list_runs, get_run, cancel_run, events, history, report_json, report_md, report_html, plots, plot, agents, datasets, healthz, readyz, metrics, sd_agents, openapi_json),
+    components(schemas(ApiError, StreamEvent, Location, Links, Submitted, PhasesView, PlannedCellView, PlanView, RunSummary, Progress, CellView, RunDetail, AgentView, SdTargets, crate::datasets::DatasetView, crate::datasets::DatasetUse, crate::datasets::SnapshotView)),
     modifiers(&BearerAuth),
 )]
 pub struct ApiDoc;
@@ -945,11 +1071,13 @@ async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
     // No tokens, no access (the API is mounted only with them).
     match s.api_tokens.as_ref().and_then(|t| t.check(given)) {
         Some(crate::tokens::Access::Full) => return next.run(req).await,
+        // Planning changes nothing: read-only tokens may.
         Some(crate::tokens::Access::ReadOnly)
             if matches!(
                 *req.method(),
                 axum::http::Method::GET | axum::http::Method::HEAD
-            ) =>
+            ) || (req.method() == axum::http::Method::POST
+                && req.uri().path() == "/v1/plan") =>
         {
             return next.run(req).await;
         }
@@ -977,6 +1105,7 @@ async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
 pub fn router(s: Shared) -> Router {
     let api = Router::new()
         .route("/v1/runs", get(list_runs).post(submit))
+        .route("/v1/plan", post(plan))
         .route("/v1/runs/{id}", get(get_run).delete(cancel_run))
         .route("/v1/runs/{id}/events", get(events))
         .route("/v1/runs/{id}/report.json", get(report_json))

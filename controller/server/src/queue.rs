@@ -208,22 +208,9 @@ impl RunQueue {
         {
             return Ok((id, false));
         }
-        let sc = scenario::parse(Path::new(name), yaml).map_err(Rejected::Invalid)?;
-        if !self.allow_shell_scenarios
-            && let Some(e) = sc.shell_refusal(Path::new(name))
-        {
-            return Err(Rejected::Forbidden(e));
-        }
-        // What a pod cannot do (emulated caps, instance cgroups) is refused
-        // now, not when the run's turn comes.
-        if let Source::Kubernetes(k) = &self.source {
-            crate::agents::kubernetes::plan(&sc, "submitted", &k.opts).map_err(|e| {
-                Rejected::Invalid(scenario::ScenarioError::located(Path::new(name), yaml, e))
-            })?;
-        }
+        let sc = self.checked(name, yaml)?;
         let admission = self.admit()?;
-        let mut cells = scenario::plan::plan_for(&sc, &self.source.holdings(&sc));
-        self.learn_estimates(&mut cells);
+        let cells = self.plan_of(&sc);
         let run_id = self.queue_run(Queued {
             scenario: &sc,
             path: name,
@@ -236,6 +223,45 @@ impl RunQueue {
         })?;
         drop(admission);
         Ok((run_id, true))
+    }
+
+    /// The scenario of a submission, refused as a submission would be:
+    /// invalid, asking for a shell this server does not allow, or what a
+    /// pod cannot do (emulated caps, instance cgroups) — now, not when the
+    /// run's turn comes.
+    fn checked(&self, name: &str, yaml: &str) -> Result<scenario::Scenario, Rejected> {
+        let sc = scenario::parse(Path::new(name), yaml).map_err(Rejected::Invalid)?;
+        if !self.allow_shell_scenarios
+            && let Some(e) = sc.shell_refusal(Path::new(name))
+        {
+            return Err(Rejected::Forbidden(e));
+        }
+        if let Source::Kubernetes(k) = &self.source {
+            crate::agents::kubernetes::plan(&sc, "submitted", &k.opts).map_err(|e| {
+                Rejected::Invalid(scenario::ScenarioError::located(Path::new(name), yaml, e))
+            })?;
+        }
+        Ok(sc)
+    }
+
+    /// Its cells on this server's agents and stores, with what earlier
+    /// cells on the store teach applied to their estimates.
+    fn plan_of(&self, sc: &scenario::Scenario) -> Vec<PlannedCell> {
+        let mut cells = scenario::plan::plan_for(sc, &self.source.holdings(sc));
+        self.learn_estimates(&mut cells);
+        cells
+    }
+
+    /// What a submission of `yaml` would run and how long it would take
+    /// (`POST /v1/plan`); nothing is stored or queued.
+    pub fn plan(
+        &self,
+        name: &str,
+        yaml: &str,
+    ) -> Result<(scenario::Scenario, Vec<PlannedCell>), Rejected> {
+        let sc = self.checked(name, yaml)?;
+        let cells = self.plan_of(&sc);
+        Ok((sc, cells))
     }
 
     /// Admits one submission when fewer than `max_queued_runs` wait,

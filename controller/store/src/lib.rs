@@ -177,8 +177,43 @@ pub struct PastEstimate {
     pub cell_id: String,
     /// How it came by its data (`environment.dataset.how`; `none`).
     pub how: String,
+    /// From its start to its end, less any wait for another cell's build.
     pub took_seconds: f64,
-    pub estimate_seconds: f64,
+    /// Of it, moving its data (`Provenance::data_seconds`); 0 without a
+    /// dataset.
+    pub data_seconds: f64,
+    pub estimate: CellEstimate,
+}
+
+/// A cell's estimate as stored beside it (`cells.estimate`): its phases as
+/// planned (learned corrections applied) and as the model had them, and
+/// what learning matches later cells by.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, Deserialize)]
+#[serde(default)]
+pub struct CellEstimate {
+    /// `PlannedCell::estimate_key` and `capacity_key`.
+    pub key: String,
+    pub capacity: String,
+    /// The kind loads a dataset (its data movement is learned apart).
+    pub dataset: bool,
+    pub phases: pgfleet_proto::workload::Phases,
+    pub model: pgfleet_proto::workload::Phases,
+    /// The runs its corrections were learned from, newest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub learned_from: Vec<String>,
+}
+
+impl CellEstimate {
+    pub fn of(c: &pgfleet_scenario::plan::PlannedCell) -> CellEstimate {
+        CellEstimate {
+            key: c.estimate_key(),
+            capacity: c.capacity_key(),
+            dataset: c.params.dataset().is_some(),
+            phases: c.estimate().phases(),
+            model: c.model_estimate().phases(),
+            learned_from: c.learned.runs().into_iter().map(String::from).collect(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -196,8 +231,10 @@ pub struct CellRow {
     /// Its point in its entry's sweep (`{"clients": 16}`); empty when the
     /// entry sweeps nothing.
     pub point: serde_json::Map<String, Json>,
-    /// The plan's estimate of its seconds.
+    /// The plan's estimate of its seconds, and by phase (stores from
+    /// before phases have only the seconds).
     pub estimate_seconds: Option<f64>,
+    pub estimate: Option<CellEstimate>,
 }
 
 impl RunRow {
@@ -415,6 +452,8 @@ impl Store {
             // The plan's estimates, beside what the run and its cells took.
             ("runs", "estimated_seconds", "REAL"),
             ("cells", "estimate_seconds", "REAL"),
+            // ... by phase (`CellEstimate`, JSON).
+            ("cells", "estimate", "TEXT"),
         ] {
             let has: bool = conn.query_row(
                 "SELECT count(*) > 0 FROM pragma_table_info(?1) WHERE name = ?2",
@@ -582,6 +621,7 @@ impl Store {
                     serde_json::to_string(&cell.settings).unwrap_or_default(),
                     pgfleet_scenario::sweep::point_json(&cell.point).to_string(),
                     cell.estimate().seconds,
+                    serde_json::to_string(&CellEstimate::of(cell)).unwrap_or_default(),
                 )
             })
             .collect();
@@ -594,8 +634,8 @@ impl Store {
             )?;
             for c in &cells {
                 tx.execute(
-                    "INSERT INTO cells (run_id, cell_id, idx, workload, instance_class, params, settings, state, point, estimate_seconds) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', ?8, ?9)",
-                    params![id, c.0, c.1, c.2, c.3, c.4, c.5, c.6, c.7],
+                    "INSERT INTO cells (run_id, cell_id, idx, workload, instance_class, params, settings, state, point, estimate_seconds, estimate) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', ?8, ?9, ?10)",
+                    params![id, c.0, c.1, c.2, c.3, c.4, c.5, c.6, c.7, c.8],
                 )?;
             }
             tx.commit()
@@ -796,7 +836,7 @@ impl Store {
     pub fn cells(&self, run: &str) -> Result<Vec<CellRow>> {
         self.read(|c| {
             let mut st = c.prepare(
-                "SELECT cell_id, workload, instance_class, params, state, agent_id, error, environment, started_at, finished_at, point, estimate_seconds
+                "SELECT cell_id, workload, instance_class, params, state, agent_id, error, environment, started_at, finished_at, point, estimate_seconds, estimate
                  FROM cells WHERE run_id = ?1 ORDER BY idx",
             )?;
             let rows = st.query_map(params![run], |r| {
@@ -815,6 +855,9 @@ impl Store {
                         .and_then(|p| p.as_object().cloned())
                         .unwrap_or_default(),
                     estimate_seconds: r.get(11)?,
+                    estimate: r
+                        .get::<_, Option<String>>(12)?
+                        .and_then(|e| serde_json::from_str(&e).ok()),
                 })
             })?;
             rows.collect()
@@ -826,21 +869,35 @@ impl Store {
     pub fn past_estimates(&self, limit: usize) -> Result<Vec<PastEstimate>> {
         self.read(move |c| {
             let mut st = c.prepare(
-                "SELECT run_id, cell_id, coalesce(json_extract(environment, '$.dataset.how'), 'none'),
-                        started_at, finished_at, estimate_seconds
+                "SELECT run_id, cell_id, json_extract(environment, '$.dataset'),
+                        started_at, finished_at, estimate
                  FROM cells
-                 WHERE state = 'succeeded' AND estimate_seconds IS NOT NULL
+                 WHERE state = 'succeeded' AND estimate IS NOT NULL
                    AND started_at IS NOT NULL AND finished_at IS NOT NULL
                  ORDER BY finished_at DESC LIMIT ?1",
             )?;
             let rows = st.query_map(params![limit as i64], |r| {
                 let (from, to): (String, String) = (r.get(3)?, r.get(4)?);
+                let cell_id: String = r.get(1)?;
+                let estimate: String = r.get(5)?;
+                let data = r.get::<_, Option<String>>(2)?.and_then(|d| {
+                    serde_json::from_str::<pgfleet_proto::dataset::Provenance>(&d).ok()
+                });
+                let took = span(Some(&from), Some(&to)).unwrap_or(f64::NAN);
                 Ok(PastEstimate {
                     run_id: r.get(0)?,
-                    cell_id: r.get(1)?,
-                    how: r.get(2)?,
-                    took_seconds: span(Some(&from), Some(&to)).unwrap_or(f64::NAN),
-                    estimate_seconds: r.get(5)?,
+                    how: data.as_ref().map_or("none".into(), |d| d.how.clone()),
+                    took_seconds: took - data.as_ref().map_or(0.0, |d| d.wait_seconds),
+                    data_seconds: data.as_ref().map_or(0.0, |d| d.data_seconds(&cell_id)),
+                    // A store's row it cannot read teaches nothing (NaN).
+                    estimate: serde_json::from_str(&estimate).unwrap_or_else(|_| CellEstimate {
+                        model: pgfleet_proto::workload::Phases {
+                            other: f64::NAN,
+                            ..Default::default()
+                        },
+                        ..Default::default()
+                    }),
+                    cell_id,
                 })
             })?;
             rows.collect()
@@ -1012,9 +1069,9 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// A succeeded cell's time, estimate and dataset step are what later
-    /// plans learn their estimates from (keyed by re-planning the run's
-    /// stored scenario); failed cells teach nothing.
+    /// A succeeded cell's time, estimate by phase and data movement are
+    /// what later plans learn their estimates from; failed cells teach
+    /// nothing.
     #[test]
     fn succeeded_cells_teach_later_estimates() {
         let dir = std::env::temp_dir().join(format!("pgfleet-learn-{}", std::process::id()));
@@ -1028,7 +1085,8 @@ mod tests {
             ..NewRun::bare("r", Owner::Run)
         };
         store.create_run(&run).unwrap();
-        let env = serde_json::json!({"dataset": {"how": "restored"}});
+        let env = serde_json::json!({"dataset": {"how": "restored", "restore_seconds": 0.5,
+            "rewarm_seconds": 0.25, "wait_seconds": 0.125}});
         for (i, c) in cells.iter().enumerate() {
             store.start_cell("r", &c.cell_id, "a-0").unwrap();
             let state = if i == 1 {
@@ -1048,16 +1106,28 @@ mod tests {
             ("r", cells[0].cell_id.as_str())
         );
         assert_eq!(p.how, "restored");
-        assert_eq!(p.estimate_seconds, cells[0].estimate().seconds);
-        assert!(p.took_seconds >= 0.0 && p.took_seconds < 60.0, "{p:?}");
-        // It took far less than the model's estimate: restores of cells
-        // like it are corrected (to the lower bound), builds are not.
+        assert_eq!(p.estimate, CellEstimate::of(&cells[0]));
+        assert_eq!(p.estimate.phases.total(), cells[0].estimate().seconds);
+        assert_eq!(p.data_seconds, 0.75);
+        assert!(p.took_seconds >= -0.125 && p.took_seconds < 60.0, "{p:?}");
+        // It took far less than the model's estimate: restores on this
+        // capacity are corrected (to the lower bound), builds are not, and
+        // the rest of pgbench cells on it, however they come by data.
         let learned = crate::learned::Learned::read(&store).unwrap();
-        let key = cells[0].estimate_key();
-        let f = learned.factor(&key, "restored").unwrap();
-        assert_eq!(f.cells, 1);
+        let (key, cap) = (cells[0].estimate_key(), cells[0].capacity_key());
+        let c = learned.corrections(&key, &cap, "restored");
+        let f = c.data.unwrap();
+        assert_eq!(
+            (f.cells, f.runs.as_slice()),
+            (1, ["r".to_string()].as_slice())
+        );
         assert!(f.ratio < 1.0, "{f:?}");
-        assert_eq!(learned.factor(&key, "built"), None);
+        assert_eq!(learned.corrections(&key, &cap, "built").data, None);
+        assert!(learned.corrections(&key, &cap, "built").work.unwrap().ratio < 1.0);
+        assert_eq!(
+            store.cells("r").unwrap()[0].estimate,
+            Some(p.estimate.clone())
+        );
         drop(store);
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -330,7 +330,9 @@ impl KindParams for Params {
             seconds: load + measured,
             measured_seconds: measured,
             disk_bytes: bytes,
-            load_seconds: 0.0,
+            // Its own tables, or pgbench's loaded for it (not a dataset).
+            prepare_seconds: (load - ESTIMATE_CLUSTER_SECONDS).max(0.0),
+            ..Estimate::default()
         }
     }
 }

@@ -260,16 +260,16 @@ impl KindParams for Params {
     fn estimate(&self, c: &Capacity) -> Estimate {
         let runs = self.runs().len() as f64;
         let measured = runs * self.runtime_s;
+        // fio lays the file out once; each run starts fio (~1 s) and
+        // ramps up before measuring.
+        let prepare =
+            Work::default().writing(self.size_bytes as f64).seconds(c) + runs * (1.0 + self.ramp_s);
         Estimate {
-            // fio lays the file out once; each run starts fio (~1 s) and
-            // ramps up before measuring.
-            seconds: ESTIMATE_CLUSTER_SECONDS
-                + Work::default().writing(self.size_bytes as f64).seconds(c)
-                + runs * (1.0 + self.ramp_s)
-                + measured,
+            seconds: ESTIMATE_CLUSTER_SECONDS + prepare + measured,
             measured_seconds: measured,
             disk_bytes: CLUSTER_BASE_BYTES + self.size_bytes,
-            load_seconds: 0.0,
+            prepare_seconds: prepare,
+            ..Estimate::default()
         }
     }
 

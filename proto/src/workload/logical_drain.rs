@@ -267,6 +267,8 @@ impl KindParams for Params {
             // updates' new row versions, WAL headroom.
             disk_bytes: load.disk_bytes + 2 * self.backlog_bytes + (1 << 30),
             load_seconds: load.load_seconds,
+            prepare_seconds: sync + build,
+            ..Estimate::default()
         }
     }
 

@@ -265,8 +265,103 @@ pub struct Estimate {
     /// Disk the cell's cluster needs at its largest (data, indexes, WAL).
     pub disk_bytes: u64,
     /// The part of `seconds` loading the cell's dataset: what a restore
-    /// replaces (`data: reuse`).
+    /// replaces (`data: reuse`). A plan that restores it puts the restore
+    /// here (with `hydrate_seconds` of it reading a snapshot's copy first).
     pub load_seconds: f64,
+    /// The kind's own preparation before it measures: a warm-up, the
+    /// UPDATE pass that makes bloat, a drain's initial sync and backlog,
+    /// the tables a probe writes.
+    pub prepare_seconds: f64,
+    /// Set by a plan: the part of `load_seconds` reading a snapshot's copy
+    /// in full before restoring it, and the seconds after the load copying
+    /// a built dataset into the store.
+    pub hydrate_seconds: f64,
+    pub publish_seconds: f64,
+}
+
+impl Estimate {
+    /// Where `seconds` go. The rest (`other`) is what no phase names:
+    /// provisioning, a drain's final checksum, teardown.
+    pub fn phases(&self) -> Phases {
+        let data = self.load_seconds + self.publish_seconds;
+        Phases {
+            data,
+            hydrate: self.hydrate_seconds,
+            publish: self.publish_seconds,
+            prepare: self.prepare_seconds,
+            measure: self.measured_seconds,
+            other: (self.seconds - data - self.prepare_seconds - self.measured_seconds).max(0.0),
+        }
+    }
+}
+
+/// A cell's estimated (or measured) seconds by phase; `data`, `prepare`,
+/// `measure` and `other` add up to the whole.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Phases {
+    /// Moving the cell's data: loading it, or restoring it (and reading
+    /// it back), or resetting a kept cluster; and publishing a built one.
+    pub data: f64,
+    /// Of `data`: hydrating a snapshot's copy, publishing a built dataset.
+    pub hydrate: f64,
+    pub publish: f64,
+    pub prepare: f64,
+    pub measure: f64,
+    pub other: f64,
+}
+
+impl Phases {
+    pub fn total(&self) -> f64 {
+        self.data + self.prepare + self.measure + self.other
+    }
+    /// The sum of several cells' phases.
+    pub fn sum<'a>(all: impl IntoIterator<Item = &'a Phases>) -> Phases {
+        all.into_iter().fold(Phases::default(), |a, p| Phases {
+            data: a.data + p.data,
+            hydrate: a.hydrate + p.hydrate,
+            publish: a.publish + p.publish,
+            prepare: a.prepare + p.prepare,
+            measure: a.measure + p.measure,
+            other: a.other + p.other,
+        })
+    }
+    /// "data 8 min · prepare 2 min · measure 1 min · other 20 s", the
+    /// phases with any time.
+    pub fn describe(&self) -> String {
+        [
+            ("data", self.data),
+            ("prepare", self.prepare),
+            ("measure", self.measure),
+            ("other", self.other),
+        ]
+        .into_iter()
+        .filter(|(_, s)| *s >= 0.5)
+        .map(|(n, s)| format!("{n} {}", approx_seconds(s)))
+        .collect::<Vec<_>>()
+        .join(" · ")
+    }
+    /// "data movement 80 % (hydrate 5 %, publish 3 %), preparation 10 %,
+    /// measuring 8 %, the rest 2 %": each phase's share of the whole.
+    pub fn shares(&self) -> String {
+        let t = self.total().max(1e-9);
+        let pct = |s: f64| format!("{:.0} %", 100.0 * s / t);
+        let mut data = format!("data movement {}", pct(self.data));
+        let within: Vec<String> = [("hydrate", self.hydrate), ("publish", self.publish)]
+            .into_iter()
+            .filter(|(_, s)| *s > 0.0)
+            .map(|(n, s)| format!("{n} {}", pct(s)))
+            .collect();
+        if !within.is_empty() {
+            data += &format!(" (of it {})", within.join(", "));
+        }
+        format!(
+            "{data}, preparation {}, measuring {}, the rest {}",
+            pct(self.prepare),
+            pct(self.measure),
+            pct(self.other)
+        )
+    }
 }
 
 // A cluster's size on disk: where datasets need it too.

@@ -443,6 +443,8 @@ impl KindParams for Params {
             // Updates leave dead versions and WAL; allow another max_wal_size.
             disk_bytes: load.disk_bytes + (1 << 30),
             load_seconds: load.load_seconds,
+            prepare_seconds: self.drive.warmup_s,
+            ..Estimate::default()
         }
     }
 

@@ -287,6 +287,7 @@ impl KindParams for InitParams {
             measured_seconds: 0.0,
             disk_bytes: super::pgdata_bytes(self.data_bytes()),
             load_seconds: load,
+            ..Estimate::default()
         }
     }
 }

@@ -260,6 +260,7 @@ impl KindParams for Params {
             // The table, its index, its updated versions and their WAL.
             disk_bytes: CLUSTER_BASE_BYTES + 5 * bytes,
             load_seconds: load,
+            ..Estimate::default()
         }
     }
 

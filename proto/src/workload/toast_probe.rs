@@ -485,15 +485,14 @@ impl KindParams for Params {
                 }
             }
         }
+        let prepare = Work::bulk_write(2.0 * setup_bytes as f64).seconds(c) + self.warmup_s;
         Estimate {
-            seconds: ESTIMATE_CLUSTER_SECONDS
-                + Work::bulk_write(2.0 * setup_bytes as f64).seconds(c)
-                + self.warmup_s
-                + measured,
+            seconds: ESTIMATE_CLUSTER_SECONDS + prepare + measured,
             measured_seconds: measured,
             // WAL holds what was written once more.
             disk_bytes: CLUSTER_BASE_BYTES + 2 * disk,
-            load_seconds: 0.0,
+            prepare_seconds: prepare,
+            ..Estimate::default()
         }
     }
 }

@@ -342,7 +342,8 @@ impl KindParams for Params {
             measured_seconds: measured,
             // Each table holds at most the raw value; WAL holds it again.
             disk_bytes: CLUSTER_BASE_BYTES + 2 * modes * self.value_bytes,
-            load_seconds: 0.0,
+            prepare_seconds: setup + self.warmup_s,
+            ..Estimate::default()
         }
     }
 }

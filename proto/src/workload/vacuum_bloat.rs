@@ -291,11 +291,14 @@ impl KindParams for Params {
         })
         .writing(bloat)
         .seconds(c);
+        let update = update.seconds(c);
         Estimate {
-            seconds: load.seconds + update.seconds(c) + vacuum,
+            seconds: load.seconds + update + vacuum,
             measured_seconds: vacuum,
             disk_bytes: load.disk_bytes + 2 * self.bloat_bytes + (1 << 30),
             load_seconds: load.load_seconds,
+            prepare_seconds: update,
+            ..Estimate::default()
         }
     }
 }
