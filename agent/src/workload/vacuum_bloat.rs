@@ -58,7 +58,13 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
             .await
             .is_ok();
         let method = if exact { "pgstattuple_approx" } else { "statistics" };
+        let mut steps = std::collections::BTreeMap::new();
+        let mut step = |name: &str, since: Instant| {
+            *steps.entry(name.to_string()).or_insert(0.0) += since.elapsed().as_secs_f64();
+        };
+        let at = Instant::now();
         let fresh = measure(&client, exact).await?;
+        step("measure", at);
         let avg = fresh.live_tuple_bytes as f64 / fresh.live_tuples.max(1) as f64;
         let rows_total = p.init.scale * pgbench_init::ACCOUNTS_PER_BRANCH;
         let rows = ((p.bloat_bytes as f64 / avg.max(1.0)).ceil() as u64).min(rows_total);
@@ -79,18 +85,25 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
             first = last + 1;
         }
         let bloat_seconds = bloat_started.elapsed().as_secs_f64();
+        step("bloat", bloat_started);
+        let at = Instant::now();
         let bloated = measure(&client, exact).await?;
+        step("measure", at);
         ctx.sample("bloat", &serde_json::json!({
             "method": method, "rows_updated": rows, "avg_tuple_bytes": avg,
             "table_bytes": bloated.table_bytes, "index_bytes": bloated.index_bytes,
             "dead_tuples": bloated.dead_tuples, "dead_tuple_bytes": bloated.dead_tuple_bytes,
         }))
         .await?;
+        let at = Instant::now();
         client.batch_execute("CHECKPOINT").await?;
+        step("checkpoint", at);
+        let at = Instant::now();
         let evicted_bytes = match p.cache {
             Cache::Cold => ctx.cluster.evict_from_page_cache(&client, "public.pgbench_accounts").await?,
             Cache::Warm => 0,
         };
+        step("evict", at);
 
         let sampler = Sampler::start(&ctx.cluster.server(), ctx.cluster.device_stat_file(), Duration::from_secs(1), Duration::ZERO, ctx.events.clone(), ctx.cell_id.clone()).await?;
         let (vacuum_client, mut notices) = ctx.cluster.connect_with_notices().await?;
@@ -170,6 +183,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                 heap_blks_total,
                 index_vacuum_count,
                 evicted_bytes,
+                prepare_step_seconds: steps,
                 internals,
                 load: loaded,
             },

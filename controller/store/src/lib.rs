@@ -1106,8 +1106,13 @@ mod tests {
             ("r", cells[0].cell_id.as_str())
         );
         assert_eq!(p.how, "restored");
-        assert_eq!(p.estimate, CellEstimate::of(&cells[0]));
-        assert_eq!(p.estimate.phases.total(), cells[0].estimate().seconds);
+        let planned = CellEstimate::of(&cells[0]);
+        assert_eq!(
+            (&p.estimate.key, &p.estimate.capacity, p.estimate.dataset),
+            (&planned.key, &planned.capacity, true)
+        );
+        // (Through JSON: the last digit may differ.)
+        assert!((p.estimate.model.total() - cells[0].estimate().seconds).abs() < 1e-9);
         assert_eq!(p.data_seconds, 0.75);
         assert!(p.took_seconds >= -0.125 && p.took_seconds < 60.0, "{p:?}");
         // It took far less than the model's estimate: restores on this
@@ -1125,8 +1130,11 @@ mod tests {
         assert_eq!(learned.corrections(&key, &cap, "built").data, None);
         assert!(learned.corrections(&key, &cap, "built").work.unwrap().ratio < 1.0);
         assert_eq!(
-            store.cells("r").unwrap()[0].estimate,
-            Some(p.estimate.clone())
+            store.cells("r").unwrap()[0]
+                .estimate
+                .as_ref()
+                .map(|e| &e.key),
+            Some(&planned.key)
         );
         drop(store);
         std::fs::remove_dir_all(&dir).unwrap();

@@ -11,7 +11,7 @@ use serde_saphyr::Spanned;
 use super::pgbench_init::{self, InitParams, with_load_keys};
 use super::{
     Better, Cache, Capacity, Checked, Estimate, Field, Internals, KindParams, KindSpec, Metric,
-    opt, or,
+    Work, opt, or,
 };
 use crate::script::{BUILTIN_SCRIPTS, Script, builtin};
 
@@ -64,6 +64,13 @@ pub const DRIVERS: &[&str] = &["pgfleet", "pgbench"];
 /// Transactions per second per client assumed when a cell is given a
 /// transaction count instead of a duration (estimates only).
 const ESTIMATE_TPS_PER_CLIENT: f64 = 500.0;
+/// A run's writes, for the pages its cluster's shutdown writes (estimates
+/// only; BENCHMARKS.md "Estimates: pgbench"): random-update on a 1-CPU
+/// instance ran ~1,900-1,970 TPS uncapped, and on gp3's 3,000 IOPS ~830-900
+/// (~3 device I/Os a transaction). Each UPDATE dirties an accounts page and
+/// (the page being full, the new version goes elsewhere) a key leaf.
+const ESTIMATE_WRITE_TPS_PER_CPU: f64 = 2_000.0;
+const ESTIMATE_IOS_PER_WRITE_TXN: f64 = 3.0;
 
 /// A value of `defines`: `:name` in the script.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -426,6 +433,34 @@ impl KindSpec for Spec {
     }
 }
 
+impl Params {
+    /// The cluster's shutdown writes the pages the run dirtied since the
+    /// last checkpoint: an accounts page and a key leaf per UPDATE, up to
+    /// the tables' pages; one I/O each where the class caps IOPS (gp3: a
+    /// 30-s run's ~57,000 pages took ~16 s), as bytes elsewhere.
+    fn shutdown_seconds(&self, c: &Capacity) -> f64 {
+        if self.drive.script == "select-only" {
+            return 0.0;
+        }
+        let tps =
+            (c.cpus * ESTIMATE_WRITE_TPS_PER_CPU).min(c.write_iops() / ESTIMATE_IOS_PER_WRITE_TXN);
+        let updates = match (self.drive.duration_s, self.drive.transactions) {
+            (Some(d), _) => tps * (d + self.drive.warmup_s),
+            (None, Some(t)) => (t * self.drive.clients as u64) as f64,
+            (None, None) => 0.0,
+        };
+        let pages = |bytes_per_scale: u64| (self.init.scale * bytes_per_scale / 8192) as f64;
+        let dirty = updates.min(pages(pgbench_init::ACCOUNTS_HEAP_BYTES_PER_SCALE))
+            + updates.min(pages(pgbench_init::ACCOUNTS_INDEX_BYTES_PER_SCALE));
+        let writes = if c.caps.write_iops > 0 {
+            Work::default().flushing(dirty)
+        } else {
+            Work::default().writing(dirty * 8192.0)
+        };
+        writes.seconds(c)
+    }
+}
+
 impl KindParams for Params {
     fn allow_shell(&self) -> bool {
         self.drive.allow_shell
@@ -437,8 +472,9 @@ impl KindParams for Params {
     fn estimate(&self, c: &Capacity) -> Estimate {
         let load = self.init.estimate(c);
         let measured = self.drive.duration_s.unwrap_or(0.0);
+        let shutdown = self.shutdown_seconds(c);
         Estimate {
-            seconds: load.seconds + self.drive.seconds(),
+            seconds: load.seconds + self.drive.seconds() + shutdown,
             measured_seconds: measured.max(self.drive.seconds() - self.drive.warmup_s),
             // Updates leave dead versions and WAL; allow another max_wal_size.
             disk_bytes: load.disk_bytes + (1 << 30),
