@@ -283,23 +283,10 @@ async fn submit(
             );
         }
     };
-    let limit = s.max_scenario_bytes;
-    let bytes: Bytes = match http_body_util::Limited::new(body, limit).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("the scenario is larger than {limit} bytes (serve --max-scenario-bytes)"),
-            );
-        }
+    let (name, yaml) = match scenario_body(&s, q, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
     };
-    let Ok(yaml) = String::from_utf8(bytes.to_vec()) else {
-        return error(StatusCode::BAD_REQUEST, "the scenario is not UTF-8 text");
-    };
-    let name = q
-        .name
-        .filter(|n| !n.is_empty() && n.len() <= 200)
-        .unwrap_or_else(|| "scenario.yaml".into());
     match s.submit(&name, &yaml, key.as_deref(), labels) {
         Ok((id, created)) => {
             let status = s
@@ -359,20 +346,10 @@ async fn submit(
     ),
     security(("bearer" = [])), tag = "runs")]
 async fn plan(State(s): State<Shared>, Query(q): Query<SubmitQuery>, body: Body) -> Response {
-    let limit = s.max_scenario_bytes;
-    let Ok(bytes) = http_body_util::Limited::new(body, limit).collect().await else {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the scenario is larger than {limit} bytes (serve --max-scenario-bytes)"),
-        );
+    let (name, yaml) = match scenario_body(&s, q, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
     };
-    let Ok(yaml) = String::from_utf8(bytes.to_bytes().to_vec()) else {
-        return error(StatusCode::BAD_REQUEST, "the scenario is not UTF-8 text");
-    };
-    let name = q
-        .name
-        .filter(|n| !n.is_empty() && n.len() <= 200)
-        .unwrap_or_else(|| "scenario.yaml".into());
     let (sc, cells) = match s.plan(&name, &yaml) {
         Ok(p) => p,
         Err(Rejected::Invalid(e)) => return located(StatusCode::UNPROCESSABLE_ENTITY, &e),
@@ -406,6 +383,36 @@ async fn plan(State(s): State<Shared>, Query(q): Query<SubmitQuery>, body: Body)
         text: pgfleet_scenario::plan::describe(&sc, &cells, std::path::Path::new(&name)),
     };
     json(StatusCode::OK, &view)
+}
+
+/// A request's scenario: its file name (`?name=`, for error locations)
+/// and its text, within `--max-scenario-bytes` and UTF-8.
+async fn scenario_body(
+    s: &Shared,
+    q: SubmitQuery,
+    body: Body,
+) -> Result<(String, String), Response> {
+    let limit = s.max_scenario_bytes;
+    let bytes: Bytes = match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return Err(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the scenario is larger than {limit} bytes (serve --max-scenario-bytes)"),
+            ));
+        }
+    };
+    let Ok(yaml) = String::from_utf8(bytes.to_vec()) else {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "the scenario is not UTF-8 text",
+        ));
+    };
+    let name = q
+        .name
+        .filter(|n| !n.is_empty() && n.len() <= 200)
+        .unwrap_or_else(|| "scenario.yaml".into());
+    Ok((name, yaml))
 }
 
 /// A scenario error with its location as fields.
