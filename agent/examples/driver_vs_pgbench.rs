@@ -91,6 +91,7 @@ async fn bench(
         fillfactor: 100,
         partitions: 0,
         load_connections: 0,
+        load_method: pgbench_init::LoadMethod::Copy,
     };
     if only != "driver" {
         loader(&ctx, cluster, pg, &init, rounds).await?;

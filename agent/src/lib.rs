@@ -10,6 +10,7 @@ pub mod blocking;
 pub mod cell;
 pub mod cluster;
 pub mod dataset;
+pub mod direct;
 pub mod driver;
 pub mod host;
 pub mod hydrate;

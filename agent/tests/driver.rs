@@ -460,6 +460,7 @@ fn bigint_aid_from_scale_20000_as_pgbench() {
         fillfactor: 90,
         partitions: 0,
         load_connections: 1,
+        load_method: Default::default(),
     };
     assert!(
         ddl(&p(19_999))

@@ -9,10 +9,13 @@
 //!    dataset (restored from the dataset store or loaded there, with the
 //!    load's figures), so this wait has no bound of its own: a publisher
 //!    that fails ends the cell.
-//! 2. Create the same tables with their keys (no rows) in its own cluster,
-//!    plus a one-row marker table on both.
+//! 2. Create the same tables with their keys in its own cluster, plus a
+//!    one-row marker table on both: loaded like the publisher's when the
+//!    load is direct (the same rows: pgbench's are determined by the keys),
+//!    empty otherwise.
 //! 3. Publication on the publisher, subscription here over the relayed
-//!    endpoint; wait for the initial sync.
+//!    endpoint; wait for the initial sync (nothing to copy after a direct
+//!    load: `copy_data = false`). Its seconds include the subscriber's load.
 //! 4. `ALTER SUBSCRIPTION ... DISABLE` (apply paused, the slot keeps WAL),
 //!    then random UPDATEs on the publisher until the slot retains the target
 //!    backlog (`pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)`);
@@ -60,6 +63,15 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                         role: PUBLISHER.into(),
                         message: format!("its cluster came without pgbench's load figures: {e}"),
                     })?;
+                // A direct load fills the subscriber as the publisher was
+                // filled (pgbench's rows are determined by the keys): its
+                // seconds count as the initial sync's.
+                let preloaded = if p.init.load_method == pgbench_init::LoadMethod::Direct {
+                    ctx.progress("sync", 0, 1, "loading the subscriber's tables directly");
+                    Some(pgbench_init::load(ctx, &p.init).await?.seconds)
+                } else {
+                    None
+                };
                 let driven = Server::of_workload(&publisher, ctx.cluster.pg.major);
                 let publisher = Server::of(&publisher, ctx.cluster.pg.major);
                 let here = ctx.cluster.connect().await?;
@@ -70,7 +82,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                         publisher.conninfo_without_password()
                     ),
                 })?;
-                let measured = measure(ctx, p, &publisher, &driven, loaded, &here, &there).await;
+                let measured = measure(ctx, p, &publisher, &driven, loaded, &here, &there, preloaded).await;
                 // Whatever happened, leave no subscription, slot or
                 // publication behind (a slot pins the publisher's WAL).
                 let cleanup = drop_replication(&here, &there).await;
@@ -101,6 +113,7 @@ fn werr(message: String) -> Error {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn measure(
     ctx: &CellContext<'_>,
     p: &Params,
@@ -110,9 +123,11 @@ async fn measure(
     loaded: pgbench_init::Metrics,
     here: &Client,
     there: &Client,
+    preloaded: Option<f64>,
 ) -> Result<Output> {
     let timeout = Duration::from_secs_f64(p.timeout_s);
-    let initial_sync_seconds = subscribe(ctx, p, publisher, here, there, timeout).await?;
+    let initial_sync_seconds =
+        subscribe(ctx, p, publisher, here, there, timeout, preloaded).await?;
     let backlog = build_backlog(ctx, p, driven, here, there, timeout).await?;
     let drained = drain(ctx, p, &backlog, here, there, timeout).await?;
 
@@ -165,17 +180,24 @@ async fn subscribe(
     here: &Client,
     there: &Client,
     timeout: Duration,
+    preloaded: Option<f64>,
 ) -> Result<f64> {
-    // The subscriber's tables: pgbench's schema with its keys, no rows.
-    for stmt in pgbench_init::ddl(&p.init) {
-        here.batch_execute(&stmt).await?;
+    // The subscriber's tables: loaded already when the load is direct
+    // (`run`; the subscription then copies nothing), else pgbench's schema
+    // with its keys and no rows, which the initial sync fills through one
+    // COPY.
+    let started = Instant::now();
+    if preloaded.is_none() {
+        for stmt in pgbench_init::ddl(&p.init) {
+            here.batch_execute(&stmt).await?;
+        }
+        here.batch_execute(
+            "ALTER TABLE public.pgbench_accounts ADD PRIMARY KEY (aid); \
+             ALTER TABLE public.pgbench_branches ADD PRIMARY KEY (bid); \
+             ALTER TABLE public.pgbench_tellers ADD PRIMARY KEY (tid)",
+        )
+        .await?;
     }
-    here.batch_execute(
-        "ALTER TABLE public.pgbench_accounts ADD PRIMARY KEY (aid); \
-         ALTER TABLE public.pgbench_branches ADD PRIMARY KEY (bid); \
-         ALTER TABLE public.pgbench_tellers ADD PRIMARY KEY (tid)",
-    )
-    .await?;
     let marker = format!("CREATE TABLE {MARKER} (id int PRIMARY KEY, at timestamptz)");
     here.batch_execute(&marker).await?;
     there.batch_execute(&marker).await.map_err(on_publisher)?;
@@ -187,10 +209,10 @@ async fn subscribe(
         .map_err(on_publisher)?;
 
     ctx.progress("sync", 0, 1, "initial sync");
-    let started = Instant::now();
     here.batch_execute(&format!(
-        "CREATE SUBSCRIPTION {NAME} CONNECTION '{}' PUBLICATION {NAME}",
-        publisher.conninfo.replace('\'', "''")
+        "CREATE SUBSCRIPTION {NAME} CONNECTION '{}' PUBLICATION {NAME} WITH (copy_data = {})",
+        publisher.conninfo.replace('\'', "''"),
+        preloaded.is_none()
     ))
     .await?;
     wait(ctx, timeout, "the initial sync", || async {
@@ -204,7 +226,7 @@ async fn subscribe(
         Ok(n == 0)
     })
     .await?;
-    Ok(started.elapsed().as_secs_f64())
+    Ok(started.elapsed().as_secs_f64() + preloaded.unwrap_or(0.0))
 }
 
 /// The backlog the slot retained, ending at `target`, the publisher's WAL

@@ -18,7 +18,7 @@ use crate::{Error, Result};
 
 use pgfleet_proto::workload::Point;
 pub use pgfleet_proto::workload::pgbench_init::{
-    ACCOUNTS_PER_BRANCH, InitParams, Metrics, SCALE_BIGINT_THRESHOLD,
+    ACCOUNTS_PER_BRANCH, InitParams, LoadMethod, Metrics, SCALE_BIGINT_THRESHOLD,
 };
 
 #[derive(Debug, Clone)]
@@ -26,8 +26,12 @@ pub struct Loaded {
     pub rows: u64,
     pub seconds: f64,
     /// Seconds per step, as pgbench -i reports them: schema, generate
-    /// (COPY), vacuum, primary keys.
-    pub steps: [(&'static str, f64); 4],
+    /// (COPY), vacuum, primary keys; a direct load's: schema, write,
+    /// restart, vacuum.
+    pub steps: Vec<(&'static str, f64)>,
+    /// How it was loaded, and why not as asked ("" when it was).
+    pub method: LoadMethod,
+    pub note: String,
 }
 
 impl Loaded {
@@ -42,6 +46,8 @@ impl Loaded {
                 .iter()
                 .map(|(k, v)| (k.to_string(), *v))
                 .collect(),
+            load_method: self.method.name().to_string(),
+            load_method_note: self.note.clone(),
         }
     }
 }
@@ -270,6 +276,25 @@ async fn load_unspanned(ctx: &CellContext<'_>, server: &Server, p: &InitParams) 
     }
     let started = Instant::now();
     let client = server.connect().await?;
+    let mut note = String::new();
+    if p.load_method == LoadMethod::Direct {
+        ctx.progress("load", 0, 1, "checking this build's page layout");
+        match crate::direct::check::verdict(ctx.cluster, &client).await? {
+            Ok(()) => return direct_load(ctx, &client, p, started).await,
+            Err(why) => {
+                note = format!("this PostgreSQL build refused a direct load ({why}): loaded by copy");
+                tracing::warn!(target: "pgfleet", cell = %ctx.cell_id, "{note}");
+            }
+        }
+    }
+    let mut loaded = copy_load(ctx, server, &client, p, started).await?;
+    loaded.note = note;
+    Ok(loaded)
+}
+
+/// pgbench's DDL and the small tables (branches and tellers, a row per
+/// scale unit and ten: INSERTed either way).
+async fn schema(client: &tokio_postgres::Client, p: &InitParams) -> Result<()> {
     for stmt in ddl(p) {
         client.batch_execute(&stmt).await?;
     }
@@ -281,6 +306,169 @@ async fn load_unspanned(ctx: &CellContext<'_>, server: &Server, p: &InitParams) 
             t = 10 * p.scale
         ))
         .await?;
+    Ok(())
+}
+
+/// The accounts tables: the flat table, or each partition.
+fn accounts_tables(p: &InitParams) -> Vec<String> {
+    if p.partitions > 0 {
+        (1..=p.partitions)
+            .map(|i| format!("public.pgbench_accounts_{i}"))
+            .collect()
+    } else {
+        vec!["public.pgbench_accounts".into()]
+    }
+}
+
+/// pgbench's "v" step: every table vacuumed and analyzed (partitions in
+/// parallel, then one ANALYZE of the parent for its statistics).
+async fn vacuum_analyze(
+    conns: &[tokio_postgres::Client],
+    client: &tokio_postgres::Client,
+    p: &InitParams,
+) -> Result<()> {
+    let analyze = if p.partitions > 0 { "" } else { " ANALYZE" };
+    let vacuum: Vec<String> = accounts_tables(p)
+        .iter()
+        .map(|t| format!("VACUUM{analyze} {t}"))
+        .chain(
+            [
+                "public.pgbench_branches",
+                "public.pgbench_tellers",
+                "public.pgbench_history",
+            ]
+            .map(|t| format!("VACUUM ANALYZE {t}")),
+        )
+        .collect();
+    sql_all(conns, &vacuum).await?;
+    if p.partitions > 0 {
+        client
+            .batch_execute("ANALYZE public.pgbench_accounts")
+            .await?;
+    }
+    Ok(())
+}
+
+/// The primary keys: each accounts table's, branches', tellers', then the
+/// partitioned parent's (which adopts its partitions' keys).
+async fn primary_keys(
+    conns: &[tokio_postgres::Client],
+    client: &tokio_postgres::Client,
+    p: &InitParams,
+) -> Result<()> {
+    let mut keys: Vec<String> = accounts_tables(p)
+        .iter()
+        .map(|t| format!("ALTER TABLE {t} ADD PRIMARY KEY (aid)"))
+        .collect();
+    keys.push("ALTER TABLE public.pgbench_branches ADD PRIMARY KEY (bid)".into());
+    keys.push("ALTER TABLE public.pgbench_tellers ADD PRIMARY KEY (tid)".into());
+    sql_all(conns, &keys).await?;
+    if p.partitions > 0 {
+        client
+            .batch_execute("ALTER TABLE public.pgbench_accounts ADD PRIMARY KEY (aid)")
+            .await?;
+    }
+    Ok(())
+}
+
+/// `load_method: direct`: the schema and its keys on empty tables, a clean
+/// stop, pgbench_accounts' files written by the agent (`crate::direct`),
+/// the server started again, then pgbench's VACUUM ANALYZE (every page is
+/// all-frozen: it records the free space map and the statistics).
+async fn direct_load(
+    ctx: &CellContext<'_>,
+    client: &tokio_postgres::Client,
+    p: &InitParams,
+    started: Instant,
+) -> Result<Loaded> {
+    use crate::direct;
+    schema(client, p).await?;
+    primary_keys(std::slice::from_ref(client), client, p).await?;
+    let layout = direct::layout(client).await?;
+    let bigint = p.scale >= SCALE_BIGINT_THRESHOLD;
+    let mut targets = Vec::new();
+    // plan() with one connection: the whole flat table, or one unit per
+    // partition in partition order.
+    for (t, u) in accounts_tables(p).iter().zip(plan(p, 1)) {
+        let accounts = direct::pages::Accounts {
+            lo: u.lo,
+            hi: u.hi,
+            bigint,
+            fillfactor: p.fillfactor,
+        };
+        targets.push(direct::target(client, t, accounts).await?);
+    }
+    client.batch_execute("CHECKPOINT").await?;
+    let schema_s = started.elapsed().as_secs_f64();
+    ctx.progress("load", 0, 1, "stopping the server to write its files");
+    let cluster = ctx.cluster;
+    cluster.pause().await?;
+    let progress = std::sync::Arc::new(direct::Progress::default());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let write = {
+        let (data, owner) = (cluster.data_dir().to_path_buf(), cluster.run_as().cloned());
+        let (progress, stop, targets) = (progress.clone(), stop.clone(), targets.clone());
+        let threads = crate::host::cores() as usize;
+        tokio::task::spawn_blocking(move || {
+            direct::write(&data, owner.as_ref(), layout, &targets, threads, &progress, &stop)
+        })
+    };
+    tokio::pin!(write);
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+    let write_started = Instant::now();
+    let bytes = loop {
+        tokio::select! {
+            r = &mut write => {
+                break r.map_err(|e| werr(format!("the direct writer failed: {e}")))??;
+            }
+            _ = tick.tick() => {
+                let (done, total) = (progress.pages.load(Ordering::Relaxed), progress.total.load(Ordering::Relaxed));
+                let secs = write_started.elapsed().as_secs_f64().max(1e-9);
+                ctx.progress("load", done, total.max(1), format!(
+                    "writing files directly: {:.0} MB/s", done as f64 * 8192.0 / secs / 1e6
+                ));
+            }
+            _ = ctx.cancel.cancelled() => {
+                stop.store(true, Ordering::Relaxed);
+                let _ = (&mut write).await;
+                return Err(Error::Cancelled("cancelled while writing the tables' files".into()));
+            }
+        }
+    };
+    let write_s = started.elapsed().as_secs_f64() - schema_s;
+    cluster.resume().await?;
+    let restart_s = started.elapsed().as_secs_f64() - schema_s - write_s;
+    ctx.progress("load", 1, 1, "vacuum analyze");
+    let client = cluster.server().connect().await?;
+    let mut conns = Vec::new();
+    for _ in 0..crate::host::cores().min(p.partitions.max(1)) {
+        conns.push(cluster.server().connect().await?);
+    }
+    vacuum_analyze(&conns, &client, p).await?;
+    let seconds = started.elapsed().as_secs_f64();
+    tracing::info!(target: "pgfleet", cell = %ctx.cell_id, bytes, seconds = write_s, "wrote pgbench_accounts directly");
+    Ok(Loaded {
+        rows: p.scale * ACCOUNTS_PER_BRANCH + 11 * p.scale,
+        seconds,
+        steps: vec![
+            ("schema", schema_s),
+            ("write", write_s),
+            ("restart", restart_s),
+            ("vacuum", seconds - schema_s - write_s - restart_s),
+        ],
+        method: LoadMethod::Direct,
+        note: String::new(),
+    })
+}
+
+async fn copy_load(
+    ctx: &CellContext<'_>,
+    server: &Server,
+    client: &tokio_postgres::Client,
+    p: &InitParams,
+    started: Instant,
+) -> Result<Loaded> {
+    schema(client, p).await?;
     let schema_s = started.elapsed().as_secs_f64();
     let accounts = p.scale * ACCOUNTS_PER_BRANCH;
     let n_conns = connections(p);
@@ -307,58 +495,22 @@ async fn load_unspanned(ctx: &CellContext<'_>, server: &Server, p: &InitParams) 
         }
     }
     let generate_s = started.elapsed().as_secs_f64() - schema_s;
-    // pgbench's "v" step. Partitions are vacuumed in parallel, then one
-    // ANALYZE of the parent gathers its statistics and each partition's.
     ctx.progress("load", accounts, accounts, "vacuum analyze");
-    let accounts_tables: Vec<String> = if p.partitions > 0 {
-        (1..=p.partitions)
-            .map(|i| format!("public.pgbench_accounts_{i}"))
-            .collect()
-    } else {
-        vec!["public.pgbench_accounts".into()]
-    };
-    let analyze = if p.partitions > 0 { "" } else { " ANALYZE" };
-    let vacuum: Vec<String> = accounts_tables
-        .iter()
-        .map(|t| format!("VACUUM{analyze} {t}"))
-        .chain(
-            [
-                "public.pgbench_branches",
-                "public.pgbench_tellers",
-                "public.pgbench_history",
-            ]
-            .map(|t| format!("VACUUM ANALYZE {t}")),
-        )
-        .collect();
-    sql_all(&conns, &vacuum).await?;
-    if p.partitions > 0 {
-        client
-            .batch_execute("ANALYZE public.pgbench_accounts")
-            .await?;
-    }
+    vacuum_analyze(&conns, client, p).await?;
     let vacuum_s = started.elapsed().as_secs_f64() - schema_s - generate_s;
     ctx.progress("load", accounts, accounts, "primary keys");
-    let mut keys: Vec<String> = accounts_tables
-        .iter()
-        .map(|t| format!("ALTER TABLE {t} ADD PRIMARY KEY (aid)"))
-        .collect();
-    keys.push("ALTER TABLE public.pgbench_branches ADD PRIMARY KEY (bid)".into());
-    keys.push("ALTER TABLE public.pgbench_tellers ADD PRIMARY KEY (tid)".into());
-    sql_all(&conns, &keys).await?;
-    if p.partitions > 0 {
-        client
-            .batch_execute("ALTER TABLE public.pgbench_accounts ADD PRIMARY KEY (aid)")
-            .await?;
-    }
+    primary_keys(&conns, client, p).await?;
     let seconds = started.elapsed().as_secs_f64();
     Ok(Loaded {
         rows: accounts + 11 * p.scale,
         seconds,
-        steps: [
+        steps: vec![
             ("schema", schema_s),
             ("generate", generate_s),
             ("vacuum", vacuum_s),
             ("primary_keys", seconds - schema_s - generate_s - vacuum_s),
         ],
+        method: LoadMethod::Copy,
+        note: String::new(),
     })
 }

@@ -154,6 +154,8 @@ pub async fn load(ctx: &CellContext<'_>, p: &Params) -> Result<super::context::L
             ("vacuum_checkpoint".to_string(), seconds - insert_s),
         ]
         .into(),
+        load_method: "insert".into(),
+        load_method_note: String::new(),
     })
 }
 

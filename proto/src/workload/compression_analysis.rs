@@ -73,6 +73,9 @@ pub struct Spec {
     pub fillfactor: Option<Spanned<u32>>,
     #[serde(default)]
     pub load_connections: Option<Spanned<u32>>,
+    /// With dataset pgbench: `direct` (default) or `copy`.
+    #[serde(default)]
+    pub load_method: Option<Spanned<String>>,
     #[serde(default)]
     pub json_documents: Option<Spanned<u32>>,
     #[serde(default)]
@@ -204,6 +207,7 @@ impl KindSpec for Spec {
                 &self.fillfactor,
                 &None,
                 &self.load_connections,
+                &self.load_method,
             )?)
         } else {
             for (key, given) in [

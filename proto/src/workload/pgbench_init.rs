@@ -48,6 +48,12 @@ pub const ACCOUNTS_INDEX_BYTES_PER_SCALE: u64 = 275 * 8192;
 pub const LOAD_CPU_SECONDS_PER_SCALE: f64 = 0.065;
 pub const KEYS_CPU_SECONDS_PER_SCALE: f64 = 0.06;
 pub const LOAD_FIXED_SECONDS: f64 = 2.0;
+/// A direct load's CPU seconds per scale unit (generating and checksumming
+/// ~15 MB of pages on one core) and its fixed seconds (the self-check on a
+/// build's first load, the stop and start of the server, the VACUUM of
+/// all-frozen tables). Measured: BENCHMARKS.md "Direct load".
+pub const DIRECT_CPU_SECONDS_PER_SCALE: f64 = 0.006;
+pub const DIRECT_FIXED_SECONDS: f64 = 3.0;
 /// Pages ANALYZE samples at default_statistics_target 100.
 pub const ANALYZE_SAMPLE_PAGES: u64 = 30_000;
 
@@ -71,6 +77,10 @@ macro_rules! with_load_keys {
             /// one per core over partitions).
             #[serde(default)]
             pub load_connections: Option<::serde_saphyr::Spanned<u32>>,
+            /// `direct` (the default: the agent writes the tables' files)
+            /// or `copy` (COPY FREEZE over connections, then CREATE INDEX).
+            #[serde(default)]
+            pub load_method: Option<::serde_saphyr::Spanned<String>>,
             $($body)*
         }
 
@@ -86,6 +96,7 @@ macro_rules! with_load_keys {
                     &self.fillfactor,
                     &self.partitions,
                     &self.load_connections,
+                    &self.load_method,
                 )
             }
 
@@ -122,6 +133,33 @@ pub struct InitParams {
     /// Loading connections (0: one for a flat table, one per core over
     /// partitions).
     pub load_connections: u32,
+    /// How the rows get there. Records from before this key loaded by COPY.
+    #[serde(default)]
+    pub load_method: LoadMethod,
+}
+
+/// How pgbench's tables are loaded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadMethod {
+    /// `COPY ... FREEZE` of generated rows over connections (the server
+    /// parses every row), VACUUM, then `ADD PRIMARY KEY` (a sort).
+    #[default]
+    Copy,
+    /// The agent writes pgbench_accounts' heap, visibility map and key as
+    /// the server's own files, in parallel, at the device's speed; where a
+    /// build fails the agent's self-check it loads by `copy` instead.
+    Direct,
+}
+
+impl LoadMethod {
+    pub const NAMES: &[&str] = &["direct", "copy"];
+    pub fn name(self) -> &'static str {
+        match self {
+            LoadMethod::Copy => "copy",
+            LoadMethod::Direct => "direct",
+        }
+    }
 }
 
 pub type Params = InitParams;
@@ -133,8 +171,16 @@ pub struct Metrics {
     pub load_seconds: f64,
     pub rows_per_second: f64,
     /// Seconds per step, as pgbench -i reports them: schema, generate
-    /// (COPY), vacuum, primary keys.
+    /// (COPY), vacuum, primary keys; a direct load: schema, write (the
+    /// files, keys included), restart, vacuum.
     pub load_step_seconds: std::collections::BTreeMap<String, f64>,
+    /// How the rows were loaded ("copy" or "direct"): what was asked,
+    /// unless the build refused `direct` (then `load_method_note` says why).
+    #[serde(default)]
+    pub load_method: String,
+    /// Why a direct load ran as copy ("" otherwise).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub load_method_note: String,
 }
 
 pub type Point = super::Point<InitParams, Metrics>;
@@ -146,6 +192,7 @@ pub fn check(
     fillfactor: &Option<Spanned<u32>>,
     partitions: &Option<Spanned<u32>>,
     load_connections: &Option<Spanned<u32>>,
+    load_method: &Option<Spanned<String>>,
 ) -> Checked<InitParams> {
     if scale.is_none() {
         return f.err(
@@ -164,11 +211,18 @@ pub fn check(
         MAX_LOAD_CONNECTIONS,
         " (0: one for a flat table, one per core over partitions)",
     )?;
+    if let Some(m) = load_method {
+        f.one_of(m, "load_method", LoadMethod::NAMES, "load method")?;
+    }
     Ok(InitParams {
         scale: or(scale, 1),
         fillfactor: or(fillfactor, 100),
         partitions: or(partitions, 0),
         load_connections: or(load_connections, 0),
+        load_method: match load_method.as_ref().map(|m| m.value.as_str()) {
+            Some("copy") => LoadMethod::Copy,
+            _ => LoadMethod::Direct,
+        },
     })
 }
 
@@ -227,13 +281,6 @@ impl InitParams {
     /// workers sorting in memory).
     pub fn load_seconds(&self, c: &Capacity) -> f64 {
         let scale = self.scale as f64;
-        let generate = Work::cpu(
-            scale * LOAD_CPU_SECONDS_PER_SCALE,
-            self.load_threads(c.cpus),
-        )
-        .writing(2.0 * self.accounts_heap_bytes() as f64);
-        let keys = Work::cpu(scale * KEYS_CPU_SECONDS_PER_SCALE, 2.0)
-            .writing(2.0 * (self.scale * ACCOUNTS_INDEX_BYTES_PER_SCALE) as f64);
         // VACUUM ANALYZE samples up to 30,000 pages at random: from the
         // device when the heap does not fit the instance's memory (80 s of
         // a 112 s load at scale 64 in 128 MiB at 375 read IOPS).
@@ -244,6 +291,20 @@ impl InitParams {
             0.0
         };
         let analyze = Work::default().random_reads(sampled);
+        if self.load_method == LoadMethod::Direct {
+            // Every page written once (no WAL, no sort), generated on
+            // every core.
+            let write = Work::cpu(scale * DIRECT_CPU_SECONDS_PER_SCALE, c.cpus.max(1.0))
+                .writing(self.data_bytes() as f64);
+            return LOAD_FIXED_SECONDS + DIRECT_FIXED_SECONDS + write.seconds(c) + analyze.seconds(c);
+        }
+        let generate = Work::cpu(
+            scale * LOAD_CPU_SECONDS_PER_SCALE,
+            self.load_threads(c.cpus),
+        )
+        .writing(2.0 * self.accounts_heap_bytes() as f64);
+        let keys = Work::cpu(scale * KEYS_CPU_SECONDS_PER_SCALE, 2.0)
+            .writing(2.0 * (self.scale * ACCOUNTS_INDEX_BYTES_PER_SCALE) as f64);
         LOAD_FIXED_SECONDS + generate.seconds(c) + analyze.seconds(c) + keys.seconds(c)
     }
 
@@ -310,7 +371,7 @@ mod tests {
     #[test]
     fn the_load_estimate_follows_the_class_cpus_and_caps() {
         let (two, gp3) = Capacity::two_cores_and_gp3();
-        let flat = init("{kind: pgbench-init, scale: 100}");
+        let flat = init("{kind: pgbench-init, scale: 100, load_method: copy}");
         // 0.065 s per scale unit on one backend, then the key on two cores.
         let uncapped = flat.load_seconds(&two);
         assert!((uncapped - (2.0 + 6.5 + 3.0)).abs() < 0.5, "{uncapped}");
@@ -319,7 +380,7 @@ mod tests {
         assert!((22.0..32.0).contains(&capped), "{capped}");
         // BENCHMARKS.md measured 33.3 s for this load under gp3's caps.
         assert!((capped - 33.3).abs() / 33.3 < 0.3, "{capped}");
-        let parts = init("{kind: pgbench-init, scale: 100, partitions: 4}");
+        let parts = init("{kind: pgbench-init, scale: 100, partitions: 4, load_method: copy}");
         let one = Capacity { cpus: 1.0, ..two };
         assert!(parts.load_seconds(&two) < parts.load_seconds(&one));
         // A flat table loads on one backend; only its key uses the second CPU.
@@ -340,6 +401,28 @@ mod tests {
         let e = flat.estimate(&gp3);
         assert_eq!(e.seconds, e.load_seconds);
         assert!(e.seconds > flat.estimate(&two).seconds);
+    }
+
+    /// A direct load writes each page once at the device's speed (no WAL,
+    /// no sort): under gp3's 125 MiB/s, the heap and key of scale 100
+    /// (1.6 GB) in ~12 s against copy's ~30; direct is the default, copy
+    /// is there by name, anything else is refused with the choices.
+    #[test]
+    fn a_direct_load_is_bound_by_the_write_bandwidth() {
+        let (two, gp3) = Capacity::two_cores_and_gp3();
+        let direct = init("{kind: pgbench-init, scale: 100}");
+        assert_eq!(direct.load_method, super::LoadMethod::Direct);
+        let copy = init("{kind: pgbench-init, scale: 100, load_method: copy}");
+        assert_eq!(copy.load_method, super::LoadMethod::Copy);
+        let d = direct.load_seconds(&gp3);
+        let bytes = direct.data_bytes() as f64;
+        let at_cap = bytes / (125.0 * 1048576.0);
+        assert!((d - 5.0 - at_cap).abs() < 1.0, "{d} vs {at_cap}");
+        assert!(d < copy.load_seconds(&gp3) / 2.0);
+        // Uncapped, the CPU: 0.6 s of generation over two cores.
+        assert!(direct.load_seconds(&two) < copy.load_seconds(&two) / 2.0);
+        let e = plan_entry("{kind: pgbench-init, scale: 1, load_method: fast}").unwrap_err();
+        assert!(e.contains("load_method") && e.contains("direct"), "{e}");
     }
 
     /// The loader's keys are one declaration: every kind that loads takes
