@@ -75,7 +75,11 @@ async fn figures(c: &tokio_postgres::Client, partitions: u32) -> Vec<String> {
         ("pgbench_accounts", "aid, bid, abalance, filler", "aid"),
         ("pgbench_branches", "bid, bbalance, filler", "bid"),
         ("pgbench_tellers", "tid, bid, tbalance, filler", "tid"),
-        ("pgbench_history", "tid, bid, aid, delta, mtime, filler", "mtime"),
+        (
+            "pgbench_history",
+            "tid, bid, aid, delta, mtime, filler",
+            "mtime",
+        ),
     ] {
         let row = c
             .query_one(
@@ -87,7 +91,11 @@ async fn figures(c: &tokio_postgres::Client, partitions: u32) -> Vec<String> {
             )
             .await
             .unwrap();
-        out.push(format!("{table}: {} rows, {}", row.get::<_, i64>(0), row.get::<_, String>(1)));
+        out.push(format!(
+            "{table}: {} rows, {}",
+            row.get::<_, i64>(0),
+            row.get::<_, String>(1)
+        ));
     }
     for t in accounts_tables(partitions) {
         let row = c
@@ -193,11 +201,17 @@ async fn verify(cl: &Cluster, partitions: u32, pristine: bool) {
             .await
             .unwrap();
         let (vis, frozen, pages): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
-        assert_eq!((vis, frozen), (pages, pages), "{t}: every page all-visible and all-frozen");
+        assert_eq!(
+            (vis, frozen),
+            (pages, pages),
+            "{t}: every page all-visible and all-frozen"
+        );
         assert_eq!((row.get::<_, i64>(3), row.get::<_, i64>(4)), (0, 0), "{t}");
         // VACUUM finds nothing to remove or freeze.
         let (v, mut notices) = cl.connect_with_notices().await.unwrap();
-        v.batch_execute(&format!("VACUUM (VERBOSE) {t}")).await.unwrap();
+        v.batch_execute(&format!("VACUUM (VERBOSE) {t}"))
+            .await
+            .unwrap();
         drop(v);
         let mut text = String::new();
         while let Some(n) = notices.recv().await {
@@ -222,8 +236,17 @@ async fn prove(pg: Option<&Path>, name: &str) {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(checksums, pg.is_some(), "PostgreSQL 18's initdb turns checksums on, 15's does not");
-    for keys in ["fillfactor: 100", "fillfactor: 90", "partitions: 3", "fillfactor: 90, partitions: 2"] {
+    assert_eq!(
+        checksums,
+        pg.is_some(),
+        "PostgreSQL 18's initdb turns checksums on, 15's does not"
+    );
+    for keys in [
+        "fillfactor: 100",
+        "fillfactor: 90",
+        "partitions: 3",
+        "fillfactor: 90, partitions: 2",
+    ] {
         let partitions = keys
             .split("partitions: ")
             .nth(1)
@@ -235,13 +258,23 @@ async fn prove(pg: Option<&Path>, name: &str) {
         drop(c);
         let m = load(&cl, "direct", keys).await;
         assert_eq!(m["load_method"], "direct", "{keys}: {m}");
-        assert!(m["load_step_seconds"]["write"].as_f64().unwrap() > 0.0, "{m}");
+        assert!(
+            m["load_step_seconds"]["write"].as_f64().unwrap() > 0.0,
+            "{m}"
+        );
         assert_eq!(m["rows_loaded"], 300_033);
         let c = common::sql(&cl).await;
         let direct = figures(&c, partitions).await;
-        assert_eq!(direct, by_copy, "{keys}: a direct load differs from a copy load");
+        assert_eq!(
+            direct, by_copy,
+            "{keys}: a direct load differs from a copy load"
+        );
         verify(&cl, partitions, true).await;
-        assert_eq!(updates(&c).await, copy_updates, "{keys}: the same UPDATEs answered differently");
+        assert_eq!(
+            updates(&c).await,
+            copy_updates,
+            "{keys}: the same UPDATEs answered differently"
+        );
     }
     // The last load, partitioned: checksums, restart, crash, backup.
     if checksums {
@@ -255,19 +288,30 @@ async fn prove(pg: Option<&Path>, name: &str) {
             .output()
             .await
             .unwrap();
-        assert!(out.status.success(), "pg_checksums --check: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "pg_checksums --check: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         cl.resume().await.unwrap();
     }
     cl.restart().await.unwrap();
     verify(&cl, 2, false).await;
     // A crash: SIGKILL of the postmaster after writes, then recovery.
     let c = common::sql(&cl).await;
-    c.batch_execute("UPDATE public.pgbench_accounts SET abalance = abalance + 1 WHERE aid % 1000 = 7")
-        .await
-        .unwrap();
+    c.batch_execute(
+        "UPDATE public.pgbench_accounts SET abalance = abalance + 1 WHERE aid % 1000 = 7",
+    )
+    .await
+    .unwrap();
     drop(c);
     let pid = cl.pid().unwrap();
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
     while cl.server_alive() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
@@ -276,7 +320,10 @@ async fn prove(pg: Option<&Path>, name: &str) {
     cl.resume().await.unwrap();
     let c = common::sql(&cl).await;
     let n: i64 = c
-        .query_one("SELECT count(*) FROM public.pgbench_accounts WHERE aid % 1000 = 7 AND abalance <> 0", &[])
+        .query_one(
+            "SELECT count(*) FROM public.pgbench_accounts WHERE aid % 1000 = 7 AND abalance <> 0",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
@@ -290,8 +337,23 @@ async fn prove(pg: Option<&Path>, name: &str) {
         nix::unistd::chown(&backup, Some(u.uid.into()), Some(u.gid.into())).unwrap();
     }
     for (tool, args) in [
-        ("pg_basebackup", vec!["-d".to_string(), cl.conninfo(), "-D".into(), backup.join("b").display().to_string(), "-X".into(), "stream".into(), "-c".into(), "fast".into()]),
-        ("pg_verifybackup", vec![backup.join("b").display().to_string()]),
+        (
+            "pg_basebackup",
+            vec![
+                "-d".to_string(),
+                cl.conninfo(),
+                "-D".into(),
+                backup.join("b").display().to_string(),
+                "-X".into(),
+                "stream".into(),
+                "-c".into(),
+                "fast".into(),
+            ],
+        ),
+        (
+            "pg_verifybackup",
+            vec![backup.join("b").display().to_string()],
+        ),
     ] {
         let out = cl
             .contained(&cl.pg.tool(tool), libc::SIGKILL)
@@ -300,7 +362,12 @@ async fn prove(pg: Option<&Path>, name: &str) {
             .output()
             .await
             .unwrap();
-        assert!(out.status.success(), "{tool}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{tool}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     // A subscriber loaded directly too follows without an initial copy.
     let sub = Cluster::provision(&spec(&root, "s", pg)).await.unwrap();
@@ -310,7 +377,10 @@ async fn prove(pg: Option<&Path>, name: &str) {
     // The publisher's table as the subscriber has it: the UPDATEs the
     // publisher took before the subscription applied there too.
     let changed = c
-        .query("SELECT aid, abalance FROM public.pgbench_accounts WHERE abalance <> 0", &[])
+        .query(
+            "SELECT aid, abalance FROM public.pgbench_accounts WHERE abalance <> 0",
+            &[],
+        )
         .await
         .unwrap();
     let aids: Vec<i32> = changed.iter().map(|r| r.get(0)).collect();
@@ -341,7 +411,10 @@ async fn prove(pg: Option<&Path>, name: &str) {
         if a == b {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "the subscriber did not catch up in 60 s");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the subscriber did not catch up in 60 s"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
     s.batch_execute("DROP SUBSCRIPTION direct").await.unwrap();
@@ -378,14 +451,20 @@ async fn the_self_check_refuses_a_corrupted_reference_layout() {
         fillfactor: 90,
         created_fillfactor: 80,
     };
-    let why = check::compare(&cl, &c, corrupted).await.unwrap().unwrap_err();
+    let why = check::compare(&cl, &c, corrupted)
+        .await
+        .unwrap()
+        .unwrap_err();
     assert!(why.contains("heap"), "{why}");
     // A build refused loads by copy and says why, in the load's figures.
     check::remember(&check::build_of(&cl), Err(why.clone()));
     let m = load(&cl, "direct", "fillfactor: 100").await;
     assert_eq!(m["load_method"], "copy", "{m}");
     let note = m["load_method_note"].as_str().unwrap();
-    assert!(note.contains("refused a direct load") && note.contains(&why), "{note}");
+    assert!(
+        note.contains("refused a direct load") && note.contains(&why),
+        "{note}"
+    );
     drop(c);
     cl.teardown().await.unwrap();
     std::fs::remove_dir_all(&root).unwrap();

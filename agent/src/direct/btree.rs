@@ -275,7 +275,8 @@ mod tests {
             Ok(())
         });
         for k in 1..=n {
-            b.push(k, false, ((k / 61) as u32, (k % 61 + 1) as u16)).unwrap();
+            b.push(k, false, ((k / 61) as u32, (k % 61 + 1) as u16))
+                .unwrap();
         }
         let blocks = b.finish().unwrap();
         assert_eq!(blocks as usize, out.len());

@@ -15,8 +15,8 @@ use std::sync::{Mutex, OnceLock};
 
 use super::pages::{self, Accounts, Page};
 use super::{Layout, files};
-use crate::cluster::Cluster;
 use crate::Result;
+use crate::cluster::Cluster;
 
 /// A reference table: its rows and shape.
 #[derive(Debug, Clone, Copy)]
@@ -142,17 +142,22 @@ pub async fn compare(
 
 /// The first difference between the server's files and the generated
 /// pages, if any.
-fn differences(
-    cluster: &Cluster,
-    layout: Layout,
-    t: &super::Target,
-) -> Result<Option<String>> {
+fn differences(cluster: &Cluster, layout: Layout, t: &super::Target) -> Result<Option<String>> {
     let data = cluster.data_dir();
     let ours = super::generate(&t.accounts, layout.checksums);
     let forks = [
-        ("heap", files::Fork::open(data, &t.heap_path, "", layout.seg_blocks, None)?),
-        ("visibility map", files::Fork::open(data, &t.heap_path, "_vm", layout.seg_blocks, None)?),
-        ("primary key", files::Fork::open(data, &t.index_path, "", layout.seg_blocks, None)?),
+        (
+            "heap",
+            files::Fork::open(data, &t.heap_path, "", layout.seg_blocks, None)?,
+        ),
+        (
+            "visibility map",
+            files::Fork::open(data, &t.heap_path, "_vm", layout.seg_blocks, None)?,
+        ),
+        (
+            "primary key",
+            files::Fork::open(data, &t.index_path, "", layout.seg_blocks, None)?,
+        ),
     ];
     for ((what, fork), ours) in forks.iter().zip(ours.iter()) {
         let theirs = fork.read_all()?;

@@ -242,9 +242,7 @@ fn write_heap(
             stopped(stop)?;
         }
     }
-    progress
-        .pages
-        .fetch_add((hi - lo) % 128, Ordering::Relaxed);
+    progress.pages.fetch_add((hi - lo) % 128, Ordering::Relaxed);
     w.finish().map_err(io)
 }
 

@@ -283,7 +283,10 @@ mod tests {
         assert_eq!((a.tuple_len(), a.per_page(), a.pages()), (121, 61, 1640));
         let b = Accounts { bigint: true, ..a };
         assert_eq!((b.tuple_len(), b.per_page()), (125, 61));
-        let ff90 = Accounts { fillfactor: 90, ..a };
+        let ff90 = Accounts {
+            fillfactor: 90,
+            ..a
+        };
         assert_eq!(ff90.per_page(), 55);
         assert_eq!(a.tid(1), (0, 1));
         assert_eq!(a.tid(62), (1, 1));

@@ -82,7 +82,10 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                         publisher.conninfo_without_password()
                     ),
                 })?;
-                let measured = measure(ctx, p, &publisher, &driven, loaded, &here, &there, preloaded).await;
+                let measured = measure(
+                    ctx, p, &publisher, &driven, loaded, &here, &there, preloaded,
+                )
+                .await;
                 // Whatever happened, leave no subscription, slot or
                 // publication behind (a slot pins the publisher's WAL).
                 let cleanup = drop_replication(&here, &there).await;

@@ -282,7 +282,8 @@ async fn load_unspanned(ctx: &CellContext<'_>, server: &Server, p: &InitParams) 
         match crate::direct::check::verdict(ctx.cluster, &client).await? {
             Ok(()) => return direct_load(ctx, &client, p, started).await,
             Err(why) => {
-                note = format!("this PostgreSQL build refused a direct load ({why}): loaded by copy");
+                note =
+                    format!("this PostgreSQL build refused a direct load ({why}): loaded by copy");
                 tracing::warn!(target: "pgfleet", cell = %ctx.cell_id, "{note}");
             }
         }
@@ -410,7 +411,15 @@ async fn direct_load(
         let (progress, stop, targets) = (progress.clone(), stop.clone(), targets.clone());
         let threads = crate::host::cores() as usize;
         tokio::task::spawn_blocking(move || {
-            direct::write(&data, owner.as_ref(), layout, &targets, threads, &progress, &stop)
+            direct::write(
+                &data,
+                owner.as_ref(),
+                layout,
+                &targets,
+                threads,
+                &progress,
+                &stop,
+            )
         })
     };
     tokio::pin!(write);

@@ -585,22 +585,31 @@ pub fn plan_for(s: &Scenario, held: &Holdings) -> Vec<PlannedCell> {
     cells
 }
 
-/// With a store per agent (Kubernetes pods without an object store), a
-/// restore the model says takes longer than the cell loading its own data
-/// does not pay: the cell loads instead (`data: fresh` for it). That
-/// happens where the copy shares one budget with its own reads (a pod's
-/// gp3 volume holds both the store and the cluster: 125 MiB/s for the read
-/// and the write together) and the load is bound by the same storage.
-/// Then a build none of its class's cells restores would publish a copy
-/// for nobody, unless the class's volumes are kept as snapshots for later
-/// runs: its builders load too. Restored and loaded cells measure alike,
-/// so only the time changes; the plan's text says how many. (With one
-/// store for the fleet, the store is read off the class's storage and
-/// outlives the run: cells restore as asked.)
+/// A restore the model says takes longer than the cell loading its own
+/// data does not pay: the cell loads instead (`data: fresh` for it). That
+/// happens where generating is fast (a direct load writes at the device's
+/// speed, a restore reads and writes the copy) and, with a store per agent
+/// (Kubernetes pods without an object store), where the copy shares one
+/// budget with its own reads (a pod's gp3 volume holds both the store and
+/// the cluster: 125 MiB/s for the read and the write together). With one
+/// store for the fleet the load must take at most half the restore's time.
+/// Then, with
+/// stores per agent, a build none of its class's cells restores would
+/// publish a copy for nobody, unless the class's volumes are kept as
+/// snapshots for later runs: its builders load too. (One store for the
+/// fleet outlives the run: its builders still publish.) Restored and
+/// loaded cells measure alike, so only the time changes; the plan's text
+/// says how many.
 fn load_where_restoring_is_slower(cells: &mut [PlannedCell], held: &Holdings) {
-    if held.stores != Stores::PerAgent {
-        return;
-    }
+    // One store for the fleet is what `data: reuse` asks for and outlives
+    // the run: a load must be clearly faster (half the restore's time, as
+    // a direct load on an uncapped disk is) to be preferred; a copy load
+    // at about a restore's speed leaves the cells restoring as asked.
+    let margin = if held.stores == Stores::PerAgent {
+        1.0
+    } else {
+        2.0
+    };
     let fresh = |c: &mut PlannedCell, why| {
         c.dataset = pgfleet_proto::dataset::Mode::Fresh;
         c.share = None;
@@ -612,9 +621,12 @@ fn load_where_restoring_is_slower(cells: &mut [PlannedCell], held: &Holdings) {
         if share.builds || share.reuses_cluster {
             continue;
         }
-        if c.estimate.load_seconds > c.params.estimate(&c.capacity).load_seconds {
+        if c.estimate.load_seconds > margin * c.params.estimate(&c.capacity).load_seconds {
             fresh(c, LOADS_FASTER);
         }
+    }
+    if held.stores != Stores::PerAgent {
+        return;
     }
     let used: std::collections::BTreeSet<(String, String)> = cells
         .iter()
@@ -1146,12 +1158,34 @@ fleet:
   - {name: nvme, count: 2}
   - {name: gp3, count: 2, storage: {profile: gp3}}
 workloads:
-  - {kind: pgbench, scale: 200, script: select-only, duration_s: 10, replicas: 2}
-  - {kind: logical-drain, scale: 10, backlog_bytes: 64MiB, clients: 4}
+  - {kind: pgbench, scale: 200, script: select-only, duration_s: 10, replicas: 2, load_method: copy}
+  - {kind: logical-drain, scale: 10, backlog_bytes: 64MiB, clients: 4, load_method: copy}
 ";
 
     fn cell<'a>(cells: &'a [PlannedCell], id: &str) -> &'a PlannedCell {
         cells.iter().find(|c| c.cell_id == id).unwrap()
+    }
+
+    /// A direct load (the default) writes each page once at the device's
+    /// speed; with a store per agent a restore reads the copy and writes it
+    /// on the same device, so the plan generates instead on every class.
+    /// With one store for the fleet, a
+    /// restore only writes: about the direct load's time, so cells restore
+    /// as asked.
+    #[test]
+    fn plans_generate_where_a_direct_load_beats_a_restore() {
+        let per_agent = Holdings::per_agent(BTreeMap::new());
+        let text = AB.replace(", load_method: copy", "");
+        let s = super::super::parse(std::path::Path::new("ab.yaml"), &text).unwrap();
+        let cells = plan_for(&s, &per_agent);
+        for c in cells.iter().filter(|c| c.cell_id.starts_with("w0-")) {
+            assert_eq!(c.how(), "loaded", "{}: {:?}", c.cell_id, c.estimate());
+            assert!(c.loads_instead.is_some(), "{}", c.cell_id);
+        }
+        let text = describe(&s, &cells, std::path::Path::new("ab.yaml"));
+        assert!(text.contains("load their own data"), "{text}");
+        let shared = plan(&s);
+        assert_eq!(cell(&shared, "w0-nvme-select-only-r2").how(), "restored");
     }
 
     /// Estimates are the class's: gp3's caps slow its load and its backlog
@@ -1202,7 +1236,7 @@ workloads:
         let load = |cpus: u32| {
             let text = format!(
                 "name: l\nfleet: [{{name: a, instance: {{cpus: {cpus}, emulate: false}}}}]\n\
-                 workloads: [{{kind: pgbench-init, scale: 100, partitions: 4}}]\n"
+                 workloads: [{{kind: pgbench-init, scale: 100, partitions: 4, load_method: copy}}]\n"
             );
             let s = super::super::parse(std::path::Path::new("l.yaml"), &text).unwrap();
             plan(&s)[0].estimate().seconds
@@ -1610,7 +1644,7 @@ workloads:
         assert!(wr.cell_seconds < wb.cell_seconds, "{wr:?} {wb:?}");
         assert!(wr.wall_seconds <= wb.wall_seconds, "{wr:?} {wb:?}");
         // The published size is what is copied.
-        let bigger = Published::from([(key.clone(), (d.loader_version, bytes * 4))]);
+        let bigger = Published::from([(key.clone(), (d.loader_version, bytes * 3 / 2))]);
         let g = |p: &Published| cell(&plan_with(&s, p), "w0-gp3-select-only-r1").estimate();
         assert!(g(&bigger).load_seconds > g(&published).load_seconds);
         let other = Published::from([(key, (d.loader_version + 1, bytes))]);
