@@ -112,12 +112,17 @@ impl Fork {
     /// past what it made: an index whose length is known only at its end).
     fn open_segment(&self, seg: u64) -> Result<std::fs::File> {
         let name = self.segment_name(seg);
-        let fd = openat(
-            self.dir.as_fd(),
-            name.as_str(),
-            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::from_bits_truncate(0o600),
-        )
+        let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let mode = Mode::from_bits_truncate(0o600);
+        let dir = self.dir.as_fd();
+        let fd = match direct_io() {
+            // A file system without O_DIRECT (tmpfs) refuses it: buffered.
+            true => match openat(dir, name.as_str(), flags | OFlag::O_DIRECT, mode) {
+                Err(nix::errno::Errno::EINVAL) => openat(dir, name.as_str(), flags, mode),
+                r => r,
+            },
+            false => openat(dir, name.as_str(), flags, mode),
+        }
         .map_err(|e| ioerr(format!("opening {}.{seg}", self.label), e))?;
         if let Some(u) = &self.owner {
             nix::unistd::fchown(fd.as_fd(), Some(u.uid.into()), Some(u.gid.into()))
@@ -200,13 +205,26 @@ impl Fork {
     }
 }
 
+/// Whether writers bypass the page cache (O_DIRECT; `PGFLEET_DIRECT_IO=0`
+/// turns it off, e.g. on a file system without it): the pages go to the
+/// device at its speed instead of through the kernel's write-back, and the
+/// load does not evict the instance's page cache.
+fn direct_io() -> bool {
+    std::env::var("PGFLEET_DIRECT_IO").map_or(true, |v| v != "0")
+}
+
+/// A page-aligned 8 KiB block: O_DIRECT needs aligned buffers.
+#[derive(Clone, Copy)]
+#[repr(C, align(4096))]
+struct Block([u8; BLCKSZ]);
+
 /// Writes pages at their block numbers across a fork's segments (blocks in
-/// any order; each segment opened once, buffered runs of consecutive
-/// blocks), then fsyncs what it wrote.
+/// any order; each segment opened once, runs of consecutive blocks written
+/// together from an aligned buffer), then fsyncs what it wrote.
 pub struct Writer<'f> {
     fork: &'f Fork,
     open: std::collections::BTreeMap<u64, std::fs::File>,
-    buf: Vec<u8>,
+    buf: Vec<Block>,
     /// The block `buf` starts at.
     start: u64,
     pub written: u64,
@@ -219,23 +237,22 @@ impl<'f> Writer<'f> {
         Writer {
             fork,
             open: Default::default(),
-            buf: Vec::with_capacity(RUN * BLCKSZ),
+            buf: Vec::with_capacity(RUN),
             start: 0,
             written: 0,
         }
     }
 
     pub fn put(&mut self, blk: u64, page: &Page) -> std::io::Result<()> {
-        let next = self.start + (self.buf.len() / BLCKSZ) as u64;
+        let next = self.start + self.buf.len() as u64;
         let seg_end = (self.start / self.fork.seg_blocks + 1) * self.fork.seg_blocks;
-        if !self.buf.is_empty() && (blk != next || blk >= seg_end || self.buf.len() >= RUN * BLCKSZ)
-        {
+        if !self.buf.is_empty() && (blk != next || blk >= seg_end || self.buf.len() >= RUN) {
             self.flush()?;
         }
         if self.buf.is_empty() {
             self.start = blk;
         }
-        self.buf.extend_from_slice(page);
+        self.buf.push(Block(*page));
         self.written += 1;
         Ok(())
     }
@@ -253,7 +270,13 @@ impl<'f> Writer<'f> {
             self.open.insert(seg, f);
         }
         let off = (self.start % self.fork.seg_blocks) * BLCKSZ as u64;
-        self.open[&seg].write_all_at(&self.buf, off)?;
+        // SAFETY: `Block` is `repr(C)` around a byte array whose size is a
+        // multiple of its alignment, so the vector's blocks are contiguous
+        // bytes with no padding; the slice borrows `self.buf` only here.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(self.buf.as_ptr().cast::<u8>(), self.buf.len() * BLCKSZ)
+        };
+        self.open[&seg].write_all_at(bytes, off)?;
         self.buf.clear();
         Ok(())
     }

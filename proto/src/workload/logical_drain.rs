@@ -219,10 +219,17 @@ impl KindParams for Params {
         let load = self.init.estimate(c);
         let data = self.init.data_bytes() as f64;
         let backlog = self.backlog_bytes as f64;
-        // Initial sync copies the table into the subscriber (heap, key, WAL).
-        let sync = Work::cpu(data / SYNC_BYTES_PER_CPU_SECOND, 1.0)
-            .writing(SYNC_WRITES_PER_DATA_BYTE * data)
-            .seconds(c);
+        // Initial sync copies the table into the subscriber (heap, key,
+        // WAL); after a direct load the subscriber is loaded the same way
+        // and the subscription copies nothing.
+        let direct = self.init.load_method == super::pgbench_init::LoadMethod::Direct;
+        let sync = if direct {
+            self.init.load_seconds(c)
+        } else {
+            Work::cpu(data / SYNC_BYTES_PER_CPU_SECOND, 1.0)
+                .writing(SYNC_WRITES_PER_DATA_BYTE * data)
+                .seconds(c)
+        };
         let b = Backlog::of(&self.init, backlog);
         // A page not in the instance's memory is read from the device:
         // the UPDATE's heap page and its key's leaf, on both sides.
@@ -263,6 +270,7 @@ impl KindParams for Params {
         let rows = self.init.scale as f64 * 100_000.0;
         let heap = self.init.accounts_heap_bytes() as f64;
         let dirty = match c.memory_bytes {
+            _ if direct => 0.0,
             0 => 0.0,
             m => data.min(m as f64),
         };
@@ -380,13 +388,16 @@ mod tests {
     /// UPDATEs that 224 bytes each would take.
     #[test]
     fn the_backlog_counts_page_images() {
-        let Params::LogicalDrain(p) = drain("{kind: logical-drain, scale: 300}") else {
+        let Params::LogicalDrain(p) = drain("{kind: logical-drain, scale: 300, load_method: copy}")
+        else {
             panic!()
         };
         let b = Backlog::of(&p.init, 276e6);
         assert!((17_000.0..20_000.0).contains(&b.updates), "{b:?}");
         assert!((1.7..2.1).contains(&(b.page_images / b.updates)), "{b:?}");
-        let Params::LogicalDrain(small) = drain("{kind: logical-drain, scale: 10}") else {
+        let Params::LogicalDrain(small) =
+            drain("{kind: logical-drain, scale: 10, load_method: copy}")
+        else {
             panic!()
         };
         let s = Backlog::of(&small.init, 70.6e6);
@@ -400,9 +411,9 @@ mod tests {
     /// against what they took: the estimates within ±30 %.
     #[test]
     fn a_mid_scale_drain_is_estimated_within_30_percent() {
-        let Params::LogicalDrain(p) =
-            drain("{kind: logical-drain, scale: 300, backlog_bytes: 256MiB, clients: 4}")
-        else {
+        let Params::LogicalDrain(p) = drain(
+            "{kind: logical-drain, scale: 300, backlog_bytes: 256MiB, clients: 4, load_method: copy}",
+        ) else {
             panic!()
         };
         let (mut nvme, mut gp3) = Capacity::two_cores_and_gp3();
