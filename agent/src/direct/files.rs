@@ -73,6 +73,23 @@ impl Fork {
         })
     }
 
+    /// Refuses a file with other names (a hard link the server's user made
+    /// to a file elsewhere): only the relation's own file is written.
+    fn single(&self, fd: OwnedFd, seg: u64) -> Result<OwnedFd> {
+        let st = nix::sys::stat::fstat(fd.as_fd())
+            .map_err(|e| ioerr(format!("stat {}.{seg}", self.label), e))?;
+        if st.st_nlink > 1 || (st.st_mode & libc::S_IFMT) != libc::S_IFREG {
+            return Err(Error::Workload {
+                workload: "direct load".into(),
+                message: format!(
+                    "{}.{seg} is not a plain file of its own ({} links): refusing to write it",
+                    self.label, st.st_nlink
+                ),
+            });
+        }
+        Ok(fd)
+    }
+
     fn segment_name(&self, seg: u64) -> String {
         if seg == 0 {
             self.name.clone()
@@ -100,6 +117,7 @@ impl Fork {
                 Mode::from_bits_truncate(0o600),
             )
             .map_err(|e| ioerr(format!("creating {}.{seg}", self.label), e))?;
+            let fd = self.single(fd, seg)?;
             if let Some(u) = &self.owner {
                 nix::unistd::fchown(fd.as_fd(), Some(u.uid.into()), Some(u.gid.into()))
                     .map_err(|e| ioerr(format!("chown {}.{seg}", self.label), e))?;
@@ -124,6 +142,7 @@ impl Fork {
             false => openat(dir, name.as_str(), flags, mode),
         }
         .map_err(|e| ioerr(format!("opening {}.{seg}", self.label), e))?;
+        let fd = self.single(fd, seg)?;
         if let Some(u) = &self.owner {
             nix::unistd::fchown(fd.as_fd(), Some(u.uid.into()), Some(u.gid.into()))
                 .map_err(|e| ioerr(format!("chown {}.{seg}", self.label), e))?;
@@ -288,5 +307,80 @@ impl<'f> Writer<'f> {
             f.sync_all()?;
         }
         Ok(self.written)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data_dir(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("pgfleet-files-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("base/5")).unwrap();
+        d
+    }
+
+    /// Only `base/<digits>/<digits>` is written: another tablespace, a
+    /// climb out or a deeper path is refused with what to do.
+    #[test]
+    fn only_the_default_tablespace_paths_are_taken() {
+        assert!(parse_relpath("base/5/16384").is_ok());
+        for bad in [
+            "pg_tblspc/16385/PG_15_202209061/5/16384",
+            "base/5/../../etc",
+            "base/5/16384/x",
+            "base/5/",
+            "base/x5/16384",
+            "/base/5/16384",
+        ] {
+            let e = parse_relpath(bad).unwrap_err().to_string();
+            assert!(e.contains("load_method: copy"), "{bad}: {e}");
+        }
+    }
+
+    /// A symbolic link on the way (the database's directory, or the file)
+    /// and a hard link to a file elsewhere are refused, and the file they
+    /// point at is left as it was.
+    #[test]
+    fn links_cannot_aim_the_writes_elsewhere() {
+        let d = data_dir("links");
+        let outside = d.join("outside");
+        std::fs::write(&outside, b"keep").unwrap();
+        // The file itself a symlink.
+        std::os::unix::fs::symlink(&outside, d.join("base/5/100")).unwrap();
+        let f = Fork::open(&d, "base/5/100", "", 131072, None).unwrap();
+        assert!(f.prepare(1).is_err());
+        // A hard link to the file outside.
+        std::fs::hard_link(&outside, d.join("base/5/200")).unwrap();
+        let f = Fork::open(&d, "base/5/200", "", 131072, None).unwrap();
+        let e = f.prepare(1).unwrap_err().to_string();
+        assert!(e.contains("refusing"), "{e}");
+        // The database's directory a symlink.
+        std::fs::create_dir_all(d.join("elsewhere")).unwrap();
+        std::os::unix::fs::symlink(d.join("elsewhere"), d.join("base/6")).unwrap();
+        assert!(Fork::open(&d, "base/6/100", "", 131072, None).is_err());
+        assert_eq!(std::fs::read(&outside).unwrap(), b"keep");
+        // A plain relation file is written, in whole segments.
+        let f = Fork::open(&d, "base/5/300", "", 4, None).unwrap();
+        f.prepare(6).unwrap();
+        let mut w = Writer::new(&f);
+        let page = [7u8; BLCKSZ];
+        for b in 0..6 {
+            w.put(b, &page).unwrap();
+        }
+        assert_eq!(w.finish().unwrap(), 6);
+        assert_eq!(
+            std::fs::metadata(d.join("base/5/300")).unwrap().len(),
+            4 * 8192
+        );
+        assert_eq!(
+            std::fs::metadata(d.join("base/5/300.1")).unwrap().len(),
+            2 * 8192
+        );
+        f.truncate_to(3).unwrap();
+        assert!(!d.join("base/5/300.1").exists());
+        assert_eq!(f.read_all().unwrap().len(), 3);
+        std::fs::remove_dir_all(&d).unwrap();
     }
 }

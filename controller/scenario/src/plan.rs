@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 
+use pgfleet_proto::workload::pgbench_init::LoadMethod;
 use pgfleet_proto::workload::{Estimate, Kind, Params, Phases};
 
 use super::Scenario;
@@ -587,29 +588,20 @@ pub fn plan_for(s: &Scenario, held: &Holdings) -> Vec<PlannedCell> {
 
 /// A restore the model says takes longer than the cell loading its own
 /// data does not pay: the cell loads instead (`data: fresh` for it). That
-/// happens where generating is fast (a direct load writes at the device's
-/// speed, a restore reads and writes the copy) and, with a store per agent
-/// (Kubernetes pods without an object store), where the copy shares one
-/// budget with its own reads (a pod's gp3 volume holds both the store and
-/// the cluster: 125 MiB/s for the read and the write together). With one
-/// store for the fleet the load must take at most half the restore's time.
-/// Then, with
-/// stores per agent, a build none of its class's cells restores would
-/// publish a copy for nobody, unless the class's volumes are kept as
-/// snapshots for later runs: its builders load too. (One store for the
-/// fleet outlives the run: its builders still publish.) Restored and
-/// loaded cells measure alike, so only the time changes; the plan's text
-/// says how many.
+/// happens where a cell generates its data (`load_method: direct` writes
+/// the files at the device's speed, where a restore copies them and reads
+/// them back), and, with a store per agent (Kubernetes pods without an
+/// object store), where the copy shares one budget with its own reads (a
+/// pod's gp3 volume holds both the store and the cluster: 125 MiB/s for the
+/// read and the write together). A copy load with one store for the fleet
+/// restores as asked: the model puts the two within a few percent, and the
+/// store outlives the run. Then, with stores per agent, a build none of its
+/// class's cells restores would publish a copy for nobody, unless the
+/// class's volumes are kept as snapshots for later runs: its builders load
+/// too. Restored and loaded cells measure alike (pgbench's rows are
+/// determined by the keys), so only the time changes; the plan's text says
+/// how many.
 fn load_where_restoring_is_slower(cells: &mut [PlannedCell], held: &Holdings) {
-    // One store for the fleet is what `data: reuse` asks for and outlives
-    // the run: a load must be clearly faster (half the restore's time, as
-    // a direct load on an uncapped disk is) to be preferred; a copy load
-    // at about a restore's speed leaves the cells restoring as asked.
-    let margin = if held.stores == Stores::PerAgent {
-        1.0
-    } else {
-        2.0
-    };
     let fresh = |c: &mut PlannedCell, why| {
         c.dataset = pgfleet_proto::dataset::Mode::Fresh;
         c.share = None;
@@ -621,7 +613,8 @@ fn load_where_restoring_is_slower(cells: &mut [PlannedCell], held: &Holdings) {
         if share.builds || share.reuses_cluster {
             continue;
         }
-        if c.estimate.load_seconds > margin * c.params.estimate(&c.capacity).load_seconds {
+        let may = held.stores == Stores::PerAgent || generates(&c.params);
+        if may && c.estimate.load_seconds > c.params.estimate(&c.capacity).load_seconds {
             fresh(c, LOADS_FASTER);
         }
     }
@@ -644,6 +637,25 @@ fn load_where_restoring_is_slower(cells: &mut [PlannedCell], held: &Holdings) {
             fresh(c, NOBODY_RESTORES);
         }
     }
+}
+
+/// How a cell loads pgbench's tables, for the kinds that do.
+pub fn load_method(p: &Params) -> Option<LoadMethod> {
+    let init = match p {
+        Params::PgbenchInit(p) => p,
+        Params::Pgbench(p) => &p.init,
+        Params::VacuumBloat(p) => &p.init,
+        Params::LogicalDrain(p) => &p.init,
+        Params::CompressionAnalysis(p) => p.init.as_ref()?,
+        _ => return None,
+    };
+    Some(init.load_method)
+}
+
+/// Whether a cell's dataset is generated directly (`load_method: direct`):
+/// its files written at the device's speed, not parsed from COPY.
+fn generates(p: &Params) -> bool {
+    load_method(p) == Some(LoadMethod::Direct)
 }
 
 /// Why a `data: reuse` cell loads its own data (`PlannedCell::loads_instead`).

@@ -62,6 +62,16 @@ pub struct Applied {
     pub runs: Vec<String>,
 }
 
+/// A data step as learning keys it: a build or a load with its method
+/// (a direct load and a copy load are different models of the same step),
+/// a restore or a reuse as it is.
+fn data_step(how: &str, method: &str) -> String {
+    match how {
+        "built" | "loaded" => format!("{how} by {method}"),
+        other => other.to_string(),
+    }
+}
+
 impl Learned {
     /// The corrections of the store's newest `SCAN` succeeded cells.
     pub fn read(store: &Store) -> crate::Result<Learned> {
@@ -87,7 +97,12 @@ impl Learned {
             let (e, run) = (&p.estimate, p.run_id.as_str());
             let model = e.model.total();
             if e.dataset && p.how != "none" {
-                let part = Part::Data(p.how.clone(), e.capacity.clone());
+                // Cells stored before `load_method` existed all copied.
+                let method = match e.load_method.as_str() {
+                    "" => "copy",
+                    m => m,
+                };
+                let part = Part::Data(data_step(&p.how, method), e.capacity.clone());
                 add(part, p.data_seconds, e.model.data, run);
                 let work = p.took_seconds - p.data_seconds;
                 add(Part::Work(e.key.clone()), work, model - e.model.data, run);
@@ -117,7 +132,8 @@ impl Learned {
     }
 
     /// The corrections for a cell of kind and capacity `key` (and
-    /// `capacity`) coming by its data as `how` (`none`: no dataset).
+    /// `capacity`) coming by its data as `how` (`none`: no dataset; a
+    /// build or a load named with its method, `data_step`).
     pub fn corrections(&self, key: &str, capacity: &str, how: &str) -> Corrections {
         let work = self.factors.get(&Part::Work(key.to_string())).cloned();
         let data = match how {
@@ -138,13 +154,15 @@ impl Learned {
         let mut applied = Applied::default();
         for c in cells.iter_mut() {
             let (key, capacity) = (c.estimate_key(), c.capacity_key());
+            let method =
+                pgfleet_scenario::plan::load_method(&c.params).map_or("copy", |m| m.name());
             let fresh = if c.params.dataset().is_some() {
-                "loaded"
+                data_step("loaded", method)
             } else {
-                "none"
+                "none".to_string()
             };
-            c.learned_fresh = self.corrections(&key, &capacity, fresh);
-            c.learned = self.corrections(&key, &capacity, c.how());
+            c.learned_fresh = self.corrections(&key, &capacity, &fresh);
+            c.learned = self.corrections(&key, &capacity, &data_step(c.how(), method));
             let model = *c.model.get_or_insert(c.estimate);
             c.estimate = c.learned.scale(model);
             if !c.learned.is_empty() {
@@ -232,8 +250,34 @@ mod tests {
         // The rest: r6, r5, r4 (1.0), r3's built cell (3.0), r2 (1.0).
         let work = c.work.unwrap();
         assert_eq!((work.cells, work.ratio), (5, 1.0));
-        assert_eq!(l.corrections("k", "cap", "built").data.unwrap().ratio, 0.5);
-        assert_eq!(l.corrections("k", "cap", "loaded").data, None);
+        // A build is learned with its method: cells stored before the key
+        // copied; a direct build teaches direct builds only.
+        assert_eq!(
+            l.corrections("k", "cap", "built by copy")
+                .data
+                .unwrap()
+                .ratio,
+            0.5
+        );
+        assert_eq!(l.corrections("k", "cap", "built by direct").data, None);
+        assert_eq!(l.corrections("k", "cap", "loaded by copy").data, None);
+        let mut direct = past("r7", "k", "built", m, (300.0, 100.0));
+        direct.estimate.load_method = "direct".into();
+        let l2 = Learned::of(&[direct, p[3].clone()]);
+        assert_eq!(
+            l2.corrections("k", "cap", "built by direct")
+                .data
+                .unwrap()
+                .ratio,
+            3.0
+        );
+        assert_eq!(
+            l2.corrections("k", "cap", "built by copy")
+                .data
+                .unwrap()
+                .ratio,
+            0.5
+        );
         assert_eq!(l.corrections("k", "other capacity", "restored").data, None);
         assert!(l.corrections("other", "cap", "restored").work.is_none());
         // A kind without a dataset: its whole is the rest.

@@ -201,6 +201,10 @@ pub struct CellEstimate {
     /// The runs its corrections were learned from, newest first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub learned_from: Vec<String>,
+    /// How the cell loads pgbench's tables ("direct", "copy"; "" for other
+    /// kinds and for cells stored before the key, all of which copied).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub load_method: String,
 }
 
 impl CellEstimate {
@@ -212,6 +216,8 @@ impl CellEstimate {
             phases: c.estimate().phases(),
             model: c.model_estimate().phases(),
             learned_from: c.learned.runs().into_iter().map(String::from).collect(),
+            load_method: pgfleet_scenario::plan::load_method(&c.params)
+                .map_or(String::new(), |m| m.name().to_string()),
         }
     }
 }
