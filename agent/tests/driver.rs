@@ -34,9 +34,17 @@ async fn run_params(
 }
 
 /// A kind's parameters as a scenario entry would give them (same checks
-/// and defaults).
+/// and defaults), loading by copy unless a test says otherwise: these
+/// tests are the driver's and the copy loader's, and hold sessions across
+/// loads, which a direct load (a restart of the server) would close; the
+/// direct load is proven in `direct.rs`.
 fn entry(kind: &str, mut keys: Json) -> pgfleet_proto::workload::Params {
     keys["kind"] = json!(kind);
+    if ["pgbench-init", "pgbench", "vacuum-bloat", "logical-drain"].contains(&kind)
+        && keys.get("load_method").is_none()
+    {
+        keys["load_method"] = json!("copy");
+    }
     let mut units = pgfleet_proto::workload::plan_entry(&keys.to_string()).unwrap();
     units.remove(0).1
 }

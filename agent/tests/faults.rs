@@ -9,7 +9,7 @@ use pgfleet_agent::cluster::Cluster;
 use pgfleet_proto::v1::{Assign, CellStatus};
 use tokio_util::sync::CancellationToken;
 
-use common::{params, run};
+use common::run;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_server_process_is_explained_by_the_server_log() {
@@ -17,7 +17,8 @@ async fn a_killed_server_process_is_explained_by_the_server_log() {
     let cl = Cluster::provision(&common::spec(&root, "c", "64MB", Default::default()))
         .await
         .unwrap();
-    let p = params("{kind: pgbench, scale: 1, script: select-only, clients: 2, duration_s: 30}");
+    let p =
+        copy_params("{kind: pgbench, scale: 1, script: select-only, clients: 2, duration_s: 30}");
     let killer = async {
         let c = cl.connect().await.unwrap();
         // Wait for the driver's backends, then kill one as the OOM killer would.
@@ -82,7 +83,7 @@ async fn a_cell_larger_than_the_free_disk_is_refused_before_loading() {
         .unwrap();
     assert!(status.success());
     let env = common::agent_env(&root, &root.join("datasets"));
-    let p = params("{kind: pgbench-init, scale: 40}");
+    let p = common::params("{kind: pgbench-init, scale: 40}");
     let assign = Assign {
         cell_id: "big".into(),
         run_id: "r".into(),
@@ -112,4 +113,16 @@ async fn a_cell_larger_than_the_free_disk_is_refused_before_loading() {
         r.error
     );
     assert!(!root.join("clusters").join("big").exists());
+}
+
+/// A pgbench entry loading by copy: these tests hold sessions across the
+/// cell's load, which a direct load (a restart of the server) would close;
+/// the direct load is proven in `direct.rs`.
+fn copy_params(entry: &str) -> pgfleet_proto::workload::Params {
+    let entry = if entry.contains("pgbench") && !entry.contains("load_method") {
+        entry.replacen('{', "{load_method: copy, ", 1)
+    } else {
+        entry.to_string()
+    };
+    common::params(&entry)
 }

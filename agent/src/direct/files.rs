@@ -106,18 +106,17 @@ impl Fork {
         let segs = blocks.div_ceil(self.seg_blocks).max(1);
         for seg in 0..segs {
             let name = self.segment_name(seg);
+            // Checked before it is emptied: never truncate another's file.
             let fd = openat(
                 self.dir.as_fd(),
                 name.as_str(),
-                OFlag::O_WRONLY
-                    | OFlag::O_CREAT
-                    | OFlag::O_TRUNC
-                    | OFlag::O_NOFOLLOW
-                    | OFlag::O_CLOEXEC,
+                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
                 Mode::from_bits_truncate(0o600),
             )
             .map_err(|e| ioerr(format!("creating {}.{seg}", self.label), e))?;
             let fd = self.single(fd, seg)?;
+            nix::unistd::ftruncate(&fd, 0)
+                .map_err(|e| ioerr(format!("truncating {}.{seg}", self.label), e))?;
             if let Some(u) = &self.owner {
                 nix::unistd::fchown(fd.as_fd(), Some(u.uid.into()), Some(u.gid.into()))
                     .map_err(|e| ioerr(format!("chown {}.{seg}", self.label), e))?;

@@ -33,7 +33,7 @@ const BATCH: usize = 256;
 
 pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Result<Output>> {
     async move {
-        let client = ctx.cluster.connect().await?;
+        let mut client = ctx.cluster.connect().await?;
         // pageinspect lives in a schema of the agent's (the workload role
         // owns `public` and could replace what is there).
         client
@@ -49,6 +49,8 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
             "pgbench" => {
                 let init = p.init.as_ref().ok_or_else(|| werr("dataset pgbench without its scale".into()))?;
                 pgbench_init::load(ctx, init).await?;
+                // A direct load restarts the server: a new session.
+                client = ctx.cluster.connect().await?;
             }
             "json" => {
                 // The documents' source table is the agent's own; `orders`,
