@@ -88,7 +88,9 @@ pub async fn verdict(cluster: &Cluster, c: &tokio_postgres::Client) -> Result<Re
     Ok(v)
 }
 
-const TABLE: &str = "public.pgfleet_direct_check";
+/// In the agent's own schema, which the workload role cannot write: the
+/// superuser's session never meets an object a scenario planted.
+const TABLE: &str = "pgfleet_agent.pgfleet_direct_check";
 
 /// Loads reference `r` the server's way and compares its pages with the
 /// generated ones: Ok(Err(the first difference)) when they differ.
@@ -105,7 +107,9 @@ pub async fn compare(
     };
     let aid = if r.bigint { "bigint" } else { "int" };
     c.batch_execute(&format!(
-        "DROP TABLE IF EXISTS {TABLE}; BEGIN; \
+        "CREATE SCHEMA IF NOT EXISTS pgfleet_agent; \
+         REVOKE ALL ON SCHEMA pgfleet_agent FROM PUBLIC; \
+         DROP TABLE IF EXISTS {TABLE}; BEGIN; \
          CREATE TABLE {TABLE} (aid {aid} NOT NULL, bid int, abalance int, filler char(84)) \
          WITH (fillfactor = {})",
         r.created_fillfactor
