@@ -17,8 +17,9 @@ async fn a_killed_server_process_is_explained_by_the_server_log() {
     let cl = Cluster::provision(&common::spec(&root, "c", "64MB", Default::default()))
         .await
         .unwrap();
-    let p =
-        copy_params("{kind: pgbench, scale: 1, script: select-only, clients: 2, duration_s: 30}");
+    let p = common::copy_params(
+        "{kind: pgbench, scale: 1, script: select-only, clients: 2, duration_s: 30}",
+    );
     let killer = async {
         let c = cl.connect().await.unwrap();
         // Wait for the driver's backends, then kill one as the OOM killer would.
@@ -113,16 +114,4 @@ async fn a_cell_larger_than_the_free_disk_is_refused_before_loading() {
         r.error
     );
     assert!(!root.join("clusters").join("big").exists());
-}
-
-/// A pgbench entry loading by copy: these tests hold sessions across the
-/// cell's load, which a direct load (a restart of the server) would close;
-/// the direct load is proven in `direct.rs`.
-fn copy_params(entry: &str) -> pgfleet_proto::workload::Params {
-    let entry = if entry.contains("pgbench") && !entry.contains("load_method") {
-        entry.replacen('{', "{load_method: copy, ", 1)
-    } else {
-        entry.to_string()
-    };
-    common::params(&entry)
 }

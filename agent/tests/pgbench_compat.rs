@@ -138,7 +138,7 @@ async fn draws(cl: &Cluster, driver: &str, script: &str) -> Vec<Vec<String>> {
     )
     .await
     .unwrap();
-    let params = copy_params(
+    let params = common::copy_params(
         &json!({
             "kind": "pgbench", "scale": 1, "script_text": script, "clients": 3, "threads": 2,
             "transactions": 40, "warmup_s": 0, "seed": 20261201, "driver": driver,
@@ -177,7 +177,7 @@ async fn a_seeded_run_draws_what_pgbench_draws_client_by_client() {
             c.batch_execute("TRUNCATE public.pgbench_history")
                 .await
                 .unwrap();
-            let params = copy_params(
+            let params = common::copy_params(
                 &json!({
                     "kind": "pgbench", "scale": 1, "script": script, "clients": 2,
                     "transactions": 25, "warmup_s": 0, "seed": 7, "driver": driver,
@@ -220,7 +220,7 @@ async fn a_seeded_run_draws_what_pgbench_draws_client_by_client() {
     for driver in ["pgbench", "pgfleet"] {
         let log = cl.dir().join("postgres.log");
         let from = std::fs::metadata(&log).unwrap().len() as usize;
-        let params = copy_params(
+        let params = common::copy_params(
             &json!({
                 "kind": "pgbench", "scale": 1, "script": "select-only", "clients": 2,
                 "transactions": 25, "warmup_s": 0, "seed": 7, "driver": driver,
@@ -282,7 +282,7 @@ async fn results(cl: &Cluster, entry: serde_json::Value) -> Vec<String> {
     keys.as_object_mut()
         .unwrap()
         .extend(entry.as_object().unwrap().clone());
-    common::run(cl, &copy_params(&keys.to_string()))
+    common::run(cl, &common::copy_params(&keys.to_string()))
         .await
         .unwrap_or_else(|e| panic!("{keys}: {e}"));
     let mut rows: Vec<String> = c
@@ -305,7 +305,7 @@ async fn refusals(cl: &Cluster, keys: serde_json::Value, cases: &[(&str, &str)])
             .as_object_mut()
             .unwrap()
             .extend(keys.as_object().unwrap().clone());
-        let e = common::run(cl, &copy_params(&entry.to_string()))
+        let e = common::run(cl, &common::copy_params(&entry.to_string()))
             .await
             .unwrap_err()
             .to_string();
@@ -596,7 +596,7 @@ async fn the_invalid_script_list_fails_as_pgbench_fails_it() {
                 (1, Err(e)) if lacks(&e) => why.push(format!("{driver}: validation: {e}")),
                 (2, Err(e)) => why.push(format!("{driver}: validation refuses it: {e}")),
                 (2, Ok(_)) if driver == "pgfleet" => {
-                    match common::run(&cl, &copy_params(&entry(driver))).await {
+                    match common::run(&cl, &common::copy_params(&entry(driver))).await {
                         Ok(_) => why.push(format!("{driver}: the run succeeds")),
                         Err(e) if lacks(&e.to_string()) => why.push(format!("{driver}: run: {e}")),
                         Err(_) => {}
@@ -623,16 +623,4 @@ async fn the_invalid_script_list_fails_as_pgbench_fails_it() {
     );
     cl.teardown().await.unwrap();
     std::fs::remove_dir_all(&root).unwrap();
-}
-
-/// A pgbench entry loading by copy: these tests hold sessions across the
-/// cell's load, which a direct load (a restart of the server) would close;
-/// the direct load is proven in `direct.rs`.
-fn copy_params(entry: &str) -> pgfleet_proto::workload::Params {
-    let entry = if entry.contains("pgbench") && !entry.contains("load_method") {
-        entry.replacen('{', "{load_method: copy, ", 1)
-    } else {
-        entry.to_string()
-    };
-    common::params(&entry)
 }

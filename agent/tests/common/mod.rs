@@ -78,6 +78,18 @@ pub fn params(entry: &str) -> Params {
     plan_entry(entry).unwrap().remove(0).1
 }
 
+/// A pgbench entry loading by copy, for tests that hold sessions across
+/// the cell's load, which a direct load (a restart of the server) would
+/// close; the direct load is proven in `direct.rs`.
+pub fn copy_params(entry: &str) -> Params {
+    let entry = if entry.contains("pgbench") && !entry.contains("load_method") {
+        entry.replacen('{', "{load_method: copy, ", 1)
+    } else {
+        entry.to_string()
+    };
+    params(&entry)
+}
+
 /// Runs a kind's cell workload in `cluster` (events discarded).
 pub async fn run(cluster: &Cluster, params: &Params) -> pgfleet_agent::Result<Output> {
     let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
