@@ -247,6 +247,7 @@ async fn driver_rounds(
                 seed: 42,
                 stop_when: None,
                 live: None,
+                reconnect: false,
             };
             let c0 = common::cpu_seconds(libc::RUSAGE_SELF);
             let pgc = cluster.workload_server().config;

@@ -158,6 +158,14 @@ pub struct Sampler {
     task: JoinHandle<Result<Summary>>,
 }
 
+/// A sampler dropped without `finish` (its cell failed) stops sampling: its
+/// task would otherwise run as long as its server does.
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
 /// The `device` group's columns (see `device_values`).
 const DEVICE_COLS: &[&str] = &["reads", "writes", "read_bytes", "write_bytes", "flushes"];
 
@@ -240,7 +248,24 @@ impl Sampler {
         events: mpsc::Sender<AgentMessage>,
         cell_id: String,
     ) -> Result<Sampler> {
-        let client = server.connect().await?;
+        Sampler::start_with(server, device, interval, warmup, events, cell_id, false).await
+    }
+
+    /// `start`, and with `survive_restarts` a sampler that outlives its
+    /// server's crash: it connects again once the server is back, and the
+    /// counters crash recovery reset continue from where they were (the
+    /// activity between its last sample and the crash is not counted).
+    pub async fn start_with(
+        server: &Server,
+        device: Option<PathBuf>,
+        interval: Duration,
+        warmup: Duration,
+        events: mpsc::Sender<AgentMessage>,
+        cell_id: String,
+        survive_restarts: bool,
+    ) -> Result<Sampler> {
+        let mut client = server.connect().await?;
+        let server = server.clone();
         let groups = groups(server.major);
         let stop = CancellationToken::new();
         let s = stop.clone();
@@ -261,6 +286,8 @@ impl Sampler {
             let mut waits: BTreeMap<String, f64> = BTreeMap::new();
             let mut samples = 0;
             let mut tick = tokio::time::interval(interval);
+            // What counters reset by a crash recovery restart from.
+            let mut offsets = Offsets::default();
             tick.tick().await;
             let warmed = tokio::time::sleep_until((started + warmup).into());
             tokio::pin!(warmed);
@@ -275,7 +302,20 @@ impl Sampler {
                     }
                     _ = s.cancelled() => break,
                 }
-                let now = snapshot(&client, &groups, device.as_deref()).await?;
+                let now = match snapshot(&client, &groups, device.as_deref()).await {
+                    Ok(now) => offsets.adjust(now),
+                    Err(_) if survive_restarts && client.is_closed() => {
+                        let Some(c) = reconnect(&server, &s).await else {
+                            break;
+                        };
+                        client = c;
+                        let fresh = snapshot(&client, &groups, device.as_deref()).await?;
+                        offsets.restarted(&prev, &fresh);
+                        prev = offsets.adjust(fresh);
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
                 let mut data = serde_json::Map::new();
                 data.insert("t".into(), json!(started.elapsed().as_secs_f64()));
                 let sampled = groups.iter().map(|g| (g.name, g.cols));
@@ -290,12 +330,16 @@ impl Sampler {
                         .collect();
                     data.insert(name.into(), Json::Object(delta));
                 }
-                let w: BTreeMap<String, f64> = client
-                    .query(WAITS, &[])
-                    .await?
-                    .iter()
-                    .map(|r| (r.get::<_, String>(0), r.get::<_, f64>(1)))
-                    .collect();
+                let w: BTreeMap<String, f64> = match client.query(WAITS, &[]).await {
+                    Ok(rows) => rows
+                        .iter()
+                        .map(|r| (r.get::<_, String>(0), r.get::<_, f64>(1)))
+                        .collect(),
+                    // The server crashed since the snapshot: the next tick
+                    // reconnects.
+                    Err(_) if survive_restarts => BTreeMap::new(),
+                    Err(e) => return Err(e.into()),
+                };
                 // This tick's snapshot and wait events. (Stopped during the
                 // warm-up, the window is all of it.)
                 base.1 += per_snapshot + 1.0;
@@ -318,7 +362,12 @@ impl Sampler {
                 samples += 1;
                 prev = now;
             }
-            let last = snapshot(&client, &groups, device.as_deref()).await?;
+            let last = match snapshot(&client, &groups, device.as_deref()).await {
+                Ok(last) => offsets.adjust(last),
+                // Its server went away at the end: the last sample stands.
+                Err(_) if survive_restarts => prev,
+                Err(e) => return Err(e),
+            };
             let (base, own_commits) = base;
             let totals: BTreeMap<String, f64> = last
                 .iter()
@@ -343,11 +392,51 @@ impl Sampler {
         Ok(Sampler { stop, task })
     }
 
-    pub async fn finish(self) -> Result<Summary> {
+    pub async fn finish(mut self) -> Result<Summary> {
         self.stop.cancel();
-        self.task
+        (&mut self.task)
             .await
             .map_err(|e| Error::Session(format!("sampler task: {e}")))?
+    }
+}
+
+/// Per counter, what to add to the server's value: after a crash the
+/// server's statistics start again from zero, and the window's counters
+/// continue from their last sample.
+#[derive(Default)]
+struct Offsets(BTreeMap<String, f64>);
+
+impl Offsets {
+    fn adjust(&self, mut snap: BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+        for (k, v) in snap.iter_mut() {
+            *v += self.0.get(k).copied().unwrap_or(0.0);
+        }
+        snap
+    }
+    /// The server restarted: a counter now below its last (adjusted)
+    /// value was reset, and continues from that value.
+    fn restarted(&mut self, prev: &BTreeMap<String, f64>, fresh: &BTreeMap<String, f64>) {
+        for (k, raw) in fresh {
+            let before = self.0.get(k).copied().unwrap_or(0.0);
+            if let Some(p) = prev.get(k)
+                && raw + before < *p
+            {
+                self.0.insert(k.clone(), p - raw);
+            }
+        }
+    }
+}
+
+/// Connects to `server` again (every 200 ms) until it accepts, or `stop`.
+async fn reconnect(server: &Server, stop: &CancellationToken) -> Option<tokio_postgres::Client> {
+    loop {
+        if let Ok(c) = server.connect().await {
+            return Some(c);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = stop.cancelled() => return None,
+        }
     }
 }
 

@@ -27,9 +27,11 @@ use crate::pgbin::PgBin;
 use crate::{Error, Result};
 
 pub mod device;
+mod fault;
 pub mod identity;
 pub mod throttle;
 pub mod volume;
+pub use fault::{CapsWindow, Crashed};
 pub use identity::RunAs;
 use throttle::Caps;
 
@@ -210,8 +212,9 @@ pub struct Cluster {
     /// The cluster's own device (`major:minor`) when its caps are
     /// device-wide (`throttle::cap_device`).
     capped_device: Option<String>,
-    /// Its reads and writes sharing one budget on that device (gp3).
-    budget: Option<throttle::Budget>,
+    /// Its reads and writes sharing one budget on that device (gp3); a
+    /// fault that changes the caps replaces it for its window.
+    budget: std::sync::Mutex<Option<throttle::Budget>>,
     pub pg: PgBin,
 }
 
@@ -281,6 +284,10 @@ impl Cluster {
     /// its own volume, or its directory. A kind's scratch files go here.
     pub fn storage_dir(&self) -> &Path {
         self.volume.as_ref().map_or(&self.dir, |v| v.dir())
+    }
+    /// The storage caps the cluster was provisioned with (the class's).
+    pub fn spec_caps(&self) -> Caps {
+        self.spec.caps
     }
     pub fn pid(&self) -> Option<u32> {
         self.child().as_ref().and_then(|c| c.id())
@@ -352,7 +359,7 @@ impl Cluster {
             memory_bytes: spec.memory_bytes,
             volume: None,
             capped_device: None,
-            budget: None,
+            budget: std::sync::Mutex::new(None),
             pg: spec.pg.clone(),
         };
         std::fs::set_permissions(&cluster.dir, std::fs::Permissions::from_mode(0o700))
@@ -389,7 +396,8 @@ impl Cluster {
                         let dev = dev?;
                         throttle::cap_device(&dev, spec.caps)?;
                         if spec.caps.combined {
-                            cluster.budget = Some(throttle::Budget::start(&dev, spec.caps)?);
+                            *cluster.budget.get_mut().unwrap_or_else(|e| e.into_inner()) =
+                                Some(throttle::Budget::start(&dev, spec.caps)?);
                         }
                         cluster.capped_device = Some(dev);
                     }
@@ -552,6 +560,12 @@ impl Cluster {
     }
 
     async fn start(&self) -> Result<()> {
+        self.start_within(Duration::from_secs(60)).await
+    }
+
+    /// Starts the server and waits until it accepts connections, at most
+    /// `within` (crash recovery may take long).
+    async fn start_within(&self, within: Duration) -> Result<()> {
         let spec = &self.spec;
         let log_path = self.dir.join("postgres.log");
         let log = std::fs::OpenOptions::new()
@@ -571,7 +585,7 @@ impl Cluster {
             .map_err(|e| Error::Provision(format!("starting postgres: {e}")))?;
         self.join_cgroups(&child, "postgres")?;
         *self.child() = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + within;
         loop {
             let exited = {
                 let mut child = self.child();
@@ -594,8 +608,12 @@ impl Cluster {
                     tokio::time::sleep(Duration::from_millis(100)).await
                 }
                 Err(e) => {
+                    let text = std::fs::read_to_string(&log_path).unwrap_or_default();
                     return Err(Error::Provision(format!(
-                        "postgres did not accept connections within 60 s: {e}"
+                        "postgres did not accept connections within {} s: {e}; its log ({}) ends: {}",
+                        within.as_secs(),
+                        log_path.display(),
+                        tail(&text, 5)
                     )));
                 }
             }
@@ -1129,7 +1147,12 @@ impl Cluster {
             throttle::remove_path(&cg.path)?;
         }
         // The budget's thread stops before its device's rules go.
-        drop(self.budget.take());
+        drop(
+            self.budget
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
         if let Some(mut v) = self.volume.take() {
             v.remove()?;
         }
@@ -1147,7 +1170,12 @@ impl Drop for Cluster {
         for cg in std::mem::take(&mut self.cgroups) {
             let _ = throttle::remove_path(&cg.path);
         }
-        drop(self.budget.take());
+        drop(
+            self.budget
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
         if let Some(mut v) = self.volume.take() {
             let _ = v.remove();
         }

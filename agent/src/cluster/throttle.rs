@@ -408,6 +408,45 @@ pub fn cap_device(dev: &str, caps: Caps) -> Result<()> {
     Ok(())
 }
 
+/// Rewrites the caps of a cluster's block-I/O cgroup `cg` on device `dev`
+/// (made by `create_io`): every rule, 0 removing one. What a fault that
+/// changes the caps for a window writes, and writes back.
+pub fn recap_cgroup(cg: &Path, dev: &str, caps: Caps) -> Result<()> {
+    if cg.join("blkio.throttle.read_iops_device").exists() {
+        for (file, v) in [
+            ("blkio.throttle.read_iops_device", caps.read_iops),
+            ("blkio.throttle.write_iops_device", caps.write_iops),
+            ("blkio.throttle.read_bps_device", caps.read_mbps << 20),
+            ("blkio.throttle.write_bps_device", caps.write_mbps << 20),
+        ] {
+            write(&cg.join(file), &format!("{dev} {v}"))?;
+        }
+        return Ok(());
+    }
+    let f = |v: u64, scale: u64| {
+        if v == 0 {
+            "max".to_string()
+        } else {
+            (v * scale).to_string()
+        }
+    };
+    write(
+        &cg.join("io.max"),
+        &format!(
+            "{dev} riops={} wiops={} rbps={} wbps={}",
+            f(caps.read_iops, 1),
+            f(caps.write_iops, 1),
+            f(caps.read_mbps, 1 << 20),
+            f(caps.write_mbps, 1 << 20)
+        ),
+    )
+}
+
+/// Whether `cg` is a block-I/O cgroup (v1 blkio or v2 with io.max).
+pub fn is_io_cgroup(cg: &Path) -> bool {
+    cg.join("blkio.throttle.read_iops_device").exists() || cg.join("io.max").exists()
+}
+
 /// How often `Budget` splits a combined budget again.
 pub const BUDGET_TICK: Duration = Duration::from_millis(250);
 

@@ -62,6 +62,10 @@ pub struct DriverConfig {
     /// Where clients publish each of their measured seconds as it ends,
     /// for the live figures (None: only the result at the end).
     pub live: Option<Arc<Live>>,
+    /// A client whose connection is lost (the server crashed, or shut it)
+    /// records the transaction as failed (class `connection`) and connects
+    /// again until it can, or the run ends, instead of aborting.
+    pub reconnect: bool,
 }
 
 /// One second of the measured window as the clients publish it while they
@@ -90,6 +94,9 @@ pub struct Live {
     seconds: std::sync::Mutex<BTreeMap<u64, LiveSecond>>,
     /// The end of the warm-up: second 0 starts here.
     pub start: std::sync::OnceLock<Instant>,
+    /// Transactions committed so far, warm-up included (what a fault
+    /// watches for the first one after a crash).
+    pub committed: std::sync::atomic::AtomicU64,
 }
 
 impl Live {
@@ -390,6 +397,9 @@ impl ClientStats {
 enum TxnError {
     Retryable(&'static str, String),
     Fatal(String),
+    /// The connection is gone (closed, or the server ended the session:
+    /// SQLSTATE classes 08 and 57P).
+    Lost(String),
 }
 
 /// A transaction's end as it is recorded: Ok, or its failure's class and
@@ -536,7 +546,7 @@ impl Session {
         cfg: &DriverConfig,
         rng: &mut Rng,
         retries: &mut u64,
-    ) -> Result<Outcome, String> {
+    ) -> Result<Outcome, Abort> {
         let snapshot = *rng;
         let mut tries = 0;
         loop {
@@ -563,10 +573,34 @@ impl Session {
                     *retries += 1;
                     *rng = snapshot;
                 }
-                Err(TxnError::Fatal(msg)) => return Err(msg),
+                Err(TxnError::Fatal(msg)) => return Err(Abort::Fatal(msg)),
+                Err(TxnError::Lost(msg)) => return Err(Abort::Lost(msg)),
             }
         }
     }
+
+    /// After a lost connection: connects again (every 100 ms) until it
+    /// can, or `give_up` says the run is over (false then). Statements are
+    /// prepared again on the new connection.
+    async fn reconnect(&mut self, pg: &tokio_postgres::Config, give_up: impl Fn() -> bool) -> bool {
+        loop {
+            if give_up() {
+                return false;
+            }
+            if let Ok(db) = wire::Conn::connect(pg).await {
+                self.db = db;
+                self.prepared.fill(false);
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Why a client's transaction ended it (or, with `reconnect`, its session).
+enum Abort {
+    Fatal(String),
+    Lost(String),
 }
 
 async fn client(
@@ -627,12 +661,27 @@ async fn client(
             },
         };
         let mut retries = 0;
-        let outcome = session
-            .run(cfg, &mut rng, &mut retries)
-            .await
-            .map_err(|msg| DriverError(format!("client {id} aborted: {msg}")))?;
+        let outcome = match session.run(cfg, &mut rng, &mut retries).await {
+            Ok(o) => o,
+            Err(Abort::Lost(msg)) if cfg.reconnect => {
+                let past_end =
+                    || stop.load(Ordering::Relaxed) || end.is_some_and(|e| Instant::now() >= e);
+                if !session.reconnect(pg, past_end).await {
+                    break;
+                }
+                Err(("connection", msg))
+            }
+            Err(Abort::Fatal(msg) | Abort::Lost(msg)) => {
+                return Err(DriverError(format!("client {id} aborted: {msg}")));
+            }
+        };
         let finished = Instant::now();
         done += 1;
+        if outcome.is_ok()
+            && let Some(l) = cfg.live.as_deref()
+        {
+            l.committed.fetch_add(1, Ordering::Relaxed);
+        }
         if scheduled < warm_end {
             continue;
         }
@@ -980,6 +1029,10 @@ fn classify(e: &wire::WireError, at: &str) -> TxnError {
     match e.code() {
         Some("40001") => TxnError::Retryable("serialization", format!("{at}: {e}")),
         Some("40P01") => TxnError::Retryable("deadlock", format!("{at}: {e}")),
+        None => TxnError::Lost(format!("{at}: {e}")),
+        Some(c) if c.starts_with("08") || c.starts_with("57P") => {
+            TxnError::Lost(format!("{at}: {e}"))
+        }
         _ => TxnError::Fatal(format!("{at}: {e}")),
     }
 }

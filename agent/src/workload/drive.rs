@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::context::CellContext;
+use super::fault;
 use crate::cluster::Server;
 use crate::driver::script::{Script, Value, Var};
 use crate::driver::{self, DriverConfig, DriverResult};
@@ -18,6 +19,7 @@ use pgfleet_proto::v1::{AgentMessage, CellProgress, agent_message::Msg};
 use tokio_util::sync::CancellationToken;
 
 use pgfleet_proto::workload::Internals;
+use pgfleet_proto::workload::fault::{FaultFigures, FaultKind};
 pub use pgfleet_proto::workload::pgbench::{Define, DriveParams, Second};
 
 fn werr(message: String) -> Error {
@@ -36,13 +38,22 @@ pub async fn drive(
     server: &Server,
     d: &DriveParams,
     scale: u64,
-) -> Result<(DriverResult, Internals)> {
+) -> Result<Driven> {
     drive_until(ctx, server, ctx.cluster.device_stat_file(), d, scale, None).await
+}
+
+/// What a drive measured: the driver's result, the server's statistics
+/// over the window, and each injected fault's figures.
+pub struct Driven {
+    pub result: DriverResult,
+    pub internals: Internals,
+    pub faults: Vec<FaultFigures>,
 }
 
 /// `drive` against any server (a peer's has no `device` here: its
 /// device's I/Os are not the cell's cluster's), ended early when `stop`
 /// fires (the built-in driver then returns what it measured until then).
+/// The workload's faults act on the cell's own cluster.
 pub async fn drive_until(
     ctx: &CellContext<'_>,
     server: &Server,
@@ -50,7 +61,7 @@ pub async fn drive_until(
     d: &DriveParams,
     scale: u64,
     stop: Option<&tokio_util::sync::CancellationToken>,
-) -> Result<(DriverResult, Internals)> {
+) -> Result<Driven> {
     let text = d.text().map_err(werr)?.to_string();
     // Whatever the scenario's script can steer runs in here (see `sandbox`):
     // the real pgbench, and a shell the workload allows. pgfleet's driver
@@ -60,31 +71,71 @@ pub async fn drive_until(
     } else {
         None
     };
-    let cfg = driver_config(d, &text, scale, stop, sandbox.as_ref())?;
-    let sampler = Sampler::start(
+    let crashes = d.faults.iter().any(|f| f.kind == FaultKind::Crash);
+    // A fault that fails ends the driver early (its clients would wait
+    // for a server that is not coming back).
+    let ended = match (stop, d.faults.is_empty()) {
+        (Some(s), _) => Some(s.child_token()),
+        (None, false) => Some(CancellationToken::new()),
+        (None, true) => None,
+    };
+    let mut cfg = driver_config(d, &text, scale, ended.as_ref(), sandbox.as_ref())?;
+    cfg.reconnect = crashes;
+    let live = Arc::new(driver::Live::default());
+    cfg.live = Some(live.clone());
+    let sampler = Sampler::start_with(
         server,
         device,
         Duration::from_secs(1),
         cfg.warmup,
         ctx.events.clone(),
         ctx.cell_id.clone(),
+        crashes,
     )
     .await?;
+    let phase: fault::Phase = Default::default();
     let phases_done = CancellationToken::new();
-    let (result, ()) = tokio::join!(
+    let (result, (), injected) = tokio::join!(
         async {
-            let r = run_driver(ctx, server, cfg, &text, &d.driver, sandbox.as_deref(), stop).await;
+            let r = run_driver(
+                ctx,
+                server,
+                cfg,
+                &text,
+                &d.driver,
+                sandbox.as_deref(),
+                (ended.as_ref(), &phase),
+            )
+            .await;
             phases_done.cancel();
             r
         },
-        phase_spans(d.warmup_s, &phases_done)
+        phase_spans(d.warmup_s, &phases_done),
+        async {
+            let r = fault::inject(ctx, &d.faults, &live, &phase, &phases_done).await;
+            if r.is_err()
+                && let Some(e) = &ended
+            {
+                e.cancel();
+            }
+            r
+        }
     );
+    let injected = injected.map_err(fault::failed)?;
     let result = match result? {
         Ok(r) => r,
         Err(e) if ctx.cancel.is_cancelled() => return Err(Error::Cancelled(e.0)),
         Err(e) => return Err(werr(e.0)),
     };
-    Ok((result, sampler.finish().await?.internals()))
+    let faults = match live.start.get() {
+        Some(window) => fault::figures(&injected, &result.per_second, *window),
+        None => Vec::new(),
+    };
+    Ok(Driven {
+        result,
+        internals: sampler.finish().await?.internals(),
+        faults,
+    })
 }
 
 /// The driver's configuration from the workload's parameters: the script
@@ -162,6 +213,7 @@ fn driver_config(
         seed,
         stop_when: stop.cloned(),
         live: None,
+        reconnect: false,
     })
 }
 
@@ -175,14 +227,15 @@ async fn run_driver(
     text: &str,
     driver_name: &str,
     sandbox: Option<&Sandbox>,
-    stop: Option<&tokio_util::sync::CancellationToken>,
+    (stop, phase): (Option<&tokio_util::sync::CancellationToken>, &fault::Phase),
 ) -> Result<std::result::Result<DriverResult, driver::DriverError>> {
-    let (events, cell_id) = (ctx.events.clone(), ctx.cell_id.clone());
+    let (events, cell_id, phase) = (ctx.events.clone(), ctx.cell_id.clone(), phase.clone());
     let progress = move |done: f64, total: f64| {
+        let now = *phase.lock().unwrap_or_else(|e| e.into_inner());
         let _ = events.try_send(AgentMessage {
             msg: Some(Msg::Progress(CellProgress {
                 cell_id: cell_id.clone(),
-                phase: "measure".into(),
+                phase: now.unwrap_or("measure").into(),
                 done: done as u64,
                 total: total as u64,
                 message: format!("{done:.0}/{total:.0} s"),
@@ -213,7 +266,7 @@ async fn run_driver(
         }
         "pgfleet" => {
             let (pg, cancel) = (server.config.clone(), ctx.cancel.clone());
-            let live = Arc::new(driver::Live::default());
+            let live = cfg.live.clone().unwrap_or_default();
             let mut cfg = cfg;
             cfg.live = Some(live.clone());
             let done = CancellationToken::new();

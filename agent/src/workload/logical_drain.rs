@@ -283,6 +283,7 @@ async fn build_backlog(
         seed: None,
         driver: "pgfleet".into(),
         allow_shell: false,
+        faults: Vec::new(),
     };
     let builder = drive_until(ctx, driven, None, &drive, p.init.scale, Some(&stop));
     tokio::pin!(builder);
@@ -323,7 +324,7 @@ async fn build_backlog(
     Ok(Backlog {
         bytes: slot_lag(there, Some(&target)).await?,
         seconds,
-        transactions: driven.0.transactions,
+        transactions: driven.result.transactions,
         target,
     })
 }

@@ -14,6 +14,7 @@ use pgfleet_proto::workload::{self as kinds, Params};
 pub mod compression_analysis;
 pub mod context;
 pub mod drive;
+pub mod fault;
 pub mod fio;
 pub mod logical_drain;
 pub mod pgbench;

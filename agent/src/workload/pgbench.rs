@@ -10,6 +10,7 @@ use crate::Result;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
+use pgfleet_proto::workload::fault::FaultMetrics;
 pub use pgfleet_proto::workload::pgbench::{Metrics, Params, PointParams};
 use pgfleet_proto::workload::{Cache, Point};
 
@@ -28,8 +29,11 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
         // The script is scenario text: it runs as the workload role, which
         // owns the tables from here on (the sampler reads statistics as it).
         ctx.cluster.hand_over().await?;
-        let (result, internals) =
-            drive(ctx, &ctx.cluster.workload_server(), &p.drive, p.init.scale).await?;
+        let super::drive::Driven {
+            result,
+            internals,
+            faults,
+        } = drive(ctx, &ctx.cluster.workload_server(), &p.drive, p.init.scale).await?;
         for s in per_second(&result) {
             ctx.sample("second", &s).await?;
         }
@@ -48,6 +52,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                 latency_limit_ms: d.latency_limit_ms,
                 warmup_s: d.warmup_s,
                 cache: p.cache,
+                faults: d.faults.clone(),
             },
             metrics: Metrics {
                 tps: result.tps(),
@@ -70,6 +75,8 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                 device_ios_per_txn: internals.device_ios_per_transaction(),
                 internals,
                 load: loaded,
+                fault_metrics: FaultMetrics::of(&faults),
+                faults,
             },
         }]))
     }

@@ -305,9 +305,12 @@ async fn random_read(ctx: &CellContext<'_>, p: &Params) -> Result<Metrics> {
         seed: None,
         driver: "pgfleet".into(),
         allow_shell: false,
+        faults: Vec::new(),
     };
     let before = ctx.cluster.io_bytes();
-    let (result, internals) = drive::drive(ctx, &ctx.cluster.own_server(), &drive, 0).await?;
+    let drive::Driven {
+        result, internals, ..
+    } = drive::drive(ctx, &ctx.cluster.own_server(), &drive, 0).await?;
     let dev = match (before, ctx.cluster.io_bytes()) {
         (Some(b), Some(a)) => Some(a.0.saturating_sub(b.0)),
         _ => None,

@@ -36,6 +36,7 @@ pub mod cost;
 mod curves;
 pub mod document;
 pub mod entries;
+mod faults;
 pub mod figure;
 mod fio;
 pub mod guards;

@@ -126,15 +126,13 @@ fn point_section(
         let _ = writeln!(md, "\nTPS ratio: {}", ratios.join(", "));
     }
     against_first_entry(md, doc, sm.entry);
-    over_time(
-        md,
-        plots,
-        doc,
-        rs,
-        sm,
-        &format!("pgbench-{gi}-{script}"),
-        &heading,
-    );
+    let stem = format!("pgbench-{gi}-{script}");
+    over_time(md, plots, doc, rs, sm, &stem, &heading);
+    let mine: Vec<&Row<PointParams, Metrics>> = rs
+        .iter()
+        .filter(|r| r.raw.params == sm.params && crate::entry_of(r.cell_id) == entry)
+        .collect();
+    super::faults::sections(md, plots, doc, &mine, sm, &stem);
 }
 
 /// Against the first entry of the kind that differs only in its

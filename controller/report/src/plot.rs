@@ -19,6 +19,13 @@ pub struct Series {
     pub color: Option<&'static str>,
 }
 
+/// A span of the x axis to shade and name (a fault's window).
+pub struct Mark {
+    pub from: f64,
+    pub to: f64,
+    pub label: String,
+}
+
 /// An instance class's colour, the same in every plot of a report: by the
 /// class's place among the report's classes (`environment.instance_classes`).
 pub fn class_color(doc: &crate::Report, class: &str) -> &'static str {
@@ -70,6 +77,18 @@ fn fmt(v: f64) -> String {
 }
 
 pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) -> String {
+    line_chart_marked(title, x_label, y_label, series, &[])
+}
+
+/// `line_chart` with spans of the x axis shaded and labelled (`marks`,
+/// drawn under the lines).
+pub fn line_chart_marked(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+    marks: &[Mark],
+) -> String {
     let xs = series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
     let ys = series
         .iter()
@@ -130,6 +149,17 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) 
         (T + H - B) / 2.0,
         esc(y_label)
     );
+    for m in marks {
+        let (a, b) = (px(m.from.clamp(x0, x1)), px(m.to.clamp(x0, x1)));
+        s += &format!(
+            r##"<rect x="{a:.1}" y="{T}" width="{:.1}" height="{}" fill="#f4a582" fill-opacity="0.35"/><text x="{a:.1}" y="{}" font-size="11" fill="#b2182b">{}</text>
+"##,
+            (b - a).max(1.5),
+            H - B - T,
+            T + 12.0,
+            esc(&m.label)
+        );
+    }
     for (i, se) in series.iter().enumerate() {
         let c = se.color.unwrap_or(COLORS[i % COLORS.len()]);
         let pts: Vec<String> = se

@@ -996,6 +996,7 @@ fn validate_workload(
         return Ok(units);
     };
     check_roles(&f, w, params, counts)?;
+    check_fault_storage(&f, w, s)?;
     if let Some(r) = w.reuse_cluster.as_ref().filter(|r| r.value) {
         if params.reset().is_none() {
             return err(
@@ -1040,6 +1041,52 @@ fn validate_workload(
         }
     }
     Ok(units)
+}
+
+/// A `stall` or `degrade` fault changes the emulated caps of the class it
+/// runs on: every class the entry runs on must have them.
+fn check_fault_storage(f: &Field, w: &WorkloadEntry, s: &Scenario) -> Result<(), Invalid> {
+    let pgfleet_proto::workload::Spec::Pgbench(spec) = &w.spec else {
+        return Ok(());
+    };
+    for (j, fault) in spec.faults.iter().flat_map(|l| l.value.iter()).enumerate() {
+        let Some(kind) = fault
+            .value
+            .kind
+            .as_ref()
+            .filter(|k| matches!(k.value.as_str(), "stall" | "degrade"))
+        else {
+            continue;
+        };
+        let runs_on = |c: &FleetEntry| {
+            w.on.as_ref()
+                .is_none_or(|on| on.iter().any(|o| o.value == c.name.value))
+        };
+        if let Some(c) = s
+            .fleet
+            .value
+            .iter()
+            .find(|c| runs_on(c) && !(c.emulate() && c.caps().is_capped()))
+        {
+            let why = if c.emulate() {
+                format!(
+                    "its storage profile `{}` has no caps (nvme without instance_store is the disk as is)",
+                    c.profile()
+                )
+            } else {
+                "its storage has `emulate: false`".to_string()
+            };
+            return err(
+                kind.referenced,
+                f.at(&format!("faults[{j}].kind")),
+                format!(
+                    "a {} changes the class's emulated I/O caps, and class `{}` has none: {why}; give it capped storage (gp3, custom, nvme with instance_store) or run the entry `on:` classes that have it",
+                    kind.value, c.name.value
+                ),
+            );
+        }
+    }
+    Ok(())
 }
 
 /// A multi-role cell needs one agent per role at once: `roles:` must name

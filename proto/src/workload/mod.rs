@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 pub use serde_saphyr::{Location, Spanned};
 
 pub mod compression_analysis;
+pub mod fault;
 pub mod fio;
 pub mod logical_drain;
 pub mod pgbench;

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
+use super::fault::{self, Fault, FaultFigures, FaultMetrics, FaultSpec};
 use super::pgbench_init::{self, InitParams, with_load_keys};
 use super::{
     Better, Cache, Capacity, Checked, Estimate, Field, Internals, KindParams, KindSpec, Metric,
@@ -49,6 +50,14 @@ pub const COMPARED: &[Metric] = &[
         Better::Lower,
         "device I/Os per committed transaction",
     ),
+    fault::COMPARED[0],
+    fault::COMPARED[1],
+    fault::COMPARED[2],
+    fault::COMPARED[3],
+    fault::COMPARED[4],
+    fault::COMPARED[5],
+    fault::COMPARED[6],
+    fault::COMPARED[7],
 ];
 /// Keys a scenario may sweep: a list of values is one point per value.
 pub const SWEPT: &[&str] = &[
@@ -125,6 +134,11 @@ with_load_keys! {
         /// evicted from the page cache).
         #[serde(default)]
         pub cache: Option<Spanned<String>>,
+        /// Faults injected while the script runs (see `fault`): `kind`
+        /// crash, checkpoint, stall or degrade, `at_s` into the measured
+        /// window.
+        #[serde(default)]
+        pub faults: Option<Spanned<Vec<Spanned<FaultSpec>>>>,
     }
 }
 
@@ -151,6 +165,9 @@ pub struct DriveParams {
     /// `\shell` / `\setshell` may run (in the agent's sandbox).
     #[serde(default)]
     pub allow_shell: bool,
+    /// Faults injected while it runs, in time order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<Fault>,
 }
 
 const MAX_SECONDS: f64 = 86_400.0;
@@ -178,6 +195,12 @@ impl DriveParams {
         }
         if self.may_run_shell() && !self.allow_shell {
             return Err(SHELL_REFUSED.into());
+        }
+        if !self.faults.is_empty() && (self.driver != "pgfleet" || self.duration_s.is_none()) {
+            return Err("faults need driver: pgfleet and duration_s".into());
+        }
+        for f in &self.faults {
+            f.check()?;
         }
         Ok(())
     }
@@ -233,6 +256,9 @@ pub struct PointParams {
     /// The cache when the measurement started: `warm` or `cold`.
     #[serde(default)]
     pub cache: Cache,
+    /// The faults injected (part of what the point is).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<Fault>,
 }
 
 /// pgbench's figures for the measured window.
@@ -266,6 +292,12 @@ pub struct Metrics {
     pub internals: Internals,
     #[serde(flatten)]
     pub load: pgbench_init::Metrics,
+    /// Each injected fault, measured (in time order).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<FaultFigures>,
+    /// The worst of the faults' figures, as compared metrics.
+    #[serde(flatten)]
+    pub fault_metrics: FaultMetrics,
 }
 
 pub type Point = super::Point<PointParams, Metrics>;
@@ -418,6 +450,16 @@ pub fn check_drive(f: &Field, s: &Spec) -> Checked<DriveParams> {
         max_tries: or(&s.max_tries, 10),
         defines,
         seed: opt(&s.seed),
+        faults: fault::check(
+            f,
+            &s.faults,
+            match (&s.duration_s, &s.transactions) {
+                (Some(d), _) => Some(d.value),
+                (None, None) => Some(60.0),
+                (None, Some(_)) => None,
+            },
+            &driver,
+        )?,
         driver,
         allow_shell: s.allow_shell.as_ref().is_some_and(|a| a.value),
     })

@@ -1,0 +1,265 @@
+//! What faults do to a cluster: a crash (every server process killed at
+//! once, then crash recovery) and a window of other I/O caps. Both put the
+//! cluster back as it was on every path: a crash's server is the
+//! cluster's child again (teardown stops it), a caps window's guard writes
+//! the class's caps back when dropped (a cancelled cell drops it too).
+
+use std::path::Path;
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+
+use super::throttle::{self, Caps};
+use super::{Cluster, evict_file};
+use crate::{Error, Result};
+
+/// A crash and the recovery after it.
+#[derive(Debug, Clone)]
+pub struct Crashed {
+    /// When the server's processes were killed.
+    pub killed: Instant,
+    /// When it accepted connections again.
+    pub accepting: Instant,
+    /// The WAL crash recovery replayed (`redo starts at` to `redo done at`
+    /// in the server log; 0 when it logged `redo is not required`), and
+    /// how long the redo took by the server's own count.
+    pub wal_replayed_bytes: Option<u64>,
+    pub redo_s: Option<f64>,
+}
+
+impl Cluster {
+    /// Kills every process of the server at once (SIGKILL to its process
+    /// group: the postmaster, its backends and auxiliary processes, as a
+    /// power loss would stop them), drops the cluster's files from the page
+    /// cache (pages the kernel has not written yet stay: a power loss would
+    /// lose them, and recovery rewrites them from the WAL), and starts it
+    /// again: crash recovery replays the WAL since the last checkpoint, at
+    /// the class's caps. Fails when the server is not back `within`, with
+    /// its log's reason. The cell's watch on the server does not fire.
+    pub async fn crash(&self, within: Duration) -> Result<Crashed> {
+        self.restarting.store(true, SeqCst);
+        let r = self.crash_and_start(within).await;
+        self.restarting.store(false, SeqCst);
+        r
+    }
+
+    async fn crash_and_start(&self, within: Duration) -> Result<Crashed> {
+        let child = self.child().take();
+        let Some(mut child) = child else {
+            return Err(Error::Provision("no running server to crash".into()));
+        };
+        let pid = child
+            .id()
+            .ok_or_else(|| Error::Provision("the server had exited before the crash".into()))?;
+        let group = Pid::from_raw(pid as i32);
+        let killed = Instant::now();
+        // The postmaster leads its own process group (`contained`).
+        let _ = killpg(group, Signal::SIGKILL);
+        let _ = child.wait().await;
+        // Its children too: the shared memory must be free for the start.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while killpg(group, None).is_ok() {
+            if Instant::now() > deadline {
+                return Err(Error::Provision(format!(
+                    "the crashed server's processes (group {pid}) did not exit within 30 s"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let data = self.data.clone();
+        tokio::task::spawn_blocking(move || evict_tree(&data))
+            .await
+            .map_err(|e| Error::Provision(format!("evicting after the crash: {e}")))??;
+        let log = self.dir.join("postgres.log");
+        let from = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+        self.start_within(within).await.map_err(|e| {
+            Error::Provision(format!("the server did not come back from the crash: {e}"))
+        })?;
+        let accepting = Instant::now();
+        let text = std::fs::read(&log).unwrap_or_default();
+        let after = String::from_utf8_lossy(text.get(from as usize..).unwrap_or_default());
+        let (wal_replayed_bytes, redo_s) = redo_of(&after);
+        Ok(Crashed {
+            killed,
+            accepting,
+            wal_replayed_bytes,
+            redo_s,
+        })
+    }
+
+    /// The cluster's storage caps set to `caps` until the returned guard is
+    /// dropped (or `restore`d), which writes the class's caps back. Err
+    /// where the cluster's storage is not capped by pgfleet.
+    pub fn caps_window(&self, caps: Caps) -> Result<CapsWindow<'_>> {
+        let original = self.spec.caps;
+        if !original.is_capped() {
+            return Err(Error::Provision(
+                "the class's storage is not emulated (no caps): a stall or degrade cannot change it".into(),
+            ));
+        }
+        let target = match &self.capped_device {
+            Some(dev) => Target::Device(dev.clone()),
+            None => {
+                let cg = self
+                    .cgroups
+                    .iter()
+                    .find(|c| throttle::is_io_cgroup(&c.path))
+                    .ok_or_else(|| {
+                        Error::Provision(
+                            "the cluster has no block-I/O cgroup or device of its own to cap"
+                                .into(),
+                        )
+                    })?;
+                Target::Cgroup(cg.path.clone(), throttle::device_of(self.storage_dir())?)
+            }
+        };
+        let mut w = CapsWindow {
+            cluster: self,
+            target,
+            original,
+            budget: None,
+            restored: false,
+        };
+        w.apply(caps, false)?;
+        Ok(w)
+    }
+}
+
+enum Target {
+    /// The cluster's own device, capped device-wide (`cap_device`).
+    Device(String),
+    /// A block-I/O cgroup and the device its rules name.
+    Cgroup(std::path::PathBuf, String),
+}
+
+/// A window of other storage caps; dropping it writes the class's back.
+pub struct CapsWindow<'a> {
+    cluster: &'a Cluster,
+    target: Target,
+    original: Caps,
+    /// The window's own budget, for a combined class.
+    budget: Option<throttle::Budget>,
+    restored: bool,
+}
+
+impl CapsWindow<'_> {
+    /// Writes `caps`; `back`: the class's own, with its budget.
+    fn apply(&mut self, caps: Caps, back: bool) -> Result<()> {
+        match &self.target {
+            Target::Device(dev) => {
+                // The class's budget thread would rewrite the rules: it stops
+                // for the window, and starts again after.
+                let mut slot = self
+                    .cluster
+                    .budget
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                drop(slot.take());
+                drop(self.budget.take());
+                throttle::uncap_device(dev);
+                throttle::cap_device(dev, caps)?;
+                if caps.combined {
+                    let b = throttle::Budget::start(dev, caps)?;
+                    if back {
+                        *slot = Some(b);
+                    } else {
+                        self.budget = Some(b);
+                    }
+                }
+                Ok(())
+            }
+            Target::Cgroup(cg, dev) => throttle::recap_cgroup(cg, dev, caps),
+        }
+    }
+
+    /// Writes the class's caps back (what dropping does, with its error).
+    pub fn restore(mut self) -> Result<()> {
+        self.restored = true;
+        self.apply(self.original, true)
+    }
+}
+
+impl Drop for CapsWindow<'_> {
+    fn drop(&mut self) {
+        if !self.restored {
+            self.restored = true;
+            if let Err(e) = self.apply(self.original, true) {
+                tracing::error!("putting the storage caps back after a fault: {e}");
+            }
+        }
+    }
+}
+
+/// Drops every file under `dir` from the page cache (clean pages only).
+fn evict_tree(dir: &Path) -> Result<()> {
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| Error::io(format!("reading {}", dir.display()), e))?;
+    for e in entries.flatten() {
+        let Ok(t) = e.file_type() else { continue };
+        if t.is_dir() {
+            evict_tree(&e.path())?;
+        } else if t.is_file() {
+            // A file removed meanwhile is nothing to evict.
+            let _ = evict_file(&e.path());
+        }
+    }
+    Ok(())
+}
+
+/// The WAL a crash recovery replayed and its redo's elapsed seconds, from
+/// the server log written since the start: `redo starts at A` and `redo
+/// done at B … elapsed: N s` (B − A bytes), or `redo is not required` (0).
+pub fn redo_of(log: &str) -> (Option<u64>, Option<f64>) {
+    let lsn_after = |line: &str, key: &str| -> Option<u64> {
+        let rest = &line[line.find(key)? + key.len()..];
+        let token: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_hexdigit() || *c == '/')
+            .collect();
+        let (hi, lo) = token.split_once('/')?;
+        Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
+    };
+    let (mut start, mut done, mut elapsed) = (None, None, None);
+    for line in log.lines() {
+        if line.contains("redo is not required") {
+            return (Some(0), Some(0.0));
+        }
+        if let Some(a) = lsn_after(line, "redo starts at ") {
+            start = Some(a);
+        }
+        if let Some(b) = lsn_after(line, "redo done at ") {
+            done = Some(b);
+            elapsed = line
+                .split("elapsed: ")
+                .nth(1)
+                .and_then(|r| r.split_whitespace().next()?.parse::<f64>().ok());
+        }
+    }
+    match (start, done) {
+        (Some(a), Some(b)) => (Some(b.saturating_sub(a)), elapsed),
+        _ => (None, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redo_of;
+
+    #[test]
+    fn the_replayed_wal_comes_from_the_log() {
+        // PostgreSQL 15's lines, and 18's zero-padded LSNs.
+        let pg15 = "2026-12-07 04:00:00.000 UTC [9] LOG:  database system was interrupted; last known up at ...\n\
+                    2026-12-07 04:00:00.010 UTC [9] LOG:  redo starts at 0/14EE7E8\n\
+                    2026-12-07 04:00:00.500 UTC [9] LOG:  redo done at 0/2C05B48 system usage: CPU: user: 0.04 s, system: 0.01 s, elapsed: 0.48 s\n";
+        assert_eq!(redo_of(pg15), (Some(0x2C05B48 - 0x14EE7E8), Some(0.48)));
+        let pg18 = "LOG:  redo starts at 1/00FF0000\nLOG:  redo done at 1/01FF0000 system usage: CPU: user: 1.00 s, system: 0.20 s, elapsed: 2.50 s\n";
+        assert_eq!(redo_of(pg18), (Some(0x0100_0000), Some(2.5)));
+        assert_eq!(
+            redo_of("LOG:  redo is not required\n"),
+            (Some(0), Some(0.0))
+        );
+        assert_eq!(redo_of("LOG:  database system is ready\n"), (None, None));
+    }
+}
