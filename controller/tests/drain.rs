@@ -192,6 +192,65 @@ fn drain_between_agents_at_different_network_addresses() {
     s.assert_clean(&ports(&r));
 }
 
+/// A partition during the drain: the network between the subscriber's
+/// server and the publisher's (in their own namespaces) cut for 4 s, then
+/// healed; the backlog still drains, the lag at the heal and the catch-up
+/// are measured, and no firewall rule is left in either namespace.
+#[test]
+fn a_partition_during_the_drain_is_measured_and_healed() {
+    if !root() {
+        eprintln!("skipped: network namespaces need root");
+        return;
+    }
+    let net = Net::new(2);
+    let s = Scratch::new("drain-partition");
+    let scenario = drain_scenario(2, 1, "48MB", "")
+        + "    faults: [{ kind: partition, at_s: 0.5, duration_s: 4 }]\n";
+    let sc = s.write("drain.yaml", &scenario);
+    let out = s
+        .run_cmd(
+            &sc,
+            &[
+                "--bind",
+                &net.controller(),
+                "--agent-netns",
+                &net.namespaces.join(","),
+            ],
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let r = s.report();
+    let m = &r["results"][0]["metrics"];
+    assert_eq!(m["rows_match"], true, "{m}");
+    let f = &m["faults"][0];
+    assert_eq!(f["kind"], "partition", "{m}");
+    assert!(f["lag_bytes_at_heal"].as_u64().unwrap() > 0, "{f}");
+    assert!(f["catch_up_s"].as_f64().unwrap() > 0.0, "{f}");
+    let cut = f["end_s"].as_f64().unwrap() - f["start_s"].as_f64().unwrap();
+    assert!((cut - 4.0).abs() < 1.0, "{f}");
+    assert!(
+        m["drain_seconds"].as_f64().unwrap() > 4.0,
+        "the cut held: {m}"
+    );
+    assert_eq!(
+        m["catch_up_seconds"].as_f64(),
+        f["catch_up_s"].as_f64(),
+        "the compared metric is the partition's"
+    );
+    let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
+    assert!(md.contains("| partition 4 s at 0.5 s |"), "{md}");
+    for ns in &net.namespaces {
+        let rules = Command::new("ip")
+            .args(["netns", "exec", ns, "iptables", "-w", "-S"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&rules.stdout);
+        assert!(!text.contains("pgfleet-cut"), "{ns}: {text}");
+    }
+    s.assert_clean(&ports(&r));
+}
+
 /// The publisher's cluster holds the cell's dataset: pgbench's tables of
 /// that scale, the same dataset as a pgbench cell's. The first drain cell's
 /// publisher builds and publishes it; the second drain cell's publisher and

@@ -148,7 +148,8 @@ fn prometheus_scrapes_a_run_and_every_dashboard_query_returns_data() {
          workloads:\n  - kind: pgbench\n    scale: 4\n    script: random-update\n    clients: 4\n    warmup_s: 1\n    duration_s: 10\n\
          \x20 - kind: toast-slice\n    on: [fast]\n    storage_modes: [external, lz4]\n    value_bytes: 1048576\n    offsets: [\"0%\", \"50%\"]\n    duration_s: 0.3\n    repeats: 2\n    warmup_s: 0.1\n\
          \x20 - kind: vacuum-bloat\n    on: [slow]\n    scale: 8\n    bloat_bytes: 48MB\n\
-         \x20 - kind: logical-drain\n    on: [fast]\n    roles: { publisher: slow }\n    scale: 1\n    backlog_bytes: 24MB\n",
+         \x20 - kind: logical-drain\n    on: [fast]\n    roles: { publisher: slow }\n    scale: 1\n    backlog_bytes: 24MB\n\
+         \x20 - kind: pgbench\n    on: [slow]\n    scale: 1\n    script: random-update\n    clients: 2\n    duration_s: 14\n    faults: [{ kind: stall, at_s: 3, duration_s: 3 }]\n",
     );
     let t0 = chrono::Utc::now().timestamp();
     let run = s
@@ -203,6 +204,34 @@ fn prometheus_scrapes_a_run_and_every_dashboard_query_returns_data() {
     );
     let t1 = chrono::Utc::now().timestamp();
     let report = s.report();
+    // The stall is in the report: its section, its plots with the window
+    // shaded, its figures as the class's.
+    let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
+    assert!(md.contains("#### Fault 1: stall 3 s at 3 s"), "{md}");
+    let plot = md
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                "![stall 3 s at 3 s: transactions per second around the fault per class](",
+            )
+        })
+        .and_then(|l| l.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("no TPS plot around the fault: {md}"));
+    let svg = std::fs::read_to_string(s.out().join(plot)).unwrap();
+    assert!(
+        svg.contains("<rect x=") && svg.contains("slow: 3."),
+        "{svg}"
+    );
+    let stalled = report["summaries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|x| x["classes"]["slow"]["metrics"]["back_to_90pct_seconds"]["value"].as_f64());
+    assert!(
+        stalled.is_some_and(|v| v >= 3.0),
+        "{:?}",
+        report["summaries"]
+    );
     let run_id = report["run_id"].as_str().unwrap().to_string();
 
     let query = |expr: &str| -> serde_json::Value {
@@ -278,9 +307,15 @@ fn prometheus_scrapes_a_run_and_every_dashboard_query_returns_data() {
                 .collect();
             phases.sort();
             phases.dedup();
-            // Short phases may fall between two scrapes; the long ones not.
+            // Short phases may fall between two scrapes; the long ones not
+            // (the faults' annotation: the 3-s stall).
+            let shown = if a["name"] == "Faults" {
+                phases == ["fault:stall"]
+            } else {
+                phases.contains(&"measure") && phases.len() >= 3
+            };
             assert!(
-                phases.contains(&"measure") && phases.len() >= 3,
+                shown,
                 "{name}: annotation `{}` misses phases: {phases:?}",
                 a["name"]
             );

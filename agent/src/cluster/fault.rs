@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, killpg};
+use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 
 use super::throttle::{self, Caps};
@@ -30,9 +30,9 @@ pub struct Crashed {
 }
 
 impl Cluster {
-    /// Kills every process of the server at once (SIGKILL to its process
-    /// group: the postmaster, its backends and auxiliary processes, as a
-    /// power loss would stop them), drops the cluster's files from the page
+    /// Kills every process of the server at once (SIGKILL to the
+    /// postmaster and each of its children, backends and auxiliary
+    /// processes, as a power loss would stop them), drops the cluster's files from the page
     /// cache (pages the kernel has not written yet stay: a power loss would
     /// lose them, and recovery rewrites them from the WAL), and starts it
     /// again: crash recovery replays the WAL since the last checkpoint, at
@@ -41,7 +41,12 @@ impl Cluster {
     pub async fn crash(&self, within: Duration) -> Result<Crashed> {
         self.restarting.store(true, SeqCst);
         let r = self.crash_and_start(within).await;
-        self.restarting.store(false, SeqCst);
+        // A server that did not come back stays "restarting": the cell
+        // fails with the crash's error (and the log's reason), not with
+        // the watch's "the server exited".
+        if r.is_ok() {
+            self.restarting.store(false, SeqCst);
+        }
         r
     }
 
@@ -53,17 +58,24 @@ impl Cluster {
         let pid = child
             .id()
             .ok_or_else(|| Error::Provision("the server had exited before the crash".into()))?;
-        let group = Pid::from_raw(pid as i32);
+        // The postmaster's children (backends, auxiliary processes) each
+        // lead a process group of their own (PostgreSQL calls setsid()):
+        // found by their parent before it dies, killed with it.
+        let children = children_of(pid);
         let killed = Instant::now();
-        // The postmaster leads its own process group (`contained`).
-        let _ = killpg(group, Signal::SIGKILL);
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        for c in &children {
+            let _ = killpg(Pid::from_raw(*c), Signal::SIGKILL);
+            let _ = kill(Pid::from_raw(*c), Signal::SIGKILL);
+        }
         let _ = child.wait().await;
-        // Its children too: the shared memory must be free for the start.
+        // None may hold the shared memory or write a file when the server
+        // starts again.
         let deadline = Instant::now() + Duration::from_secs(30);
-        while killpg(group, None).is_ok() {
+        while children.iter().any(|c| alive(*c)) {
             if Instant::now() > deadline {
                 return Err(Error::Provision(format!(
-                    "the crashed server's processes (group {pid}) did not exit within 30 s"
+                    "the crashed server's processes ({children:?}) did not exit within 30 s"
                 )));
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -190,6 +202,188 @@ impl Drop for CapsWindow<'_> {
             }
         }
     }
+}
+
+/// The comment that names a cluster's network cut in the firewall's rules.
+pub fn cut_tag(cluster_dir: &Path) -> String {
+    format!("pgfleet-cut-{:016x}", super::path_hash(cluster_dir))
+}
+
+impl Cluster {
+    /// Cuts the network between this cluster's server and `peer`
+    /// (`host`:`port`, another cluster): packets of the server's processes
+    /// (its OS user's) to the peer are dropped, new connections included,
+    /// and so are the peer's packets to `connected_port`, the server's end
+    /// of an existing connection. The agent's own sessions to the peer are
+    /// not cut. Until the returned guard heals it (or is dropped). Needs
+    /// iptables and CAP_NET_ADMIN in the agent's network namespace.
+    pub fn cut_from(&self, host: &str, port: u16, connected_port: Option<u16>) -> Result<Cut> {
+        let uid = self.spec.run_as.as_ref().map(|u| u.uid).ok_or_else(|| {
+            Error::Provision(
+                "a partition tells the server's packets from the agent's by the server's OS user: run the agent as root, so the server runs as its own user".into(),
+            )
+        })?;
+        let tag = cut_tag(&self.dir);
+        let (port, uid) = (port.to_string(), uid.to_string());
+        let mut rules: Vec<Vec<String>> = vec![
+            [
+                "OUTPUT",
+                "-p",
+                "tcp",
+                "-d",
+                host,
+                "--dport",
+                &port,
+                "-m",
+                "owner",
+                "--uid-owner",
+                &uid,
+                "-m",
+                "comment",
+                "--comment",
+                &tag,
+                "-j",
+                "DROP",
+            ]
+            .map(str::to_string)
+            .to_vec(),
+        ];
+        if let Some(cp) = connected_port {
+            let cp = cp.to_string();
+            rules.push(
+                [
+                    "INPUT",
+                    "-p",
+                    "tcp",
+                    "-s",
+                    host,
+                    "--sport",
+                    &port,
+                    "--dport",
+                    &cp,
+                    "-m",
+                    "comment",
+                    "--comment",
+                    &tag,
+                    "-j",
+                    "DROP",
+                ]
+                .map(str::to_string)
+                .to_vec(),
+            );
+        }
+        let mut cut = Cut { rules: Vec::new() };
+        for r in rules {
+            iptables("-I", &r)?;
+            cut.rules.push(r);
+        }
+        Ok(cut)
+    }
+}
+
+/// A network cut; healing it (or dropping it) removes its rules.
+pub struct Cut {
+    rules: Vec<Vec<String>>,
+}
+
+impl Cut {
+    /// Removes the rules (what dropping does, with its error).
+    pub fn heal(mut self) -> Result<()> {
+        let mut first = Ok(());
+        for r in std::mem::take(&mut self.rules) {
+            if let Err(e) = iptables("-D", &r) {
+                first = first.and(Err(e));
+            }
+        }
+        first
+    }
+}
+
+impl Drop for Cut {
+    fn drop(&mut self) {
+        for r in std::mem::take(&mut self.rules) {
+            if let Err(e) = iptables("-D", &r) {
+                tracing::error!("healing a network cut: {e}");
+            }
+        }
+    }
+}
+
+/// Runs `iptables -w <op> <rule>` (`-I` inserts, `-D` deletes).
+fn iptables(op: &str, rule: &[String]) -> Result<()> {
+    let out = std::process::Command::new("iptables")
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .arg("-w")
+        .arg(op)
+        .args(rule)
+        .output()
+        .map_err(|e| {
+            Error::Provision(format!(
+                "a partition needs iptables where the subscriber's agent runs: {e}"
+            ))
+        })?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(Error::Provision(format!(
+        "iptables {op} {}: {} (a partition needs iptables and CAP_NET_ADMIN where the subscriber's agent runs)",
+        rule.join(" "),
+        String::from_utf8_lossy(&out.stderr).trim()
+    )))
+}
+
+/// Removes the cut of a cluster an earlier agent left (`reap_stale`).
+pub fn reap_cut(cluster_dir: &Path) {
+    let tag = cut_tag(cluster_dir);
+    let Ok(out) = std::process::Command::new("iptables")
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .args(["-w", "-S"])
+        .output()
+    else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if let Some(rule) = line.strip_prefix("-A ")
+            && line.contains(&tag)
+        {
+            let r: Vec<String> = rule.split_whitespace().map(str::to_string).collect();
+            let _ = iptables("-D", &r);
+        }
+    }
+}
+
+/// The processes whose parent is `pid` (from /proc).
+fn children_of(pid: u32) -> Vec<i32> {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let rest = s.rsplit_once(')')?.1;
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
+/// Whether `pid` still runs (exists and is not a zombie).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .next()
+                .map(|st| st != "Z")
+        })
+        .unwrap_or(false)
 }
 
 /// Drops every file under `dir` from the page cache (clean pages only).

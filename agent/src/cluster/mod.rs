@@ -31,7 +31,7 @@ mod fault;
 pub mod identity;
 pub mod throttle;
 pub mod volume;
-pub use fault::{CapsWindow, Crashed};
+pub use fault::{CapsWindow, Crashed, Cut};
 pub use identity::RunAs;
 use throttle::Caps;
 
@@ -1341,6 +1341,7 @@ pub fn reap_stale(clusters_dir: &Path) -> Result<usize> {
             }
         }
         volume::reap(&dir)?;
+        fault::reap_cut(&dir);
         remove_tree(&dir)?;
         n += 1;
     }

@@ -34,12 +34,13 @@ pub struct Injected {
     pub buffers_written: Option<u64>,
 }
 
-fn phase_name(k: FaultKind) -> &'static str {
+pub(crate) fn phase_name(k: FaultKind) -> &'static str {
     match k {
         FaultKind::Crash => "fault:crash",
         FaultKind::Checkpoint => "fault:checkpoint",
         FaultKind::Stall => "fault:stall",
         FaultKind::Degrade => "fault:degrade",
+        FaultKind::Partition => "fault:partition",
     }
 }
 
@@ -170,6 +171,13 @@ async fn run_one(
             }
             i.buffers_written = Some((after - before).max(0.0) as u64);
         }
+        FaultKind::Partition => {
+            return Err(Error::Workload {
+                workload: "pgbench".into(),
+                message: "a partition cuts the roles of a logical-drain cell; a script has none"
+                    .into(),
+            });
+        }
         FaultKind::Stall | FaultKind::Degrade => {
             let mut caps = ctx.cluster.spec_caps();
             if f.kind == FaultKind::Stall {
@@ -200,7 +208,7 @@ async fn run_one(
 }
 
 /// Resolves when the driver is done or the cell is cancelled.
-async fn over(ctx: &CellContext<'_>, done: &CancellationToken) {
+pub(crate) async fn over(ctx: &CellContext<'_>, done: &CancellationToken) {
     tokio::select! {
         _ = done.cancelled() => {}
         _ = ctx.cancel.cancelled() => {}
@@ -208,7 +216,7 @@ async fn over(ctx: &CellContext<'_>, done: &CancellationToken) {
 }
 
 /// The cell's phase for the dashboards and the progress bar.
-fn set_phase(ctx: &CellContext<'_>, phase: &Phase, now: Option<&'static str>) {
+pub(crate) fn set_phase(ctx: &CellContext<'_>, phase: &Phase, now: Option<&'static str>) {
     *phase.lock().unwrap_or_else(|e| e.into_inner()) = now;
     let _ = ctx.events.try_send(AgentMessage {
         msg: Some(Msg::Progress(CellProgress {
@@ -222,7 +230,7 @@ fn set_phase(ctx: &CellContext<'_>, phase: &Phase, now: Option<&'static str>) {
 }
 
 /// A `fault` sample: the fault's start or end, seconds into the window.
-async fn mark(ctx: &CellContext<'_>, f: &Fault, event: &str, at_s: f64) {
+pub(crate) async fn mark(ctx: &CellContext<'_>, f: &Fault, event: &str, at_s: f64) {
     let _ = ctx
         .sample(
             "fault",
@@ -269,8 +277,11 @@ pub fn figures(
             } else {
                 0.0
             };
-            // The seconds the fault touched: from its start's to its end's.
-            let last = (end_s.ceil() as usize).max(first + 1);
+            // The seconds mostly within the fault: from its start's to the
+            // last that began more than half a second before its end (a
+            // second barely touched belongs to after; the transactions a
+            // stall held count in the second they were due).
+            let last = (((end_s - 0.5).ceil().max(0.0)) as usize).max(first + 1);
             let during = (first..last).map(tps).sum::<f64>() / (last - first) as f64;
             let back = (end_s.ceil() as usize..seconds.len())
                 .find(|&s| tps(s) >= BACK_SHARE * baseline && baseline > 0.0);
@@ -295,6 +306,8 @@ pub fn figures(
                     .map(|t| t.duration_since(i.start).as_secs_f64()),
                 checkpoint_s: i.checkpoint_s,
                 buffers_written: i.buffers_written,
+                lag_bytes_at_heal: None,
+                catch_up_s: None,
             }
         })
         .collect()
@@ -325,11 +338,11 @@ mod tests {
 
     #[test]
     fn a_crash_is_measured_from_the_seconds_around_it() {
-        // 100 tx/s at 1 ms for 10 s, a crash at 10.2 s back at 11.4 s,
-        // 40 tx/s in second 11, then 95 tx/s.
+        // 100 tx/s at 1 ms for 10 s, a crash at 10.2 s back at 11.4 s:
+        // 20 slow ones in second 10, 40 in second 11, then 95 tx/s.
         let mut secs: Vec<SecondStat> = (0..10).map(|_| second(100, 1000)).collect();
-        secs.push(second(20, 1000));
-        secs.push(second(40, 50_000));
+        secs.push(second(20, 50_000));
+        secs.push(second(40, 1000));
         secs.extend((0..8).map(|_| second(95, 1000)));
         let w = Instant::now();
         let at = |s: f64| w + Duration::from_secs_f64(s);
@@ -358,7 +371,7 @@ mod tests {
         );
         let f = &f[0];
         assert_eq!(f.baseline_tps, 100.0);
-        assert_eq!(f.tps_during, Some(30.0), "seconds 10 and 11");
+        assert_eq!(f.tps_during, Some(20.0), "second 10 (11 is mostly after)");
         assert!((f.back_to_90pct_s.unwrap() - 1.8).abs() < 1e-9, "second 12");
         assert_eq!(f.transactions_lost, 140.0);
         assert!((f.first_transaction_s.unwrap() - 1.3).abs() < 1e-9);

@@ -35,14 +35,17 @@ use tokio_postgres::Client;
 
 use super::context::{CellContext, Output};
 use super::drive::{DriveParams, drive_until};
+use super::fault;
 use super::pgbench_init;
 use crate::cluster::Server;
 use crate::sampler::Sampler;
 use crate::{Error, Result};
 use pgfleet_proto::workload::Point;
+use pgfleet_proto::workload::fault::{Fault, FaultFigures, FaultKind, FaultMetrics};
 pub use pgfleet_proto::workload::logical_drain::{
     Lag, Metrics, NAME, PUBLISHER, Params, PointParams, SUBSCRIBER,
 };
+use tokio_util::sync::CancellationToken;
 
 /// The marker table (named with its schema: the agent's superuser sessions
 /// search pg_catalog only).
@@ -132,7 +135,7 @@ async fn measure(
     let initial_sync_seconds =
         subscribe(ctx, p, publisher, here, there, timeout, preloaded).await?;
     let backlog = build_backlog(ctx, p, driven, here, there, timeout).await?;
-    let drained = drain(ctx, p, &backlog, here, there, timeout).await?;
+    let drained = drain(ctx, p, &backlog, (here, there), publisher, timeout).await?;
 
     // Both sides at once: each scans its own cluster.
     let (h, t) = tokio::join!(checksum(here), checksum(there));
@@ -152,6 +155,7 @@ async fn measure(
             scale: p.init.scale,
             backlog_target_bytes: p.backlog_bytes,
             clients: p.clients,
+            faults: p.faults.clone(),
         },
         metrics: Metrics {
             backlog_bytes: backlog.bytes,
@@ -170,6 +174,8 @@ async fn measure(
             total_bytes: stat(4),
             internals: drained.internals,
             load: loaded,
+            fault_metrics: FaultMetrics::of(&drained.faults),
+            faults: drained.faults,
         },
     }]))
 }
@@ -332,6 +338,7 @@ async fn build_backlog(
 struct Drained {
     seconds: f64,
     internals: pgfleet_proto::workload::Internals,
+    faults: Vec<FaultFigures>,
 }
 
 /// Step 5: apply resumed, timed until the marker is visible here, the lag
@@ -340,8 +347,8 @@ async fn drain(
     ctx: &CellContext<'_>,
     p: &Params,
     backlog: &Backlog,
-    here: &Client,
-    there: &Client,
+    (here, there): (&Client, &Client),
+    publisher: &Server,
     timeout: Duration,
 ) -> Result<Drained> {
     let target = backlog.target.as_str();
@@ -368,6 +375,70 @@ async fn drain(
         },
     )
     .await?;
+    let phase: fault::Phase = Default::default();
+    let done = CancellationToken::new();
+    let (seconds, cuts) = tokio::join!(
+        async {
+            let r = apply_until_marker(ctx, p, backlog, (here, there), t0, timeout, &phase).await;
+            done.cancel();
+            r
+        },
+        partitions(
+            ctx,
+            &p.faults,
+            publisher,
+            (here, there),
+            target,
+            t0,
+            (&phase, &done)
+        ),
+    );
+    let seconds = seconds?;
+    let drained_at = t0 + Duration::from_secs_f64(seconds);
+    let faults = cuts?
+        .into_iter()
+        .map(|c| FaultFigures {
+            kind: FaultKind::Partition,
+            label: c.fault.label(),
+            start_s: c.start.duration_since(t0).as_secs_f64(),
+            end_s: c.healed.duration_since(t0).as_secs_f64(),
+            baseline_tps: 0.0,
+            tps_during: None,
+            latency_ms_p99_during: None,
+            latency_ms_p99_after: None,
+            back_to_90pct_s: None,
+            transactions_lost: 0.0,
+            recovery_s: None,
+            wal_replayed_bytes: None,
+            redo_s: None,
+            first_transaction_s: None,
+            checkpoint_s: None,
+            buffers_written: None,
+            lag_bytes_at_heal: Some(c.lag_at_heal),
+            catch_up_s: Some(drained_at.saturating_duration_since(c.healed).as_secs_f64()),
+        })
+        .collect();
+    ctx.sample("lag", &lag_at(here, there, target, seconds).await?)
+        .await?;
+    Ok(Drained {
+        seconds,
+        internals: sampler.finish().await?.internals(),
+        faults,
+    })
+}
+
+/// Waits until the marker committed after the backlog has been applied,
+/// sampling the lag every second; returns the seconds since `t0`.
+async fn apply_until_marker(
+    ctx: &CellContext<'_>,
+    p: &Params,
+    backlog: &Backlog,
+    (here, there): (&Client, &Client),
+    t0: Instant,
+    timeout: Duration,
+    phase: &fault::Phase,
+) -> Result<f64> {
+    let target = backlog.target.as_str();
     let mut next_sample = Duration::from_secs(1);
     loop {
         ctx.check_cancel()?;
@@ -376,7 +447,7 @@ async fn drain(
             .await?
             .get(0);
         if seen > 0 {
-            break;
+            return Ok(t0.elapsed().as_secs_f64());
         }
         if t0.elapsed() > timeout {
             return Err(werr(format!(
@@ -387,8 +458,9 @@ async fn drain(
         if t0.elapsed() >= next_sample {
             next_sample += Duration::from_secs(1);
             let lag = lag_at(here, there, target, t0.elapsed().as_secs_f64()).await?;
+            let now = *phase.lock().unwrap_or_else(|e| e.into_inner());
             ctx.progress(
-                "drain",
+                now.unwrap_or("drain"),
                 backlog.bytes.saturating_sub(lag.lag_bytes),
                 backlog.bytes.max(1),
                 format!("{} MiB to go", lag.lag_bytes >> 20),
@@ -397,13 +469,75 @@ async fn drain(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let seconds = t0.elapsed().as_secs_f64();
-    ctx.sample("lag", &lag_at(here, there, target, seconds).await?)
-        .await?;
-    Ok(Drained {
-        seconds,
-        internals: sampler.finish().await?.internals(),
-    })
+}
+
+/// A partition as it happened.
+struct Cutted {
+    fault: Fault,
+    start: Instant,
+    healed: Instant,
+    lag_at_heal: u64,
+}
+
+/// The drain's `partition` faults, each `at_s` after apply resumed (`t0`)
+/// unless the drain is over by then: the network between this cluster's
+/// server and the publisher's cut for `duration_s` (`Cluster::cut_from`),
+/// then healed; the lag still to receive when it heals.
+async fn partitions(
+    ctx: &CellContext<'_>,
+    faults: &[Fault],
+    publisher: &Server,
+    (here, there): (&Client, &Client),
+    target: &str,
+    t0: Instant,
+    (phase, done): (&fault::Phase, &CancellationToken),
+) -> Result<Vec<Cutted>> {
+    let mut out = Vec::new();
+    let (host, port) = match (
+        publisher.config.get_hosts().first(),
+        publisher.config.get_ports().first(),
+    ) {
+        (Some(tokio_postgres::config::Host::Tcp(h)), Some(p)) => (h.clone(), *p),
+        _ if faults.is_empty() => return Ok(out),
+        _ => return Err(werr("a partition needs the publisher's TCP address".into())),
+    };
+    for f in faults {
+        tokio::select! {
+            _ = tokio::time::sleep_until((t0 + Duration::from_secs_f64(f.at_s)).into()) => {}
+            _ = fault::over(ctx, done) => break,
+        }
+        // The apply worker's end of its connection, as the publisher sees it.
+        let connected: Option<i32> = there
+            .query_opt(
+                "SELECT client_port FROM pg_stat_replication WHERE application_name = $1",
+                &[&NAME],
+            )
+            .await
+            .map_err(on_publisher)?
+            .and_then(|r| r.get(0));
+        fault::set_phase(ctx, phase, Some(fault::phase_name(f.kind)));
+        let start = Instant::now();
+        let cut =
+            ctx.cluster
+                .cut_from(&host, port, connected.and_then(|p| u16::try_from(p).ok()))?;
+        fault::mark(ctx, f, "start", start.duration_since(t0).as_secs_f64()).await;
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs_f64(f.duration_s)) => {}
+            _ = fault::over(ctx, done) => {}
+        }
+        let lag_at_heal = received_lag(here, target).await?;
+        cut.heal()?;
+        let healed = Instant::now();
+        fault::set_phase(ctx, phase, None);
+        fault::mark(ctx, f, "end", healed.duration_since(t0).as_secs_f64()).await;
+        out.push(Cutted {
+            fault: f.clone(),
+            start,
+            healed,
+            lag_at_heal,
+        });
+    }
+    Ok(out)
 }
 
 /// Polls `done` every 100 ms until it holds; fails naming `what` after

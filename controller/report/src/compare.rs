@@ -357,6 +357,35 @@ mod tests {
         assert_eq!(p99.verdict, "faster");
     }
 
+    /// A fault's figure compares like TPS: a longer crash recovery is
+    /// slower and fails a gate on it.
+    #[test]
+    fn a_longer_crash_recovery_is_slower_and_fails_its_gate() {
+        let doc = |rec: &[f64]| -> Report {
+            serde_json::from_value(json!({"summaries": [{
+                "workload": "pgbench", "params": {"script": "random-update", "faults": [{"kind": "crash", "at_s": 60.0}]},
+                "classes": {"gp3": {"recovery_seconds": {"values": rec}, "cells": rec.len()}},
+            }]}))
+            .unwrap()
+        };
+        let rows = compare(
+            &doc(&[10.0, 10.5, 9.8, 10.2]),
+            &doc(&[14.0, 14.6, 13.9, 14.2]),
+            0.95,
+        );
+        let r = rows
+            .iter()
+            .find(|r| r.metric == "recovery_seconds")
+            .unwrap();
+        assert_eq!(r.verdict, "slower", "{r:?}");
+        let gates = judge_gates(
+            &rows,
+            &[parse_gate("recovery_seconds > +20%").unwrap()],
+            false,
+        );
+        assert_eq!(gates[0].verdict, Verdict::Failed, "{:?}", gates[0]);
+    }
+
     #[test]
     fn points_match_on_workload_parameters_only() {
         let base = doc(&[1000.0], &[10.0]);

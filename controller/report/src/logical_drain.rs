@@ -101,6 +101,7 @@ pub fn section(md: &mut String, plots: &mut Plots, doc: &Report, rs: &[Row<Point
             );
         }
     }
+    partitions(md, rs);
     samples_plot(
         md,
         plots,
@@ -120,5 +121,42 @@ pub fn section(md: &mut String, plots: &mut Plots, doc: &Report, rs: &[Row<Point
                 Some((m.drain_seconds, 0.0)),
             ]
         },
+    );
+}
+
+/// The drain's partitions: per cell, the WAL still to receive when the
+/// network came back and the seconds from then until the backlog was
+/// applied (the lag plot below shows the cut as a plateau).
+fn partitions(md: &mut String, rs: &[Row<PointParams, Metrics>]) {
+    let rows: Vec<String> = rs
+        .iter()
+        .flat_map(|r| {
+            r.metrics.faults.iter().map(move |f| {
+                format!(
+                    "| {} | {} | {} | {:.1}–{:.1} | {} | {} | {} |",
+                    r.cell_id,
+                    r.class,
+                    f.label,
+                    f.start_s,
+                    f.end_s,
+                    num(
+                        f.lag_bytes_at_heal.map(|b| b as f64 / (1u64 << 20) as f64),
+                        1
+                    ),
+                    num(f.catch_up_s, 2),
+                    num(r.metrics.drain_seconds, 2),
+                )
+            })
+        })
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\nPartitions (the network between the subscriber's server and the publisher's cut, then healed; \
+         seconds from apply's resumption):\n\n\
+         | cell | class | fault | cut s | lag at heal MiB | catch-up s | drain s |\n|---|---|---|---|---|---|---|\n{}",
+        rows.join("\n")
     );
 }

@@ -1078,6 +1078,200 @@ workloads:
         assert!(plan(&s).iter().all(|c| c.reuse_cluster));
     }
 
+    /// Faults are checked where they are: their kind and keys, their
+    /// place in the window, the driver, and (stall, degrade) the storage
+    /// of every class the entry runs on; good ones reach the cells.
+    #[test]
+    fn faults_are_checked_and_bad_ones_are_located() {
+        let scenario = |storage: &str, extra: &str, faults: &str| {
+            format!(
+                "name: t\nfleet:\n  - name: a\n    storage: {storage}\n  - name: b\n    storage: {{ profile: gp3 }}\n\
+                 workloads:\n  - kind: pgbench\n    scale: 1\n    duration_s: 60\n{extra}    faults:\n{faults}"
+            )
+        };
+        let gp3 = "{ profile: gp3 }";
+        let ok = scenario(
+            gp3,
+            "",
+            "      - { kind: crash, at_s: 20 }\n      - { kind: stall, at_s: 30, duration_s: 5 }\n      - { kind: degrade, at_s: 40, duration_s: 5, iops: 300 }\n",
+        );
+        let s = parse(Path::new("ok.yaml"), &ok).unwrap();
+        let cells = plan(&s);
+        let Params::Pgbench(p) = &cells[0].params else {
+            panic!("a pgbench cell")
+        };
+        assert_eq!(p.drive.faults.len(), 3);
+        assert_eq!(
+            p.drive.faults[2].label(),
+            "degrade to 300 IOPS for 5 s at 40 s"
+        );
+        for (storage, extra, faults, line, field, says) in [
+            (
+                gp3,
+                "",
+                "      - { kind: reboot, at_s: 20 }\n",
+                12,
+                "workloads[0].faults[0].kind",
+                "unknown fault kind `reboot`",
+            ),
+            (
+                gp3,
+                "",
+                "      - { kind: crash }\n",
+                12,
+                "workloads[0].faults[0].at_s",
+                "missing",
+            ),
+            (
+                gp3,
+                "",
+                "      - { kind: crash, at_s: 60 }\n",
+                12,
+                "workloads[0].faults[0].at_s",
+                "not within the measured window",
+            ),
+            (
+                gp3,
+                "",
+                "      - { kind: crash, at_s: 1 }\n",
+                12,
+                "workloads[0].faults[0].at_s",
+                "baseline",
+            ),
+            (
+                gp3,
+                "",
+                "      - { kind: stall, at_s: 20 }\n",
+                12,
+                "workloads[0].faults[0].duration_s",
+                "needs duration_s",
+            ),
+            (
+                gp3,
+                "",
+                "      - { kind: crash, at_s: 20, duration_s: 3 }\n",
+                12,
+                "workloads[0].faults[0].duration_s",
+                "no duration of its own",
+            ),
+            (
+                gp3,
+                "",
+                "      - { kind: degrade, at_s: 20, duration_s: 3 }\n",
+                12,
+                "workloads[0].faults[0].iops",
+                "needs its caps",
+            ),
+            (
+                gp3,
+                "",
+                "      - { kind: stall, at_s: 20, duration_s: 3, iops: 5 }\n",
+                12,
+                "workloads[0].faults[0].iops",
+                "degrade's cap",
+            ),
+            (
+                gp3,
+                "",
+                "      - { kind: stall, at_s: 20, duration_s: 10 }\n      - { kind: crash, at_s: 25 }\n",
+                13,
+                "workloads[0].faults[1].at_s",
+                "time order",
+            ),
+            (
+                gp3,
+                "    driver: pgbench\n",
+                "      - { kind: crash, at_s: 20 }\n",
+                13,
+                "workloads[0].faults",
+                "driver: pgfleet",
+            ),
+            (
+                gp3,
+                "",
+                "      - { kind: checkpoint, at_s: 20, recovery_timeout_s: 5 }\n",
+                12,
+                "workloads[0].faults[0].recovery_timeout_s",
+                "crash's recovery",
+            ),
+            (
+                "{ profile: nvme }",
+                "",
+                "      - { kind: stall, at_s: 20, duration_s: 3 }\n",
+                12,
+                "workloads[0].faults[0].kind",
+                "class `a` has none",
+            ),
+            (
+                "{ profile: gp3, emulate: false }",
+                "",
+                "      - { kind: degrade, at_s: 20, duration_s: 3, mbps: 10 }\n",
+                12,
+                "workloads[0].faults[0].kind",
+                "emulate: false",
+            ),
+        ] {
+            let e = err(&scenario(storage, extra, faults));
+            assert_eq!((e.line, e.field.as_str()), (line, field), "{e}");
+            assert!(e.message.contains(says), "{says}: {e}");
+        }
+        // A partition cuts the roles of a drain; a script has none.
+        let e = err(&scenario(
+            gp3,
+            "",
+            "      - { kind: partition, at_s: 20, duration_s: 3 }\n",
+        ));
+        assert_eq!(e.field, "workloads[0].faults[0].kind", "{e}");
+        assert!(
+            e.message
+                .contains("allowed here crash, checkpoint, stall, degrade"),
+            "{e}"
+        );
+        let drain = |faults: &str| {
+            format!(
+                "name: t\nfleet:\n  - name: a\n    count: 2\nworkloads:\n  - kind: logical-drain\n    scale: 1\n    faults: [{faults}]\n"
+            )
+        };
+        let e = err(&drain("{ kind: crash, at_s: 5 }"));
+        assert!(e.message.contains("allowed here partition"), "{e}");
+        let e = err(&drain("{ kind: partition, at_s: 5 }"));
+        assert!(e.message.contains("needs duration_s"), "{e}");
+        let s = parse(
+            Path::new("ok.yaml"),
+            &drain("{ kind: partition, at_s: 0.5, duration_s: 4 }"),
+        )
+        .unwrap();
+        let Params::LogicalDrain(d) = &plan(&s)[0].params else {
+            panic!("a drain cell")
+        };
+        assert_eq!(d.faults[0].label(), "partition 4 s at 0.5 s");
+        // Counting transactions leaves nothing to place a fault in.
+        let e = err(&scenario(gp3, "", "      - { kind: crash, at_s: 20 }\n")
+            .replace("duration_s: 60", "transactions: 100"));
+        assert!(e.message.contains("give duration_s"), "{e}");
+        // On a class without caps, a crash and a checkpoint are fine; and an
+        // entry `on:` the capped class may stall.
+        let nvme = "{ profile: nvme }";
+        parse(
+            Path::new("ok.yaml"),
+            &scenario(
+                nvme,
+                "",
+                "      - { kind: crash, at_s: 20 }\n      - { kind: checkpoint, at_s: 40 }\n",
+            ),
+        )
+        .unwrap();
+        parse(
+            Path::new("ok.yaml"),
+            &scenario(
+                nvme,
+                "    on: [b]\n",
+                "      - { kind: stall, at_s: 20, duration_s: 3 }\n",
+            ),
+        )
+        .unwrap();
+    }
+
     /// Prices resolve to a price per hour; a monthly price without its
     /// quantity, a negative one, or prices without a currency are refused
     /// where they are.

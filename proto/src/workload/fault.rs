@@ -24,10 +24,14 @@ pub enum FaultKind {
     Checkpoint,
     Stall,
     Degrade,
+    /// logical-drain: the network between the subscriber's server and the
+    /// publisher's cut for `duration_s`, then healed.
+    Partition,
 }
 
 impl FaultKind {
-    pub const NAMES: &'static [&'static str] = &["crash", "checkpoint", "stall", "degrade"];
+    pub const NAMES: &'static [&'static str] =
+        &["crash", "checkpoint", "stall", "degrade", "partition"];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -35,6 +39,7 @@ impl FaultKind {
             FaultKind::Checkpoint => "checkpoint",
             FaultKind::Stall => "stall",
             FaultKind::Degrade => "degrade",
+            FaultKind::Partition => "partition",
         }
     }
 
@@ -44,6 +49,7 @@ impl FaultKind {
             "checkpoint" => Some(FaultKind::Checkpoint),
             "stall" => Some(FaultKind::Stall),
             "degrade" => Some(FaultKind::Degrade),
+            "partition" => Some(FaultKind::Partition),
             _ => None,
         }
     }
@@ -52,6 +58,12 @@ impl FaultKind {
     /// storage is not emulated).
     pub fn changes_caps(self) -> bool {
         matches!(self, FaultKind::Stall | FaultKind::Degrade)
+    }
+
+    /// Whether it lasts `duration_s` (the others last until the server is
+    /// back, or the CHECKPOINT returns).
+    pub fn lasts(self) -> bool {
+        self.changes_caps() || self == FaultKind::Partition
     }
 }
 
@@ -65,7 +77,7 @@ pub struct FaultSpec {
     /// Seconds into the measured window (after the warm-up).
     #[serde(default)]
     pub at_s: Option<Spanned<f64>>,
-    /// `stall` and `degrade`: how long the caps stay down.
+    /// `stall`, `degrade` and `partition`: how long it lasts.
     #[serde(default)]
     pub duration_s: Option<Spanned<f64>>,
     /// `degrade`: the IOPS cap meanwhile (each direction; a combined
@@ -114,6 +126,7 @@ impl Fault {
         let at = fmt_s(self.at_s);
         match self.kind {
             FaultKind::Stall => format!("stall {} at {at}", fmt_s(self.duration_s)),
+            FaultKind::Partition => format!("partition {} at {at}", fmt_s(self.duration_s)),
             FaultKind::Degrade => {
                 let mut caps = Vec::new();
                 if self.iops > 0 {
@@ -134,10 +147,10 @@ impl Fault {
 
     /// The agent's check (see `KindParams::check`).
     pub fn check(&self) -> Result<(), String> {
-        if !(self.at_s >= 0.0 && self.at_s <= 86_400.0) {
+        if !(self.at_s >= 0.0 && self.at_s <= 7.0 * 86_400.0) {
             return Err(format!("fault at_s {} is out of range", self.at_s));
         }
-        if self.kind.changes_caps() && !(self.duration_s > 0.0 && self.duration_s <= 86_400.0) {
+        if self.kind.lasts() && !(self.duration_s > 0.0 && self.duration_s <= 86_400.0) {
             return Err(format!(
                 "fault {} needs duration_s in 0..86400",
                 self.kind.name()
@@ -158,6 +171,14 @@ fn fmt_s(s: f64) -> String {
     }
 }
 
+/// The faults a `pgbench` entry takes.
+pub const ON_A_SCRIPT: &[FaultKind] = &[
+    FaultKind::Crash,
+    FaultKind::Checkpoint,
+    FaultKind::Stall,
+    FaultKind::Degrade,
+];
+
 /// Checks `faults:` against the measured window (`duration_s`, None when
 /// the entry counts transactions) and the driver.
 pub fn check(
@@ -165,6 +186,7 @@ pub fn check(
     list: &Option<Spanned<Vec<Spanned<FaultSpec>>>>,
     window_s: Option<f64>,
     driver: &str,
+    allowed: &[FaultKind],
 ) -> Checked<Vec<Fault>> {
     let Some(list) = list else {
         return Ok(Vec::new());
@@ -206,6 +228,18 @@ pub fn check(
         };
         f.one_of(kind, &key("kind"), FaultKind::NAMES, "fault kind")?;
         let k = FaultKind::from_name(&kind.value).expect("checked");
+        if !allowed.contains(&k) {
+            let names: Vec<&str> = allowed.iter().map(|a| a.name()).collect();
+            return f.err(
+                kind.referenced,
+                &key("kind"),
+                format!(
+                    "a {} fault does not apply to this kind: allowed here {}",
+                    k.name(),
+                    names.join(", ")
+                ),
+            );
+        }
         let Some(at) = &fs.at_s else {
             return f.err(
                 s.referenced,
@@ -213,13 +247,16 @@ pub fn check(
                 "missing: seconds into the measured window",
             );
         };
-        f.in_range(
-            &fs.at_s,
-            &key("at_s"),
-            2.0,
-            window,
-            " seconds (the seconds before a fault are its baseline; within duration_s)",
-        )?;
+        // A script's fault is measured against the seconds before it; a
+        // partition against the drain's own end.
+        let (earliest, why) = match k {
+            FaultKind::Partition => (0.0, " seconds into the drain (within timeout_s)"),
+            _ => (
+                2.0,
+                " seconds (the seconds before a fault are its baseline; within duration_s)",
+            ),
+        };
+        f.in_range(&fs.at_s, &key("at_s"), earliest, window, why)?;
         if at.value >= window {
             return f.err(
                 at.referenced,
@@ -230,7 +267,7 @@ pub fn check(
                 ),
             );
         }
-        let duration = match (&fs.duration_s, k.changes_caps()) {
+        let duration = match (&fs.duration_s, k.lasts()) {
             (Some(d), true) => {
                 f.in_range(
                     &fs.duration_s,
@@ -245,10 +282,7 @@ pub fn check(
                 return f.err(
                     kind.referenced,
                     &key("duration_s"),
-                    format!(
-                        "a {} needs duration_s: how long the caps stay down",
-                        k.name()
-                    ),
+                    format!("a {} needs duration_s: how long it lasts", k.name()),
                 );
             }
             (Some(d), false) => {
@@ -370,6 +404,12 @@ pub struct FaultFigures {
     pub checkpoint_s: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub buffers_written: Option<u64>,
+    /// partition: WAL the subscriber had still to receive when the network
+    /// came back, and from then until the backlog was applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_bytes_at_heal: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catch_up_s: Option<f64>,
 }
 
 /// The faults' figures as metrics of the cell (each the worst over the
@@ -393,7 +433,27 @@ pub struct FaultMetrics {
     pub checkpoint_seconds: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_buffers: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition_lag_mb: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catch_up_seconds: Option<f64>,
 }
+
+/// The compared metrics of a partition (in logical-drain's `COMPARED`).
+pub const PARTITION_COMPARED: &[Metric] = &[
+    Metric::new(
+        "partition_lag_mb",
+        "MB",
+        Better::Lower,
+        "partition: WAL still to receive when the network came back",
+    ),
+    Metric::new(
+        "catch_up_seconds",
+        "s",
+        Better::Lower,
+        "partition: from the network's return until the backlog was applied",
+    ),
+];
 
 /// The compared metrics of faults (in pgbench's `COMPARED`).
 pub const COMPARED: &[Metric] = &[
@@ -459,10 +519,15 @@ impl FaultMetrics {
             wal_replayed_mb: worst(&|x| x.wal_replayed_bytes.map(|b| b as f64 / 1e6)),
             first_transaction_seconds: worst(&|x| x.first_transaction_s),
             back_to_90pct_seconds: worst(&|x| x.back_to_90pct_s),
-            fault_transactions_lost: worst(&|x| Some(x.transactions_lost)),
+            // A partition has no clients to lose transactions of.
+            fault_transactions_lost: worst(&|x| {
+                (x.kind != FaultKind::Partition).then_some(x.transactions_lost)
+            }),
             fault_latency_ms_p99: worst(&|x| x.latency_ms_p99_during),
             checkpoint_seconds: worst(&|x| x.checkpoint_s),
             checkpoint_buffers: worst(&|x| x.buffers_written.map(|b| b as f64)),
+            partition_lag_mb: worst(&|x| x.lag_bytes_at_heal.map(|b| b as f64 / 1e6)),
+            catch_up_seconds: worst(&|x| x.catch_up_s),
         }
     }
 }
@@ -489,6 +554,8 @@ mod tests {
             first_transaction_s: None,
             checkpoint_s: None,
             buffers_written: None,
+            lag_bytes_at_heal: None,
+            catch_up_s: None,
         }
     }
 
@@ -505,7 +572,7 @@ mod tests {
         assert_eq!(m.checkpoint_seconds, None);
         let none = serde_json::to_value(FaultMetrics::of(&[])).unwrap();
         assert_eq!(none, serde_json::json!({}), "no fault, no figure");
-        for c in COMPARED {
+        for c in COMPARED.iter().chain(PARTITION_COMPARED) {
             let names = serde_json::to_value(FaultMetrics {
                 recovery_seconds: Some(1.0),
                 wal_replayed_mb: Some(1.0),
@@ -515,6 +582,8 @@ mod tests {
                 fault_latency_ms_p99: Some(1.0),
                 checkpoint_seconds: Some(1.0),
                 checkpoint_buffers: Some(1.0),
+                partition_lag_mb: Some(1.0),
+                catch_up_seconds: Some(1.0),
             })
             .unwrap();
             assert!(names.get(c.name).is_some(), "{} is a field", c.name);

@@ -8,6 +8,7 @@
 use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
+use super::fault::{self, Fault, FaultFigures, FaultKind, FaultMetrics, FaultSpec};
 use super::pgbench_init::{self, InitParams, with_load_keys};
 use super::{
     Better, ByteSize, Capacity, Checked, Estimate, Field, Internals, KindParams, KindSpec, Metric,
@@ -38,6 +39,8 @@ pub const COMPARED: &[Metric] = &[
         Better::Lower,
         "WAL the publisher produced for the subscriber to apply",
     ),
+    fault::PARTITION_COMPARED[0],
+    fault::PARTITION_COMPARED[1],
 ];
 /// Keys a scenario may sweep: a list of values is one point per value.
 pub const SWEPT: &[&str] = &["backlog_bytes", "clients", "threads"];
@@ -107,6 +110,11 @@ with_load_keys! {
         /// past it the cell fails saying which, instead of hanging.
         #[serde(default)]
         pub timeout_s: Option<Spanned<f64>>,
+        /// `partition` faults during the drain: `at_s` seconds after apply
+        /// resumed, the network between the subscriber's server and the
+        /// publisher's cut for `duration_s`.
+        #[serde(default)]
+        pub faults: Option<Spanned<Vec<Spanned<FaultSpec>>>>,
     }
 }
 
@@ -118,6 +126,8 @@ pub struct Params {
     pub clients: u32,
     pub threads: u32,
     pub timeout_s: f64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<Fault>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -125,6 +135,9 @@ pub struct PointParams {
     pub scale: u64,
     pub backlog_target_bytes: u64,
     pub clients: u32,
+    /// The faults injected during the drain.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<Fault>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -155,6 +168,11 @@ pub struct Metrics {
     pub internals: Internals,
     #[serde(flatten)]
     pub load: pgbench_init::Metrics,
+    /// Each partition injected, measured.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<FaultFigures>,
+    #[serde(flatten)]
+    pub fault_metrics: FaultMetrics,
 }
 
 pub type Point = super::Point<PointParams, Metrics>;
@@ -201,6 +219,13 @@ impl KindSpec for Spec {
                 clients,
                 threads: or(&self.threads, 1),
                 timeout_s: or(&self.timeout_s, 3600.0),
+                faults: fault::check(
+                    f,
+                    &self.faults,
+                    Some(or(&self.timeout_s, 3600.0)),
+                    "pgfleet",
+                    &[FaultKind::Partition],
+                )?,
             },
         )])
     }
@@ -213,7 +238,17 @@ impl KindParams for Params {
         within("backlog_bytes", self.backlog_bytes, 1 << 20, 1 << 50)?;
         within("clients", self.clients, 1, 1000)?;
         within("threads", self.threads, 1, self.clients)?;
-        within("timeout_s", self.timeout_s, 1.0, 7.0 * 86_400.0)
+        within("timeout_s", self.timeout_s, 1.0, 7.0 * 86_400.0)?;
+        for f in &self.faults {
+            if f.kind != FaultKind::Partition {
+                return Err(format!(
+                    "a {} fault does not apply to logical-drain",
+                    f.kind.name()
+                ));
+            }
+            f.check()?;
+        }
+        Ok(())
     }
     fn estimate(&self, c: &Capacity) -> Estimate {
         let load = self.init.estimate(c);

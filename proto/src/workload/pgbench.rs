@@ -459,6 +459,7 @@ pub fn check_drive(f: &Field, s: &Spec) -> Checked<DriveParams> {
                 (None, Some(_)) => None,
             },
             &driver,
+            fault::ON_A_SCRIPT,
         )?,
         driver,
         allow_shell: s.allow_shell.as_ref().is_some_and(|a| a.value),
