@@ -132,7 +132,10 @@ async fn crash_checkpoint_stall_and_degrade_are_injected_and_measured() {
     // left to notice its postmaster gone.
     let log = std::fs::read_to_string(cl.dir().join("postgres.log")).unwrap();
     assert!(!log.contains("unexpected postmaster exit"), "{log}");
-    assert!(log.contains("database system was interrupted"), "crash recovery ran: {log}");
+    assert!(
+        log.contains("database system was interrupted"),
+        "crash recovery ran: {log}"
+    );
     // The stall: throughput fell while the caps were at 1 IOPS.
     assert_eq!(stall.kind, FaultKind::Stall);
     assert!((stall.end_s - stall.start_s - 3.0).abs() < 0.5, "{stall:?}");

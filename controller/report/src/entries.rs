@@ -53,6 +53,14 @@ fn point_keys(summaries: &[Summary], kind: &str) -> BTreeSet<String> {
 
 /// A parameter's value as a label shows it (strings unquoted).
 pub fn shown(v: &Json) -> String {
+    // A list of faults reads as their labels ("crash at 60 s").
+    if let Ok(faults) =
+        <Vec<pgfleet_proto::workload::fault::Fault> as serde::Deserialize>::deserialize(v)
+        && !faults.is_empty()
+    {
+        let labels: Vec<String> = faults.iter().map(|f| f.label()).collect();
+        return format!("[{}]", labels.join(", "));
+    }
     v.as_str().map(str::to_string).unwrap_or(v.to_string())
 }
 
