@@ -223,6 +223,15 @@ impl Cluster {
                 "a partition tells the server's packets from the agent's by the server's OS user: run the agent as root, so the server runs as its own user".into(),
             )
         })?;
+        // The peer's address as it reported it reaches iptables' argv:
+        // an IP address, nothing else.
+        let host: std::net::IpAddr = host.parse().map_err(|_| {
+            Error::Provision(format!(
+                "a partition needs the peer's IP address, not `{host}`"
+            ))
+        })?;
+        let host = host.to_string();
+        let host = host.as_str();
         let tag = cut_tag(&self.dir);
         let (port, uid) = (port.to_string(), uid.to_string());
         let mut rules: Vec<Vec<String>> = vec![

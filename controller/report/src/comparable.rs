@@ -187,6 +187,21 @@ mod tests {
         let c = "name: s\nfleet: [{name: a}]\nworkloads: [{kind: pgbench, scale: 2}]\n";
         assert_eq!(normalized_scenario(a, &[]), normalized_scenario(b, &[]));
         assert_ne!(normalized_scenario(a, &[]), normalized_scenario(c, &[]));
+        // Faults are part of what is measured: another fault, or another
+        // moment for it, is another series.
+        let crash = a.replace(
+            "scale: 1}",
+            "scale: 1, duration_s: 60, faults: [{kind: crash, at_s: 30}]}",
+        );
+        let later = crash.replace("at_s: 30", "at_s: 40");
+        assert_ne!(
+            normalized_scenario(a, &[]),
+            normalized_scenario(&crash, &[])
+        );
+        assert_ne!(
+            normalized_scenario(&crash, &[]),
+            normalized_scenario(&later, &[])
+        );
         // A followed setting is not part of the key; the others are.
         let on = "name: s\nfleet: [{name: a, postgres: {settings: {synchronous_commit: on, work_mem: 4MB}}}]\n";
         let off = on.replace("synchronous_commit: on", "synchronous_commit: off");

@@ -149,6 +149,7 @@ fn around(
                 from: a,
                 to: b,
                 label: format!("{class}: {:.1} s", b - a),
+                color: Some(super::plot::class_color(doc, class)),
             }
         })
         .collect();

@@ -24,6 +24,8 @@ pub struct Mark {
     pub from: f64,
     pub to: f64,
     pub label: String,
+    /// Its colour (a class's); None: the default.
+    pub color: Option<&'static str>,
 }
 
 /// An instance class's colour, the same in every plot of a report: by the
@@ -94,9 +96,18 @@ pub fn line_chart_marked(
         .iter()
         .flat_map(|s| s.points.iter().map(|p| p.1))
         .filter(|y| y.is_finite());
+    // A marked chart shows its stretch of the axis (a fault's seconds),
+    // others start at 0.
+    let lo = xs.clone().fold(f64::INFINITY, f64::min);
     let (x0, x1) = (
-        xs.clone().fold(f64::INFINITY, f64::min).min(0.0),
-        xs.fold(f64::NEG_INFINITY, f64::max).max(1.0),
+        if marks.is_empty() || !lo.is_finite() {
+            lo.min(0.0)
+        } else {
+            lo
+        },
+        xs.fold(f64::NEG_INFINITY, f64::max)
+            .max(if lo.is_finite() { lo + 1.0 } else { 1.0 })
+            .max(1.0),
     );
     let y1 = ys.fold(0.0, f64::max);
     let ystep = step(y1);
@@ -149,14 +160,16 @@ pub fn line_chart_marked(
         (T + H - B) / 2.0,
         esc(y_label)
     );
-    for m in marks {
+    for (i, m) in marks.iter().enumerate() {
         let (a, b) = (px(m.from.clamp(x0, x1)), px(m.to.clamp(x0, x1)));
+        let c = m.color.unwrap_or("#b2182b");
         s += &format!(
-            r##"<rect x="{a:.1}" y="{T}" width="{:.1}" height="{}" fill="#f4a582" fill-opacity="0.35"/><text x="{a:.1}" y="{}" font-size="11" fill="#b2182b">{}</text>
+            r##"<rect x="{a:.1}" y="{T}" width="{:.1}" height="{}" fill="{c}" fill-opacity="0.15"/><text x="{:.1}" y="{}" font-size="11" fill="{c}">{}</text>
 "##,
             (b - a).max(1.5),
             H - B - T,
-            T + 12.0,
+            a + 3.0,
+            T + 12.0 + 14.0 * i as f64,
             esc(&m.label)
         );
     }
