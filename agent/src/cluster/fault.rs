@@ -60,7 +60,10 @@ impl Cluster {
             .ok_or_else(|| Error::Provision("the server had exited before the crash".into()))?;
         // The postmaster's children (backends, auxiliary processes) each
         // lead a process group of their own (PostgreSQL calls setsid()):
-        // found by their parent before it dies, killed with it.
+        // found by their parent, stopped first so that it forks no other
+        // (an autovacuum worker, a connection's backend) meanwhile, and
+        // killed with it.
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGSTOP);
         let children = children_of(pid);
         let killed = Instant::now();
         let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
@@ -318,10 +321,16 @@ impl Drop for Cut {
     }
 }
 
+/// `iptables`, found where Debian puts it.
+fn iptables_command() -> std::process::Command {
+    let mut c = std::process::Command::new("iptables");
+    c.env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+    c
+}
+
 /// Runs `iptables -w <op> <rule>` (`-I` inserts, `-D` deletes).
 fn iptables(op: &str, rule: &[String]) -> Result<()> {
-    let out = std::process::Command::new("iptables")
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+    let out = iptables_command()
         .arg("-w")
         .arg(op)
         .args(rule)
@@ -344,11 +353,7 @@ fn iptables(op: &str, rule: &[String]) -> Result<()> {
 /// Removes the cut of a cluster an earlier agent left (`reap_stale`).
 pub fn reap_cut(cluster_dir: &Path) {
     let tag = cut_tag(cluster_dir);
-    let Ok(out) = std::process::Command::new("iptables")
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .args(["-w", "-S"])
-        .output()
-    else {
+    let Ok(out) = iptables_command().args(["-w", "-S"]).output() else {
         return;
     };
     for line in String::from_utf8_lossy(&out.stdout).lines() {

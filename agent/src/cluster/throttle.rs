@@ -297,23 +297,7 @@ fn create_io(name: &str, data_dir: &Path, caps: Caps, run_as: Option<&RunAs>) ->
                 }
             }
         } else {
-            let f = |v: u64, scale: u64| {
-                if v == 0 {
-                    "max".to_string()
-                } else {
-                    (v * scale).to_string()
-                }
-            };
-            write(
-                &cg.path.join("io.max"),
-                &format!(
-                    "{dev} riops={} wiops={} rbps={} wbps={}",
-                    f(caps.read_iops, 1),
-                    f(caps.write_iops, 1),
-                    f(caps.read_mbps, 1 << 20),
-                    f(caps.write_mbps, 1 << 20)
-                ),
-            )?;
+            write(&cg.path.join("io.max"), &io_max(&dev, caps))?;
         }
         if let Some(u) = run_as.filter(|_| v1) {
             nix::unistd::chown(
@@ -423,6 +407,11 @@ pub fn recap_cgroup(cg: &Path, dev: &str, caps: Caps) -> Result<()> {
         }
         return Ok(());
     }
+    write(&cg.join("io.max"), &io_max(dev, caps))
+}
+
+/// cgroup v2's `io.max` line for `caps` on `dev` (0: `max`, uncapped).
+fn io_max(dev: &str, caps: Caps) -> String {
     let f = |v: u64, scale: u64| {
         if v == 0 {
             "max".to_string()
@@ -430,15 +419,12 @@ pub fn recap_cgroup(cg: &Path, dev: &str, caps: Caps) -> Result<()> {
             (v * scale).to_string()
         }
     };
-    write(
-        &cg.join("io.max"),
-        &format!(
-            "{dev} riops={} wiops={} rbps={} wbps={}",
-            f(caps.read_iops, 1),
-            f(caps.write_iops, 1),
-            f(caps.read_mbps, 1 << 20),
-            f(caps.write_mbps, 1 << 20)
-        ),
+    format!(
+        "{dev} riops={} wiops={} rbps={} wbps={}",
+        f(caps.read_iops, 1),
+        f(caps.write_iops, 1),
+        f(caps.read_mbps, 1 << 20),
+        f(caps.write_mbps, 1 << 20)
     )
 }
 
