@@ -242,7 +242,8 @@ fn called_names(src: &str) -> (Vec<String>, Vec<String>) {
             while j < b.len() && b[j] == b' ' {
                 j += 1;
             }
-            if j < b.len() && b[j] == b'(' {
+            // (Longer than 63 bytes it is no catalog name: a Rust one.)
+            if j < b.len() && b[j] == b'(' && i - start < 64 {
                 funcs.insert(src[start..i].to_ascii_lowercase());
             }
             continue;

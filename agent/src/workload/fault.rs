@@ -380,7 +380,7 @@ mod tests {
     }
 
     #[test]
-    fn a_fault_never_recovered_from_has_no_back_time_and_loses_the_rest() {
+    fn a_fault_never_recovered_from_loses_the_rest() {
         let mut secs: Vec<SecondStat> = (0..5).map(|_| second(50, 1000)).collect();
         secs.extend((0..5).map(|_| second(10, 1000)));
         let w = Instant::now();

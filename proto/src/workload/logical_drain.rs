@@ -42,6 +42,8 @@ pub const COMPARED: &[Metric] = &[
     fault::PARTITION_COMPARED[0],
     fault::PARTITION_COMPARED[1],
 ];
+/// The largest backlog a cell may build (1 PiB).
+const MAX_BACKLOG_BYTES: u64 = 1 << 50;
 /// Keys a scenario may sweep: a list of values is one point per value.
 pub const SWEPT: &[&str] = &["backlog_bytes", "clients", "threads"];
 
@@ -195,6 +197,19 @@ impl KindSpec for Spec {
         let backlog_bytes = f
             .bytes(&self.backlog_bytes, "backlog_bytes", 1 << 20)?
             .unwrap_or(256 << 20);
+        if let Some(b) = &self.backlog_bytes
+            && backlog_bytes > MAX_BACKLOG_BYTES
+        {
+            return f.err(
+                b.referenced,
+                "backlog_bytes",
+                format!(
+                    "{} is out of range: allowed at most {}",
+                    human_bytes(backlog_bytes),
+                    human_bytes(MAX_BACKLOG_BYTES)
+                ),
+            );
+        }
         f.in_range(&self.clients, "clients", 1, 1000, "")?;
         let clients = or(&self.clients, 4);
         f.in_range(
@@ -235,7 +250,12 @@ impl KindParams for Params {
     fn check(&self) -> Result<(), String> {
         use super::within;
         self.init.check()?;
-        within("backlog_bytes", self.backlog_bytes, 1 << 20, 1 << 50)?;
+        within(
+            "backlog_bytes",
+            self.backlog_bytes,
+            1 << 20,
+            MAX_BACKLOG_BYTES,
+        )?;
         within("clients", self.clients, 1, 1000)?;
         within("threads", self.threads, 1, self.clients)?;
         within("timeout_s", self.timeout_s, 1.0, 7.0 * 86_400.0)?;
@@ -327,7 +347,10 @@ impl KindParams for Params {
             measured_seconds: drain,
             // The publisher: its data, the backlog held by the slot, the
             // updates' new row versions, WAL headroom.
-            disk_bytes: load.disk_bytes + 2 * self.backlog_bytes + (1 << 30),
+            disk_bytes: load
+                .disk_bytes
+                .saturating_add(self.backlog_bytes.saturating_mul(2))
+                .saturating_add(1 << 30),
             load_seconds: load.load_seconds,
             prepare_seconds: sync + build,
             ..Estimate::default()
