@@ -237,9 +237,18 @@ impl Cluster {
         let host = host.as_str();
         let tag = cut_tag(&self.dir);
         let (port, uid) = (port.to_string(), uid.to_string());
-        let mut rules: Vec<Vec<String>> = vec![
-            [
-                "OUTPUT",
+        // Each rule drops what it matches, tagged with the cluster.
+        let dropping = |chain: &str, matches: &[&str]| -> Vec<String> {
+            let tail = ["-m", "comment", "--comment", &tag, "-j", "DROP"];
+            std::iter::once(chain)
+                .chain(matches.iter().copied())
+                .chain(tail)
+                .map(str::to_string)
+                .collect()
+        };
+        let mut rules = vec![dropping(
+            "OUTPUT",
+            &[
                 "-p",
                 "tcp",
                 "-d",
@@ -250,39 +259,14 @@ impl Cluster {
                 "owner",
                 "--uid-owner",
                 &uid,
-                "-m",
-                "comment",
-                "--comment",
-                &tag,
-                "-j",
-                "DROP",
-            ]
-            .map(str::to_string)
-            .to_vec(),
-        ];
+            ],
+        )];
         if let Some(cp) = connected_port {
             let cp = cp.to_string();
-            rules.push(
-                [
-                    "INPUT",
-                    "-p",
-                    "tcp",
-                    "-s",
-                    host,
-                    "--sport",
-                    &port,
-                    "--dport",
-                    &cp,
-                    "-m",
-                    "comment",
-                    "--comment",
-                    &tag,
-                    "-j",
-                    "DROP",
-                ]
-                .map(str::to_string)
-                .to_vec(),
-            );
+            rules.push(dropping(
+                "INPUT",
+                &["-p", "tcp", "-s", host, "--sport", &port, "--dport", &cp],
+            ));
         }
         let mut cut = Cut { rules: Vec::new() };
         for r in rules {
@@ -301,6 +285,11 @@ pub struct Cut {
 impl Cut {
     /// Removes the rules (what dropping does, with its error).
     pub fn heal(mut self) -> Result<()> {
+        self.remove()
+    }
+
+    /// Removes every rule still in place; the first error, after trying all.
+    fn remove(&mut self) -> Result<()> {
         let mut first = Ok(());
         for r in std::mem::take(&mut self.rules) {
             if let Err(e) = iptables("-D", &r) {
@@ -313,10 +302,8 @@ impl Cut {
 
 impl Drop for Cut {
     fn drop(&mut self) {
-        for r in std::mem::take(&mut self.rules) {
-            if let Err(e) = iptables("-D", &r) {
-                tracing::error!("healing a network cut: {e}");
-            }
+        if let Err(e) = self.remove() {
+            tracing::error!("healing a network cut: {e}");
         }
     }
 }

@@ -162,27 +162,16 @@ fn around(
             .classes
             .keys()
             .map(|class| {
-                let mut sums: BTreeMap<u64, (f64, u32)> = BTreeMap::new();
-                for r in rs.iter().filter(|r| r.class == class.as_str()) {
-                    for p in doc.timeseries.get(r.cell_id).into_iter().flatten() {
-                        // Second n covers [n - 1, n) of the window.
-                        let sec = p.second.unwrap_or(0);
-                        let start = sec.saturating_sub(1) as f64;
-                        if start < from || start > to {
-                            continue;
-                        }
-                        if let Some(v) = field(p) {
-                            let e = sums.entry(sec).or_default();
-                            e.0 += v;
-                            e.1 += 1;
-                        }
-                    }
-                }
+                let cells = rs.iter().filter(|r| r.class == class.as_str());
+                // Second n covers [n - 1, n) of the window: drawn at n - 1.
+                let shown = |sec: u64| (from..=to).contains(&(sec.saturating_sub(1) as f64));
+                let means =
+                    super::pgbench::class_means(doc, cells.map(|r| r.cell_id), field, shown);
                 Series {
                     name: class.clone(),
-                    points: sums
+                    points: means
                         .into_iter()
-                        .map(|(s, (t, n))| (s.saturating_sub(1) as f64, t / n as f64))
+                        .map(|(s, v)| (s.saturating_sub(1) as f64, v))
                         .collect(),
                     color: Some(super::plot::class_color(doc, class)),
                 }
