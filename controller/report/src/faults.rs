@@ -165,8 +165,7 @@ fn around(
                 let cells = rs.iter().filter(|r| r.class == class.as_str());
                 // Second n covers [n - 1, n) of the window: drawn at n - 1.
                 let shown = |sec: u64| (from..=to).contains(&(sec.saturating_sub(1) as f64));
-                let means =
-                    super::pgbench::class_means(doc, cells.map(|r| r.cell_id), field, shown);
+                let means = super::table::class_means(doc, cells.map(|r| r.cell_id), field, shown);
                 Series {
                     name: class.clone(),
                     points: means

@@ -2,7 +2,6 @@
 //! TPS and p99 over time.
 
 use crate::Report;
-use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use pgfleet_proto::workload::pgbench::{Metrics, PointParams};
@@ -194,10 +193,12 @@ fn over_time(
                 let cells = rs.iter().filter(|r| r.class == class.as_str() && mine(r));
                 Series {
                     name: class.clone(),
-                    points: class_means(doc, cells.map(|r| r.cell_id), field, |_| true)
-                        .into_iter()
-                        .map(|(s, v)| (s as f64, v))
-                        .collect(),
+                    points: super::table::class_means(doc, cells.map(|r| r.cell_id), field, |_| {
+                        true
+                    })
+                    .into_iter()
+                    .map(|(s, v)| (s as f64, v))
+                    .collect(),
                     color: Some(super::plot::class_color(doc, class)),
                 }
             })
@@ -230,30 +231,6 @@ fn over_time(
             let _ = writeln!(md, "\n![{alt}]({name})");
         }
     }
-}
-
-/// The mean over `cells` of `field` at each of their seconds (second n
-/// covers [n - 1, n) of the measured window) that `keep` takes.
-pub(crate) fn class_means<'a>(
-    doc: &Report,
-    cells: impl Iterator<Item = &'a str>,
-    field: fn(&Second) -> Option<f64>,
-    keep: impl Fn(u64) -> bool,
-) -> BTreeMap<u64, f64> {
-    let mut sums: BTreeMap<u64, (f64, u32)> = BTreeMap::new();
-    for cell in cells {
-        for p in doc.timeseries.get(cell).into_iter().flatten() {
-            let sec = p.second.unwrap_or(0);
-            if let Some(v) = field(p).filter(|_| keep(sec)) {
-                let e = sums.entry(sec).or_default();
-                e.0 += v;
-                e.1 += 1;
-            }
-        }
-    }
-    sums.into_iter()
-        .map(|(s, (t, n))| (s, t / n as f64))
-        .collect()
 }
 
 /// Per cell: what the storage under test did per committed transaction,

@@ -243,3 +243,27 @@ pub fn num(v: impl Number, digits: usize) -> String {
         .map(|x| format!("{x:.digits$}"))
         .unwrap_or_else(|| "–".into())
 }
+
+/// The mean over `cells` of `field` at each of their seconds (second n
+/// covers [n - 1, n) of the measured window) that `keep` takes.
+pub(crate) fn class_means<'a>(
+    doc: &Report,
+    cells: impl Iterator<Item = &'a str>,
+    field: fn(&crate::document::Second) -> Option<f64>,
+    keep: impl Fn(u64) -> bool,
+) -> std::collections::BTreeMap<u64, f64> {
+    let mut sums: std::collections::BTreeMap<u64, (f64, u32)> = Default::default();
+    for cell in cells {
+        for p in doc.timeseries.get(cell).into_iter().flatten() {
+            let sec = p.second.unwrap_or(0);
+            if let Some(v) = field(p).filter(|_| keep(sec)) {
+                let e = sums.entry(sec).or_default();
+                e.0 += v;
+                e.1 += 1;
+            }
+        }
+    }
+    sums.into_iter()
+        .map(|(s, (t, n))| (s, t / n as f64))
+        .collect()
+}
