@@ -62,15 +62,27 @@ impl Cluster {
         // lead a process group of their own (PostgreSQL calls setsid()):
         // found by their parent, stopped first so that it forks no other
         // (an autovacuum worker, a connection's backend) meanwhile, and
-        // killed with it.
+        // killed before it: a child that outlived the postmaster by an
+        // instant would see its death pipe close and log "terminating
+        // connection due to unexpected postmaster exit", which no power
+        // loss does.
         let _ = kill(Pid::from_raw(pid as i32), Signal::SIGSTOP);
+        // kill() returns before the stop takes: one fork may still land.
+        let stopping = Instant::now() + Duration::from_secs(2);
+        while !matches!(
+            state_of(pid as i32).as_deref(),
+            Some("T" | "t" | "Z") | None
+        ) && Instant::now() < stopping
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         let children = children_of(pid);
         let killed = Instant::now();
-        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
         for c in &children {
             let _ = killpg(Pid::from_raw(*c), Signal::SIGKILL);
             let _ = kill(Pid::from_raw(*c), Signal::SIGKILL);
         }
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
         let _ = child.wait().await;
         // None may hold the shared memory or write a file when the server
         // starts again.
@@ -373,18 +385,16 @@ fn children_of(pid: u32) -> Vec<i32> {
         .collect()
 }
 
+/// The state letter of `pid` in /proc (`R`, `S`, `T`, `Z`...), None when
+/// it is gone.
+fn state_of(pid: i32) -> Option<String> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(s.rsplit_once(')')?.1.split_whitespace().next()?.to_string())
+}
+
 /// Whether `pid` still runs (exists and is not a zombie).
 fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .next()
-                .map(|st| st != "Z")
-        })
-        .unwrap_or(false)
+    state_of(pid).is_some_and(|st| st != "Z")
 }
 
 /// Drops every file under `dir` from the page cache (clean pages only).
