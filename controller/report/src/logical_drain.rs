@@ -8,7 +8,7 @@ use std::fmt::Write;
 use pgfleet_proto::workload::Kind;
 use pgfleet_proto::workload::logical_drain::{Lag, Metrics, PointParams};
 
-use super::table::{Column, Plots, Row, Seeds, class_table, mib, num, samples_plot};
+use super::table::{Column, Plots, Row, SamplesPlot, Seeds, class_table, mib, num, samples_plot};
 
 /// seeds/002: draining a 10 GB logical-replication backlog, NVMe vs EBS gp3.
 const SEEDS_NVME_S: f64 = 139.0;
@@ -107,26 +107,33 @@ pub fn section(md: &mut String, plots: &mut Plots, doc: &Report, rs: &[Row<Point
         plots,
         doc,
         rs,
-        "lag",
-        "drain-lag.svg",
-        (
-            "Logical replication: backlog left while draining",
-            "second",
-            "lag (MiB)",
-        ),
-        |p: &Lag| Some((p.second, p.lag_bytes as f64 / (1u64 << 20) as f64)),
-        |m| {
-            [
-                Some((0.0, m.backlog_bytes as f64 / (1u64 << 20) as f64)),
-                Some((m.drain_seconds, 0.0)),
-            ]
+        &SamplesPlot {
+            sample: "lag",
+            file: "drain-lag.svg",
+            title: "Logical replication: backlog left while draining",
+            x_label: "second",
+            y_label: "lag (MiB)",
+            point: |p: &Lag| Some((p.second, p.lag_bytes as f64 / (1u64 << 20) as f64)),
+            edges: |m| {
+                [
+                    Some((0.0, m.backlog_bytes as f64 / (1u64 << 20) as f64)),
+                    Some((m.drain_seconds, 0.0)),
+                ]
+            },
+            // Each cell's partitions, in its class's colour.
+            spans: |m| {
+                m.faults
+                    .iter()
+                    .map(|f| (f.start_s, f.end_s, f.label.clone()))
+                    .collect()
+            },
         },
     );
 }
 
 /// The drain's partitions: per cell, the WAL still to receive when the
 /// network came back and the seconds from then until the backlog was
-/// applied (the lag plot below shows the cut as a plateau).
+/// applied (the lag plot below shades each cut in its class's colour).
 fn partitions(md: &mut String, rs: &[Row<PointParams, Metrics>]) {
     let rows: Vec<String> = rs
         .iter()

@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value as Json;
 
 use crate::document::{MetricFigure, Report, ResultRow};
-use crate::plot::{Series, line_chart};
+use crate::plot::{Mark, Series, line_chart_marked};
 
 /// One result of a kind with its point typed as the kind defines it
 /// (`pgfleet_proto::workload::<kind>::{PointParams, Metrics}`): what a
@@ -35,36 +35,54 @@ pub type Section<P, M> = fn(&mut String, &mut Plots, &Report, &[Row<P, M>]);
 pub type XY = (f64, f64);
 
 /// A plot of a kind's per-second samples (`doc.samples.<kind>.<cell>`),
-/// one line per cell named by its class and replica; `point` takes (x, y)
-/// from a sample, `edges` the first and last points from the cell's result
-/// (e.g. 0 % at second 0, 100 % when VACUUM ended), so a short run still
-/// draws its whole course. Embedded in report.md when any cell has points.
-#[allow(clippy::too_many_arguments)]
+/// one line per cell named by its class and replica, drawn by
+/// `samples_plot`.
+pub struct SamplesPlot<S, M> {
+    /// The sample kind (`vacuum`, `lag`).
+    pub sample: &'static str,
+    pub file: &'static str,
+    pub title: &'static str,
+    pub x_label: &'static str,
+    pub y_label: &'static str,
+    /// (x, y) from a sample.
+    pub point: fn(&S) -> Option<XY>,
+    /// The first and last points from the cell's result (e.g. 0 % at
+    /// second 0, 100 % when VACUUM ended), so a short run still draws its
+    /// whole course.
+    pub edges: fn(&M) -> [Option<XY>; 2],
+    /// Stretches of the x axis to shade in the cell's class colour (a
+    /// fault's window): (from, to, label).
+    pub spans: fn(&M) -> Vec<(f64, f64, String)>,
+}
+
+/// No stretch of the axis shaded.
+pub fn no_spans<M>(_: &M) -> Vec<(f64, f64, String)> {
+    Vec::new()
+}
+
+/// Draws `plot` over `rows`; embedded in report.md when any cell has
+/// points.
 pub fn samples_plot<P, M, S: DeserializeOwned>(
     md: &mut String,
     plots: &mut Plots,
     doc: &Report,
     rows: &[Row<P, M>],
-    sample: &str,
-    file: &str,
-    (title, x_label, y_label): (&str, &str, &str),
-    point: fn(&S) -> Option<XY>,
-    edges: fn(&M) -> [Option<XY>; 2],
+    plot: &SamplesPlot<S, M>,
 ) {
     let series: Vec<Series> = rows
         .iter()
         .map(|r| {
-            let [first, last] = edges(&r.metrics);
+            let [first, last] = (plot.edges)(&r.metrics);
             let points = first
                 .into_iter()
                 .chain(
                     doc.samples
-                        .get(sample)
+                        .get(plot.sample)
                         .and_then(|by_cell| by_cell.get(r.cell_id))
                         .into_iter()
                         .flatten()
                         .filter_map(|s| S::deserialize(s).ok())
-                        .filter_map(|s| point(&s)),
+                        .filter_map(|s| (plot.point)(&s)),
                 )
                 .chain(last)
                 .collect();
@@ -80,12 +98,25 @@ pub fn samples_plot<P, M, S: DeserializeOwned>(
             }
         })
         .collect();
+    let marks: Vec<Mark> = rows
+        .iter()
+        .flat_map(|r| {
+            (plot.spans)(&r.metrics)
+                .into_iter()
+                .map(|(from, to, label)| Mark {
+                    from,
+                    to,
+                    label,
+                    color: Some(super::plot::class_color(doc, r.class)),
+                })
+        })
+        .collect();
     if series.iter().any(|s| s.points.len() > 1) {
         plots.push((
-            file.to_string(),
-            line_chart(title, x_label, y_label, &series),
+            plot.file.to_string(),
+            line_chart_marked(plot.title, plot.x_label, plot.y_label, &series, &marks),
         ));
-        let _ = writeln!(md, "\n![{title}]({file})");
+        let _ = writeln!(md, "\n![{}]({})", plot.title, plot.file);
     }
 }
 
@@ -266,4 +297,80 @@ pub(crate) fn class_means<'a>(
     sums.into_iter()
         .map(|(s, (t, n))| (s, t / n as f64))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Deserialize)]
+    struct Second {
+        second: f64,
+        left: f64,
+    }
+
+    struct Figures {
+        seconds: f64,
+        cut: Option<(f64, f64)>,
+    }
+
+    /// A samples plot draws a line per cell from its samples and edges,
+    /// and shades each cell's spans in its class's colour with their label.
+    #[test]
+    fn a_samples_plot_shades_each_cells_spans_in_its_class_colour() {
+        let doc: Report = serde_json::from_value(serde_json::json!({"run_id": "r",
+            "environment": {"instance_classes": {"fast": {}, "slow": {}}},
+            "samples": {"left": {
+                "w0-fast-0": [{"second": 1.0, "left": 80.0}, {"second": 2.0, "left": 40.0}],
+                "w0-slow-0": [{"second": 1.0, "left": 90.0}]}}}))
+        .unwrap();
+        let raw = ResultRow::default();
+        let row = |cell_id, class, cut| Row {
+            cell_id,
+            class,
+            agent: "a",
+            params: (),
+            metrics: Figures { seconds: 3.0, cut },
+            raw: &raw,
+        };
+        let rows = [
+            row("w0-fast-0", "fast", Some((1.5, 2.5))),
+            row("w0-slow-0", "slow", None),
+        ];
+        let plot = SamplesPlot {
+            sample: "left",
+            file: "left.svg",
+            title: "What is left",
+            x_label: "second",
+            y_label: "%",
+            point: |s: &Second| Some((s.second, s.left)),
+            edges: |m: &Figures| [Some((0.0, 100.0)), Some((m.seconds, 0.0))],
+            spans: |m: &Figures| {
+                m.cut
+                    .iter()
+                    .map(|(a, b)| (*a, *b, "partition for 1 s".to_string()))
+                    .collect()
+            },
+        };
+        let (mut md, mut plots) = (String::new(), Plots::new());
+        samples_plot(&mut md, &mut plots, &doc, &rows, &plot);
+        assert!(md.contains("![What is left](left.svg)"), "{md}");
+        let svg = &plots[0].1;
+        let fast = crate::plot::class_color(&doc, "fast");
+        assert_ne!(fast, crate::plot::class_color(&doc, "slow"));
+        assert_eq!(svg.matches("fill-opacity").count(), 1, "{svg}");
+        assert!(
+            svg.contains(&format!(r#"fill="{fast}" fill-opacity"#)),
+            "{svg}"
+        );
+        assert!(svg.contains("partition for 1 s"), "{svg}");
+        // Without spans, nothing shaded.
+        let plain = SamplesPlot {
+            spans: no_spans,
+            ..plot
+        };
+        let mut plots = Plots::new();
+        samples_plot(&mut String::new(), &mut plots, &doc, &rows, &plain);
+        assert!(!plots[0].1.contains("fill-opacity"), "{}", plots[0].1);
+    }
 }

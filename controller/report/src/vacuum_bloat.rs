@@ -9,7 +9,9 @@ use pgfleet_proto::workload::Cache;
 use pgfleet_proto::workload::Kind;
 use pgfleet_proto::workload::vacuum_bloat::{Metrics, PointParams, Progress};
 
-use super::table::{Column, Plots, Row, Seeds, class_table, mib, num, samples_plot};
+use super::table::{
+    Column, Plots, Row, SamplesPlot, Seeds, class_table, mib, no_spans, num, samples_plot,
+};
 
 /// seeds/002: VACUUM of >10 GB of bloat, NVMe vs EBS gp3.
 const SEEDS_NVME_S: f64 = 366.0;
@@ -95,17 +97,18 @@ pub fn section(md: &mut String, plots: &mut Plots, doc: &Report, rs: &[Row<Point
         plots,
         doc,
         rs,
-        "vacuum",
-        "vacuum-progress.svg",
-        (
-            "VACUUM: heap blocks scanned",
-            "second",
-            "% of heap blocks scanned",
-        ),
-        |p: &Progress| {
-            let total = Some(p.heap_blks_total as f64).filter(|t| *t > 0.0)?;
-            Some((p.second, 100.0 * p.heap_blks_scanned as f64 / total))
+        &SamplesPlot {
+            sample: "vacuum",
+            file: "vacuum-progress.svg",
+            title: "VACUUM: heap blocks scanned",
+            x_label: "second",
+            y_label: "% of heap blocks scanned",
+            point: |p: &Progress| {
+                let total = Some(p.heap_blks_total as f64).filter(|t| *t > 0.0)?;
+                Some((p.second, 100.0 * p.heap_blks_scanned as f64 / total))
+            },
+            edges: |m| [Some((0.0, 0.0)), Some((m.vacuum_seconds, 100.0))],
+            spans: no_spans,
         },
-        |m| [Some((0.0, 0.0)), Some((m.vacuum_seconds, 100.0))],
     );
 }
