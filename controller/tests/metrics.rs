@@ -401,29 +401,36 @@ fn prometheus_scrapes_a_run_and_every_dashboard_query_returns_data() {
     }
     assert_eq!(expected.len(), 2);
     // Each finished cell's declared figures are series, with the report's
-    // values: a class's last finished cell's where it ran several of a
-    // kind (slow's two pgbench entries), so a series holds one of them.
+    // values, one series per entry (slow's two pgbench entries, one of
+    // them stalled, are two).
     let results = instant(&format!(
         "max_over_time(pgfleet_cell_result{{run_id=\"{run_id}\"}}[10m])"
     ));
     let results = results["data"]["result"].as_array().unwrap();
-    let mut wanted: std::collections::BTreeMap<(String, String, &str), Vec<f64>> =
+    let mut wanted: std::collections::BTreeMap<(String, String, String, &str), Vec<f64>> =
         Default::default();
     for r in report["results"].as_array().unwrap() {
-        let (kind, class) = (
+        let (kind, class, cell) = (
             r["workload"].as_str().unwrap(),
             r["instance_class"].as_str().unwrap(),
+            r["cell_id"].as_str().unwrap(),
         );
+        let entry = pgfleet_report::entry_of(cell).unwrap().to_string();
         for m in pgfleet_proto::workload::info(kind).unwrap().compared {
             if let Some(want) = r["metrics"][m.name].as_f64() {
-                wanted
-                    .entry((kind.to_string(), class.to_string(), m.name))
-                    .or_default()
-                    .push(want);
+                let key = (kind.to_string(), class.to_string(), entry.clone(), m.name);
+                wanted.entry(key).or_default().push(want);
             }
         }
     }
-    for ((kind, class, metric), wants) in &wanted {
+    assert!(
+        wanted
+            .keys()
+            .any(|(k, c, e, _)| k == "pgbench" && c == "slow" && e != "0"),
+        "slow runs a second pgbench entry: {wanted:?}"
+    );
+    // (A cell's points, toast-slice's modes and offsets, are a series each.)
+    for ((kind, class, entry, metric), wants) in &wanted {
         let unit = pgfleet_proto::workload::metric(kind, metric).unwrap().unit;
         let got: Vec<f64> = results
             .iter()
@@ -431,16 +438,18 @@ fn prometheus_scrapes_a_run_and_every_dashboard_query_returns_data() {
                 let l = &x["metric"];
                 l["workload"] == kind.as_str()
                     && l["instance_class"] == class.as_str()
+                    && l["entry"] == entry.as_str()
                     && l["metric"] == *metric
                     && l["unit"] == unit
             })
             .filter_map(|x| x["value"][1].as_str()?.parse().ok())
             .collect();
         assert!(
-            got.iter().any(|g| wants
-                .iter()
-                .any(|w| (g - w).abs() <= 1e-9 * w.abs().max(1.0))),
-            "{kind} {class} {metric}: report {wants:?}, pgfleet_cell_result {got:?}"
+            got.len() == wants.len()
+                && wants
+                    .iter()
+                    .all(|w| got.iter().any(|g| (g - w).abs() <= 1e-9 * w.abs().max(1.0))),
+            "{kind} {class} entry {entry} {metric}: report {wants:?}, pgfleet_cell_result {got:?}"
         );
     }
     // Prometheus found both agents through /sd/agents and scraped them;

@@ -246,11 +246,7 @@ fn median(v: &mut [f64]) -> f64 {
     pgfleet_scenario::stats::median(v)
 }
 
-/// The workload entry (index in `workloads`) a cell belongs to: its id
-/// starts `w<index>-`.
-pub fn entry_of(cell_id: &str) -> Option<usize> {
-    cell_id.strip_prefix('w')?.split('-').next()?.parse().ok()
-}
+pub use pgfleet_scenario::plan::entry_of;
 
 /// Groups results of the same kind and point parameters by instance class:
 /// per-class medians of the kind's compared metrics with min, max and each

@@ -195,6 +195,12 @@ pub enum Stores {
     PerAgent,
 }
 
+/// The workload entry (index in `workloads`) a cell belongs to: its id
+/// starts `w<index>-` (as `plan` names it).
+pub fn entry_of(cell_id: &str) -> Option<usize> {
+    cell_id.strip_prefix('w')?.split('-').next()?.parse().ok()
+}
+
 impl PlannedCell {
     /// Whether the cell has several roles, each on its own agent.
     pub fn multi_role(&self) -> bool {

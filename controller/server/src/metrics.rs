@@ -27,7 +27,7 @@ use prometheus::{
 use serde_json::Value as Json;
 
 /// The labels `pgfleet_cell_result` adds to a run's.
-const RESULT_LABELS: &[&str] = &["point", "metric", "unit", "better"];
+const RESULT_LABELS: &[&str] = &["entry", "point", "metric", "unit", "better"];
 
 /// The labels of a run's workload series.
 pub const RUN_LABELS: &[&str] = &[
@@ -88,8 +88,9 @@ pub struct Metrics {
 /// A running cell's phase series: its labels, and since when.
 type PhaseSeries = (Vec<String>, std::time::Instant);
 
-/// A label set's results: its kind, and the `point` labels it has.
-type ResultPoints = (Kind, BTreeSet<String>);
+/// A label set's results: its kind, the `point` labels it has and the
+/// `entry` labels.
+type ResultPoints = (Kind, BTreeSet<String>, BTreeSet<String>);
 
 /// A toast-slice point: (storage mode, offset).
 type ToastPoint = (String, String);
@@ -362,7 +363,7 @@ impl Metrics {
                 }
             )),
             cell_results: reg!(prometheus::GaugeVec::new(
-                Opts::new("pgfleet_cell_result", "A finished cell's figures: one series per figure its kind compares between classes, as the kind declares it (`metric`, `unit`, `better`: higher or lower); `point` tells a cell's points apart (a sweep's, toast-slice's modes and offsets). The last finished replica's value."),
+                Opts::new("pgfleet_cell_result", "A finished cell's figures: one series per figure its kind compares between classes, as the kind declares it (`metric`, `unit`, `better`: higher or lower); `entry` is the cell's workload entry (its index in the scenario's `workloads`), `point` tells a cell's points apart (a sweep's, toast-slice's modes and offsets). The last finished replica's value."),
                 &{
                     let mut v = run.to_vec();
                     v.extend(RESULT_LABELS);
@@ -626,11 +627,25 @@ impl Metrics {
 
     /// A finished cell's figures: for each of its points, each metric its
     /// kind declares compared (`KindInfo::compared`) that the point has.
-    pub fn cell_result(&self, labels: [&str; 5], kind: Kind, points: &[(Json, Json)]) {
+    /// `entry` is the cell's workload entry (its index in `workloads`, as
+    /// report.json's `summaries[].entry`): two entries of one kind on one
+    /// class are two series.
+    pub fn cell_result(
+        &self,
+        labels: [&str; 5],
+        entry: usize,
+        kind: Kind,
+        points: &[(Json, Json)],
+    ) {
         let owned: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
         self.remember(labels[1], &owned);
         let mut all = self.result_points.lock().unwrap_or_else(|p| p.into_inner());
-        let (_, seen) = all.entry(owned).or_insert_with(|| (kind, BTreeSet::new()));
+        let (_, seen, entries) = all
+            .entry(owned)
+            .or_insert_with(|| (kind, BTreeSet::new(), BTreeSet::new()));
+        // (A scenario's entries: bounded by the scenario's size.)
+        let entry = entry.to_string();
+        entries.insert(entry.clone());
         // What tells the cell's points apart: the parameters whose values
         // differ between them (a sweep's `clients`, toast-slice's
         // `storage_mode` and `offset`).
@@ -655,7 +670,7 @@ impl Metrics {
                 };
                 if v.is_finite() {
                     let mut l = labels.to_vec();
-                    l.extend(result_labels(&point, m));
+                    l.extend(result_labels(&entry, &point, m));
                     self.cell_results.with_label_values(&l).set(v);
                 }
             }
@@ -703,13 +718,14 @@ impl Metrics {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&labels);
-            for (kind, points) in results.iter() {
-                for (point, m) in points
-                    .iter()
-                    .flat_map(|p| kind.info().compared.iter().map(move |m| (p, m)))
-                {
+            for (kind, points, entries) in results.iter() {
+                for (entry, point, m) in entries.iter().flat_map(|e| {
+                    points
+                        .iter()
+                        .flat_map(move |p| kind.info().compared.iter().map(move |m| (e, p, m)))
+                }) {
                     let mut v = l.clone();
-                    v.extend(result_labels(point, m));
+                    v.extend(result_labels(entry, point, m));
                     let _ = self.cell_results.remove_label_values(&v);
                 }
             }
@@ -817,13 +833,13 @@ fn point_label(keys: &BTreeSet<&str>, params: &Json) -> String {
         .join(", ")
 }
 
-/// The `point`, `metric`, `unit` and `better` labels of a result.
-fn result_labels<'a>(point: &'a str, m: &'a Metric) -> [&'a str; 4] {
+/// The `entry`, `point`, `metric`, `unit` and `better` labels of a result.
+fn result_labels<'a>(entry: &'a str, point: &'a str, m: &'a Metric) -> [&'a str; 5] {
     let better = match m.better {
         Better::Higher => "higher",
         Better::Lower => "lower",
     };
-    [point, m.name, m.unit, better]
+    [entry, point, m.name, m.unit, better]
 }
 
 /// Distinct values one label may take per series (wait events, failure
@@ -981,11 +997,11 @@ mod tests {
                 serde_json::json!({"tps": 400.0, "latency_ms_mean": "n/a"}),
             ),
         ];
-        m.cell_result(LABELS, Kind::Pgbench, &sweep);
+        m.cell_result(LABELS, 0, Kind::Pgbench, &sweep);
         let get = |point: &str, name: &str| {
             let declared = pgfleet_proto::workload::metric("pgbench", name).unwrap();
             let mut l = LABELS.to_vec();
-            l.extend(result_labels(point, declared));
+            l.extend(result_labels("0", point, declared));
             l.iter().map(|s| s.to_string()).collect::<Vec<_>>()
         };
         let value = |l: Vec<String>| {
@@ -1006,20 +1022,42 @@ mod tests {
         );
         // Only declared, numeric figures (not `transactions`, not "n/a").
         assert_eq!(text.matches("pgfleet_cell_result{").count(), 3, "{text}");
+        // Another entry of the kind on the class is its own series, and the
+        // first entry's stay.
+        m.cell_result(
+            LABELS,
+            2,
+            Kind::Pgbench,
+            &[(
+                serde_json::json!({"scale": 4, "clients": 1, "fillfactor": 80}),
+                serde_json::json!({"tps": 90.0}),
+            )],
+        );
+        let second = {
+            let declared = pgfleet_proto::workload::metric("pgbench", "tps").unwrap();
+            let mut l = LABELS.to_vec();
+            l.extend(result_labels("2", "", declared));
+            l.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+        };
+        assert_eq!(value(second).unwrap(), 90.0);
+        assert_eq!(value(get("clients=1", "tps")).unwrap(), 100.5);
+        assert_eq!(m.render().matches("pgfleet_cell_result{").count(), 4);
         // A single point has no point label.
         m.cell_result(
             ["sc", "run-2", "fast", "nvme", "vacuum-bloat"],
+            0,
             Kind::VacuumBloat,
             &[(
                 serde_json::json!({"scale": 8}),
                 serde_json::json!({"vacuum_seconds": 3.5}),
             )],
         );
-        assert!(
-            m.render().contains(r#"metric="vacuum_seconds",point="","#),
-            "{}",
-            m.render()
-        );
+        let text = m.render();
+        let line = text
+            .lines()
+            .find(|l| l.contains(r#"metric="vacuum_seconds",point="","#))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(line.contains(r#"entry="0","#), "{line}");
         m.forget_run("run-1");
         m.forget_run("run-2");
         let text = m.render();

@@ -684,8 +684,14 @@ impl Scheduler {
             return;
         }
         let lead = self.core.cells[idx].roles.first().map(|r| r.agent.as_str());
-        let kind = self.core.cells[idx].planned.workload();
-        m.cell_result(self.series_labels(idx, lead), kind, &end.points);
+        let planned = &self.core.cells[idx].planned;
+        let entry = pgfleet_scenario::plan::entry_of(&planned.cell_id).unwrap_or(0);
+        m.cell_result(
+            self.series_labels(idx, lead),
+            entry,
+            planned.workload(),
+            &end.points,
+        );
     }
 
     /// The run's cells by class, workload and state, into the metrics.
