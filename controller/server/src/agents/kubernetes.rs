@@ -325,7 +325,30 @@ pub fn plan(sc: &Scenario, run_id: &str, opts: &KubeOptions) -> Result<RunObject
             agents.push(agent_objects(f, run_id, n, &owner_name, opts));
         }
     }
+    refuse_partitions(sc)?;
     Ok(RunObjects { owner, agents })
+}
+
+/// A `partition` fault writes firewall rules in the subscriber agent's
+/// network namespace, which needs root and CAP_NET_ADMIN: an agent's pod
+/// runs as its own user with every capability dropped.
+fn refuse_partitions(sc: &Scenario) -> Result<(), Invalid> {
+    for (i, w) in sc.workloads.value.iter().enumerate() {
+        let pgfleet_proto::workload::Spec::LogicalDrain(spec) = &w.spec else {
+            continue;
+        };
+        for (j, fault) in spec.faults.iter().flat_map(|l| l.value.iter()).enumerate() {
+            if let Some(kind) = fault.value.kind.as_ref().filter(|k| k.value == "partition") {
+                return Err(Invalid {
+                    at: kind.referenced,
+                    field: format!("workloads[{i}].faults[{j}].kind"),
+                    message: "a partition cuts the network with firewall rules in the subscriber agent's namespace, which needs root and CAP_NET_ADMIN; an agent's pod runs as its own user with every capability dropped: run the scenario with local agents (`pgfleet run`), or drop the fault".into(),
+                    value_line: 0,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Pods cannot throttle block I/O or set memory cgroups for their
@@ -1726,6 +1749,27 @@ mod tests {
         assert_eq!(e.field, "fleet[0].storage.hydrate", "{e}");
         assert_eq!(e.line, 4, "{e}");
         assert!(e.message.contains("read-all"), "{e}");
+    }
+
+    /// A partition cannot run in a pod: refused at planning, located at
+    /// the fault's kind; the drain without it plans.
+    #[test]
+    fn a_partition_is_refused_on_kubernetes() {
+        let path = std::path::Path::new("k.yaml");
+        let yaml = |faults: &str| {
+            format!(
+                "name: k\nfleet:\n  - name: a\n  - name: b\nworkloads:\n  - kind: logical-drain\n    on: [a]\n    roles: {{publisher: b}}\n    scale: 1\n    backlog_bytes: 16MB\n{faults}"
+            )
+        };
+        let cut = yaml("    faults:\n      - {kind: partition, at_s: 2, duration_s: 3}\n");
+        let sc = pgfleet_scenario::parse(path, &cut).unwrap();
+        let e = plan(&sc, "r1", &KubeOptions::default()).unwrap_err();
+        let e = pgfleet_scenario::ScenarioError::located(path, &cut, e);
+        assert_eq!(e.field, "workloads[0].faults[0].kind", "{e}");
+        assert_eq!(e.line, 12, "{e}");
+        assert!(e.message.contains("CAP_NET_ADMIN"), "{e}");
+        let sc = pgfleet_scenario::parse(path, &yaml("")).unwrap();
+        assert!(plan(&sc, "r1", &KubeOptions::default()).is_ok());
     }
 
     #[test]
