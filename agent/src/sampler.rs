@@ -233,37 +233,51 @@ impl Summary {
     }
 }
 
+/// How a sampler samples: built with `Sampling::every_second`.
+#[derive(Debug, Clone)]
+pub struct Sampling {
+    /// The stat file of the block device the cluster has to itself
+    /// (`Cluster::device_stat_file`), whose counters join each sample.
+    pub device: Option<PathBuf>,
+    pub interval: Duration,
+    /// The window `finish` sums (totals, wait events) starts this long
+    /// after the start (a snapshot of its own), where a driver's warm-up
+    /// ends and it measures.
+    pub warmup: Duration,
+    /// The sampler outlives its server's crash: it connects again once the
+    /// server is back, and the counters crash recovery reset continue from
+    /// where they were (the activity between its last sample and the
+    /// crash is not counted).
+    pub survive_restarts: bool,
+}
+
+impl Sampling {
+    /// A sample a second, the window from the start, a restart not
+    /// survived.
+    pub fn every_second(device: Option<PathBuf>) -> Sampling {
+        Sampling {
+            device,
+            interval: Duration::from_secs(1),
+            warmup: Duration::ZERO,
+            survive_restarts: false,
+        }
+    }
+}
+
 impl Sampler {
-    /// Starts sampling `server`; `device` is the stat file of the block
-    /// device the cluster has to itself (`Cluster::device_stat_file`),
-    /// whose counters join each sample. Samples stream from now on; the
-    /// window `finish` sums (totals, wait events) starts `warmup` after now
-    /// (a snapshot of its own), where a driver's warm-up ends and it
-    /// measures.
+    /// Starts sampling `server` as `how` says; samples stream from now on.
     pub async fn start(
         server: &Server,
-        device: Option<PathBuf>,
-        interval: Duration,
-        warmup: Duration,
+        how: Sampling,
         events: mpsc::Sender<AgentMessage>,
         cell_id: String,
     ) -> Result<Sampler> {
-        Sampler::start_with(server, device, interval, warmup, events, cell_id, false).await
-    }
-
-    /// `start`, and with `survive_restarts` a sampler that outlives its
-    /// server's crash: it connects again once the server is back, and the
-    /// counters crash recovery reset continue from where they were (the
-    /// activity between its last sample and the crash is not counted).
-    pub async fn start_with(
-        server: &Server,
-        device: Option<PathBuf>,
-        interval: Duration,
-        warmup: Duration,
-        events: mpsc::Sender<AgentMessage>,
-        cell_id: String,
-        survive_restarts: bool,
-    ) -> Result<Sampler> {
+        let Sampling {
+            device,
+            interval,
+            warmup,
+            survive_restarts,
+        } = how;
         let mut client = server.connect().await?;
         let server = server.clone();
         let groups = groups(server.major);

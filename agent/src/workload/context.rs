@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::Cluster;
+use crate::sampler::{Sampler, Sampling};
 use crate::{Error, Result};
 use pgfleet_proto::v1::{AgentMessage, CellProgress, CellSample, Endpoint, agent_message::Msg};
 use pgfleet_proto::workload as kinds;
@@ -167,6 +168,17 @@ impl CellContext<'_> {
             })
             .await
             .map_err(|_| Error::Session("event channel closed".into()))
+    }
+
+    /// The cell's own cluster sampled every second from now on.
+    pub async fn sample_own_cluster(&self) -> Result<Sampler> {
+        Sampler::start(
+            &self.cluster.server(),
+            Sampling::every_second(self.cluster.device_stat_file()),
+            self.events.clone(),
+            self.cell_id.clone(),
+        )
+        .await
     }
 
     pub fn check_cancel(&self) -> Result<()> {

@@ -12,7 +12,7 @@ use super::fault;
 use crate::cluster::Server;
 use crate::driver::script::{Script, Value, Var};
 use crate::driver::{self, DriverConfig, DriverResult};
-use crate::sampler::Sampler;
+use crate::sampler::{Sampler, Sampling};
 use crate::sandbox::Sandbox;
 use crate::{Error, Result};
 use pgfleet_proto::v1::{AgentMessage, CellProgress, agent_message::Msg};
@@ -83,14 +83,15 @@ pub async fn drive_until(
     cfg.reconnect = crashes;
     let live = Arc::new(driver::Live::default());
     cfg.live = Some(live.clone());
-    let sampler = Sampler::start_with(
+    let sampler = Sampler::start(
         server,
-        device,
-        Duration::from_secs(1),
-        cfg.warmup,
+        Sampling {
+            warmup: cfg.warmup,
+            survive_restarts: crashes,
+            ..Sampling::every_second(device)
+        },
         ctx.events.clone(),
         ctx.cell_id.clone(),
-        crashes,
     )
     .await?;
     let phase: fault::Phase = Default::default();

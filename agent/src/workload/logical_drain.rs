@@ -38,7 +38,6 @@ use super::drive::{DriveParams, drive_until};
 use super::fault;
 use super::pgbench_init;
 use crate::cluster::Server;
-use crate::sampler::Sampler;
 use crate::{Error, Result};
 use pgfleet_proto::workload::Point;
 use pgfleet_proto::workload::fault::{Fault, FaultFigures, FaultKind, FaultMetrics};
@@ -352,15 +351,7 @@ async fn drain(
     timeout: Duration,
 ) -> Result<Drained> {
     let target = backlog.target.as_str();
-    let sampler = Sampler::start(
-        &ctx.cluster.server(),
-        ctx.cluster.device_stat_file(),
-        Duration::from_secs(1),
-        Duration::ZERO,
-        ctx.events.clone(),
-        ctx.cell_id.clone(),
-    )
-    .await?;
+    let sampler = ctx.sample_own_cluster().await?;
     let t0 = Instant::now();
     here.batch_execute(&format!("ALTER SUBSCRIPTION {NAME} ENABLE"))
         .await?;

@@ -26,7 +26,6 @@ use futures::future::BoxFuture;
 
 use super::context::{CellContext, Output};
 use super::pgbench_init;
-use crate::sampler::Sampler;
 use crate::{Error, Result};
 pub use pgfleet_proto::workload::vacuum_bloat::{Metrics, Params, PointParams, Progress};
 use pgfleet_proto::workload::{Cache, Point};
@@ -105,7 +104,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
         };
         step("evict", at);
 
-        let sampler = Sampler::start(&ctx.cluster.server(), ctx.cluster.device_stat_file(), Duration::from_secs(1), Duration::ZERO, ctx.events.clone(), ctx.cell_id.clone()).await?;
+        let sampler = ctx.sample_own_cluster().await?;
         let (vacuum_client, mut notices) = ctx.cluster.connect_with_notices().await?;
         let sql = p.vacuum_sql_qualified();
         let started = Instant::now();
