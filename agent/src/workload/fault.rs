@@ -34,6 +34,23 @@ pub struct Injected {
     pub buffers_written: Option<u64>,
 }
 
+impl Injected {
+    /// `fault` from `start` to `end`, with no figure of a kind yet.
+    pub fn new(fault: Fault, start: Instant, end: Instant) -> Injected {
+        Injected {
+            fault,
+            start,
+            end,
+            recovery_s: None,
+            wal_replayed_bytes: None,
+            redo_s: None,
+            first_transaction: None,
+            checkpoint_s: None,
+            buffers_written: None,
+        }
+    }
+}
+
 pub(crate) fn phase_name(k: FaultKind) -> &'static str {
     match k {
         FaultKind::Crash => "fault:crash",
@@ -107,17 +124,7 @@ async fn run_one(
     start: Instant,
     done: &CancellationToken,
 ) -> Result<Injected> {
-    let mut i = Injected {
-        fault: f.clone(),
-        start,
-        end: start,
-        recovery_s: None,
-        wal_replayed_bytes: None,
-        redo_s: None,
-        first_transaction: None,
-        checkpoint_s: None,
-        buffers_written: None,
-    };
+    let mut i = Injected::new(f.clone(), start, start);
     match f.kind {
         FaultKind::Crash => {
             // Cancelled meanwhile: the cell's teardown stops whatever
@@ -356,15 +363,11 @@ mod tests {
         };
         let f = figures(
             &[Injected {
-                fault,
-                start: at(10.2),
-                end: at(11.4),
                 recovery_s: Some(1.2),
                 wal_replayed_bytes: Some(1 << 20),
                 redo_s: Some(0.3),
                 first_transaction: Some(at(11.5)),
-                checkpoint_s: None,
-                buffers_written: None,
+                ..Injected::new(fault, at(10.2), at(11.4))
             }],
             &secs,
             w,
@@ -393,17 +396,11 @@ mod tests {
             recovery_timeout_s: 900.0,
         };
         let f = &figures(
-            &[Injected {
+            &[Injected::new(
                 fault,
-                start: w + Duration::from_secs(5),
-                end: w + Duration::from_secs(7),
-                recovery_s: None,
-                wal_replayed_bytes: None,
-                redo_s: None,
-                first_transaction: None,
-                checkpoint_s: None,
-                buffers_written: None,
-            }],
+                w + Duration::from_secs(5),
+                w + Duration::from_secs(7),
+            )],
             &secs,
             w,
         )[0];
