@@ -92,6 +92,22 @@ impl Net {
         format!("{}.1:0", self.prefix)
     }
 
+    /// `pgfleet run scenario` with the controller on the host's link and
+    /// an agent in each namespace.
+    fn run(&self, s: &Scratch, scenario: &std::path::Path) -> std::process::Output {
+        s.run_cmd(
+            scenario,
+            &[
+                "--bind",
+                &self.controller(),
+                "--agent-netns",
+                &self.namespaces.join(","),
+            ],
+        )
+        .output()
+        .unwrap()
+    }
+
     fn remove(&self) {
         // Deleting a namespace deletes its veth ends, and with them their peers.
         for ns in self.namespaces.iter().chain([&self.switch]) {
@@ -137,18 +153,7 @@ fn drain_between_agents_at_different_network_addresses() {
     let s = Scratch::new("drain-netns");
     let target: u64 = 48 << 20;
     let sc = s.write("drain.yaml", &drain_scenario(2, 1, &target.to_string(), ""));
-    let out = s
-        .run_cmd(
-            &sc,
-            &[
-                "--bind",
-                &net.controller(),
-                "--agent-netns",
-                &net.namespaces.join(","),
-            ],
-        )
-        .output()
-        .unwrap();
+    let out = net.run(&s, &sc);
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
     let r = s.report();
     let res = &r["results"][0];
@@ -207,18 +212,7 @@ fn a_partition_during_the_drain_is_measured_and_healed() {
     let scenario = drain_scenario(2, 1, "48MB", "")
         + "    faults: [{ kind: partition, at_s: 0.5, duration_s: 4 }]\n";
     let sc = s.write("drain.yaml", &scenario);
-    let out = s
-        .run_cmd(
-            &sc,
-            &[
-                "--bind",
-                &net.controller(),
-                "--agent-netns",
-                &net.namespaces.join(","),
-            ],
-        )
-        .output()
-        .unwrap();
+    let out = net.run(&s, &sc);
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
     let r = s.report();
     let m = &r["results"][0]["metrics"];
@@ -240,6 +234,12 @@ fn a_partition_during_the_drain_is_measured_and_healed() {
     );
     let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
     assert!(md.contains("| partition 4 s at 0.5 s |"), "{md}");
+    // The lag plot shades the cut.
+    let svg = std::fs::read_to_string(s.out().join("drain-lag.svg")).unwrap();
+    assert!(
+        svg.contains("fill-opacity") && svg.contains("partition 4 s at 0.5 s"),
+        "{svg}"
+    );
     for ns in &net.namespaces {
         let rules = Command::new("ip")
             .args(["netns", "exec", ns, "iptables", "-w", "-S"])
