@@ -1046,18 +1046,10 @@ fn validate_workload(
 /// A `stall` or `degrade` fault changes the emulated caps of the class it
 /// runs on: every class the entry runs on must have them.
 fn check_fault_storage(f: &Field, w: &WorkloadEntry, s: &Scenario) -> Result<(), Invalid> {
-    let pgfleet_proto::workload::Spec::Pgbench(spec) = &w.spec else {
-        return Ok(());
-    };
-    for (j, fault) in spec.faults.iter().flat_map(|l| l.value.iter()).enumerate() {
-        let Some(kind) = fault
-            .value
-            .kind
-            .as_ref()
-            .filter(|k| matches!(k.value.as_str(), "stall" | "degrade"))
-        else {
+    for (j, kind) in w.spec.fault_kinds() {
+        if !matches!(kind.value.as_str(), "stall" | "degrade") {
             continue;
-        };
+        }
         let runs_on = |c: &FleetEntry| {
             w.on.as_ref()
                 .is_none_or(|on| on.iter().any(|o| o.value == c.name.value))

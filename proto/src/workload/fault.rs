@@ -120,6 +120,22 @@ const MAX_FAULTS: usize = 16;
 /// The IOPS cap of a stall: I/O almost stops (0 would remove the cap).
 pub const STALL_IOPS: u64 = 1;
 
+impl super::Spec {
+    /// The kind each fault of the entry names, as written, with the
+    /// fault's index in `faults` (kinds that take no faults have none).
+    pub fn fault_kinds(&self) -> impl Iterator<Item = (usize, &Spanned<String>)> {
+        let list = match self {
+            super::Spec::Pgbench(s) => s.faults.as_ref(),
+            super::Spec::LogicalDrain(s) => s.faults.as_ref(),
+            _ => None,
+        };
+        list.into_iter()
+            .flat_map(|l| l.value.iter())
+            .enumerate()
+            .filter_map(|(j, f)| Some((j, f.value.kind.as_ref()?)))
+    }
+}
+
 impl Fault {
     /// A short label: `crash at 30 s`, `stall 10 s at 30 s`.
     pub fn label(&self) -> String {

@@ -334,18 +334,13 @@ pub fn plan(sc: &Scenario, run_id: &str, opts: &KubeOptions) -> Result<RunObject
 /// runs as its own user with every capability dropped.
 fn refuse_partitions(sc: &Scenario) -> Result<(), Invalid> {
     for (i, w) in sc.workloads.value.iter().enumerate() {
-        let pgfleet_proto::workload::Spec::LogicalDrain(spec) = &w.spec else {
-            continue;
-        };
-        for (j, fault) in spec.faults.iter().flat_map(|l| l.value.iter()).enumerate() {
-            if let Some(kind) = fault.value.kind.as_ref().filter(|k| k.value == "partition") {
-                return Err(Invalid {
-                    at: kind.referenced,
-                    field: format!("workloads[{i}].faults[{j}].kind"),
-                    message: "a partition cuts the network with firewall rules in the subscriber agent's namespace, which needs root and CAP_NET_ADMIN; an agent's pod runs as its own user with every capability dropped: run the scenario with local agents (`pgfleet run`), or drop the fault".into(),
-                    value_line: 0,
-                });
-            }
+        if let Some((j, kind)) = w.spec.fault_kinds().find(|(_, k)| k.value == "partition") {
+            return Err(Invalid {
+                at: kind.referenced,
+                field: format!("workloads[{i}].faults[{j}].kind"),
+                message: "a partition cuts the network with firewall rules in the subscriber agent's namespace, which needs root and CAP_NET_ADMIN; an agent's pod runs as its own user with every capability dropped: run the scenario with local agents (`pgfleet run`), or drop the fault".into(),
+                value_line: 0,
+            });
         }
     }
     Ok(())
