@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod dataset;
 pub mod direct;
 pub mod driver;
+pub mod failpoint;
 pub mod host;
 pub mod hydrate;
 pub mod keep;

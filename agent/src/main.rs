@@ -312,12 +312,17 @@ fn prepare_data_root(args: &RunArgs, agent_id: &str) -> anyhow::Result<std::path
         .data_root
         .clone()
         .unwrap_or_else(|| std::env::temp_dir().join("pgfleet/agents").join(agent_id));
-    std::fs::create_dir_all(data_root.join("clusters"))
+    let data_root = std::path::absolute(&data_root)
+        .with_context(|| format!("data root {}", data_root.display()))?;
+    if args.data_root.is_none() {
+        pgfleet_proto::dataset::check_private(&std::env::temp_dir().join("pgfleet"))
+            .map_err(|e| anyhow::anyhow!("{e}; or give --data-root DIR"))?;
+    }
+    // The directories made here are traversable by PostgreSQL's user;
+    // those that existed keep the operator's modes.
+    let made = pgfleet_proto::dataset::create_new_dirs(&data_root.join("clusters"))
         .with_context(|| format!("creating data root {}", data_root.display()))?;
-    for d in data_root
-        .ancestors()
-        .take_while(|d| d.starts_with(std::env::temp_dir().join("pgfleet")))
-    {
+    for d in made {
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755));
     }
@@ -336,8 +341,8 @@ fn prepare_data_root(args: &RunArgs, agent_id: &str) -> anyhow::Result<std::path
 fn agent_env(args: &RunArgs, data_root: &std::path::Path) -> anyhow::Result<AgentEnv> {
     let datasets =
         pgfleet_proto::dataset::LocalStore::new(match (&args.dataset_dir, &args.data_root) {
-            (Some(d), _) => d.clone(),
-            (None, Some(root)) => root.join("datasets"),
+            (Some(d), _) => std::path::absolute(d)?,
+            (None, Some(root)) => std::path::absolute(root)?.join("datasets"),
             (None, None) => std::env::temp_dir().join("pgfleet/datasets"),
         });
     // Created by the first cell that builds a dataset.

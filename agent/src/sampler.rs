@@ -403,7 +403,9 @@ impl Sampler {
                 totals,
             })
         });
-        Ok(Sampler { stop, task })
+        let sampler = Sampler { stop, task };
+        crate::failpoint::hit("sampler")?;
+        Ok(sampler)
     }
 
     pub async fn finish(mut self) -> Result<Summary> {

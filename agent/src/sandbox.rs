@@ -3,11 +3,14 @@
 //! `\setshell` of pgfleet's own driver (only with `allow_shell`).
 //!
 //! What holds by construction (SECURITY.md, "The sandbox"):
-//! - **Another user.** As root, the program runs as the sandbox user
-//!   (`PGFLEET_SANDBOX_USER`, default `nobody`): never root, never the
-//!   agent's user, never the user PostgreSQL runs as (so it cannot read any
-//!   cluster's files). No supplementary groups; `PR_SET_NO_NEW_PRIVS`, so no
-//!   setuid program gives privileges back.
+//! - **A user of its own.** As root, each sandbox's programs run as a uid
+//!   no other live sandbox has (`RESERVED_UIDS`, held by a lock for the
+//!   sandbox's life; or the one user `PGFLEET_SANDBOX_USER` names, shared):
+//!   never root, never the agent's user, never the user PostgreSQL runs as
+//!   (so it cannot read any cluster's files), and never another run's or
+//!   cell's (so it cannot signal, ptrace or read `/proc` of theirs). No
+//!   supplementary groups; `PR_SET_NO_NEW_PRIVS`, so no setuid program gives
+//!   privileges back.
 //! - **An allowlisted filesystem.** As root, it runs in a mount namespace of
 //!   its own, chrooted into a root that holds only the system's programs and
 //!   libraries (`/usr`, `/bin`, `/lib*`, the PostgreSQL install it needs, a
@@ -36,14 +39,26 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::cluster::RunAs;
 use crate::{Error, Result};
 
-/// The user sandboxed programs run as when the agent is root.
-pub const DEFAULT_USER: &str = "nobody";
+/// The name a sandbox's reserved uid has inside its root (`/etc/passwd`
+/// there lists it, root and nothing of the host's users).
+pub const RESERVED_NAME: &str = "pgfleet-sandbox";
 
-/// Files of `/etc` a program may read: who users are (`id`, libpq's
-/// default user), how names resolve, the dynamic loader's cache.
+/// The uids sandboxes take, one per live sandbox, when
+/// `PGFLEET_SANDBOX_USER` names no user: above every system's and
+/// subordinate range in use, and below `(uid_t)-1`.
+pub const RESERVED_UIDS: std::ops::Range<u32> = 2_140_000_000..2_140_065_536;
+
+/// Where the locks that hold the reserved uids live (root's only).
+const UID_LOCKS: &str = "/run/pgfleet-sandbox-uids";
+
+/// The uid a `RunAs` of `RESERVED_NAME` carries until its sandbox takes
+/// one of the range (`setuid` of it fails: never run as it).
+const UNALLOCATED: u32 = u32::MAX;
+
+/// Files of `/etc` a program may read: how names resolve, the dynamic
+/// loader's cache (who users are: a `passwd` and `group` of the sandbox's
+/// own, written into its root).
 const ETC_FILES: &[&str] = &[
-    "/etc/passwd",
-    "/etc/group",
     "/etc/nsswitch.conf",
     "/etc/hosts",
     "/etc/ld.so.cache",
@@ -92,15 +107,26 @@ pub struct Sandbox {
     /// The mount namespace and chroot work here (a container without
     /// CAP_SYS_ADMIN cannot make them: then only the user is switched).
     mounts: bool,
+    /// The lock that holds this sandbox's reserved uid while it lives.
+    _uid: Option<std::fs::File>,
 }
 
-/// The sandbox user, resolved when the agent is root: `PGFLEET_SANDBOX_USER`
-/// or `nobody`. It must not be root nor the user PostgreSQL runs as.
+/// The sandbox user, resolved when the agent is root: the user
+/// `PGFLEET_SANDBOX_USER` names (shared by every sandbox: the operator's
+/// choice), or by default a uid of its own per sandbox (`RESERVED_NAME`,
+/// given its uid by `Sandbox::new`). It must not be root nor the user
+/// PostgreSQL runs as.
 pub fn user(pg_user: Option<&RunAs>) -> Result<Option<RunAs>> {
     if !nix::unistd::geteuid().is_root() {
         return Ok(None);
     }
-    let name = std::env::var("PGFLEET_SANDBOX_USER").unwrap_or_else(|_| DEFAULT_USER.into());
+    let Ok(name) = std::env::var("PGFLEET_SANDBOX_USER") else {
+        return Ok(Some(RunAs {
+            uid: UNALLOCATED,
+            gid: UNALLOCATED,
+            name: RESERVED_NAME.into(),
+        }));
+    };
     let u = nix::unistd::User::from_name(&name)
         .map_err(|e| Error::Provision(format!("looking up the sandbox user `{name}`: {e}")))?
         .ok_or_else(|| {
@@ -151,12 +177,22 @@ impl Sandbox {
                 Err(e) => return Err(io("creating its directory", e)),
             }
         };
+        let mut user = user;
+        let mut held = None;
+        if let Some(u) = user.as_mut()
+            && u.name == RESERVED_NAME
+            && u.uid == UNALLOCATED
+        {
+            let (uid, lock) = allocate_uid(&dir)?;
+            (u.uid, u.gid, held) = (uid, uid, Some(lock));
+        }
         let mut sb = Sandbox {
             dir,
             user,
             extra: extra.iter().map(|p| p.to_path_buf()).collect(),
             cgroup: None,
             mounts: false,
+            _uid: held,
         };
         let tmp = sb.tmp();
         std::fs::create_dir(&tmp).map_err(|e| io("creating its temp dir", e))?;
@@ -296,6 +332,27 @@ impl Sandbox {
             .map_err(|e| io(format!("creating {}", at.display()), e))?;
         }
         std::fs::create_dir(root.join("tmp")).map_err(|e| io("creating /tmp".into(), e))?;
+        // Who users are, inside: root and this sandbox's user, nothing of
+        // the host's (libpq and `id` look the uid up).
+        let etc = root.join("etc");
+        std::fs::create_dir_all(&etc).map_err(|e| io("creating /etc".into(), e))?;
+        let (uid, gid, name) = match &self.user {
+            Some(u) => (u.uid, u.gid, u.name.as_str()),
+            None => return Ok(()),
+        };
+        for (file, text) in [
+            (
+                "passwd",
+                format!(
+                    "root:x:0:0:root:/root:/usr/sbin/nologin\n{name}:x:{uid}:{gid}:pgfleet sandbox:/tmp:/usr/sbin/nologin\n"
+                ),
+            ),
+            ("group", format!("root:x:0:\n{name}:x:{gid}:\n")),
+        ] {
+            let at = etc.join(file);
+            std::fs::write(&at, text).map_err(|e| io(format!("writing {}", at.display()), e))?;
+            set_mode(&at, 0o644)?;
+        }
         Ok(())
     }
 
@@ -473,6 +530,46 @@ impl Isolate {
     }
 }
 
+/// Takes a uid of `RESERVED_UIDS` that no live sandbox holds: a lock file
+/// per uid under `UID_LOCKS`, held (flock) for the sandbox's life, so two
+/// agents on one host never hand out the same one and a dead agent's uids
+/// come free with its locks. The search starts at a place `dir` picks.
+fn allocate_uid(dir: &Path) -> Result<(u32, std::fs::File)> {
+    use std::hash::{Hash, Hasher};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let locks = Path::new(UID_LOCKS);
+    let io = |what: String, e| Error::io(format!("sandbox: {what}"), e);
+    if !locks.is_dir() {
+        std::fs::create_dir_all(locks)
+            .map_err(|e| io(format!("creating {}", locks.display()), e))?;
+        set_mode(locks, 0o700)?;
+    }
+    let count = RESERVED_UIDS.end - RESERVED_UIDS.start;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    dir.hash(&mut h);
+    let start = (h.finish() % u64::from(count)) as u32;
+    for i in 0..count {
+        let uid = RESERVED_UIDS.start + (start + i) % count;
+        let path = locks.join(uid.to_string());
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(|e| io(format!("opening {}", path.display()), e))?;
+        // SAFETY: flock(2) on a descriptor this function owns.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok((uid, f));
+        }
+    }
+    Err(Error::Provision(format!(
+        "sandbox: all {count} reserved uids are in use (more live sandboxes than that?)"
+    )))
+}
+
 /// A pids cgroup every sandboxed process joins (v1 `pids/pgfleet/…`, or
 /// v2 `pgfleet-sandbox/…`), so `Drop` finds and kills them all. None where
 /// no cgroup can be made: the process group is killed instead.
@@ -628,6 +725,9 @@ impl Drop for Sandbox {
             kill_cgroup(cg);
         }
         let root = self.root();
+        for f in ["passwd", "group"] {
+            let _ = std::fs::remove_file(root.join("etc").join(f));
+        }
         let mut points: Vec<PathBuf> = SYSTEM_DIRS
             .iter()
             .map(|d| root.join(d.trim_start_matches('/')))
@@ -695,13 +795,15 @@ mod tests {
                 assert!(text.contains("cannot access '/work'"), "{text}");
                 assert!(!Path::new("/usr/x").exists(), "{text}");
                 let cg = sb.cgroup.clone();
+                let sandbox_uid = sb.user.as_ref().unwrap().uid.to_string();
+                assert_eq!(uid, sandbox_uid);
                 drop(sb);
                 // The `sleep` it left is gone with its cgroup.
                 if let Some(cg) = cg {
                     assert!(!cg.exists(), "{}", cg.display());
                 }
                 let sleeping = std::process::Command::new("pgrep")
-                    .args(["-u", "nobody", "-f", "sleep 600"])
+                    .args(["-u", &sandbox_uid, "-f", "sleep 600"])
                     .output()
                     .unwrap();
                 assert!(
@@ -751,6 +853,60 @@ mod tests {
         assert!(!text.contains("sibling secret"), "{text}");
         assert!(text.contains("NoNewPrivs:\t1"), "{text}");
         drop((sb, sibling));
+        std::fs::remove_dir_all(&scratch).unwrap();
+    }
+
+    /// Two sandboxes (two runs' or cells') run as two uids: one cannot
+    /// signal, trace or read the environment of the other's processes, and
+    /// the uid comes free when its sandbox ends.
+    #[tokio::test]
+    async fn sandboxes_cannot_reach_each_other() {
+        if !nix::unistd::geteuid().is_root() {
+            return; // not root: nothing to switch (the CI runs as root)
+        }
+        let scratch = scratch("apart");
+        let a = Sandbox::new(&scratch.join("sandboxes"), user(None).unwrap(), &[]).unwrap();
+        let b = Sandbox::new(&scratch.join("sandboxes"), user(None).unwrap(), &[]).unwrap();
+        let (ua, ub) = (a.user.clone().unwrap().uid, b.user.clone().unwrap().uid);
+        assert_ne!(ua, ub);
+        assert!(RESERVED_UIDS.contains(&ua) && RESERVED_UIDS.contains(&ub));
+        // b's process holds a secret in its environment.
+        let mut victim = b
+            .command(Path::new("/bin/sh"))
+            .unwrap()
+            .env("PGPASSWORD", "b-secret")
+            .arg("-c")
+            .arg("sleep 30")
+            .spawn()
+            .unwrap();
+        let pid = victim.id().unwrap();
+        let script =
+            format!("id -un; cat /proc/{pid}/environ 2>&1; kill -9 {pid} 2>&1; echo kill=$?");
+        let out = a
+            .command(Path::new("/bin/sh"))
+            .unwrap()
+            .arg("-c")
+            .arg(&script)
+            .output()
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(!text.contains("b-secret"), "{text}");
+        assert!(text.contains("kill=1"), "{text}");
+        if a.isolation() == Isolation::Full {
+            assert!(text.starts_with(RESERVED_NAME), "{text}");
+        }
+        assert!(victim.try_wait().unwrap().is_none(), "b's process survived");
+        drop(b);
+        // Its uid is free again: a new sandbox may take it.
+        let path = Path::new(UID_LOCKS).join(ub.to_string());
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock(2) on a descriptor the test owns.
+        let locked = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        assert_eq!(locked, 0, "the uid's lock was released");
+        drop((a, victim));
         std::fs::remove_dir_all(&scratch).unwrap();
     }
 

@@ -57,6 +57,25 @@ enum End {
     Refused(String),
 }
 
+/// How long the controller has to answer a registration.
+const REGISTRATION_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The longest wait between two attempts to reach the controller.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// A session that lasted this long was a real one: the backoff resets.
+const STABLE_SESSION: Duration = Duration::from_secs(10);
+
+/// `d` spread by ±25 %, so agents that lost the controller together do not
+/// come back in step.
+fn jittered(d: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    let unit = (h.finish() % 1000) as f64 / 1000.0;
+    d.mul_f64(0.75 + unit * 0.5)
+}
+
 pub async fn run(
     cfg: SessionConfig,
     env: Arc<AgentEnv>,
@@ -107,12 +126,12 @@ pub async fn run(
                     )));
                 }
                 tracing::debug!(error = %e, "connecting to the controller");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+                tokio::time::sleep(jittered(backoff)).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
                 continue;
             }
         };
-        backoff = Duration::from_millis(100);
+        let registered_at = Instant::now();
         cfg.metrics.connected.set(1);
         cfg.metrics.sessions.inc();
         tracing::info!(controller = %cfg.controller, "registered");
@@ -156,6 +175,15 @@ pub async fn run(
         .await;
         cfg.metrics.connected.set(0);
         last_ok = Instant::now();
+        // A session that ended soon after it began does not reset the
+        // backoff: the next attempt waits longer (with jitter), so agents
+        // that keep losing their sessions do not hammer the controller.
+        if registered_at.elapsed() >= STABLE_SESSION {
+            backoff = Duration::from_millis(100);
+        } else {
+            tokio::time::sleep(jittered(backoff)).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
         match end {
             End::Shutdown => {
                 stop_cells(&mut cells, &mut ev_rx, Some(&out_tx)).await;
@@ -186,7 +214,12 @@ async fn connect(
 )> {
     let mut endpoint = tonic::transport::Endpoint::from_shared(cfg.controller.clone())
         .map_err(|e| Error::Refused(format!("controller URL `{}`: {e}", cfg.controller)))?
-        .connect_timeout(Duration::from_secs(5));
+        .connect_timeout(Duration::from_secs(5))
+        // A controller that went away without closing the connection (a
+        // host lost, a half-open TCP session) is noticed within ~30 s.
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .keep_alive_while_idle(true);
     if cfg.controller.starts_with("https://") {
         let ca = cfg.ca.as_ref().ok_or_else(|| {
             Error::Refused(format!(
@@ -262,9 +295,22 @@ async fn connect(
     {
         request.metadata_mut().insert("traceparent", v);
     }
-    let mut inbound = client
-        .session(request)
+    // Registration is bounded: a controller that accepts the connection
+    // and never answers (restarting, overloaded) is tried again.
+    let registration = async {
+        let inbound = client.session(request).await?;
+        let mut inbound = inbound.into_inner();
+        let first = inbound.message().await;
+        Ok::<_, tonic::Status>((inbound, first))
+    };
+    let (inbound, first) = tokio::time::timeout(REGISTRATION_TIMEOUT, registration)
         .await
+        .map_err(|_| {
+            Error::Session(format!(
+                "the controller did not answer the registration within {} s",
+                REGISTRATION_TIMEOUT.as_secs()
+            ))
+        })?
         .map_err(|e| match e.code() {
             tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
                 Error::Refused(format!(
@@ -274,9 +320,8 @@ async fn connect(
                 ))
             }
             _ => Error::Session(e.message().to_string()),
-        })?
-        .into_inner();
-    match inbound.message().await {
+        })?;
+    match first {
         Ok(Some(ControllerMessage {
             msg: Some(CMsg::Registered(r)),
         })) => Ok((
@@ -407,6 +452,9 @@ async fn connected_loop(
                     samples.keep(ev.clone());
                     metrics.samples_unacked.set(samples.len() as i64);
                 }
+                if let Some(Msg::Result(r)) = &mut ev.msg {
+                    fit_to_wire(r);
+                }
                 match &ev.msg {
                     Some(Msg::Result(r)) => {
                         cells.remove(&r.cell_id);
@@ -525,14 +573,67 @@ async fn stop_cells(
 }
 
 fn failed(cell_id: &str, error: String) -> CellResult {
-    CellResult {
+    let mut r = CellResult {
         cell_id: cell_id.to_string(),
         status: CellStatus::Failed as i32,
         error,
         points: Vec::new(),
         environment_json: String::new(),
         role: String::new(),
+    };
+    fit_to_wire(&mut r);
+    r
+}
+
+/// The most of an error's text a result carries: a server's error can be
+/// as long as a scenario makes it (`RAISE EXCEPTION` of 17 MB once made a
+/// result the session could not carry, replayed after every registration
+/// forever).
+pub const MAX_ERROR_BYTES: usize = 64 << 10;
+
+/// Room left in a session message for what is not the result's own text.
+const WIRE_MARGIN: usize = 64 << 10;
+
+/// Clips `text` to `max` bytes (at a character boundary), saying how much
+/// was cut.
+fn clip(text: &mut String, max: usize) {
+    if text.len() <= max {
+        return;
     }
+    let total = text.len();
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text.truncate(cut);
+    text.push_str(&format!(
+        " … [clipped: {total} bytes, the first {cut} kept]"
+    ));
+}
+
+/// Makes a result fit the session's messages, so it is sent once and
+/// acknowledged, never refused and replayed: the error clipped, and when
+/// the points or environment still do not fit, they are dropped and the
+/// cell failed with why.
+pub fn fit_to_wire(r: &mut CellResult) {
+    use prost::Message;
+    clip(&mut r.error, MAX_ERROR_BYTES);
+    let limit = pgfleet_proto::MAX_MESSAGE_BYTES - WIRE_MARGIN;
+    let len = r.encoded_len();
+    if len <= limit {
+        return;
+    }
+    r.points.clear();
+    r.environment_json.clear();
+    r.status = CellStatus::Failed as i32;
+    let why = format!(
+        "the cell's result was {len} bytes, more than the {limit} a session message carries: its points and environment were dropped"
+    );
+    r.error = if r.error.is_empty() {
+        why
+    } else {
+        format!("{why}; {}", r.error)
+    };
 }
 
 /// An error's causes, which say what a transport error really was.
@@ -548,4 +649,57 @@ fn source_chain(e: &dyn std::error::Error) -> String {
 
 fn msg(m: Msg) -> AgentMessage {
     AgentMessage { msg: Some(m) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pgfleet_proto::v1::Point;
+    use prost::Message;
+
+    #[test]
+    fn a_result_always_fits_the_session() {
+        // A 17 MB server error: clipped, said so, the cell's points kept.
+        let r = failed("c1", "x".repeat(17 << 20));
+        assert!(r.encoded_len() < pgfleet_proto::MAX_MESSAGE_BYTES);
+        assert!(r.error.len() < MAX_ERROR_BYTES + 100, "{}", r.error.len());
+        assert!(
+            r.error.contains("clipped: 17825792 bytes"),
+            "{}",
+            &r.error[MAX_ERROR_BYTES..]
+        );
+        // Multi-byte text is cut at a character boundary.
+        let mut e = "é".repeat(MAX_ERROR_BYTES);
+        clip(&mut e, MAX_ERROR_BYTES - 1);
+        assert!(e.starts_with('é'));
+        // Points too large to carry: dropped, the cell failed with why.
+        let mut r = CellResult {
+            cell_id: "c2".into(),
+            status: CellStatus::Succeeded as i32,
+            error: String::new(),
+            points: (0..20)
+                .map(|_| Point {
+                    params_json: "{}".into(),
+                    metrics_json: "1".repeat(1 << 20),
+                })
+                .collect(),
+            environment_json: "{}".into(),
+            role: String::new(),
+        };
+        fit_to_wire(&mut r);
+        assert!(r.encoded_len() < pgfleet_proto::MAX_MESSAGE_BYTES);
+        assert_eq!(r.status, CellStatus::Failed as i32);
+        assert!(r.points.is_empty());
+        assert!(r.error.contains("more than the"), "{}", r.error);
+        // A result that fits is untouched.
+        let mut ok = CellResult {
+            cell_id: "c3".into(),
+            status: CellStatus::Succeeded as i32,
+            points: vec![Point::default()],
+            ..Default::default()
+        };
+        let before = ok.clone();
+        fit_to_wire(&mut ok);
+        assert_eq!(ok, before);
+    }
 }

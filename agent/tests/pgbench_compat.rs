@@ -465,17 +465,32 @@ INSERT INTO results VALUES (:uid::text), (:m::text);
         assert!(e.contains("allow_shell"), "{driver}: {e}");
     }
     let (cl, root) = cluster("pgbench-shell").await;
-    // They run as the sandbox user (not root, not PostgreSQL's user).
-    let uid = pgfleet_agent::sandbox::user(cl.run_as())
-        .unwrap()
-        .map(|u| u.uid.to_string())
-        .unwrap_or_else(|| nix::unistd::geteuid().to_string());
+    // They run as a sandbox user: as root, a reserved uid of each
+    // sandbox's own (not root, not PostgreSQL's user, not another cell's);
+    // else the agent's own.
+    let root_agent = nix::unistd::geteuid().is_root();
+    let mut seen = Vec::new();
     for driver in ["pgfleet", "pgbench"] {
         let keys: serde_json::Value = serde_json::from_str(&entry(driver, true)).unwrap();
         let rows = results(&cl, keys).await;
-        let mut want = vec![uid.clone(), uid.clone(), "42".to_string(), "42".to_string()];
-        want.sort();
-        assert_eq!(rows, want, "{driver}");
+        let (m, uids): (Vec<&String>, Vec<&String>) = rows.iter().partition(|r| *r == "42");
+        assert_eq!(m.len(), 2, "{driver}: {rows:?}");
+        assert_eq!(uids.len(), 2, "{driver}: {rows:?}");
+        assert_eq!(uids[0], uids[1], "{driver}: one uid per cell: {rows:?}");
+        let uid: u32 = uids[0].parse().unwrap();
+        if root_agent {
+            assert!(
+                pgfleet_agent::sandbox::RESERVED_UIDS.contains(&uid),
+                "{driver}: {uid}"
+            );
+            assert_ne!(Some(uid), cl.run_as().map(|u| u.uid));
+        } else {
+            assert_eq!(uid, nix::unistd::geteuid().as_raw(), "{driver}");
+        }
+        seen.push(uid);
+    }
+    if root_agent {
+        assert_ne!(seen[0], seen[1], "two cells' sandboxes, two uids");
     }
     // pgbench's run-time refusals.
     refusals(

@@ -331,6 +331,11 @@ pub struct ServeArgs {
     /// gets 429 with Retry-After.
     #[arg(long, default_value_t = 100)]
     pub max_queued_runs: usize,
+    /// The most cells one submitted scenario may plan (entries × classes ×
+    /// sweep points × replicas), counted before any is built; past it the
+    /// submission and POST /v1/plan get 422 at the entry. At most 5000.
+    #[arg(long, default_value_t = 1000)]
+    pub max_cells: u64,
     /// Accept scenarios whose workloads set `allow_shell: true` (`\shell`
     /// in scripts, settings such as archive_command, a superuser workload
     /// role): they run commands on the agents' hosts. Off: such a

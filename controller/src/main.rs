@@ -65,7 +65,7 @@ fn main() -> ExitCode {
     match rt.block_on(dispatch(cli)) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", pgfleet_proto::escape::terminal(&e.to_string()));
             ExitCode::from(e.exit_code())
         }
     }
@@ -574,7 +574,11 @@ async fn submit(args: Box<pgfleet_controller::cli::SubmitArgs>) -> Result<u8, Fa
 async fn status(run_id: &str, remote: &Remote) -> Result<u8, Failure> {
     let c = client(remote)?;
     let r = c.get_json(&format!("/v1/runs/{run_id}")).await?;
-    let s = |v: &serde_json::Value| v.as_str().unwrap_or("-").to_string();
+    // What the server answers quotes submitted names and servers' errors:
+    // shown escaped, one line each.
+    let s = |v: &serde_json::Value| {
+        pgfleet_proto::escape::terminal_line(v.as_str().unwrap_or("-")).into_owned()
+    };
     println!(
         "run {} ({}): {}, {}/{} cells done",
         s(&r["id"]),
@@ -589,7 +593,7 @@ async fn status(run_id: &str, remote: &Remote) -> Result<u8, Failure> {
             line.push_str(&format!(" @ {a}"));
         }
         if let Some(e) = cell["error"].as_str() {
-            line.push_str(&format!(": {e}"));
+            line.push_str(&format!(": {}", pgfleet_proto::escape::terminal_line(e)));
         }
         println!("{line}");
     }
@@ -692,6 +696,7 @@ async fn server_command(command: Command, store: std::path::PathBuf) -> Result<u
                 reports,
                 max_scenario_bytes: args.max_scenario_bytes,
                 max_queued_runs: args.max_queued_runs,
+                max_cells: args.max_cells,
                 http_tls: args.http_tls_cert.clone().zip(args.http_tls_key.clone()),
                 allow_shell_scenarios: args.allow_shell_scenarios,
                 metrics_retention: Duration::from_secs_f64(args.metrics_retention_s.max(0.0)),

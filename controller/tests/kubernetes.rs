@@ -1740,6 +1740,7 @@ impl Operator {
             reports: s.out(),
             max_scenario_bytes: 1 << 20,
             max_queued_runs: 10,
+            max_cells: 1000,
             allow_shell_scenarios: false,
             metrics_retention: Duration::from_secs(1),
         })
@@ -2116,6 +2117,7 @@ async fn under_kubernetes_what_a_pod_cannot_run_is_refused_at_submission() {
         reports: s.out(),
         max_scenario_bytes: 1 << 20,
         max_queued_runs: 10,
+        max_cells: 1000,
         allow_shell_scenarios: false,
         metrics_retention: Duration::from_secs(1),
     })
@@ -2214,6 +2216,7 @@ async fn a_submitted_runs_plan_restores_what_its_volumes_snapshot_holds() {
         reports: s.out(),
         max_scenario_bytes: 1 << 20,
         max_queued_runs: 10,
+        max_cells: 1000,
         allow_shell_scenarios: false,
         metrics_retention: Duration::from_secs(1),
     })

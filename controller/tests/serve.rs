@@ -452,6 +452,41 @@ fn ci_submits_to_serve_and_static_agents_run_the_cells() {
         "a retried submit returns the same run"
     );
     assert_eq!(again["created"], false);
+    // The same key with another scenario is refused (never answered with
+    // the earlier run); another token's same key names a run of its own.
+    let (code, _, body) = http(
+        &api,
+        "POST",
+        "/v1/runs?name=two.yaml",
+        Some(&token),
+        &key,
+        &format!("{body2}\n# another scenario\n"),
+    );
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("Idempotency-Key"), "{body}");
+    let other = "api-token-other-0123456789abcdef";
+    std::fs::write(s.dir.join("api.token"), format!("{token}\n{other}\n")).unwrap();
+    let (code, _, body) = http(
+        &api,
+        "POST",
+        "/v1/runs?name=two.yaml",
+        Some(other),
+        &key,
+        &body2,
+    );
+    assert_eq!(code, 202, "{body}");
+    let theirs = json(&body);
+    assert_eq!(theirs["created"], true, "{theirs}");
+    assert_ne!(theirs["id"], queued.as_str(), "another token's key");
+    let (code, _, body) = http(
+        &api,
+        "DELETE",
+        &format!("/v1/runs/{}", theirs["id"].as_str().unwrap()),
+        Some(other),
+        &[],
+        "",
+    );
+    assert_eq!(code, 202, "{body}");
     let (code, _, body) = http(
         &api,
         "DELETE",
@@ -1375,6 +1410,13 @@ fn the_break_in_corpus_fails_safely_under_serve() {
     use std::os::unix::fs::PermissionsExt;
     let s = Scratch::new("serve-corpus");
     let token = tokens(&s);
+    // A read-only token plans: what it sends must not crash the server.
+    let reader = "read-only-token-0123456789abcdef";
+    std::fs::write(
+        s.dir.join("api.token"),
+        format!("{token}\nread-only {reader}\n"),
+    )
+    .unwrap();
     let markers = s.dir.join("markers");
     std::fs::create_dir_all(&markers).unwrap();
     std::fs::set_permissions(&markers, std::fs::Permissions::from_mode(0o777)).unwrap();
@@ -1401,6 +1443,17 @@ fn the_break_in_corpus_fails_safely_under_serve() {
                 json(&body)["location"]["line"].as_u64().is_some(),
                 "{name}: {body}"
             );
+            let (code, _, body) = http(
+                &api,
+                "POST",
+                &format!("/v1/plan?name={name}"),
+                Some(reader),
+                &[],
+                &text,
+            );
+            assert!(matches!(code, 403 | 422), "plan {name}: {code} {body}");
+            let (code, _, _) = http(&api, "GET", "/healthz", None, &[], "");
+            assert_eq!(code, 200, "serve is alive after {name}");
             continue;
         }
         assert_eq!(code, 202, "{name}: {body}");

@@ -165,6 +165,61 @@ pub fn fingerprint(format: &Format, dataset: &Dataset) -> String {
 }
 
 /// Lower-case hex of bytes.
+/// Refuses a default directory in a shared place (`/tmp/pgfleet`) that
+/// someone else could have prepared: it must be a real directory (not a
+/// link), owned by this user or root, and writable by no one else. A
+/// missing one is fine (it is made with this user's modes).
+pub fn check_private(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = match std::fs::symlink_metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let why = if m.file_type().is_symlink() {
+        Some("is a symbolic link".to_string())
+    } else if !m.is_dir() {
+        Some("is not a directory".to_string())
+    } else if m.uid() != me && m.uid() != 0 {
+        Some(format!(
+            "belongs to uid {}, not to this user ({me})",
+            m.uid()
+        ))
+    } else if m.mode() & 0o022 != 0 {
+        Some(format!(
+            "is writable by others (mode {:o})",
+            m.mode() & 0o7777
+        ))
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} {why}: pgfleet will not keep clusters under a directory another user may have prepared",
+                dir.display()
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Creates `path` and its missing parents; returns the directories it
+/// made, outermost first, so a caller sets modes on those alone and never
+/// changes a directory the operator already had.
+pub fn create_new_dirs(path: &Path) -> io::Result<Vec<PathBuf>> {
+    let missing: Vec<PathBuf> = path
+        .ancestors()
+        .take_while(|d| !d.as_os_str().is_empty() && std::fs::symlink_metadata(d).is_err())
+        .map(Path::to_path_buf)
+        .collect();
+    std::fs::create_dir_all(path)?;
+    Ok(missing.into_iter().rev().collect())
+}
+
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -245,11 +300,17 @@ impl LocalStore {
         LocalStore { dir: dir.into() }
     }
 
-    /// Creates the store (mode 0700: manifests hold passwords).
+    /// Creates the store (mode 0700: manifests hold passwords). A store
+    /// that exists keeps its mode (the operator's choice; its manifests
+    /// are 0600 whatever it is).
     pub fn create(&self) -> io::Result<()> {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::create_dir_all(&self.dir)?;
-        std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
+        for d in create_new_dirs(&self.dir)? {
+            if d == self.dir {
+                std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700))?;
+            }
+        }
+        Ok(())
     }
 
     /// Where a published dataset lives.

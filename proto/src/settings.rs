@@ -39,6 +39,12 @@ pub const RESERVED: &[&str] = &[
     "logging_collector",
 ];
 
+/// Settings no cell can use, with why: refused even with `allow_shell`.
+pub const NEVER: &[(&str, &str)] = &[(
+    "synchronous_standby_names",
+    "a cell's cluster has no synchronous standby, so every commit (the agent's provisioning too) would wait for one forever",
+)];
+
 /// Categories whose settings reach the host, with why.
 pub const HOST_CATEGORIES: &[(&str, &str)] = &[
     ("File Locations", "names files on the agent's host"),
@@ -68,16 +74,59 @@ pub const PLAIN_STRINGS: &[&str] = &[
     "cluster_name",
     "datestyle",
     "default_tablespace",
+    // An access method's name: only installed ones resolve.
+    "default_table_access_method",
     "default_text_search_config",
     "lc_messages",
     "lc_monetary",
     "lc_numeric",
     "lc_time",
     "log_connections",
+    // `%` escapes and words; `LOG_LINE_PREFIX_CHARS` widens its value.
+    "log_line_prefix",
     "log_timezone",
-    "synchronous_standby_names",
+    // Schema names; the agent's superuser sessions set their own in the
+    // startup packet, which beats the configuration file.
+    "search_path",
     "temp_tablespaces",
     "timezone",
+    // A file name PostgreSQL itself restricts to letters, under its
+    // share directory's timezonesets.
+    "timezone_abbreviations",
+];
+
+/// What `log_line_prefix` may hold besides a plain value's characters:
+/// its `%` escapes and the punctuation prefixes use.
+pub const LOG_LINE_PREFIX_CHARS: &str = "%[]:@=<>|";
+
+/// Values of host-access settings that reach nothing, allowed without the
+/// opt-in: an `archive_command` that archives nowhere (what benchmarks of
+/// archiving's overhead set).
+pub const HARMLESS_VALUES: &[(&str, &[&str])] = &[("archive_command", &["true", "/bin/true", ""])];
+
+/// Settings of the contrib modules people benchmark with, which
+/// `pg_settings` lists only once their library is loaded: known names,
+/// plain values. Setting one loads nothing (that needs
+/// `shared_preload_libraries`, an opt-in setting).
+pub const EXTENSION_SETTINGS: &[&str] = &[
+    "auto_explain.log_analyze",
+    "auto_explain.log_buffers",
+    "auto_explain.log_format",
+    "auto_explain.log_level",
+    "auto_explain.log_min_duration",
+    "auto_explain.log_nested_statements",
+    "auto_explain.log_parameter_max_length",
+    "auto_explain.log_settings",
+    "auto_explain.log_timing",
+    "auto_explain.log_triggers",
+    "auto_explain.log_verbose",
+    "auto_explain.log_wal",
+    "auto_explain.sample_rate",
+    "pg_stat_statements.max",
+    "pg_stat_statements.save",
+    "pg_stat_statements.track",
+    "pg_stat_statements.track_planning",
+    "pg_stat_statements.track_utility",
 ];
 
 /// Settings of a harmless type and category that still cross a boundary.
@@ -131,6 +180,9 @@ pub fn judge(s: &Setting) -> Verdict {
     if RESERVED.contains(&lower.as_str()) {
         return Verdict::Refused("managed by pgfleet".into());
     }
+    if let Some((_, why)) = NEVER.iter().find(|(n, _)| *n == lower) {
+        return Verdict::Refused((*why).into());
+    }
     if s.context == "internal" {
         return Verdict::Refused(
             "read-only (context internal: fixed when PostgreSQL was built or initdb ran)".into(),
@@ -152,8 +204,14 @@ pub fn judge(s: &Setting) -> Verdict {
 }
 
 /// The stricter verdict over every version that lists `name`; None when
-/// none does.
+/// none does (and is not one of `EXTENSION_SETTINGS`).
 pub fn verdict(name: &str) -> Option<Verdict> {
+    if EXTENSION_SETTINGS
+        .iter()
+        .any(|n| n.eq_ignore_ascii_case(name))
+    {
+        return Some(Verdict::Allowed);
+    }
     let rank = |v: &Verdict| match v {
         Verdict::Allowed => 0,
         Verdict::HostAccess(_) => 1,
@@ -171,11 +229,24 @@ pub fn verdict(name: &str) -> Option<Verdict> {
 /// `_ . , + - / ( ) *` and spaces (a size, a number, an enum's label, a time
 /// zone, a list of names); no quotes, no `..`, at most 256 bytes.
 pub fn plain_value(value: &str) -> bool {
+    plain_with(value, "")
+}
+
+fn plain_with(value: &str, extra: &str) -> bool {
     value.len() <= 256
         && !value.contains("..")
         && value
             .chars()
-            .all(|c| c.is_ascii_alphanumeric() || " _.,+-/()*".contains(c))
+            .all(|c| c.is_ascii_alphanumeric() || " _.,+-/()*".contains(c) || extra.contains(c))
+}
+
+/// A plain value for `name` (`log_line_prefix` takes its escapes too).
+fn plain_for(name: &str, value: &str) -> bool {
+    if name.eq_ignore_ascii_case("log_line_prefix") {
+        plain_with(value, LOG_LINE_PREFIX_CHARS)
+    } else {
+        plain_value(value)
+    }
 }
 
 /// Whether `name` may be set on a cluster, and if not, why (a sentence that
@@ -202,7 +273,11 @@ pub fn check(name: &str, value: &str, allow_shell: bool) -> Result<(), String> {
             value.len()
         ));
     }
+    let harmless = HARMLESS_VALUES
+        .iter()
+        .any(|(n, vs)| n.eq_ignore_ascii_case(name) && vs.contains(&value.trim()));
     match verdict(name) {
+        Some(Verdict::HostAccess(_)) if harmless => Ok(()),
         None => Err(format!(
             "`{name}` is not a setting PostgreSQL 15 or 18 lists in pg_settings: only those may be set \
              (config-file directives such as include_if_exists, and custom or extension settings, are refused)"
@@ -213,7 +288,7 @@ pub fn check(name: &str, value: &str, allow_shell: bool) -> Result<(), String> {
              workload sets allow_shell: true (and, under `pgfleet serve`, the server was started with \
              --allow-shell-scenarios)"
         )),
-        Some(Verdict::Allowed) if !allow_shell && !plain_value(value) => Err(format!(
+        Some(Verdict::Allowed) if !allow_shell && !plain_for(name, value) => Err(format!(
             "the value of `{name}` is not a plain value: use letters, digits, spaces and _ . , + - / ( ) * only \
              (no quotes, no ..), at most 256 bytes"
         )),
@@ -290,6 +365,20 @@ mod tests {
         let e = check("archive_command", "id > /tmp/x", false).unwrap_err();
         assert!(e.contains("free text") && e.contains("allow_shell"), "{e}");
         assert!(check("archive_command", "true", true).is_ok());
+        // What reaches nothing needs no opt-in (issue 60's "not too eager").
+        assert!(check("archive_command", "true", false).is_ok());
+        assert!(check("archive_command", "/bin/true", false).is_ok());
+        assert!(check("archive_command", "true; id", false).is_err());
+        assert!(check("search_path", "bench, public", false).is_ok());
+        assert!(check("log_line_prefix", "%m [%p] %q%u@%d ", false).is_ok());
+        assert!(check("timezone_abbreviations", "Default", false).is_ok());
+        assert!(check("default_table_access_method", "heap", false).is_ok());
+        assert!(check("pg_stat_statements.track", "all", false).is_ok());
+        assert!(check("auto_explain.log_min_duration", "250ms", false).is_ok());
+        assert!(check("pg_stat_statements.bogus", "1", true).is_err());
+        // A standby no cell has: every commit would wait forever.
+        let e = check("synchronous_standby_names", "*", true).unwrap_err();
+        assert!(e.contains("wait for one forever"), "{e}");
         // Config-file directives and custom names are not settings.
         for d in [
             "include",

@@ -301,6 +301,7 @@ impl Cluster {
     pub async fn provision(spec: &ClusterSpec) -> Result<Cluster> {
         let mut cluster = Cluster::prepare(spec)?;
         cluster.initdb(spec).await?;
+        crate::failpoint::hit("initdb")?;
         cluster.boot(None).await?;
         Ok(cluster)
     }
@@ -401,6 +402,7 @@ impl Cluster {
                         }
                         cluster.capped_device = Some(dev);
                     }
+                    crate::failpoint::hit("caps")?;
                 }
                 Err(e) => tracing::warn!(
                     "no volume of its own for cluster {} ({e}); its device bytes come from its cgroup",
@@ -472,6 +474,7 @@ impl Cluster {
                             })?;
                         self.password = own;
                     }
+                    crate::failpoint::hit("start")?;
                     self.create_workload_role().await?;
                     return Ok(());
                 }

@@ -102,6 +102,7 @@ impl Volume {
         let made = (|| -> Result<()> {
             std::fs::write(dir.join(RECORD), &v.device)
                 .map_err(|e| Error::io("recording the loop device", e))?;
+            crate::failpoint::hit("volume")?;
             run(
                 tool("mkfs.ext4")
                     // Everything initialized now (a small inode table, one
@@ -122,6 +123,7 @@ impl Volume {
                     .arg(&v.mount),
                 "mount",
             )?;
+            crate::failpoint::hit("mount")?;
             if let Some((uid, gid)) = owner {
                 nix::unistd::chown(&v.mount, Some(uid.into()), Some(gid.into()))
                     .map_err(|e| Error::Provision(format!("chown {}: {e}", v.mount.display())))?;
@@ -188,8 +190,20 @@ impl Drop for Volume {
 /// Unmounts `dir/volume` if mounted, detaches `device` if it is still
 /// `dir/volume.img`'s, and deletes the image and the record.
 fn release(dir: &Path, device: &str) -> Result<()> {
+    // Absolute, as /proc/self/mounts lists mounts (a relative data dir
+    // once hid a mount from `is_mounted` and left it behind).
+    let dir = &std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
     let mount = dir.join("volume");
     let image = dir.join("volume.img");
+    let name = device.trim_start_matches("/dev/");
+    let backing =
+        std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).unwrap_or_default();
+    let ours = !name.is_empty() && Path::new(backing.trim()) == image;
+    // Its caps go first, whatever happens next: the next user of this
+    // loop device starts uncapped even if this one cannot be detached.
+    if ours && let Ok(dev) = std::fs::read_to_string(format!("/sys/block/{name}/dev")) {
+        super::throttle::uncap_device(dev.trim());
+    }
     if is_mounted(&mount) {
         // A process that just exited may hold it for a moment.
         let mut last = Ok(String::new());
@@ -202,15 +216,7 @@ fn release(dir: &Path, device: &str) -> Result<()> {
         }
         last?;
     }
-    let name = device.trim_start_matches("/dev/");
-    let backing =
-        std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).unwrap_or_default();
-    if !name.is_empty() && Path::new(backing.trim()) == image {
-        // Its caps go with it: the next user of this loop device starts
-        // uncapped.
-        if let Ok(dev) = std::fs::read_to_string(format!("/sys/block/{name}/dev")) {
-            super::throttle::uncap_device(dev.trim());
-        }
+    if ours {
         run(tool("losetup").arg("-d").arg(device), "losetup -d")?;
     }
     for f in [image, dir.join(RECORD)] {

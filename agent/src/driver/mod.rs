@@ -400,6 +400,8 @@ enum TxnError {
     /// The connection is gone (closed, or the server ended the session:
     /// SQLSTATE classes 08 and 57P).
     Lost(String),
+    /// Stopped in a `\sleep` by the window's end or the run's stop.
+    Halted,
 }
 
 /// A transaction's end as it is recorded: Ok, or its failure's class and
@@ -529,15 +531,68 @@ fn client_vars(id: u32, cfg: &DriverConfig, seeds: &Seeds) -> Vars {
 
 /// One client's connection and what carries over between its
 /// transactions: statements prepared, parameters' buffer, variables.
-struct Session {
+struct Session<'a> {
     db: wire::Conn,
     names: Vec<String>,
     prepared: Vec<bool>,
     params: Vec<Var>,
     vars: Vars,
+    halt: Halt<'a>,
 }
 
-impl Session {
+/// When a client must stop whatever it is doing: the run's stop flag
+/// (cancel, an early stop) and the end of its window.
+#[derive(Clone, Copy)]
+struct Halt<'a> {
+    stop: &'a AtomicBool,
+    end: Option<Instant>,
+}
+
+impl Halt<'_> {
+    /// How often a sleeping client looks at the stop flag.
+    const POLL: Duration = Duration::from_millis(100);
+
+    /// Returns once the run stops or the window ends (never, without
+    /// either).
+    async fn reached(&self) {
+        loop {
+            if self.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let now = Instant::now();
+            if self.end.is_some_and(|e| now >= e) {
+                return;
+            }
+            let next = now + Self::POLL;
+            let next = self.end.map_or(next, |e| next.min(e));
+            tokio::time::sleep_until(next.into()).await;
+        }
+    }
+
+    /// Sleeps `d`, or less when the window ends or the run stops first;
+    /// false then (a `\sleep 100000 s` must not outlive `duration_s`, nor
+    /// a cancel: pgbench abandons a sleeping client at the end too).
+    async fn sleep(&self, d: Duration) -> bool {
+        let until = Instant::now() + d;
+        loop {
+            if self.stop.load(Ordering::Relaxed) {
+                return false;
+            }
+            let now = Instant::now();
+            if self.end.is_some_and(|e| now >= e && until > e) {
+                return false;
+            }
+            if now >= until {
+                return true;
+            }
+            let next = until.min(now + Self::POLL);
+            let next = self.end.map_or(next, |e| next.min(e.max(now)));
+            tokio::time::sleep_until(next.into()).await;
+        }
+    }
+}
+
+impl Session<'_> {
     /// The script run until it commits or fails for good: serialization
     /// failures and deadlocks are retried with the same random values, up
     /// to `max_tries`; `retries` counts the retries. Err: the client aborts.
@@ -551,16 +606,7 @@ impl Session {
         let mut tries = 0;
         loop {
             tries += 1;
-            let ran = transaction(
-                cfg,
-                &mut self.db,
-                &self.names,
-                &mut self.prepared,
-                &mut self.params,
-                &mut self.vars,
-                rng,
-            )
-            .await;
+            let ran = transaction(cfg, self, rng).await;
             match ran {
                 Ok(()) => return Ok(Ok(())),
                 Err(TxnError::Retryable(class, msg)) => {
@@ -575,6 +621,7 @@ impl Session {
                 }
                 Err(TxnError::Fatal(msg)) => return Err(Abort::Fatal(msg)),
                 Err(TxnError::Lost(msg)) => return Err(Abort::Lost(msg)),
+                Err(TxnError::Halted) => return Err(Abort::Halted),
             }
         }
     }
@@ -601,6 +648,9 @@ impl Session {
 enum Abort {
     Fatal(String),
     Lost(String),
+    /// The window ended or the run stopped while the script slept: the
+    /// transaction is abandoned, not counted.
+    Halted,
 }
 
 async fn client(
@@ -625,10 +675,12 @@ async fn client(
         prepared: vec![false; cfg.script.commands.len()],
         params: Vec::new(),
         vars: client_vars(id, cfg, seeds),
+        halt: Halt { stop, end: None },
     };
     let t0 = *start.get_or_init(Instant::now);
     let warm_end = t0 + cfg.warmup;
     let end = cfg.duration.map(|d| warm_end + d);
+    session.halt.end = end;
     let mut stats = ClientStats::new();
     let mut rng = seeds.clients[id as usize];
     let mut arrivals = cfg.rate.map(|r| Arrivals {
@@ -671,6 +723,7 @@ async fn client(
                 }
                 Err(("connection", msg))
             }
+            Err(Abort::Halted) => break,
             Err(Abort::Fatal(msg) | Abort::Lost(msg)) => {
                 return Err(DriverError(format!("client {id} aborted: {msg}")));
             }
@@ -718,13 +771,17 @@ impl At<'_> {
 /// statements and the client's variables carry over between runs.
 async fn transaction(
     cfg: &DriverConfig,
-    db: &mut wire::Conn,
-    names: &[String],
-    prepared: &mut [bool],
-    params: &mut Vec<Var>,
-    vars: &mut Vars,
+    session: &mut Session<'_>,
     rng: &mut Rng,
 ) -> Result<(), TxnError> {
+    let Session {
+        db,
+        names,
+        prepared,
+        params,
+        vars,
+        halt,
+    } = session;
     let commands = &cfg.script.commands;
     // In a pipeline: the Syncs queued so far (\syncpipeline).
     let mut pipeline: Option<usize> = None;
@@ -761,7 +818,9 @@ async fn transaction(
             }
             Command::Sleep { amount, unit_us } => {
                 let us = sleep_us(amount, *unit_us, vars, at)?;
-                tokio::time::sleep(Duration::from_micros(us)).await;
+                if !halt.sleep(Duration::from_micros(us)).await {
+                    return Err(TxnError::Halted);
+                }
             }
             Command::Pipeline(op) => pipeline = pipeline_step(*op, pipeline, db, at).await?,
             Command::Sql {
@@ -789,9 +848,13 @@ async fn transaction(
             }
             Command::Fail(m) => return Err(at.fatal(m)),
             Command::Shell { var, args } => {
-                let out = shell(args, vars, cfg.shell.as_deref(), var.is_some())
-                    .await
-                    .map_err(|e| at.fatal(e))?;
+                // A command that outlives the window (or a cancel) is
+                // abandoned with its transaction; its sandbox kills it.
+                let ran = tokio::select! {
+                    r = shell(args, vars, cfg.shell.as_deref(), var.is_some()) => r,
+                    () = halt.reached() => return Err(TxnError::Halted),
+                };
+                let out = ran.map_err(|e| at.fatal(e))?;
                 if let Some(var) = var {
                     let n: i64 = out.trim().parse().map_err(|_| {
                         at.fatal(format!(
@@ -985,26 +1048,41 @@ async fn shell(
         } else {
             std::process::Stdio::null()
         });
-    let out = cmd
-        .output()
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("could not run the shell command `{command}`: {e}"))?;
+    // What `\setshell` keeps is bounded: pgbench reads one line of at most
+    // 63 bytes; the rest is never read (the pipe closes and the command
+    // gets SIGPIPE), so 200 MB of output costs the agent nothing.
+    let mut stdout = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        use tokio::io::AsyncReadExt;
+        let _ = out.take(SETSHELL_MAX_BYTES).read_to_end(&mut stdout).await;
+    }
+    let status = child
+        .wait()
         .await
         .map_err(|e| format!("could not run the shell command `{command}`: {e}"))?;
     if capture {
-        if out.stdout.is_empty() {
+        if stdout.is_empty() {
             return Err(format!(
                 "could not read result of shell command `{command}`"
             ));
         }
-        return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
+        let text = String::from_utf8_lossy(&stdout);
+        return Ok(text.lines().next().unwrap_or_default().to_string());
     }
-    if !out.status.success() {
+    if !status.success() {
         return Err(format!(
-            "\\shell: `{command}` failed ({}): meta-command failed",
-            out.status
+            "\\shell: `{command}` failed ({status}): meta-command failed"
         ));
     }
     Ok(String::new())
 }
+
+/// The most of a `\setshell` command's output read (its first line is
+/// what counts; pgbench reads at most 63 bytes of it).
+const SETSHELL_MAX_BYTES: u64 = 4096;
 
 /// C's atoi: an optional sign and the leading digits; 0 without any.
 fn atoi(s: &str) -> i64 {

@@ -81,15 +81,32 @@ pub async fn run(
         cmd.env("PGPASSWORD", p);
     }
     cmd.arg(conninfo);
-    let out = tokio::select! {
-        o = cmd.output() => o.map_err(|x| e(format!("running {}: {x}", pg.tool("pgbench").display())))?,
+    // Its results are its logs; of its own output only the errors are
+    // read, and at most `MAX_STDERR_BYTES` of them (`\shell` commands
+    // write where pgbench does).
+    cmd.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let run = async {
+        let mut child = cmd.spawn()?;
+        let mut stderr = Vec::new();
+        if let Some(err) = child.stderr.take() {
+            use tokio::io::AsyncReadExt;
+            let mut err = err.take(MAX_STDERR_BYTES);
+            err.read_to_end(&mut stderr).await?;
+            // The rest is drained unread, so pgbench never blocks on it.
+            let mut rest = err.into_inner();
+            let _ = tokio::io::copy(&mut rest, &mut tokio::io::sink()).await;
+        }
+        Ok::<_, std::io::Error>((child.wait().await?, stderr))
+    };
+    let (status, stderr) = tokio::select! {
+        o = run => o.map_err(|x| e(format!("running {}: {x}", pg.tool("pgbench").display())))?,
         _ = cancel.cancelled() => return Err(e("cancelled".into())),
     };
-    if !out.status.success() {
+    if !status.success() {
         return Err(e(format!(
-            "pgbench failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
+            "pgbench failed ({status}): {}",
+            String::from_utf8_lossy(&stderr).trim()
         )));
     }
     let mut text = String::new();
@@ -118,16 +135,39 @@ pub async fn run(
     )
 }
 
-/// A file the sandbox wrote, never through a symlink it may have planted.
+/// The most of pgbench's error output kept.
+const MAX_STDERR_BYTES: u64 = 64 << 10;
+
+/// The most of pgbench's logs the agent reads (a transaction is a line
+/// of ~40 bytes: tens of millions of transactions).
+pub const MAX_LOG_BYTES: u64 = 2 << 30;
+
+/// A file the sandbox wrote: never through a symlink it may have planted,
+/// never a FIFO or device (opened without blocking, then checked to be a
+/// regular file), never more than `MAX_LOG_BYTES`.
 fn read_no_follow(p: &Path) -> std::io::Result<String> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
+    let f = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(p)?;
+    let m = f.metadata()?;
+    if !m.is_file() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a regular file: the sandbox made it, not pgbench",
+            p.display()
+        )));
+    }
+    if m.len() > MAX_LOG_BYTES {
+        return Err(std::io::Error::other(format!(
+            "{} is {} bytes: more than the {MAX_LOG_BYTES} read of pgbench's logs (a shorter run, or driver: pgfleet)",
+            p.display(),
+            m.len()
+        )));
+    }
     let mut text = String::new();
-    f.read_to_string(&mut text)?;
+    f.take(MAX_LOG_BYTES).read_to_string(&mut text)?;
     Ok(text)
 }
 

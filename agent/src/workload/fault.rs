@@ -201,6 +201,9 @@ async fn run_one(
                 }
             }
             let window = ctx.cluster.caps_window(caps)?;
+            // Failing here, with the fault's caps on, proves the guard
+            // puts them back on an error too.
+            crate::failpoint::hit("fault")?;
             // Cancelled (the cell, or the driver ended): the guard's drop
             // puts the caps back all the same.
             tokio::select! {

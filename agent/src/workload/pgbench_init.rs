@@ -264,6 +264,7 @@ async fn sql_all(conns: &[tokio_postgres::Client], stmts: &[String]) -> Result<(
 /// Drops and creates the schema in the cell's cluster, loads it in
 /// parallel, vacuums, adds keys.
 pub async fn load(ctx: &CellContext<'_>, p: &InitParams) -> Result<Loaded> {
+    crate::failpoint::hit("load")?;
     use tracing::Instrument;
     load_unspanned(ctx, &ctx.cluster.server(), p)
         .instrument(super::context::phase("load"))

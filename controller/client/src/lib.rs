@@ -443,6 +443,7 @@ impl Follow {
     }
 
     fn line(&self, text: String) {
+        let text = pgfleet_proto::escape::terminal(&text).into_owned();
         match &self.bar {
             Some(b) => b.println(text),
             None => eprintln!("{text}"),
@@ -476,7 +477,15 @@ impl Follow {
             }
             Some("progress") => {
                 if let Some(b) = &self.bar {
-                    b.set_message(format!("{}: {} {}", s("cell_id"), s("phase"), s("message")));
+                    b.set_message(
+                        pgfleet_proto::escape::terminal_line(&format!(
+                            "{}: {} {}",
+                            s("cell_id"),
+                            s("phase"),
+                            s("message")
+                        ))
+                        .into_owned(),
+                    );
                 }
                 None
             }

@@ -172,12 +172,7 @@ pub fn point_label(e: &Judged) -> String {
 
 /// JUnit XML: one test case per evaluated check, for CI test tabs.
 pub fn junit(suite: &str, evaluated: &[Judged]) -> String {
-    let esc = |s: &str| {
-        s.replace('&', "&amp;")
-            .replace('<', "&lt;")
-            .replace('>', "&gt;")
-            .replace('"', "&quot;")
-    };
+    let esc = pgfleet_proto::escape::xml;
     let failures = evaluated.iter().filter(|e| !e.passes).count();
     let mut x = format!(
         "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites>\n<testsuite name=\"{}\" tests=\"{}\" failures=\"{failures}\">\n",
@@ -355,6 +350,25 @@ mod tests {
         assert!(x.contains("tests=\"2\" failures=\"1\""), "{x}");
         assert_eq!(x.matches("<testcase ").count(), 2);
         assert!(x.contains("[script random-update]"), "{x}");
+    }
+
+    /// Hostile text in a check's name (markup, control characters, a
+    /// character XML forbids) leaves the JUnit document well-formed.
+    #[test]
+    fn junit_escapes_what_xml_forbids() {
+        let s = summaries();
+        let mut c = check("tps", "gp3", Some("nvme"), None, Some(0.5));
+        c.name = "<b>x</b> & \"q\" \u{1b}[2J\u{0}\u{7}\n|y".into();
+        let x = junit("pgfleet \u{1}t", &evaluate(&[c], &s));
+        assert!(!x.contains("<b>"), "{x}");
+        assert!(
+            x.contains("&lt;b&gt;x&lt;/b&gt; &amp; &quot;q&quot;"),
+            "{x}"
+        );
+        let bad = x
+            .chars()
+            .find(|c| c.is_control() && !matches!(c, '\n' | '\t' | '\r'));
+        assert_eq!(bad, None, "{x:?}");
     }
 
     /// Two entries of one kind at the same point: each evaluation names

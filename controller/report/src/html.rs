@@ -109,10 +109,7 @@ pub fn render(title: &str, md: &str, plots: &[(String, String)]) -> String {
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+    pgfleet_proto::escape::xml(s)
 }
 
 #[cfg(test)]

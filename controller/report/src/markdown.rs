@@ -132,8 +132,8 @@ fn checks(md: &mut String, doc: &Report) {
             md,
             "| {} | {} | {} | {figure} | {} | {:.0} %: {}–{} | {bound} | {clusters} |",
             mark(e),
-            e.name,
-            point_label(e),
+            md_text(&e.name),
+            md_text(&point_label(e)),
             shown_number(e.observed),
             e.confidence * 100.0,
             shown_number(lo),
@@ -142,7 +142,7 @@ fn checks(md: &mut String, doc: &Report) {
     }
     for e in list {
         if let Some(note) = &e.note {
-            let _ = writeln!(md, "\n- {}: {note}", e.name);
+            let _ = writeln!(md, "\n- {}: {}", md_text(&e.name), md_text(note));
         }
     }
     md.push('\n');
@@ -357,11 +357,7 @@ fn cells(md: &mut String, doc: &Report) {
             secs(data),
             secs(c.estimate_seconds),
             c.estimate_phases.map(|p| p.describe()).unwrap_or_default(),
-            c.error
-                .as_deref()
-                .unwrap_or("")
-                .replace('|', "\\|")
-                .replace('\n', " ")
+            md_text(c.error.as_deref().unwrap_or(""))
         );
     }
 }
@@ -640,7 +636,7 @@ fn history_checks(md: &mut String, plots: &mut Vec<(String, String)>, doc: &Repo
         let _ = writeln!(
             md,
             "**{}** ({} earlier comparable runs, {} change point(s); the whole series: `pgfleet history {} --metric {metric} --class {class}`, or `GET /v1/history?scenario={}&metric={metric}&class={class}` on serve)\n\n![{metric} over runs]({name})\n",
-            c.name,
+            md_text(&c.name),
             values.len(),
             h.change_points
                 .map_or("null".to_string(), |n| n.to_string()),
@@ -874,6 +870,11 @@ fn roles(md: &mut String, doc: &Report) {
     }
 }
 
+/// Text from outside (a check's name, a server's error) as Markdown text.
+fn md_text(text: &str) -> String {
+    pgfleet_proto::escape::markdown(text)
+}
+
 /// `text` as inline code in a table cell: a code span with more backticks
 /// than the text holds, `|` escaped (GitHub splits cells on it even there).
 fn inline_code(text: &str) -> String {
@@ -884,6 +885,11 @@ fn inline_code(text: &str) -> String {
         longest = longest.max(run);
     }
     let fence = "`".repeat(longest + 1);
+    // One line, no control character: a table row ends at a line break.
+    let text: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
     let text = text.replace('|', "\\|");
     format!("{fence} {text} {fence}")
 }
@@ -896,6 +902,23 @@ mod render_tests {
 
     /// Labels show under the run's header as code: a `|` or a backtick in
     /// a value neither splits the table nor ends the code span.
+    /// A cell's error from a server (markup, a link, an image, an escape
+    /// sequence, a line break, a `|`) stays text in one table row.
+    #[test]
+    fn hostile_text_stays_text_in_report_md() {
+        let (md, _) = render(serde_json::json!({"run_id": "r", "cells": [{
+            "cell_id": "w0-local-a", "state": "failed",
+            "error": "ERROR: <img src=x onerror=alert(1)> [x](http://evil) ![i](y)\u{1b}[2J\nnext | col"}]}));
+        let row = md
+            .lines()
+            .find(|l| l.starts_with("| w0-local-a |"))
+            .unwrap_or_else(|| panic!("{md}"));
+        assert!(row.ends_with(" |"), "one row: {row}");
+        assert_eq!(row.matches(" | ").count(), 7, "{row}");
+        assert!(!md.contains("<img") && !md.contains("](http"), "{md}");
+        assert!(!md.chars().any(|c| c.is_control() && c != '\n'), "{md:?}");
+    }
+
     #[test]
     fn kept_objects_are_listed_with_how_to_look_and_when_they_go() {
         let (md, _) = render(serde_json::json!({"run_id": "r", "kept": {

@@ -41,9 +41,7 @@ pub fn class_color(doc: &crate::Report, class: &str) -> &'static str {
 }
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+    pgfleet_proto::escape::xml(s)
 }
 
 /// "Nice" tick step for a range.

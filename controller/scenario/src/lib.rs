@@ -856,6 +856,25 @@ pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
         .into_iter()
         .map(|k| k.unwrap_or_else(|| missing.clone()))
         .collect();
+    // Entries × points bound the passes' work below: refused before any
+    // pass when they alone exceed the cells a scenario may plan.
+    let units: usize = sweeps.iter().map(sweep::Sweep::points).sum();
+    if units as u64 > validate::MAX_CELLS {
+        let line = text
+            .lines()
+            .position(|l| l.starts_with("workloads"))
+            .map_or(0, |n| n as u64 + 1);
+        return Err(ScenarioError {
+            file: path.to_path_buf(),
+            line,
+            column: 1,
+            field: "workloads".into(),
+            message: format!(
+                "{units} workload entries and sweep points: a scenario plans at most {} cells (split it into several runs)",
+                validate::MAX_CELLS
+            ),
+        });
+    }
     // One pass per point of the widest sweep; each entry keeps the passes
     // up to its own points (an entry without sweeps: the first).
     let passes = sweeps.iter().map(sweep::Sweep::points).max().unwrap_or(1);
@@ -1032,6 +1051,42 @@ workloads:
     fn with(from: &str, to: &str) -> String {
         assert!(GOOD.contains(from), "{from}");
         GOOD.replacen(from, to, 1)
+    }
+
+    /// A scenario's name may have upper case (`TPC-B`); a class's, which
+    /// names pods and cells, may not.
+    #[test]
+    fn scenario_names_take_upper_case_class_names_do_not() {
+        let s = parse(Path::new("good.yaml"), &with("name: t", "name: TPC-B_1")).unwrap();
+        assert_eq!(s.name.value, "TPC-B_1");
+        let e = err(&with("  - name: local", "  - name: Local"));
+        assert_eq!(e.field, "fleet[0].name", "{e}");
+        let e = err(&with("name: t", "name: \"a b\""));
+        assert_eq!(e.field, "name", "{e}");
+    }
+
+    /// A scenario planning more cells than the bound is refused at the
+    /// entry that passes it, before any cell is built.
+    #[test]
+    fn too_many_cells_are_refused_before_planning() {
+        let sc = "name: t
+fleet: [{name: a}, {name: b}, {name: c}, {name: d}]
+workloads:
+  - {kind: pgbench, scale: 1, transactions: 1, clients: [1, 2, 3, 4], replicas: 64}
+  - {kind: pgbench, scale: 1, transactions: 1, clients: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], replicas: 64}
+";
+        let e = err(sc);
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (5, "workloads[1].replicas"),
+            "{e}"
+        );
+        assert!(e.message.contains("more than 5000 cells"), "{e}");
+        let s = parse(Path::new("t.yaml"), &sc.replace("replicas: 64}\n  - {kind: pgbench, scale: 1, transactions: 1, clients: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], replicas: 64}", "replicas: 64}")).unwrap();
+        assert_eq!(validate::cells_per_entry(&s), vec![4 * 4 * 64]);
+        assert_eq!(plan(&s).len(), 1024);
+        let e = validate::refuse_cells_over(&s, 500).unwrap_err();
+        assert_eq!(e.field, "workloads[0].replicas");
     }
 
     /// A bloat larger than any table is refused with the scale it needs,
@@ -1412,7 +1467,7 @@ workloads:
         let sc = "name: t
 fleet:
   - name: local
-    postgres: { settings: { archive_command: 'true' } }
+    postgres: { settings: { archive_command: 'cp %p /archive/%f' } }
 workloads:
   - kind: pgbench
     scale: 1

@@ -33,15 +33,21 @@ fn is_name(s: &str) -> bool {
         && s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
 }
 
+/// A scenario's name: a class's rules with upper case too (`TPC-B`): it
+/// names no file or Kubernetes object, only runs, series and reports.
+fn is_scenario_name(s: &str) -> bool {
+    is_name(&s.to_ascii_lowercase())
+}
+
 /// Checks the fleet and every workload entry; returns each entry's cells
 /// (id stem, parameters), defaults applied.
 pub fn validate(s: &Scenario) -> Result<Vec<Vec<Unit>>, Invalid> {
-    if !is_name(&s.name.value) {
+    if !is_scenario_name(&s.name.value) {
         return err(
             s.name.referenced,
             "name",
             format!(
-                "`{}` is not a valid name: use 1-40 of a-z, 0-9, `-`, `_`, starting with a letter or digit",
+                "`{}` is not a valid name: use 1-40 of A-Z, a-z, 0-9, `-`, `_`, starting with a letter or digit",
                 s.name.value
             ),
         );
@@ -92,6 +98,7 @@ pub fn validate(s: &Scenario) -> Result<Vec<Vec<Unit>>, Invalid> {
             "no workloads: list at least one",
         );
     }
+    count_cells(s)?;
     let entries = s
         .workloads
         .value
@@ -101,6 +108,58 @@ pub fn validate(s: &Scenario) -> Result<Vec<Vec<Unit>>, Invalid> {
         .collect::<Result<Vec<_>, _>>()?;
     validate_settings(s, &entries)?;
     Ok(entries)
+}
+
+/// The most cells one scenario may plan (entries × classes × sweep points
+/// × replicas). Counted before any cell is built, so a short text cannot
+/// make the planner spend minutes and hundreds of megabytes (ten
+/// kilobytes of YAML once planned 163,840 cells). `serve --max-cells`
+/// lowers it for submissions; the at-scale suites plan a few hundred.
+pub const MAX_CELLS: u64 = 5_000;
+
+/// How many cells each entry plans, from counts alone (nothing built).
+pub fn cells_per_entry(s: &Scenario) -> Vec<u64> {
+    s.workloads
+        .value
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let classes = match &w.on {
+                Some(on) => on.len().max(1),
+                None => s.fleet.value.len().max(1),
+            } as u64;
+            let points = s.sweeps.get(i).map_or(1, |p| p.points()).max(1) as u64;
+            classes * points * u64::from(w.replicas().max(1))
+        })
+        .collect()
+}
+
+/// Refuses a scenario planning more than `max` cells, at the entry where
+/// the count passes it.
+pub fn refuse_cells_over(s: &Scenario, max: u64) -> Result<(), Invalid> {
+    let mut total = 0u64;
+    for (i, n) in cells_per_entry(s).into_iter().enumerate() {
+        total = total.saturating_add(n);
+        if total > max {
+            let w = &s.workloads.value[i];
+            let (at, field) = match &w.replicas {
+                Some(r) => (r.referenced, format!("workloads[{i}].replicas")),
+                None => (w.kind.referenced, format!("workloads[{i}]")),
+            };
+            return err(
+                at,
+                field,
+                format!(
+                    "the scenario plans more than {max} cells here ({n} for this entry: classes × sweep points × replicas; {total} so far): split it into several runs, or sweep fewer values"
+                ),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn count_cells(s: &Scenario) -> Result<(), Invalid> {
+    refuse_cells_over(s, MAX_CELLS)
 }
 
 /// One fleet entry's count, storage, instance, Kubernetes and price keys

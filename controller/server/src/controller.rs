@@ -79,6 +79,9 @@ pub struct ControllerConfig {
     pub max_scenario_bytes: usize,
     /// Runs that may wait in the queue (then 429).
     pub max_queued_runs: usize,
+    /// The most cells a submitted scenario may plan (at most
+    /// `validate::MAX_CELLS`).
+    pub max_cells: u64,
     /// Accept submitted scenarios with `allow_shell`.
     pub allow_shell_scenarios: bool,
     /// How long a finished run's series stay on `/metrics`.
@@ -147,6 +150,7 @@ impl Controller {
             reports: cfg.reports.clone(),
             max_scenario_bytes: cfg.max_scenario_bytes,
             max_queued_runs: cfg.max_queued_runs.max(1),
+            max_cells: cfg.max_cells.clamp(1, scenario::validate::MAX_CELLS),
             allow_shell_scenarios: cfg.allow_shell_scenarios,
             metrics_retention: cfg.metrics_retention,
             source,

@@ -256,6 +256,7 @@ fn not_found(id: &str) -> Response {
         (status = 400, description = "Not UTF-8, a bad header or a malformed label", body = ApiError),
         (status = 401, description = "Missing or wrong token", body = ApiError),
         (status = 403, description = "Valid, but refused by this server (allow_shell without --allow-shell-scenarios; a read-only token), located", body = ApiError),
+        (status = 409, description = "The Idempotency-Key was used by this token for another scenario", body = ApiError),
         (status = 413, description = "Scenario too large", body = ApiError),
         (status = 422, description = "Invalid scenario, located", body = ApiError),
         (status = 429, description = "Too many runs queued; retry after Retry-After seconds", body = ApiError),
@@ -266,6 +267,7 @@ async fn submit(
     State(s): State<Shared>,
     Query(q): Query<SubmitQuery>,
     Query(pairs): QueryPairs,
+    client: Option<axum::Extension<Client>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -275,7 +277,9 @@ async fn submit(
     };
     let key = match headers.get("idempotency-key").map(|v| v.to_str()) {
         None => None,
-        Some(Ok(k)) if !k.is_empty() && k.len() <= 200 => Some(k.to_string()),
+        Some(Ok(k)) if !k.is_empty() && k.len() <= 200 => {
+            Some(scoped_key(client.as_ref().map(|c| &c.0), k))
+        }
         Some(_) => {
             return error(
                 StatusCode::BAD_REQUEST,
@@ -313,6 +317,7 @@ async fn submit(
         }
         Err(Rejected::Invalid(e)) => located(StatusCode::UNPROCESSABLE_ENTITY, &e),
         Err(Rejected::Forbidden(e)) => located(StatusCode::FORBIDDEN, &e),
+        Err(Rejected::Conflict(m)) => error(StatusCode::CONFLICT, m),
         Err(Rejected::Busy(n)) => {
             let mut r = error(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -355,6 +360,7 @@ async fn plan(State(s): State<Shared>, Query(q): Query<SubmitQuery>, body: Body)
         Err(Rejected::Invalid(e)) => return located(StatusCode::UNPROCESSABLE_ENTITY, &e),
         Err(Rejected::Forbidden(e)) => return located(StatusCode::FORBIDDEN, &e),
         Err(Rejected::Store(e)) => return store_error(e),
+        Err(Rejected::Conflict(m)) => return error(StatusCode::CONFLICT, m),
         Err(Rejected::Busy(n)) => {
             return error(StatusCode::SERVICE_UNAVAILABLE, format!("{n} runs queued"));
         }
@@ -1068,7 +1074,29 @@ impl Modify for BearerAuth {
 )]
 pub struct ApiDoc;
 
-async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
+/// Who sent a request: a digest of its bearer token (never the token),
+/// so what one client names (idempotency keys) is its own.
+#[derive(Clone, Debug)]
+pub struct Client(String);
+
+impl Client {
+    fn of(token: &str) -> Client {
+        use sha2::Digest;
+        let d = sha2::Sha256::digest(format!("pgfleet-client\0{token}").as_bytes());
+        Client(d[..12].iter().map(|b| format!("{b:02x}")).collect())
+    }
+}
+
+/// An idempotency key as stored: the client's digest, then its key. Two
+/// tokens using one key name two runs.
+fn scoped_key(client: Option<&Client>, key: &str) -> String {
+    match client {
+        Some(c) => format!("{}:{key}", c.0),
+        None => format!("-:{key}"),
+    }
+}
+
+async fn auth(State(s): State<Shared>, mut req: Request, next: Next) -> Response {
     let given = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -1077,7 +1105,11 @@ async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
         .unwrap_or("");
     // No tokens, no access (the API is mounted only with them).
     match s.api_tokens.as_ref().and_then(|t| t.check(given)) {
-        Some(crate::tokens::Access::Full) => return next.run(req).await,
+        Some(crate::tokens::Access::Full) => {
+            let client = Client::of(given);
+            req.extensions_mut().insert(client);
+            return next.run(req).await;
+        }
         // Planning changes nothing: read-only tokens may.
         Some(crate::tokens::Access::ReadOnly)
             if matches!(

@@ -160,6 +160,25 @@ impl Hub {
                         if run.is_none() {
                             tracing::info!(agent = %id, class = %info.instance_class, "agent joined the pool");
                         }
+                        // A live session under this id: a second agent took
+                        // it (a reconnecting agent's old session is gone or
+                        // half-open, and the message then reaches no one).
+                        // The first is told to stop, as refused, instead of
+                        // the two replacing each other in turn for ever.
+                        if let Some(old) = st.agents.get(&id)
+                            && let Some(old_tx) = &old.tx
+                            && !old_tx.is_closed()
+                        {
+                            tracing::warn!(agent = %id, host = %info.hostname, earlier_host = %old.info.hostname,
+                                "a second agent joined under an id whose session is live: the earlier one is told to stop");
+                            old_tx.send(cmsg(CMsg::Shutdown(Shutdown {
+                                reason: format!(
+                                    "another agent joined as `{id}` (host {}): agent ids must be unique; start this one with another --agent-id",
+                                    info.hostname
+                                ),
+                                refused: true,
+                            })));
+                        }
                         st.agents.insert(
                             id,
                             Joined {

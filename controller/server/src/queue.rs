@@ -130,6 +130,9 @@ pub struct RunQueue {
     /// Runs that may wait in the queue; a submission past it is refused
     /// (429) until one starts or ends.
     pub max_queued_runs: usize,
+    /// The most cells a scenario may plan here (`serve --max-cells`),
+    /// counted before any is built.
+    pub max_cells: u64,
     pub(crate) metrics_retention: Duration,
     pub(crate) source: Source,
     pub(crate) live: Mutex<HashMap<String, Live>>,
@@ -172,6 +175,8 @@ pub enum Rejected {
     Forbidden(scenario::ScenarioError),
     /// The queue is full: this many runs wait.
     Busy(usize),
+    /// An idempotency key this token used for another scenario (409).
+    Conflict(String),
     Store(Error),
 }
 
@@ -180,6 +185,7 @@ impl From<Rejected> for Error {
         match r {
             Rejected::Invalid(e) | Rejected::Forbidden(e) => e.into(),
             Rejected::Busy(n) => Error::Usage(format!("{n} runs wait in the queue: retry later")),
+            Rejected::Conflict(m) => Error::Usage(m),
             Rejected::Store(e) => e,
         }
     }
@@ -191,7 +197,10 @@ impl RunQueue {
     }
 
     /// Validates and stores a run, queued. With an idempotency key already
-    /// used, returns that run instead (second value: whether it is new).
+    /// used for the same scenario, returns that run instead (second value:
+    /// whether it is new); used for another scenario, refuses. The caller
+    /// scopes keys to its client (`http::scoped_key`: one token's keys
+    /// never name another's runs).
     pub fn submit(
         &self,
         name: &str,
@@ -206,6 +215,16 @@ impl RunQueue {
                 .run_by_idempotency_key(k)
                 .map_err(Rejected::Store)?
         {
+            let earlier = self
+                .service
+                .store
+                .scenario_yaml(&id)
+                .map_err(Rejected::Store)?;
+            if earlier.as_deref() != Some(yaml) {
+                return Err(Rejected::Conflict(
+                    "this Idempotency-Key was used for another scenario: send a new key for a new submission (a retry must repeat the same body)".into(),
+                ));
+            }
             return Ok((id, false));
         }
         let sc = self.checked(name, yaml)?;
@@ -231,6 +250,9 @@ impl RunQueue {
     /// run's turn comes.
     fn checked(&self, name: &str, yaml: &str) -> Result<scenario::Scenario, Rejected> {
         let sc = scenario::parse(Path::new(name), yaml).map_err(Rejected::Invalid)?;
+        scenario::validate::refuse_cells_over(&sc, self.max_cells).map_err(|e| {
+            Rejected::Invalid(scenario::ScenarioError::located(Path::new(name), yaml, e))
+        })?;
         if !self.allow_shell_scenarios
             && let Some(e) = sc.shell_refusal(Path::new(name))
         {

@@ -615,6 +615,16 @@ fn submit(served: &RunQueue, obj: &PgfleetRun, uid: &str) -> Result<Standing, Re
         Err(Rejected::Busy(n)) => Ok(Standing::Waiting(format!(
             "{n} runs wait in serve's queue (--max-queued-runs): submitted again when one starts"
         ))),
+        // The resource's spec changed after its run was made: the run
+        // stands for it (a run's scenario is fixed once it is queued).
+        Err(Rejected::Conflict(_)) => {
+            match served.service.store.run_by_idempotency_key(&run_key(uid))? {
+                Some(id) => Ok(Standing::Run(view(served, &id)?)),
+                None => Err(ReconcileError::Pgfleet(format!(
+                    "the run of PgfleetRun {name} is not in the store"
+                ))),
+            }
+        }
         Err(Rejected::Store(e)) => Err(e.into()),
     }
 }

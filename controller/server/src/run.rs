@@ -95,6 +95,7 @@ pub async fn run_scenario(opts: RunOptions, cancel: CancellationToken) -> Result
         reports: opts.out.clone(),
         max_scenario_bytes: usize::MAX,
         max_queued_runs: 1,
+        max_cells: scenario::validate::MAX_CELLS,
         allow_shell_scenarios: true,
         metrics_retention: 2 * METRICS_LINGER,
     })

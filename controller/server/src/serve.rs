@@ -37,6 +37,8 @@ pub struct ServeOptions {
     pub http_tls: Option<(PathBuf, PathBuf)>,
     /// Runs that may wait in the queue (then 429).
     pub max_queued_runs: usize,
+    /// The most cells a submitted scenario may plan.
+    pub max_cells: u64,
     /// Accept scenarios with `allow_shell`.
     pub allow_shell_scenarios: bool,
     /// How long a finished run's series stay on `/metrics`.
@@ -67,6 +69,7 @@ pub async fn serve(opts: ServeOptions, shutdown: CancellationToken) -> Result<()
         reports: opts.reports,
         max_scenario_bytes: opts.max_scenario_bytes,
         max_queued_runs: opts.max_queued_runs,
+        max_cells: opts.max_cells,
         allow_shell_scenarios: opts.allow_shell_scenarios,
         metrics_retention: opts.metrics_retention,
     })

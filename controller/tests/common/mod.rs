@@ -76,7 +76,52 @@ impl Scratch {
                 "port {p} still listening"
             );
         }
+        let host = host_leftovers(&self.dir);
+        assert!(host.is_empty(), "left on the host: {host:?}");
     }
+}
+
+/// What pgfleet may have made on the host for a test under `dir` and left:
+/// mounts under it, loop devices backed by its files, and block-I/O
+/// throttle rules on loop devices no longer attached (a rule outliving its
+/// volume caps whoever attaches that device next; rules go before their
+/// devices, so no other test's cell in flight shows here).
+pub fn host_leftovers(dir: &Path) -> Vec<String> {
+    let mut left = Vec::new();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for m in mounts.lines().filter_map(|l| l.split(' ').nth(4)) {
+        if Path::new(m).starts_with(dir) {
+            left.push(format!("mount {m}"));
+        }
+    }
+    for e in std::fs::read_dir("/sys/block")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().to_string();
+        if let Ok(b) = std::fs::read_to_string(e.path().join("loop/backing_file"))
+            && Path::new(b.trim()).starts_with(dir)
+        {
+            left.push(format!("loop device /dev/{name} on {}", b.trim()));
+        }
+    }
+    for f in [
+        "blkio.throttle.read_iops_device",
+        "blkio.throttle.write_iops_device",
+        "blkio.throttle.read_bps_device",
+        "blkio.throttle.write_bps_device",
+    ] {
+        let rules =
+            std::fs::read_to_string(Path::new("/sys/fs/cgroup/blkio").join(f)).unwrap_or_default();
+        for dev in rules.lines().filter_map(|l| l.split_whitespace().next()) {
+            let attached = Path::new(&format!("/sys/dev/block/{dev}/loop/backing_file")).exists();
+            if dev.starts_with("7:") && !attached {
+                left.push(format!("{f} rule on detached loop device {dev}"));
+            }
+        }
+    }
+    left
 }
 
 /// What is left under `dir` besides dataset stores (a `datasets`

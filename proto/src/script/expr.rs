@@ -428,6 +428,18 @@ fn binop(t: &Tok) -> Option<(u8, BinOp)> {
     })
 }
 
+/// How tall an expression's tree may be (a chain `a + b + …` is as tall
+/// as it is long). The evaluator recurses over the tree, so without a
+/// bound a long chain would overflow a thread's stack and abort the
+/// process (`validate`, `serve`'s handlers, the agent). pgbench's bison
+/// parser stops at its own stack limit.
+pub const MAX_EXPR_DEPTH: usize = 256;
+
+/// How deeply the parser may nest (parentheses, unary operators, CASE,
+/// function arguments): each level is several of its frames. Real scripts
+/// stay under a dozen.
+pub const MAX_EXPR_NESTING: usize = 100;
+
 /// Parses an expression; a syntax error says where.
 pub fn parse_expr(s: &str) -> Result<Expr, ExprError> {
     let toks = tokenize(s)?;
@@ -435,8 +447,9 @@ pub fn parse_expr(s: &str) -> Result<Expr, ExprError> {
         toks,
         pos: 0,
         len: s.len(),
+        nesting: 0,
     };
-    let e = p.expr(0)?;
+    let (e, _) = p.expr(0)?;
     if p.pos != p.toks.len() {
         return Err(p.error("syntax error"));
     }
@@ -447,7 +460,12 @@ struct Parser {
     toks: Vec<(Tok, usize)>,
     pos: usize,
     len: usize,
+    /// How many `expr` calls are open (bounded by `MAX_EXPR_DEPTH`).
+    nesting: usize,
 }
+
+/// A parsed expression and its tree's height.
+type Node = (Expr, usize);
 
 impl Parser {
     fn peek(&self) -> Option<&Tok> {
@@ -483,6 +501,24 @@ impl Parser {
         }
     }
 
+    /// A node of height `h`, refused past `MAX_EXPR_DEPTH`.
+    fn node(&self, e: Expr, h: usize) -> Result<Node, ExprError> {
+        if h > MAX_EXPR_DEPTH {
+            return Err(self.too_deep());
+        }
+        Ok((e, h))
+    }
+
+    fn too_deep(&self) -> ExprError {
+        ExprError {
+            message: "expression is too deeply nested".into(),
+            at: self.toks.get(self.pos).map_or(self.len, |t| t.1),
+            hint: Some(format!(
+                "at most {MAX_EXPR_NESTING} levels of parentheses, unary operators and calls, and {MAX_EXPR_DEPTH} operators in a chain; split it over several \\set commands"
+            )),
+        }
+    }
+
     fn expect_word(&mut self, w: &str) -> Result<(), ExprError> {
         if self.is_word(w) {
             self.pos += 1;
@@ -492,7 +528,17 @@ impl Parser {
         }
     }
 
-    fn expr(&mut self, min: u8) -> Result<Expr, ExprError> {
+    fn expr(&mut self, min: u8) -> Result<Node, ExprError> {
+        if self.nesting >= MAX_EXPR_NESTING {
+            return Err(self.too_deep());
+        }
+        self.nesting += 1;
+        let e = self.expr_inner(min);
+        self.nesting -= 1;
+        e
+    }
+
+    fn expr_inner(&mut self, min: u8) -> Result<Node, ExprError> {
         let mut lhs = self.prefix()?;
         // Non-associative levels take one operator each.
         let mut seen_is = false;
@@ -521,13 +567,14 @@ impl Parser {
                 seen_cmp = true;
             }
             self.pos += 1;
-            let rhs = self.expr(prec + 1)?;
-            lhs = Expr::Binary(op, Box::new(lhs), Box::new(rhs));
+            let (rhs, rh) = self.expr(prec + 1)?;
+            let h = 1 + lhs.1.max(rh);
+            lhs = self.node(Expr::Binary(op, Box::new(lhs.0), Box::new(rhs)), h)?;
         }
         Ok(lhs)
     }
 
-    fn postfix_is(&mut self, lhs: Expr) -> Result<Expr, ExprError> {
+    fn postfix_is(&mut self, (lhs, h): Node) -> Result<Node, ExprError> {
         let word = match self.peek() {
             Some(Tok::Word(w)) => w.clone(),
             _ => return Err(self.error("syntax error")),
@@ -535,8 +582,8 @@ impl Parser {
         self.pos += 1;
         let is = |v| Expr::Is(Box::new(lhs.clone()), v);
         match word.as_str() {
-            "isnull" => Ok(is(Value::Null)),
-            "notnull" => Ok(Expr::Not(Box::new(is(Value::Null)))),
+            "isnull" => self.node(is(Value::Null), h + 1),
+            "notnull" => self.node(Expr::Not(Box::new(is(Value::Null))), h + 2),
             _ => {
                 let negated = self.is_word("not");
                 if negated {
@@ -549,30 +596,33 @@ impl Parser {
                     _ => return Err(self.error("syntax error: expected NULL, TRUE or FALSE")),
                 };
                 self.pos += 1;
-                Ok(if negated {
-                    Expr::Not(Box::new(is(v)))
+                if negated {
+                    self.node(Expr::Not(Box::new(is(v))), h + 2)
                 } else {
-                    is(v)
-                })
+                    self.node(is(v), h + 1)
+                }
             }
         }
     }
 
-    fn prefix(&mut self) -> Result<Expr, ExprError> {
+    fn prefix(&mut self) -> Result<Node, ExprError> {
         match self.peek().cloned() {
             Some(Tok::Op("-")) => {
                 self.pos += 1;
                 if self.peek() == Some(&Tok::MaxIntPlusOne) {
                     self.pos += 1;
-                    return Ok(Expr::Const(Value::Int(i64::MIN)));
+                    return Ok((Expr::Const(Value::Int(i64::MIN)), 1));
                 }
                 // pgbench: "-x" is "0 - x".
-                let x = self.expr(UNARY)?;
-                Ok(Expr::Binary(
-                    BinOp::Sub,
-                    Box::new(Expr::Const(Value::Int(0))),
-                    Box::new(x),
-                ))
+                let (x, h) = self.expr(UNARY)?;
+                self.node(
+                    Expr::Binary(
+                        BinOp::Sub,
+                        Box::new(Expr::Const(Value::Int(0))),
+                        Box::new(x),
+                    ),
+                    h + 1,
+                )
             }
             Some(Tok::Op("+")) => {
                 self.pos += 1;
@@ -581,58 +631,67 @@ impl Parser {
             Some(Tok::Op("~")) => {
                 // "~x" is "0xffff... # x", at the bit operators' level.
                 self.pos += 1;
-                let x = self.expr(BIT + 1)?;
-                Ok(Expr::Binary(
-                    BinOp::BitXor,
-                    Box::new(Expr::Const(Value::Int(-1))),
-                    Box::new(x),
-                ))
+                let (x, h) = self.expr(BIT + 1)?;
+                self.node(
+                    Expr::Binary(
+                        BinOp::BitXor,
+                        Box::new(Expr::Const(Value::Int(-1))),
+                        Box::new(x),
+                    ),
+                    h + 1,
+                )
             }
             Some(Tok::Word(w)) if w == "not" => {
                 self.pos += 1;
-                Ok(Expr::Not(Box::new(self.expr(NOT + 1)?)))
+                let (x, h) = self.expr(NOT + 1)?;
+                self.node(Expr::Not(Box::new(x)), h + 1)
             }
             Some(Tok::Word(w)) if w == "case" => {
                 self.pos += 1;
                 let mut whens = Vec::new();
+                let mut h = 1;
                 while self.is_word("when") {
                     self.pos += 1;
-                    let cond = self.expr(0)?;
+                    let (cond, ch) = self.expr(0)?;
                     self.expect_word("then")?;
-                    whens.push((cond, self.expr(0)?));
+                    let (then, th) = self.expr(0)?;
+                    h = h.max(ch).max(th);
+                    whens.push((cond, then));
                 }
                 if whens.is_empty() {
                     return Err(self.error("syntax error: expected WHEN"));
                 }
                 let otherwise = if self.is_word("else") {
                     self.pos += 1;
-                    self.expr(0)?
+                    let (e, eh) = self.expr(0)?;
+                    h = h.max(eh);
+                    e
                 } else {
                     Expr::Const(Value::Null)
                 };
                 self.expect_word("end")?;
-                Ok(Expr::Case(whens, Box::new(otherwise)))
+                self.node(Expr::Case(whens, Box::new(otherwise)), h + 1)
             }
             _ => self.primary(),
         }
     }
 
-    fn primary(&mut self) -> Result<Expr, ExprError> {
+    fn primary(&mut self) -> Result<Node, ExprError> {
         let Some(t) = self.peek().cloned() else {
             return Err(self.error("syntax error"));
         };
         match t {
             Tok::Int(i) => {
                 self.pos += 1;
-                Ok(Expr::Const(Value::Int(i)))
+                Ok((Expr::Const(Value::Int(i)), 1))
             }
             Tok::Double(d) => {
                 self.pos += 1;
-                Ok(Expr::Const(Value::Double(d)))
+                Ok((Expr::Const(Value::Double(d)), 1))
             }
             Tok::Var(v) => {
                 self.pos += 1;
-                Ok(Expr::Var(v))
+                Ok((Expr::Var(v), 1))
             }
             Tok::LParen => {
                 self.pos += 1;
@@ -647,11 +706,11 @@ impl Parser {
                 match name.as_str() {
                     "null" => {
                         self.pos += 1;
-                        return Ok(Expr::Const(Value::Null));
+                        return Ok((Expr::Const(Value::Null), 1));
                     }
                     "true" | "false" => {
                         self.pos += 1;
-                        return Ok(Expr::Const(Value::Bool(name == "true")));
+                        return Ok((Expr::Const(Value::Bool(name == "true")), 1));
                     }
                     "and" | "or" | "not" | "is" | "isnull" | "notnull" | "case" | "when"
                     | "then" | "else" | "end" => return Err(self.error("syntax error")),
@@ -674,11 +733,14 @@ impl Parser {
                 }
                 self.pos += 1;
                 let mut args = Vec::new();
+                let mut h = 1;
                 if self.peek() == Some(&Tok::RParen) {
                     self.pos += 1;
                 } else {
                     loop {
-                        args.push(self.expr(0)?);
+                        let (a, ah) = self.expr(0)?;
+                        h = h.max(ah);
+                        args.push(a);
                         match self.peek() {
                             Some(Tok::Comma) => self.pos += 1,
                             Some(Tok::RParen) => {
@@ -711,7 +773,7 @@ impl Parser {
                 {
                     args.push(Expr::Var("default_seed".into()));
                 }
-                Ok(Expr::Call(f, args))
+                self.node(Expr::Call(f, args), h + 1)
             }
             _ => Err(self.error("syntax error")),
         }

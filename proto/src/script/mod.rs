@@ -11,7 +11,10 @@ use std::fmt;
 pub mod expr;
 pub mod rng;
 
-pub use expr::{BinOp, Env, Expr, Func, Value, Var, Vars, eval, format_g15, parse_expr};
+pub use expr::{
+    BinOp, Env, Expr, Func, MAX_EXPR_DEPTH, MAX_EXPR_NESTING, Value, Var, Vars, eval, format_g15,
+    parse_expr,
+};
 
 /// pgbench's built-in scripts, plus the seeds' random UPDATE.
 pub const BUILTIN_SCRIPTS: &[(&str, &str, &str)] = &[
@@ -313,18 +316,17 @@ impl Script {
         }
     }
 
-    /// Enters the chain's part at `at` after a false condition.
-    fn enter(&self, at: usize, env: &mut Env<'_>) -> Result<usize, String> {
-        match &self.commands[at].1 {
-            Command::Elif { cond, next, .. } => {
-                if eval(cond, env)?.truth() {
-                    Ok(at + 1)
-                } else {
-                    self.enter(*next, env)
-                }
+    /// Enters the chain's part at `at` after a false condition, walking
+    /// on past each false `\elif` (a loop: a chain may be as long as the
+    /// script, and recursion per `\elif` once overflowed the stack).
+    fn enter(&self, mut at: usize, env: &mut Env<'_>) -> Result<usize, String> {
+        while let Command::Elif { cond, next, .. } = &self.commands[at].1 {
+            if eval(cond, env)?.truth() {
+                break;
             }
-            _ => Ok(at + 1),
+            at = *next;
         }
+        Ok(at + 1)
     }
 }
 
@@ -900,6 +902,72 @@ mod tests {
             debug: None,
         };
         eval(&parse_expr(s).map_err(|e| e.to_string())?, &mut env)
+    }
+
+    /// Hostile depths are refused with a located error, on a thread with
+    /// a tokio worker's stack (2 MiB), in this unoptimized build: no
+    /// overflow, no abort.
+    #[test]
+    fn deep_expressions_and_long_chains_are_refused_not_overflowed() {
+        let run = || {
+            let parens = format!("{}1{}", "(".repeat(3000), ")".repeat(3000));
+            let chain = vec!["1"; 50_000].join(" + ");
+            let unary = format!("{}1", "- ".repeat(5000));
+            let calls = format!("{}1{}", "abs(".repeat(2000), ")".repeat(2000));
+            let nots = format!("{}true", "not ".repeat(5000));
+            for text in [&parens, &chain, &unary, &calls, &nots] {
+                let e = parse_expr(text).unwrap_err();
+                assert_eq!(e.message, "expression is too deeply nested", "{e}");
+                assert!(e.hint.as_deref().unwrap().contains("at most 100"), "{e}");
+            }
+            // At the bound it parses and evaluates.
+            let ok = format!("{}1{}", "(".repeat(90), ")".repeat(90));
+            assert_eq!(ev(&ok).unwrap(), Value::Int(1));
+            let ok = vec!["1"; MAX_EXPR_DEPTH].join(" + ");
+            assert_eq!(ev(&ok).unwrap(), Value::Int(MAX_EXPR_DEPTH as i64));
+            // Through a script: located at its line.
+            let script = format!("\\set x {chain}\nSELECT 1;\n");
+            let e = Script::parse("deep", &script).unwrap_err();
+            assert_eq!(e.line, 1);
+            assert!(e.message.contains("too deeply nested"), "{e}");
+        };
+        std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(run)
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    /// 30,000 `\elif`s walk without recursion.
+    #[test]
+    fn a_long_elif_chain_runs_in_a_loop() {
+        let mut text = String::from("\\if false\nSELECT 0;\n");
+        for i in 1..30_000 {
+            text.push_str(&format!("\\elif :scale = {}\nSELECT {i};\n", i + 1_000_000));
+        }
+        text.push_str("\\else\nSELECT 42;\n\\endif\n");
+        let run = move || {
+            let script = Script::parse("elifs", &text).unwrap();
+            let vars: Vars = [("scale".to_string(), Value::Int(10).into())]
+                .into_iter()
+                .collect();
+            let mut rng = rng::Rng::seeded(7);
+            let mut env = Env {
+                vars: &vars,
+                rng: &mut rng,
+                debug: None,
+            };
+            let pc = script.branch(0, &mut env).unwrap();
+            let last = script.commands.len() - 2;
+            assert_eq!(pc, last, "the \\else branch's SELECT 42");
+        };
+        std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(run)
+            .unwrap()
+            .join()
+            .unwrap();
     }
 
     #[test]

@@ -561,9 +561,14 @@ pub fn pgbench_query_mode(script: &str) -> &'static str {
     }
 }
 
+/// How long the installed pgbench may take to parse a script: it exits
+/// before connecting, in milliseconds; a bound so a pathological text (or
+/// a hung binary) never holds a validation.
+const PGBENCH_PARSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub fn pgbench_verdict(script: &str) -> Option<Result<(), String>> {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
+    use std::io::{Read, Write};
+    use std::process::Stdio;
     let mut candidates: Vec<std::path::PathBuf> = Vec::new();
     if let Some(d) = std::env::var_os("PGFLEET_PG_BIN") {
         candidates.push(std::path::Path::new(&d).join("pgbench"));
@@ -584,13 +589,10 @@ pub fn pgbench_verdict(script: &str) -> Option<Result<(), String>> {
     });
     candidates.extend(debian.into_iter().rev());
     let bin = candidates.into_iter().find(|p| p.is_file())?;
-    let file = std::env::temp_dir().join(format!(
-        "pgfleet-check-{}-{}.sql",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::write(&file, script).ok()?;
-    let out = std::process::Command::new(&bin)
+    // The script goes through pgbench's standard input (`-f -`): no file
+    // is written anywhere, so no path in a shared directory can be planted
+    // (a predictable temp file once let a symlink redirect the write).
+    let mut child = std::process::Command::new(&bin)
         .args([
             "-n",
             "-M",
@@ -602,23 +604,61 @@ pub fn pgbench_verdict(script: &str) -> Option<Result<(), String>> {
             "-h",
             "/nonexistent/pgfleet-script-check",
             "-f",
+            "-",
         ])
-        .arg(&file)
         .env_remove("PGHOST")
         .env_remove("PGSERVICE")
-        .output();
-    let _ = std::fs::remove_file(&file);
-    let out = out.ok()?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .ok()?;
+    let mut stdin = child.stdin.take()?;
+    let text = script.to_owned();
+    // Written from a thread: pgbench reads the whole script before it
+    // writes anything, but a pipe's buffer is smaller than a script.
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(text.as_bytes());
+    });
+    let mut stderr = child.stderr.take()?;
+    let reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let _ = (&mut stderr).take(1 << 20).read_to_end(&mut out);
+        out
+    });
+    let deadline = std::time::Instant::now() + PGBENCH_PARSE_TIMEOUT;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(5))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let _ = writer.join();
+                let _ = reader.join();
+                return Some(Err(format!(
+                    "the installed pgbench did not finish parsing the script within {} s",
+                    PGBENCH_PARSE_TIMEOUT.as_secs()
+                )));
+            }
+        }
+    }
+    let _ = writer.join();
+    let stderr = reader.join().ok()?;
+    let stderr = String::from_utf8_lossy(&stderr);
     if stderr.contains("connection to server") || stderr.contains("could not connect") {
         return Some(Ok(()));
     }
-    let path = file.display().to_string();
     let why: Vec<String> = stderr
         .lines()
         .map(|l| {
-            l.trim_start_matches("pgbench: error: ")
-                .replace(&path, "script_text")
+            let l = l.trim_start_matches("pgbench: error: ");
+            match l.strip_prefix("-:") {
+                Some(rest) => format!("script_text:{rest}"),
+                None => l.to_string(),
+            }
         })
         .filter(|l| !l.trim().is_empty())
         .collect();

@@ -102,6 +102,17 @@ impl LocalAgents {
         log_dir: &Path,
         events: mpsc::Sender<Event>,
     ) -> Result<LocalAgents> {
+        let mut opts = opts;
+        // Relative directories are the operator's cwd's: made absolute here,
+        // as the agents and PostgreSQL run elsewhere.
+        for d in [&mut opts.data_dir, &mut opts.dataset_dir] {
+            *d = std::path::absolute(&*d)
+                .map_err(|e| Error::Agents(format!("{}: {e}", d.display())))?;
+        }
+        if opts.data_dir == std::env::temp_dir().join("pgfleet") {
+            pgfleet_proto::dataset::check_private(&opts.data_dir)
+                .map_err(|e| Error::Agents(format!("{e}; give --data-dir DIR")))?;
+        }
         let run_dir = opts.data_dir.join(run_id);
         create_traversable(&run_dir)?;
         std::fs::create_dir_all(log_dir)
@@ -428,15 +439,15 @@ impl AgentSource for LocalAgents {
     }
 }
 
-/// Creates `dir` (and its parent, the data dir) readable and traversable by
-/// others, so an unprivileged PostgreSQL user can reach the agents' data
-/// roots below. Directories above are left alone: the agent reports clearly
-/// if one of them is closed.
+/// Creates `dir` (and its parent, the data dir, where missing) readable
+/// and traversable by others, so an unprivileged PostgreSQL user can reach
+/// the agents' data roots below. Directories that existed keep their
+/// modes (the operator's): the agent reports clearly if one is closed.
 fn create_traversable(dir: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(dir)
+    let made = pgfleet_proto::dataset::create_new_dirs(dir)
         .map_err(|e| Error::Agents(format!("creating {}: {e}", dir.display())))?;
-    for p in [Some(dir), dir.parent()].into_iter().flatten() {
+    for p in made {
         let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755));
     }
     Ok(())

@@ -587,7 +587,9 @@ impl Scheduler {
                 bar.set_length(total);
                 bar.set_position(done);
             }
-            bar.set_message(format!("{phase}: {message}"));
+            bar.set_message(
+                pgfleet_proto::escape::terminal_line(&format!("{phase}: {message}")).into_owned(),
+            );
         }
         self.publish(RunEvent::Progress {
             cell_id,

@@ -63,7 +63,10 @@ impl Ui {
         bar
     }
 
+    /// Prints a line above the bars; whatever it quotes (a server's error,
+    /// a submitted name) reaches the terminal escaped.
     pub fn line(&self, text: String) {
+        let text = pgfleet_proto::escape::terminal(&text).into_owned();
         match &self.multi {
             Some(m) => {
                 let _ = m.println(text);
