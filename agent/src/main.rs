@@ -158,8 +158,14 @@ struct RunArgs {
     cell_volumes: Vec<PathBuf>,
     /// Directory with initdb and postgres. Default: `pg_config --bindir`,
     /// then the newest /usr/lib/postgresql/*/bin.
-    #[arg(long, env = "PGFLEET_PG_BIN")]
+    #[arg(long, env = "PGFLEET_PG_BIN", conflicts_with = "pg_version")]
     pg_bin: Option<PathBuf>,
+    /// The PostgreSQL major version to run (15, 16, 17, 18, 19): the
+    /// host's /usr/lib/postgresql/N/bin, else an install made by
+    /// `deploy/postgres/install.sh N` (under PGFLEET_PG_INSTALLS, default
+    /// /opt/pgfleet/postgres). A class's `postgres: {version: N}` sets it.
+    #[arg(long, env = "PGFLEET_PG_VERSION")]
+    pg_version: Option<u32>,
     /// OS user to run PostgreSQL as when the agent runs as root.
     #[arg(long, env = "PGFLEET_PG_USER", default_value = "postgres")]
     pg_user: String,
@@ -378,7 +384,11 @@ fn agent_env(args: &RunArgs, data_root: &std::path::Path) -> anyhow::Result<Agen
         Arc::new(s)
     });
     Ok(AgentEnv {
-        pg: PgBin::find(args.pg_bin.as_deref()).map_err(|e| e.to_string()),
+        pg: match args.pg_version {
+            Some(v) => PgBin::find_version(v),
+            None => PgBin::find(args.pg_bin.as_deref()),
+        }
+        .map_err(|e| e.to_string()),
         run_as: RunAs::resolve(&args.pg_user).map_err(|e| e.to_string()),
         data_root: data_root.to_path_buf(),
         datasets,

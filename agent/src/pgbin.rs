@@ -1,5 +1,7 @@
-//! Finding the PostgreSQL server binaries: `--pg-bin` / `PGFLEET_PG_BIN`,
-//! then `pg_config --bindir`, then the newest `/usr/lib/postgresql/*/bin`.
+//! Finding the PostgreSQL server binaries: `--pg-bin` / `PGFLEET_PG_BIN`;
+//! `--pg-version N` (the host's packages, then an install of
+//! `deploy/postgres/install.sh`: `pgfleet_proto::installs`); else
+//! `pg_config --bindir`, then the newest `/usr/lib/postgresql/*/bin`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -59,8 +61,32 @@ impl PgBin {
         )))
     }
 
+    /// Version `major`, wherever `pgfleet_proto::installs` finds it.
+    pub fn find_version(major: u32) -> Result<PgBin> {
+        let dir = pgfleet_proto::installs::find(major)
+            .ok_or_else(|| Error::PgBin(pgfleet_proto::installs::missing(major)))?;
+        let pg = PgBin::find(Some(&dir))?;
+        if pg.major != major {
+            return Err(Error::PgBin(format!(
+                "{} holds PostgreSQL {}, not {major}",
+                dir.display(),
+                pg.version
+            )));
+        }
+        Ok(pg)
+    }
+
     pub fn tool(&self, name: &str) -> PathBuf {
         self.dir.join(name)
+    }
+
+    /// What a sandboxed program of this install must see: the install's
+    /// root (its programs load that root's libraries) for an install of
+    /// `deploy/postgres/install.sh`, else the version's directory
+    /// (`/usr/lib/postgresql/N`, beside the host's libraries).
+    pub fn visible_root(&self) -> PathBuf {
+        pgfleet_proto::installs::install_root(&self.dir)
+            .unwrap_or_else(|| self.dir.parent().unwrap_or(&self.dir).to_path_buf())
     }
 }
 

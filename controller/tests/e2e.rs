@@ -671,6 +671,73 @@ fn an_invalid_scenario_exits_2_naming_line_and_field_before_starting_anything() 
     assert!(!s.data().exists());
 }
 
+/// PostgreSQL's major version is a class's dimension: one run, a class on
+/// the host's 15 and one on Debian's 18.6 (`deploy/postgres/install.sh
+/// 18`, run from its own root's libraries), the same workload; each class
+/// reports its own server, with lz4 where 18 has it. A version not
+/// installed here is refused before anything starts, saying how to get it.
+#[test]
+fn classes_run_the_postgres_version_they_ask_for() {
+    let s = Scratch::new("versions");
+    let sc = s.write(
+        "versions.yaml",
+        "name: versions
+fleet:
+  - name: pg15
+    postgres: { version: 15 }
+  - name: pg18
+    postgres: { version: 18, settings: { default_toast_compression: lz4, io_method: io_uring } }
+workloads:
+  - kind: toast-slice
+    value_bytes: 1048576
+    duration_s: 0.2
+    repeats: 1
+",
+    );
+    let out = s.run_cmd(&sc, &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let r = s.report();
+    let env = &r["environment"]["instance_classes"];
+    let version = |c: &str| {
+        env[c]["postgres"]["version"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    assert!(version("pg15").starts_with("15."), "{env}");
+    assert!(version("pg18").starts_with("18."), "{env}");
+    assert_eq!(
+        env["pg18"]["postgres"]["settings"]["default_toast_compression"], "lz4",
+        "{env}"
+    );
+    s.assert_clean(&[]);
+    // 16 is a version pgfleet runs, but not installed on this host.
+    if pgfleet_proto::installs::find(16).is_none() {
+        let sc = s.write(
+            "missing.yaml",
+            "name: missing\nfleet:\n  - name: a\n    postgres: { version: 16 }\nworkloads:\n  - {kind: pgbench-init, scale: 1}\n",
+        );
+        let out = s.run_cmd(&sc, &[]).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("missing.yaml:4:")
+                && err.contains("fleet[0].postgres.version")
+                && err.contains("install.sh 16"),
+            "{err}"
+        );
+    }
+    // 14 is not one at all: refused by validation, anywhere.
+    let sc = s.write(
+        "old.yaml",
+        "name: old\nfleet:\n  - name: a\n    postgres: { version: 14 }\nworkloads:\n  - {kind: pgbench-init, scale: 1}\n",
+    );
+    let out = s.run_cmd(&sc, &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("allowed 15, 16, 17, 18, 19"), "{err}");
+}
+
 /// Local agents use this host's fio: a `kind: fio` entry without one is
 /// refused before anything starts, at the entry's `kind`, saying what to
 /// install.

@@ -39,6 +39,7 @@ pub mod v1 {
 pub mod dataset;
 pub mod environment;
 pub mod escape;
+pub mod installs;
 pub mod script;
 pub mod settings;
 pub mod telemetry;

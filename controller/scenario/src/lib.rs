@@ -778,6 +778,10 @@ pub use pgfleet_proto::environment::Caps;
 pub struct PostgresSpec {
     #[serde(default)]
     pub settings: BTreeMap<String, Spanned<SettingValue>>,
+    /// The major version the class runs (`installs::SUPPORTED`); absent:
+    /// what the agent finds (the host's newest).
+    #[serde(default)]
+    pub version: Option<Spanned<u32>>,
 }
 
 /// A PostgreSQL setting as YAML may write it: `128MB`, `100`, `on`, `0.9`.

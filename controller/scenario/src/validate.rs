@@ -166,6 +166,23 @@ fn count_cells(s: &Scenario) -> Result<(), Invalid> {
 /// (its name is checked with the others').
 fn validate_fleet_entry(s: &Scenario, i: usize, f: &FleetEntry) -> Result<(), Invalid> {
     let at = |k: &str| format!("fleet[{i}].{k}");
+    if let Some(v) = f.postgres.as_ref().and_then(|p| p.version.as_ref())
+        && !pgfleet_proto::installs::SUPPORTED.contains(&v.value)
+    {
+        return err(
+            v.referenced,
+            at("postgres.version"),
+            format!(
+                "PostgreSQL {} is not a version pgfleet runs: allowed {} (a major version; `deploy/postgres/install.sh N` installs one)",
+                v.value,
+                pgfleet_proto::installs::SUPPORTED
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        );
+    }
     if let Some(c) = &f.count
         && !(1..=64).contains(&c.value)
     {

@@ -37,6 +37,21 @@ pub struct RunOptions {
 /// no fio here (or one too old) is refused before anything starts, at the
 /// entry's `kind`. (The agents' `--fio` is `PGFLEET_FIO`, else `fio`.)
 fn check_local_tools(path: &Path, sc: &scenario::Scenario) -> Result<()> {
+    // Each class's PostgreSQL version is installed here.
+    for (i, f) in sc.fleet.value.iter().enumerate() {
+        if let Some(v) = f.postgres.as_ref().and_then(|p| p.version.as_ref())
+            && pgfleet_proto::installs::find(v.value).is_none()
+        {
+            return Err(scenario::ScenarioError {
+                file: path.to_path_buf(),
+                line: v.referenced.line(),
+                column: v.referenced.column(),
+                field: format!("fleet[{i}].postgres.version"),
+                message: pgfleet_proto::installs::missing(v.value),
+            }
+            .into());
+        }
+    }
     let Some((i, w)) = sc
         .workloads
         .value

@@ -597,6 +597,11 @@ fn agent_environment(
         json!({"name": "PGFLEET_ADVERTISE_ADDRESS",
                "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}),
     ];
+    // The class's PostgreSQL version, which the agent image must carry
+    // (deploy/images: the images are built with the versions asked for).
+    if let Some(v) = f.postgres.as_ref().and_then(|p| p.version.as_ref()) {
+        env.push(json!({"name": "PGFLEET_PG_VERSION", "value": v.value.to_string()}));
+    }
     if let Some(url) = &opts.dataset_remote {
         env.push(json!({"name": "PGFLEET_DATASET_REMOTE", "value": url}));
     }

@@ -228,8 +228,16 @@ impl LocalAgents {
         if let Some(ca) = &access.ca {
             cmd.arg("--ca").arg(ca);
         }
-        if let Some(p) = &self.opts.pg_bin {
-            cmd.arg("--pg-bin").arg(p);
+        // A class's version wins over the run's --pg-bin.
+        match f.postgres.as_ref().and_then(|p| p.version.as_ref()) {
+            Some(v) => {
+                cmd.args(["--pg-version", &v.value.to_string()]);
+            }
+            None => {
+                if let Some(p) = &self.opts.pg_bin {
+                    cmd.arg("--pg-bin").arg(p);
+                }
+            }
         }
         if let Some(u) = &self.opts.pg_user {
             cmd.args(["--pg-user", u]);
