@@ -745,6 +745,16 @@ impl Drop for Sandbox {
 mod tests {
     use super::*;
 
+    /// Where `PGFLEET_REQUIRE_PRIVILEGES` is set (CI) a test that cannot
+    /// run here fails instead of passing untested.
+    fn skip(why: &str) {
+        assert!(
+            std::env::var_os("PGFLEET_REQUIRE_PRIVILEGES").is_none(),
+            "this test would skip ({why}), but PGFLEET_REQUIRE_PRIVILEGES is set"
+        );
+        eprintln!("skipped: {why}");
+    }
+
     /// A scratch directory of the test's own (removed by the test).
     fn scratch(name: &str) -> PathBuf {
         let dir =
@@ -825,7 +835,8 @@ mod tests {
     async fn without_a_mount_namespace_the_user_is_still_switched() {
         let scratch = scratch("user");
         let Some(u) = user(None).unwrap() else {
-            return; // not root: nothing to switch
+            skip("not root: nothing to switch");
+            return;
         };
         let mut sb = Sandbox::new(&scratch.join("sandboxes"), Some(u.clone()), &[]).unwrap();
         sb.mounts = false;
@@ -862,7 +873,8 @@ mod tests {
     #[tokio::test]
     async fn sandboxes_cannot_reach_each_other() {
         if !nix::unistd::geteuid().is_root() {
-            return; // not root: nothing to switch (the CI runs as root)
+            skip("not root: nothing to switch (the CI runs as root)");
+            return;
         }
         let scratch = scratch("apart");
         let a = Sandbox::new(&scratch.join("sandboxes"), user(None).unwrap(), &[]).unwrap();
@@ -915,7 +927,8 @@ mod tests {
     #[test]
     fn a_dead_agents_sandbox_cgroup_is_reaped() {
         if !nix::unistd::geteuid().is_root() || !Path::new("/sys/fs/cgroup/pids").is_dir() {
-            return; // no cgroups to make here
+            skip("no cgroups to make here");
+            return;
         }
         // A pid above pid_max cannot be alive.
         let [cg, _] = cgroups_of("4194305-0");

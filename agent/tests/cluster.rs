@@ -78,7 +78,7 @@ async fn dropping_a_cluster_stops_it_and_reap_removes_leftovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reap_removes_a_killed_agents_volume() {
     if !pgfleet_agent::cluster::volume::available() {
-        eprintln!("skipped: own volumes need root, losetup and mkfs.ext4");
+        common::skip("own volumes need root, losetup and mkfs.ext4");
         return;
     }
     let root = scratch("reap-volume");
@@ -225,7 +225,7 @@ async fn toast_slice_reproduces_the_articles_storage_and_buffer_facts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_emulated_instance_bounds_the_page_cache_and_the_cpus() {
     if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("skipped: cgroups need root");
+        common::skip("cgroups need root");
         return;
     }
     let root = scratch("instance");

@@ -363,7 +363,7 @@ async fn read_writes_table_is_a_dataset_too() {
 #[tokio::test]
 async fn a_restore_into_a_capped_class_is_written_at_its_cap() {
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: block-I/O throttling needs root");
+        common::skip("block-I/O throttling needs root");
         return;
     }
     let root = scratch("ds-capped");
@@ -702,7 +702,7 @@ impl Drop for Xfs {
 #[tokio::test]
 async fn restores_copy_unless_the_agent_opts_in_to_reflinks() {
     let Some(xfs) = Xfs::new("ds-xfs") else {
-        eprintln!("skipped: needs root, losetup and mkfs.xfs (xfsprogs)");
+        common::skip("needs root, losetup and mkfs.xfs (xfsprogs)");
         return;
     };
     let root = xfs.mount.join("agent");

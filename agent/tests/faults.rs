@@ -67,7 +67,7 @@ async fn a_killed_server_process_is_explained_by_the_server_log() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cell_larger_than_the_free_disk_is_refused_before_loading() {
     if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("skipped: mounting a small tmpfs needs root");
+        common::skip("mounting a small tmpfs needs root");
         return;
     }
     let root = common::scratch("full");

@@ -108,7 +108,7 @@ async fn fio_measures_the_clusters_volume_and_removes_its_file() {
 #[tokio::test]
 async fn emulated_caps_bind_fio() {
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: block-I/O throttling needs root");
+        common::skip("block-I/O throttling needs root");
         return;
     }
     let root = common::scratch("fio-capped");
@@ -194,7 +194,7 @@ fn mixed_iops(c: &Cluster, read_percent: u32) -> (f64, f64) {
 #[tokio::test]
 async fn a_combined_budget_caps_reads_and_writes_together() {
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: block-I/O throttling needs root");
+        common::skip("block-I/O throttling needs root");
         return;
     }
     let root = common::scratch("fio-combined");
@@ -208,7 +208,7 @@ async fn a_combined_budget_caps_reads_and_writes_together() {
     };
     let c = cluster(&root, caps(true)).await;
     if c.capped_device().is_none() {
-        eprintln!("skipped: no loop device for the cluster's own volume");
+        common::skip("no loop device for the cluster's own volume");
         c.teardown().await.unwrap();
         return;
     }
@@ -243,7 +243,7 @@ async fn a_combined_budget_caps_reads_and_writes_together() {
 #[tokio::test]
 async fn a_write_cap_binds_a_load_and_its_checkpoint() {
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: block-I/O throttling needs root");
+        common::skip("block-I/O throttling needs root");
         return;
     }
     let root = common::scratch("fio-load-capped");

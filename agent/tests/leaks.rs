@@ -117,7 +117,7 @@ async fn a_cell_failed_at_each_step_leaves_nothing() {
     if !nix::unistd::geteuid().is_root()
         || !Path::new("/sys/fs/cgroup/blkio/blkio.throttle.read_iops_device").exists()
     {
-        eprintln!("skipped: emulated storage needs root and cgroup v1 blkio");
+        common::skip("emulated storage needs root and cgroup v1 blkio");
         return;
     }
     let root = common::scratch("leaks");

@@ -74,7 +74,7 @@ async fn run_keeping(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_checkpoint_stall_and_degrade_are_injected_and_measured() {
     if !can_cap() {
-        eprintln!("skipped: emulated caps need root and cgroup v1 blkio");
+        common::skip("emulated caps need root and cgroup v1 blkio");
         return;
     }
     let root = common::scratch("recovery");
@@ -187,7 +187,7 @@ async fn crash_checkpoint_stall_and_degrade_are_injected_and_measured() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cell_cancelled_mid_stall_puts_the_caps_back() {
     if !can_cap() {
-        eprintln!("skipped: emulated caps need root and cgroup v1 blkio");
+        common::skip("emulated caps need root and cgroup v1 blkio");
         return;
     }
     let root = common::scratch("stall-cancel");

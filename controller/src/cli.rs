@@ -34,13 +34,16 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Run a scenario: start an embedded controller on loopback, spawn one
-    /// local agent process per fleet instance, run every cell, write the report.
+    /// Run a scenario on this machine and write its report.
+    ///
+    /// Starts an embedded controller on loopback, spawns one local agent
+    /// process per fleet instance, runs every cell, writes the report.
     ///
     /// Example: pgfleet run scenarios/toast-slice.yaml --out runs/toast
     Run(Box<RunArgs>),
-    /// Render the report of a stored run again (from the local store, or
-    /// downloaded from a server with --server).
+    /// Render a stored run's report again.
+    ///
+    /// From the local store, or downloaded from a server with --server.
     ///
     /// Example: pgfleet report 20261130-211500-a1b2c3 --out runs/again
     Report {
@@ -52,6 +55,8 @@ pub enum Command {
         #[command(flatten)]
         remote: OptionalRemote,
     },
+    /// List, build and remove the datasets cells restore instead of loading.
+    ///
     /// The local dataset store: data a cell loaded (e.g. pgbench's tables at
     /// a scale) is published there after a clean shutdown, and later cells
     /// and runs that need the same bytes restore it instead of loading
@@ -66,9 +71,11 @@ pub enum Command {
         #[command(subcommand)]
         action: DatasetsAction,
     },
-    /// List stored runs with their status: queued, running, succeeded,
-    /// failed, cancelled, or interrupted (its controller exited without
-    /// finishing it; its unfinished cells are marked cancelled).
+    /// List stored runs with their status.
+    ///
+    /// Queued, running, succeeded, failed, cancelled, or interrupted (its
+    /// controller exited without finishing it; its unfinished cells are
+    /// marked cancelled).
     List {
         /// Only runs with this label (repeatable: runs with all of them),
         /// e.g. --label branch=main.
@@ -76,6 +83,7 @@ pub enum Command {
         labels: Vec<String>,
     },
     /// Check a scenario file and show the cells it plans, without running.
+    ///
     /// Each cell's estimate is corrected by what earlier cells of its kind,
     /// class and dataset step took in the run store (--store), when it
     /// holds any. With --kubernetes, print the objects a run of it would create on a
@@ -95,16 +103,18 @@ pub enum Command {
         #[command(flatten)]
         datasets: DatasetDir,
     },
-    /// Compare two runs point by point: the candidate's median over clusters
-    /// divided by the baseline's, per instance class and metric, with a
+    /// Compare two runs point by point, with intervals and CI gates.
+    ///
+    /// The candidate's median over clusters divided by the baseline's, per instance class and metric, with a
     /// bootstrap confidence interval and a verdict (faster, slower, no
     /// difference). Each side is a run id in the store or a report.json
     /// file (e.g. a baseline kept as a CI artifact). Gates make it a CI step:
     ///
     /// pgfleet compare baseline/report.json RUN_ID --fail-if 'tps < -5%' --fail-if 'latency_ms_p99 > 10%' --junit compare.xml
     Compare(CompareArgs),
-    /// A scenario's figures over its stored runs, with the change points
-    /// in each series (E-divisive means with a permutation test; no
+    /// A scenario's figures over its stored runs, with their change points.
+    ///
+    /// The change points in each series (E-divisive means with a permutation test; no
     /// segment shorter than 3 runs, so one spike is not a change) and the
     /// latest run against the runs since the last change. Only runs
     /// comparable with the latest (same scenario text, PostgreSQL version
@@ -113,8 +123,9 @@ pub enum Command {
     ///
     /// pgfleet history random-update --metric tps --class gp3 --label branch=main --last 30 --out hist/
     History(HistoryArgs),
-    /// Run the controller as a service: the agents' gRPC endpoint, the HTTP
-    /// API CI submits runs to (OpenAPI at /openapi.json), health endpoints
+    /// Run the controller as a service that CI submits runs to.
+    ///
+    /// The agents' gRPC endpoint, the HTTP API CI submits runs to (OpenAPI at /openapi.json), health endpoints
     /// and the store, until SIGTERM or Ctrl-C. Runs execute in submission
     /// order, side by side when their instance classes differ. Agents join
     /// from any host with `pgfleet-agent run --controller URL --class NAME
@@ -122,12 +133,14 @@ pub enum Command {
     ///
     /// Example: pgfleet serve --store /var/lib/pgfleet/pgfleet.db --api-token-file api.token --join-token-file join.token --tls-cert c.pem --tls-key k.pem
     Serve(Box<ServeArgs>),
-    /// Print the PgfleetRun CustomResourceDefinition (the YAML of
-    /// deploy/base/crd.yaml), generated from the scenario's types: a
+    /// Print the PgfleetRun CustomResourceDefinition.
+    ///
+    /// The YAML of deploy/base/crd.yaml, generated from the scenario's types: a
     /// PgfleetRun's `spec` is a scenario. Install: pgfleet crd | kubectl apply -f -
     Crd,
-    /// Submit a scenario to a server (CI): validates it locally first, then
-    /// submits it; with --wait follows it to the end, downloads its report
+    /// Submit a scenario to a server (CI) and, with --wait, follow it.
+    ///
+    /// Validates it locally first, then submits it; with --wait follows it to the end, downloads its report
     /// into --out and exits with the run's code (see below).
     ///
     /// Example: pgfleet submit scenarios/quickstart.yaml --server http://pgfleet:8080 --wait --out report/

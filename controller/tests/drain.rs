@@ -146,7 +146,7 @@ fleet:
 #[test]
 fn drain_between_agents_at_different_network_addresses() {
     if !root() {
-        eprintln!("skipped: network namespaces need root");
+        common::skip("network namespaces need root");
         return;
     }
     let net = Net::new(2);
@@ -204,7 +204,7 @@ fn drain_between_agents_at_different_network_addresses() {
 #[test]
 fn a_partition_during_the_drain_is_measured_and_healed() {
     if !root() {
-        eprintln!("skipped: network namespaces need root");
+        common::skip("network namespaces need root");
         return;
     }
     let net = Net::new(2);

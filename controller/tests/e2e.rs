@@ -789,6 +789,16 @@ fn help_teaches_the_commands_and_exit_codes() {
     ] {
         assert!(text.contains(needle), "--help lacks {needle}:\n{text}");
     }
+    // The command list is one short line a command; the long text is the
+    // command's own --help.
+    let commands = text
+        .split("Commands:\n")
+        .nth(1)
+        .and_then(|t| t.split("\n\n").next())
+        .unwrap_or_else(|| panic!("{text}"));
+    for line in commands.lines() {
+        assert!(line.len() <= 90, "a paragraph in the command list: {line}");
+    }
     let out = std::process::Command::new(common::pgfleet())
         .args(["run", "--help"])
         .output()
@@ -1066,7 +1076,7 @@ workloads:
 #[test]
 fn an_emulated_instance_makes_reads_reach_the_storage_and_gp3_clearly_slower() {
     if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("skipped: emulation needs root");
+        common::skip("emulation needs root");
         return;
     }
     let s = Scratch::new("instance-ab");

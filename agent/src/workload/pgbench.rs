@@ -39,6 +39,14 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
         }
         let d = &p.drive;
         let h = &result.histogram;
+        // Steadiness is judged over whole seconds of a timed window.
+        let tps: Vec<f64> = result
+            .per_second
+            .iter()
+            .take(d.duration_s.unwrap_or(0.0) as usize)
+            .map(|s| s.transactions as f64)
+            .collect();
+        let drift = pgfleet_proto::workload::steady::drift(&tps);
         Ok(Output::of(&[Point {
             params: PointParams {
                 script: d.script.clone(),
@@ -73,6 +81,9 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                 skipped: result.skipped,
                 late: result.late,
                 device_ios_per_txn: internals.device_ios_per_transaction(),
+                steady: drift.map(|d| d.steady),
+                drift_pct: drift.map(|d| d.drift_pct),
+                drift_interval_pct: drift.map(|d| d.interval_pct),
                 internals,
                 load: loaded,
                 fault_metrics: FaultMetrics::of(&faults),

@@ -51,10 +51,50 @@ pub fn section(md: &mut String, plots: &mut Plots, doc: &Report, rs: &[Row<Point
                 .join(", ")
         );
     }
+    steadiness(md, rs);
     io_per_transaction(md, rs);
     for (gi, sm) in doc.summaries_of(Kind::Pgbench.name()).enumerate() {
         point_section(md, plots, doc, rs, gi, sm);
     }
+}
+
+/// Whether each timed window's throughput held: the windows that drifted
+/// are named with their drift, so a figure from a run that never settled
+/// is read as such, not as the class's.
+fn steadiness(md: &mut String, rs: &[Row<PointParams, Metrics>]) {
+    let judged: Vec<&Row<PointParams, Metrics>> =
+        rs.iter().filter(|r| r.metrics.steady.is_some()).collect();
+    if judged.is_empty() {
+        return;
+    }
+    let drifting: Vec<String> = judged
+        .iter()
+        .filter(|r| r.metrics.steady == Some(false))
+        .map(|r| {
+            let m = &r.metrics;
+            let [lo, hi] = m.drift_interval_pct.unwrap_or([f64::NAN; 2]);
+            format!(
+                "{} ({:+.1} % over the window, 95 % interval {:+.1} to {:+.1} %)",
+                r.cell_id,
+                m.drift_pct.unwrap_or(f64::NAN),
+                lo,
+                hi
+            )
+        })
+        .collect();
+    let _ = writeln!(
+        md,
+        "
+Steady windows (TPS drift over the window under {} %, or not significant): {} of {}{}",
+        pgfleet_proto::workload::steady::DRIFT_PCT,
+        judged.len() - drifting.len(),
+        judged.len(),
+        if drifting.is_empty() {
+            ".".to_string()
+        } else {
+            format!("; **drifting**: {}.", drifting.join("; "))
+        }
+    );
 }
 
 /// One measured point (a summary): its per-class table, TPS ratios, the

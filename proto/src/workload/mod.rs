@@ -39,6 +39,7 @@ pub mod logical_drain;
 pub mod pgbench;
 pub mod pgbench_init;
 pub mod read_write;
+pub mod steady;
 pub mod toast_probe;
 pub mod toast_slice;
 pub mod vacuum_bloat;

@@ -288,6 +288,15 @@ pub struct Metrics {
     /// transaction over the sampled window; None without such a device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_ios_per_txn: Option<f64>,
+    /// Whether the window's throughput held (`steady::drift`); None for a
+    /// window too short to judge, and in results stored before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steady: Option<bool>,
+    /// The window's drift in percent of its mean TPS, and its interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift_pct: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift_interval_pct: Option<[f64; 2]>,
     #[serde(flatten)]
     pub internals: Internals,
     #[serde(flatten)]
