@@ -689,14 +689,50 @@ fleet:
     postgres: { version: 18, settings: { default_toast_compression: lz4, io_method: io_uring } }
 workloads:
   - kind: toast-slice
-    value_bytes: 1048576
-    duration_s: 0.2
+    storage_modes: [external, pglz, lz4]
+    datasets: [mixed]
+    value_bytes: 10485760
+    offsets: [\"0%\", \"90%\"]
+    slice_bytes: 100
+    duration_s: 0.1
     repeats: 1
+    warmup_s: 0.1
 ",
     );
     let out = s.run_cmd(&sc, &[]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
     let r = s.report();
+    // The TOAST-slice article's facts hold on both versions: the same
+    // pages read per slice for EXTERNAL and pglz at every offset, lz4
+    // stored as lz4.
+    let results = r["results"].as_array().unwrap();
+    let m = |class: &str, mode: &str, label: &str| -> serde_json::Value {
+        results
+            .iter()
+            .find(|x| {
+                x["instance_class"] == class
+                    && x["params"]["storage_mode"] == mode
+                    && x["params"]["offset_label"] == label
+            })
+            .unwrap_or_else(|| panic!("no point {class} {mode} {label}"))["metrics"]
+            .clone()
+    };
+    let pages = |v: &serde_json::Value| {
+        v["buffers_shared_hit"].as_u64().unwrap() + v["buffers_shared_read"].as_u64().unwrap()
+    };
+    for mode in ["external", "pglz"] {
+        for label in ["0%", "90%"] {
+            assert_eq!(
+                pages(&m("pg15", mode, label)),
+                pages(&m("pg18", mode, label)),
+                "{mode} at {label}"
+            );
+        }
+    }
+    assert!(pages(&m("pg18", "pglz", "90%")) > 300);
+    for class in ["pg15", "pg18"] {
+        assert_eq!(m(class, "lz4", "0%")["compression"], "lz4", "{class}");
+    }
     let env = &r["environment"]["instance_classes"];
     let version = |c: &str| {
         env[c]["postgres"]["version"]
