@@ -415,6 +415,24 @@ fn validate(
         if let Some(line) = applied.describe(cells.len()) {
             println!("{line}");
         }
+        // Which PostgreSQL each class asking for a version would run here.
+        for f in &sc.fleet.value {
+            if let Some(v) = f.postgres.as_ref().and_then(|p| p.version.as_ref()) {
+                match pgfleet_proto::installs::find(v.value) {
+                    Some(dir) => println!(
+                        "class {}: PostgreSQL {} from {}",
+                        f.name.value,
+                        v.value,
+                        dir.display()
+                    ),
+                    None => println!(
+                        "class {}: {}",
+                        f.name.value,
+                        pgfleet_proto::installs::missing(v.value)
+                    ),
+                }
+            }
+        }
         for c in sc.checks() {
             let figure = match &c.baseline {
                 Some(b) => format!(
