@@ -1710,3 +1710,50 @@ fn validate_into_a_closed_pipe_ends_without_a_panic() {
         assert_ne!(out.status.code(), Some(101), "{stderr}");
     }
 }
+
+/// A relative `--data-dir` is the operator's cwd's (agents and PostgreSQL
+/// run elsewhere): a cell on emulated storage (its own loop device and
+/// caps) succeeds there and leaves nothing; the directory, which the
+/// operator made with a mode of their own, keeps it.
+#[test]
+fn a_relative_data_dir_works_and_an_operators_directory_keeps_its_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::geteuid().is_root() {
+        common::skip("emulated storage needs root");
+        return;
+    }
+    let s = Scratch::new("relative");
+    let sc = s.write(
+        "rel.yaml",
+        "name: rel
+fleet:
+  - name: gp3
+    storage: { profile: gp3 }
+workloads:
+  - {kind: pgbench, scale: 1, load_method: copy, transactions: 20, clients: 2}
+",
+    );
+    let data = s.dir.join("mine");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let out = std::process::Command::new(common::pgfleet())
+        .current_dir(&s.dir)
+        .arg("--store")
+        .arg(s.store())
+        .arg("run")
+        .arg(&sc)
+        .arg("--out")
+        .arg(s.out())
+        .args(["--data-dir", "mine"])
+        .arg("--agent-bin")
+        .arg(common::agent_bin())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let mode = std::fs::metadata(&data).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o711, "the operator's directory keeps its mode");
+    let host = common::host_leftovers(&s.dir);
+    assert!(host.is_empty(), "left on the host: {host:?}");
+    let procs = common::processes_mentioning(&data);
+    assert!(procs.is_empty(), "{procs:?}");
+}

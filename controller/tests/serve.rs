@@ -1492,3 +1492,64 @@ fn the_break_in_corpus_fails_safely_under_serve() {
     }
     assert!(!agent_log(&s, "a-1").contains("root:x:0:0"));
 }
+
+/// Two agents started with one id: the second's registration tells the
+/// first to stop (refused, naming the other host), so the pool keeps one
+/// agent under the id instead of the two replacing each other many times
+/// a second.
+#[test]
+fn a_second_agent_under_a_live_id_stops_the_first_instead_of_flapping() {
+    let s = Scratch::new("twin-ids");
+    let token = tokens(&s);
+    let mut server = start_serve(&s, 0, 0, &[]);
+    let api = server.api.clone();
+    let mut first = start_agent(&s, "twin", "local", server.grpc);
+    wait_for("the first agent to join", Duration::from_secs(30), || {
+        let (_, _, body) = http(&api, "GET", "/v1/agents", Some(&token), &[], "");
+        json(&body).as_array().is_some_and(|a| a.len() == 1)
+    });
+    let log = std::fs::File::create(s.dir.join("twin-2.log")).unwrap();
+    let second = Command::new(agent_bin())
+        .arg("run")
+        .args(["--controller", &format!("http://127.0.0.1:{}", server.grpc)])
+        .args(["--class", "local", "--agent-id", "twin"])
+        .arg("--token-file")
+        .arg(s.dir.join("join.token"))
+        .arg("--data-root")
+        .arg(s.data().join("twin-2"))
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut second = Proc {
+        child: second,
+        name: "twin-2".into(),
+    };
+    // The first exits, refused, within a few seconds; the second stays.
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = first.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the first agent did not stop: {}",
+            agent_log(&s, "twin")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!status.success(), "{status}");
+    let log = agent_log(&s, "twin");
+    assert!(log.contains("agent ids must be unique"), "{log}");
+    assert!(
+        second.child.try_wait().unwrap().is_none(),
+        "the second stays"
+    );
+    let (_, _, body) = http(&api, "GET", "/v1/agents", Some(&token), &[], "");
+    assert_eq!(json(&body).as_array().map(Vec::len), Some(1), "{body}");
+    // It registered once: no flapping.
+    let second_log = std::fs::read_to_string(s.dir.join("twin-2.log")).unwrap_or_default();
+    assert_eq!(second_log.matches("registered").count(), 1, "{second_log}");
+    second.stop();
+    server.proc.stop();
+}

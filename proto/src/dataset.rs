@@ -625,6 +625,37 @@ mod tests {
         assert!(crate::is_safe_id(&a));
     }
 
+    /// A default directory in a shared place is used only if nobody else
+    /// could have prepared it: a planted link, another user's directory or
+    /// a world-writable one is refused; a missing one, or this user's, is
+    /// fine. (The validation of a pgbench script writes no file at all.)
+    #[test]
+    fn a_prepared_default_directory_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("pgfleet-private-{}", std::process::id()));
+        std::fs::create_dir_all(&base).unwrap();
+        assert!(check_private(&base.join("missing")).is_ok());
+        let mine = base.join("mine");
+        std::fs::create_dir(&mine).unwrap();
+        std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(check_private(&mine).is_ok());
+        let link = base.join("link");
+        std::os::unix::fs::symlink(&mine, &link).unwrap();
+        let e = check_private(&link).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = check_private(&mine).unwrap_err().to_string();
+        assert!(e.contains("writable by others"), "{e}");
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o755)).unwrap();
+            std::os::unix::fs::chown(&mine, Some(65534), Some(65534)).unwrap();
+            let e = check_private(&mine).unwrap_err().to_string();
+            assert!(e.contains("belongs to uid 65534"), "{e}");
+        }
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
     #[test]
     fn locks_exclude_and_share() {
         let dir = std::env::temp_dir().join(format!("pgfleet-ds-lock-{}", std::process::id()));
