@@ -100,6 +100,24 @@ fn init(scale: i64, partitions: i64) -> serde_json::Value {
     serde_json::json!({"scale": scale, "fillfactor": 100, "partitions": partitions, "load_connections": 1})
 }
 
+/// A pgbench cell whose script's expression is 3,000 parentheses deep.
+fn deep_script() -> Assign {
+    let p = pgfleet_proto::workload::plan_entry(
+        "{kind: pgbench, scale: 1, script_text: \"\\\\set x 1\\nSELECT :x;\", transactions: 1}",
+    )
+    .unwrap()
+    .remove(0)
+    .1;
+    let deep = format!("{}1{}", "(".repeat(3000), ")".repeat(3000));
+    let json = p
+        .to_json()
+        .replace("\\\\set x 1", &format!("\\\\set x {deep}"));
+    assert!(json.contains("((((("), "{json}");
+    let mut a = assign("c-deep", "pgbench", serde_json::Value::Null);
+    a.params_json = json;
+    a
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_refuses_what_a_hostile_controller_sends() {
     let scratch = std::env::temp_dir().join(format!("pgfleet-hostile-{}", std::process::id()));
@@ -137,6 +155,9 @@ async fn the_agent_refuses_what_a_hostile_controller_sends() {
             "integer `-1`",
         ),
         (with_setting, "`archive_command` takes free text"),
+        // A script the controller's validation would have refused: its
+        // expression 3,000 parentheses deep (the agent's parse is bounded).
+        (deep_script(), "too deeply nested"),
     ];
     let (results_tx, mut results) = mpsc::channel(16);
     let svc = Hostile {
