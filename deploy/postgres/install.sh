@@ -16,7 +16,7 @@
 # `pgfleet-agent --pg-version VERSION` and a class's `postgres: {version:
 # VERSION}` find them. An install is reused (DIR/VERSION/.complete); --force
 # makes it again. Needs root, debootstrap and patchelf (installed if
-# missing), and Debian's archive ($DEBIAN_MIRROR). About 1.5 min and 500 MB.
+# missing), and Debian's archive ($DEBIAN_MIRROR). About a minute and 310 MB.
 set -euo pipefail
 version=""
 root="${PGFLEET_PG_INSTALLS:-/opt/pgfleet/postgres}"
