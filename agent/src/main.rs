@@ -299,7 +299,13 @@ async fn run(mut args: RunArgs, env_token: Option<String>) -> anyhow::Result<()>
     };
     let store_dir = env.datasets.dir.clone();
     let kept = env.kept.clone();
+    let serving_metrics = !cfg.metrics_address.is_empty();
     let result = session::run(cfg, env, shutdown).await;
+    // A scraper sees the last seconds' counts only if /metrics outlives
+    // them: the counters are served a moment more (every cell has ended).
+    if serving_metrics {
+        tokio::time::sleep(METRICS_LINGER).await;
+    }
     kept.clear().await;
     // Whatever happened, leave nothing behind.
     let _ = cluster::reap_stale(&data_root.join("clusters"));
@@ -310,6 +316,11 @@ async fn run(mut args: RunArgs, env_token: Option<String>) -> anyhow::Result<()>
     let _ = std::fs::remove_dir(&data_root);
     result.map_err(Into::into)
 }
+
+/// How long an agent that serves /metrics keeps serving it after its
+/// session ends, so a scraper at a 1-s interval reads its final counts
+/// before the process goes (the controller's series carry them anyway).
+const METRICS_LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The agent's data root, created (readable by PostgreSQL's user along
 /// the temp dir's path), with what an earlier agent left there removed.
