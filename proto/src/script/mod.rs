@@ -703,11 +703,19 @@ pub fn may_run_shell(text: &str) -> bool {
 pub const MAX_SQL_ARGS: usize = 255;
 
 fn parse_meta(line: &str) -> Result<Command, MetaError> {
-    let mut parts = line[1..].splitn(2, char::is_whitespace);
+    // Past the backslash (a trailing meta-command's text may not start with
+    // one, or be empty: slicing at byte 1 once panicked on it).
+    let body = line.strip_prefix('\\').unwrap_or(line);
+    let mut parts = body.splitn(2, char::is_whitespace);
     let cmd = parts.next().unwrap_or("").to_ascii_lowercase();
     let rest = parts.next().unwrap_or("").trim();
     // Where `text`, a slice of `line`, starts in it (for carets).
-    let offset = |text: &str| text.as_ptr() as usize - line.as_ptr() as usize;
+    // (Saturating: an absent part is a literal "" from elsewhere.)
+    let offset = |text: &str| {
+        (text.as_ptr() as usize)
+            .saturating_sub(line.as_ptr() as usize)
+            .min(line.len())
+    };
     match cmd.as_str() {
         "set" => {
             let mut p = rest.splitn(2, char::is_whitespace);
@@ -937,6 +945,16 @@ mod tests {
             .unwrap()
             .join()
             .unwrap();
+    }
+
+    /// Meta-command text that is empty or starts with a multi-byte
+    /// character is refused, never sliced mid-character (the scenario
+    /// fuzz test found the panic).
+    #[test]
+    fn odd_meta_command_text_is_refused_not_panicked_on() {
+        for line in ["", "é", "\\", "\\é", "\\if", "\\elif", "\\set x", "\\sleep"] {
+            assert!(parse_meta(line).is_err(), "{line:?}");
+        }
     }
 
     /// 30,000 `\elif`s walk without recursion.
