@@ -570,24 +570,13 @@ impl Halt<'_> {
     }
 
     /// Sleeps `d`, or less when the window ends or the run stops first;
-    /// false then (a `\sleep 100000 s` must not outlive `duration_s`, nor
+    /// false then (a `\\sleep 100000 s` must not outlive `duration_s`, nor
     /// a cancel: pgbench abandons a sleeping client at the end too).
     async fn sleep(&self, d: Duration) -> bool {
-        let until = Instant::now() + d;
-        loop {
-            if self.stop.load(Ordering::Relaxed) {
-                return false;
-            }
-            let now = Instant::now();
-            if self.end.is_some_and(|e| now >= e && until > e) {
-                return false;
-            }
-            if now >= until {
-                return true;
-            }
-            let next = until.min(now + Self::POLL);
-            let next = self.end.map_or(next, |e| next.min(e.max(now)));
-            tokio::time::sleep_until(next.into()).await;
+        tokio::select! {
+            biased;
+            _ = tokio::time::sleep(d) => true,
+            () = self.reached() => false,
         }
     }
 }

@@ -98,7 +98,7 @@ pub fn validate(s: &Scenario) -> Result<Vec<Vec<Unit>>, Invalid> {
             "no workloads: list at least one",
         );
     }
-    count_cells(s)?;
+    refuse_cells_over(s, MAX_CELLS)?;
     let entries = s
         .workloads
         .value
@@ -156,10 +156,6 @@ pub fn refuse_cells_over(s: &Scenario, max: u64) -> Result<(), Invalid> {
         }
     }
     Ok(())
-}
-
-fn count_cells(s: &Scenario) -> Result<(), Invalid> {
-    refuse_cells_over(s, MAX_CELLS)
 }
 
 /// One fleet entry's count, storage, instance, Kubernetes and price keys
