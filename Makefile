@@ -4,12 +4,12 @@
 # ("Test suite") how long they take.
 CARGO ?= cargo
 
-.PHONY: run quickstart test test-all test-times build release lint bench clean
+.PHONY: run quickstart postgres test test-all test-times build release lint bench clean
 
 ## Quickstart: build what it needs and run scenarios/quickstart.yaml
 ## (a fresh clone: ~5 minutes on 2 cores, the build included; BENCHMARKS.md,
 ## "First run").
-run: quickstart
+run: quickstart postgres
 	./target/quickstart/pgfleet run scenarios/quickstart.yaml --out runs/quickstart
 
 ## The two binaries, in the quickstart profile (Cargo.toml: optimized less,
@@ -17,11 +17,16 @@ run: quickstart
 quickstart:
 	$(CARGO) build --profile quickstart --locked -p pgfleet-controller -p pgfleet-agent --bins
 
+## PostgreSQL 18, the version clusters run by default: Debian's 18.6 under
+## /opt/pgfleet/postgres (about a minute, root, once; reused after).
+postgres:
+	bash deploy/postgres/install.sh 18
+
 ## The fast tier: unit and in-process tests, PostgreSQL fact tests (minutes).
 ## The binaries are built with the tests, so with their dev-dependencies'
 ## features (tokio's test-util): built alone they would differ, and every
 ## crate on tokio would be compiled twice.
-test:
+test: postgres
 	$(CARGO) build --workspace --bins --tests --locked
 	$(CARGO) nextest run --workspace --locked --no-fail-fast
 
@@ -30,7 +35,7 @@ test:
 ## lease-timed tests alone (profile `timed`, .config/nextest.toml). Both
 ## run even when the first fails.
 ## (The client-only pgfleet first: the full one must be target/debug's last.)
-test-all:
+test-all: postgres
 	$(CARGO) build -p pgfleet-controller --no-default-features --bins --locked
 	mkdir -p target/client && cp target/debug/pgfleet target/client/pgfleet
 	$(CARGO) build --workspace --all-targets --locked

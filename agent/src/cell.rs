@@ -1132,6 +1132,10 @@ async fn collect_environment(
         "synchronous_commit",
         "track_io_timing",
         "track_wal_io_timing",
+        // 18's asynchronous I/O (absent before 18: not listed).
+        "io_method",
+        "io_workers",
+        "data_checksums",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -1157,6 +1161,7 @@ async fn collect_environment(
             settings,
             bin_dir: Some(cluster.pg.dir.display().to_string()),
             port: Some(cluster.port()),
+            build: environment::build_options(&cluster.pg.configure()),
         },
         storage: environment::Storage {
             profile: env.storage_profile.clone(),

@@ -37,14 +37,7 @@ const SKIPPED: &[&str] = &["postmaster.pid", "postmaster.opts"];
 /// PostgreSQL's defaults when it is absent) and pgfleet's initdb (no data
 /// checksums).
 pub fn format(pg: &PgBin) -> Format {
-    let configure = std::process::Command::new(pg.tool("pg_config"))
-        .arg("--configure")
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
-        .unwrap_or_default();
-    Format::of(pg.major, &configure, false)
+    Format::of(pg.major, &pg.configure(), false)
 }
 
 /// A cell's dataset, identified once per cell (`format` runs pg_config):

@@ -156,14 +156,15 @@ struct RunArgs {
         requires = "volume_snapshot"
     )]
     cell_volumes: Vec<PathBuf>,
-    /// Directory with initdb and postgres. Default: `pg_config --bindir`,
-    /// then the newest /usr/lib/postgresql/*/bin.
+    /// Directory with initdb and postgres, to run that build rather than
+    /// a version's install (--pg-version).
     #[arg(long, env = "PGFLEET_PG_BIN", conflicts_with = "pg_version")]
     pg_bin: Option<PathBuf>,
     /// The PostgreSQL major version to run (15, 16, 17, 18, 19): the
     /// host's /usr/lib/postgresql/N/bin, else an install made by
     /// `deploy/postgres/install.sh N` (under PGFLEET_PG_INSTALLS, default
     /// /opt/pgfleet/postgres). A class's `postgres: {version: N}` sets it.
+    /// Default: 18.
     #[arg(long, env = "PGFLEET_PG_VERSION")]
     pg_version: Option<u32>,
     /// OS user to run PostgreSQL as when the agent runs as root.

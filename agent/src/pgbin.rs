@@ -1,7 +1,7 @@
 //! Finding the PostgreSQL server binaries: `--pg-bin` / `PGFLEET_PG_BIN`;
-//! `--pg-version N` (the host's packages, then an install of
-//! `deploy/postgres/install.sh`: `pgfleet_proto::installs`); else
-//! `pg_config --bindir`, then the newest `/usr/lib/postgresql/*/bin`.
+//! else `--pg-version N`, by default `installs::DEFAULT` (18): the host's
+//! packages, then an install of `deploy/postgres/install.sh`
+//! (`pgfleet_proto::installs`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,46 +19,32 @@ pub struct PgBin {
 
 impl PgBin {
     /// `explicit` is the flag or environment variable; it wins when given.
+    /// Without it: the default version (`installs::DEFAULT`), wherever
+    /// `find_version` finds it.
     pub fn find(explicit: Option<&Path>) -> Result<PgBin> {
-        let mut tried = Vec::new();
-        let candidates: Vec<PathBuf> = match explicit {
-            Some(p) => vec![p.to_path_buf()],
-            None => {
-                let mut c = Vec::new();
-                if let Ok(out) = Command::new("pg_config").arg("--bindir").output()
-                    && out.status.success()
-                {
-                    c.push(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
-                }
-                c.extend(newest_debian_bindirs());
-                c
-            }
+        let Some(dir) = explicit else {
+            return PgBin::find_version(pgfleet_proto::installs::DEFAULT).map_err(|e| {
+                Error::PgBin(format!(
+                    "{e}; or pass --pg-bin DIR / set PGFLEET_PG_BIN to run another build"
+                ))
+            });
         };
-        for dir in candidates {
-            if dir.join("initdb").is_file() && dir.join("postgres").is_file() {
-                let version = server_version(&dir)?;
-                let major = version
-                    .split('.')
-                    .next()
-                    .and_then(|m| m.parse().ok())
-                    .unwrap_or(0);
-                return Ok(PgBin {
-                    dir,
-                    version,
-                    major,
-                });
-            }
-            tried.push(dir.display().to_string());
+        if !(dir.join("initdb").is_file() && dir.join("postgres").is_file()) {
+            return Err(Error::PgBin(format!(
+                "{} holds no `initdb` and `postgres`: pass the bin directory of a PostgreSQL install \
+                 (e.g. /usr/lib/postgresql/15/bin), or --pg-version N",
+                dir.display()
+            )));
         }
-        Err(Error::PgBin(format!(
-            "no directory with `initdb` and `postgres` found (tried: {}); install PostgreSQL \
-             (Debian: apt-get install postgresql) or pass --pg-bin DIR / set PGFLEET_PG_BIN",
-            if tried.is_empty() {
-                "nothing: pg_config absent and /usr/lib/postgresql empty".to_string()
-            } else {
-                tried.join(", ")
-            }
-        )))
+        let version = server_version(dir)?;
+        // "15.18", "18beta1", "19rc1": the leading digits.
+        let digits: String = version.chars().take_while(char::is_ascii_digit).collect();
+        let major = digits.parse().unwrap_or(0);
+        Ok(PgBin {
+            dir: dir.to_path_buf(),
+            version,
+            major,
+        })
     }
 
     /// Version `major`, wherever `pgfleet_proto::installs` finds it.
@@ -76,6 +62,17 @@ impl PgBin {
         Ok(pg)
     }
 
+    /// `pg_config --configure`'s text; empty when it cannot run.
+    pub fn configure(&self) -> String {
+        Command::new(self.tool("pg_config"))
+            .arg("--configure")
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .unwrap_or_default()
+    }
+
     pub fn tool(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
@@ -88,21 +85,6 @@ impl PgBin {
         pgfleet_proto::installs::install_root(&self.dir)
             .unwrap_or_else(|| self.dir.parent().unwrap_or(&self.dir).to_path_buf())
     }
-}
-
-/// `/usr/lib/postgresql/<major>/bin`, highest major first.
-fn newest_debian_bindirs() -> Vec<PathBuf> {
-    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let major = e.file_name().to_str()?.parse::<u32>().ok()?;
-            Some((major, e.path().join("bin")))
-        })
-        .collect();
-    found.sort_by_key(|f| std::cmp::Reverse(f.0));
-    found.into_iter().map(|(_, p)| p).collect()
 }
 
 /// Parses `postgres (PostgreSQL) 15.18 (Debian 15.18-0+deb12u1)` -> `15.18`.

@@ -19,25 +19,16 @@ use pgfleet_agent::direct::check;
 
 use common::{params, run};
 
-fn pg18() -> PathBuf {
-    std::env::var_os("PGFLEET_PG18_BIN")
-        .map(PathBuf::from)
-        .or_else(|| pgfleet_proto::installs::find(18))
-        .unwrap_or_else(|| {
-            pgfleet_proto::installs::installed_bindir(&pgfleet_proto::installs::installs_root(), 18)
-        })
+/// Version `major`'s bin directory (`deploy/postgres/install.sh N` or
+/// the host's packages; `.ci/run` installs 18, Debian 12 has 15).
+fn pg(major: u32) -> PathBuf {
+    pgfleet_proto::installs::find(major)
+        .unwrap_or_else(|| panic!("{}", pgfleet_proto::installs::missing(major)))
 }
 
-fn spec(root: &Path, name: &str, pg: Option<&Path>) -> ClusterSpec {
+fn spec(root: &Path, name: &str, major: u32) -> ClusterSpec {
     let mut s = common::spec(root, name, "32MB", Default::default());
-    if let Some(dir) = pg {
-        assert!(
-            dir.join("postgres").exists(),
-            "PostgreSQL 18 missing at {}: .ci/run installs it, or set PGFLEET_PG18_BIN",
-            dir.display()
-        );
-        s.pg = pgfleet_agent::pgbin::PgBin::find(Some(dir)).unwrap();
-    }
+    s.pg = pgfleet_agent::pgbin::PgBin::find(Some(&pg(major))).unwrap();
     s.settings.insert("wal_level".into(), "logical".into());
     s
 }
@@ -230,9 +221,9 @@ async fn verify(cl: &Cluster, partitions: u32, pristine: bool) {
 
 /// The whole proof on one build: every configuration against copy, then
 /// the cluster-level operations on the last direct load.
-async fn prove(pg: Option<&Path>, name: &str) {
+async fn prove(major: u32, name: &str) {
     let root = common::scratch(name);
-    let cl = Cluster::provision(&spec(&root, "c", pg)).await.unwrap();
+    let cl = Cluster::provision(&spec(&root, "c", major)).await.unwrap();
     let checksums: bool = common::sql(&cl)
         .await
         .query_one("SELECT current_setting('data_checksums') = 'on'", &[])
@@ -241,7 +232,7 @@ async fn prove(pg: Option<&Path>, name: &str) {
         .get(0);
     assert_eq!(
         checksums,
-        pg.is_some(),
+        major >= 18,
         "PostgreSQL 18's initdb turns checksums on, 15's does not"
     );
     for keys in [
@@ -373,7 +364,7 @@ async fn prove(pg: Option<&Path>, name: &str) {
         );
     }
     // A subscriber loaded directly too follows without an initial copy.
-    let sub = Cluster::provision(&spec(&root, "s", pg)).await.unwrap();
+    let sub = Cluster::provision(&spec(&root, "s", major)).await.unwrap();
     load(&sub, "direct", "fillfactor: 90, partitions: 2").await;
     let s = common::sql(&sub).await;
     let c = common::sql(&cl).await;
@@ -429,12 +420,12 @@ async fn prove(pg: Option<&Path>, name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn direct_loads_are_copy_loads_on_postgres_15() {
-    prove(None, "direct15").await;
+    prove(15, "direct15").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn direct_loads_are_copy_loads_on_postgres_18() {
-    prove(Some(&pg18()), "direct18").await;
+    prove(18, "direct18").await;
 }
 
 /// The self-check compares pages: a reference whose layout is not the one
@@ -443,7 +434,9 @@ async fn direct_loads_are_copy_loads_on_postgres_18() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_self_check_refuses_a_corrupted_reference_layout() {
     let root = common::scratch("direct-check");
-    let cl = Cluster::provision(&spec(&root, "c", None)).await.unwrap();
+    let cl = Cluster::provision(&spec(&root, "c", pgfleet_proto::installs::DEFAULT))
+        .await
+        .unwrap();
     let c = cl.connect().await.unwrap();
     for r in check::REFERENCES {
         assert_eq!(check::compare(&cl, &c, r).await.unwrap(), Ok(()), "{r:?}");

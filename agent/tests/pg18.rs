@@ -128,13 +128,3 @@ async fn toast_pointers_come_from_pg_column_toast_chunk_id_on_18() {
     cl.teardown().await.unwrap();
     std::fs::remove_dir_all(&root).unwrap();
 }
-
-/// The settings allowlist knows exactly PostgreSQL 18's settings.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_settings_table_is_postgres_18s() {
-    let root = common::scratch("pg18-settings");
-    let cl = Cluster::provision(&spec(&root)).await.unwrap();
-    assert!(common::assert_settings_table_is_the_servers(&cl).await);
-    cl.teardown().await.unwrap();
-    std::fs::remove_dir_all(&root).unwrap();
-}

@@ -80,7 +80,10 @@ fn logged_aids(log: &str) -> Vec<Vec<String>> {
                 session,
                 rest.contains("SELECT abalance FROM pgbench_accounts"),
             );
-        } else if let Some(p) = rest.strip_prefix("DETAIL:  parameters: $1 = '")
+        } else if let Some(p) = rest
+            .strip_prefix("DETAIL:  parameters: $1 = '")
+            // 18 capitalizes it.
+            .or_else(|| rest.strip_prefix("DETAIL:  Parameters: $1 = '"))
             && last.get(session) == Some(&true)
         {
             aids.entry(session)

@@ -557,8 +557,9 @@ pub struct RunArgs {
     /// The agent binary. Default: pgfleet-agent next to pgfleet, else PATH.
     #[arg(long, env = "PGFLEET_AGENT_BIN")]
     pub agent_bin: Option<PathBuf>,
-    /// Directory with PostgreSQL's initdb and postgres, passed to agents.
-    /// Default: agents look for pg_config, then /usr/lib/postgresql/*/bin.
+    /// Directory with PostgreSQL's initdb and postgres, passed to agents
+    /// of classes that name no `postgres: {version}`. Default: those run
+    /// PostgreSQL 18 (deploy/postgres/install.sh 18 installs it).
     #[arg(long, env = "PGFLEET_PG_BIN")]
     pub pg_bin: Option<PathBuf>,
     /// OS user to run PostgreSQL as when agents run as root (default postgres).

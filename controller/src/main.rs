@@ -415,22 +415,22 @@ fn validate(
         if let Some(line) = applied.describe(cells.len()) {
             println!("{line}");
         }
-        // Which PostgreSQL each class asking for a version would run here.
+        // Which PostgreSQL each class would run here (local agents).
         for f in &sc.fleet.value {
-            if let Some(v) = f.postgres.as_ref().and_then(|p| p.version.as_ref()) {
-                match pgfleet_proto::installs::find(v.value) {
-                    Some(dir) => println!(
-                        "class {}: PostgreSQL {} from {}",
-                        f.name.value,
-                        v.value,
-                        dir.display()
-                    ),
-                    None => println!(
-                        "class {}: {}",
-                        f.name.value,
-                        pgfleet_proto::installs::missing(v.value)
-                    ),
-                }
+            let major = f.postgres_version();
+            let named = f.postgres.as_ref().is_some_and(|p| p.version.is_some());
+            let how = if named { "" } else { " (the default)" };
+            match pgfleet_proto::installs::find(major) {
+                Some(dir) => println!(
+                    "class {}: PostgreSQL {major}{how} from {}",
+                    pgfleet_proto::escape::terminal_line(&f.name.value),
+                    dir.display()
+                ),
+                None => println!(
+                    "class {}: {}",
+                    pgfleet_proto::escape::terminal_line(&f.name.value),
+                    pgfleet_proto::installs::missing(major)
+                ),
             }
         }
         for c in sc.checks() {

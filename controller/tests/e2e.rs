@@ -671,25 +671,46 @@ fn an_invalid_scenario_exits_2_naming_line_and_field_before_starting_anything() 
     assert!(!s.data().exists());
 }
 
-/// PostgreSQL's major version is a class's dimension: one run, a class on
-/// the host's 15 and one on Debian's 18.6 (`deploy/postgres/install.sh
-/// 18`, run from its own root's libraries), the same workload; each class
-/// reports its own server, with lz4 where 18 has it. A version not
-/// installed here is refused before anything starts, saying how to get it.
+/// PostgreSQL's major version is a class's dimension: one run, a class per
+/// version this host has (15 from Debian 12; 17, 18.6 and 19~rc1 from
+/// Debian's archive by `deploy/postgres/install.sh N`, run from their own
+/// roots' libraries) and one naming none, which runs the default, 18; the
+/// same workload on each. Each class reports its own server, build options
+/// and io_method; TOAST reads touch the same pages on every version; a
+/// column left to the server's default compression shows what each stores
+/// (pglz up to 18, lz4 from 19: the TOAST-placement article's claim). A
+/// version not installed here is refused before anything starts, saying how
+/// to get it.
 #[test]
 fn classes_run_the_postgres_version_they_ask_for() {
     let s = Scratch::new("versions");
+    let versions: Vec<u32> = [15, 17, 18, 19]
+        .into_iter()
+        .filter(|v| pgfleet_proto::installs::find(*v).is_some())
+        .collect();
+    if versions.len() < 4 {
+        common::skip(
+            "PostgreSQL 15, 17, 18 and 19 are not all installed (deploy/postgres/install.sh N)",
+        );
+        return;
+    }
+    let mut fleet = String::new();
+    for v in &versions {
+        fleet.push_str(&format!(
+            "  - name: pg{v}\n    postgres: {{ version: {v} }}\n"
+        ));
+    }
     let sc = s.write(
         "versions.yaml",
-        "name: versions
+        &format!(
+            "name: versions
 fleet:
-  - name: pg15
-    postgres: { version: 15 }
-  - name: pg18
-    postgres: { version: 18, settings: { default_toast_compression: lz4, io_method: io_uring } }
+{fleet}  - name: lz4uring
+    postgres: {{ version: 18, settings: {{ default_toast_compression: lz4, io_method: io_uring }} }}
+  - name: unnamed
 workloads:
   - kind: toast-slice
-    storage_modes: [external, pglz, lz4]
+    storage_modes: [external, pglz, lz4, default]
     datasets: [mixed]
     value_bytes: 10485760
     offsets: [\"0%\", \"90%\"]
@@ -697,14 +718,12 @@ workloads:
     duration_s: 0.1
     repeats: 1
     warmup_s: 0.1
-",
+"
+        ),
     );
     let out = s.run_cmd(&sc, &[]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
     let r = s.report();
-    // The TOAST-slice article's facts hold on both versions: the same
-    // pages read per slice for EXTERNAL and pglz at every offset, lz4
-    // stored as lz4.
     let results = r["results"].as_array().unwrap();
     let m = |class: &str, mode: &str, label: &str| -> serde_json::Value {
         results
@@ -720,32 +739,71 @@ workloads:
     let pages = |v: &serde_json::Value| {
         v["buffers_shared_hit"].as_u64().unwrap() + v["buffers_shared_read"].as_u64().unwrap()
     };
-    for mode in ["external", "pglz"] {
-        for label in ["0%", "90%"] {
-            assert_eq!(
-                pages(&m("pg15", mode, label)),
-                pages(&m("pg18", mode, label)),
-                "{mode} at {label}"
-            );
+    let mut classes: Vec<String> = versions.iter().map(|v| format!("pg{v}")).collect();
+    classes.extend(["lz4uring".to_string(), "unnamed".to_string()]);
+    // The TOAST-slice article's facts hold on every version: the same
+    // pages read per slice for EXTERNAL and pglz at every offset, lz4
+    // stored as lz4.
+    for class in &classes {
+        for mode in ["external", "pglz"] {
+            for label in ["0%", "90%"] {
+                assert_eq!(
+                    pages(&m(class, mode, label)),
+                    pages(&m("pg15", mode, label)),
+                    "{class}: {mode} at {label}"
+                );
+            }
         }
-    }
-    assert!(pages(&m("pg18", "pglz", "90%")) > 300);
-    for class in ["pg15", "pg18"] {
         assert_eq!(m(class, "lz4", "0%")["compression"], "lz4", "{class}");
     }
+    assert!(pages(&m("unnamed", "pglz", "90%")) > 300);
+    // What each stores by default.
+    for (class, method) in [
+        ("pg15", "pglz"),
+        ("pg17", "pglz"),
+        ("pg18", "pglz"),
+        ("unnamed", "pglz"),
+        ("lz4uring", "lz4"),
+        ("pg19", "lz4"),
+    ] {
+        assert_eq!(m(class, "default", "0%")["compression"], method, "{class}");
+    }
     let env = &r["environment"]["instance_classes"];
-    let version = |c: &str| {
-        env[c]["postgres"]["version"]
+    let pg = |c: &str| env[c]["postgres"].clone();
+    for v in &versions {
+        let p = pg(&format!("pg{v}"));
+        assert!(
+            p["version"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with(&format!("{v}")),
+            "{env}"
+        );
+        // io_method is 18's: absent before, `worker` by default.
+        let io = p["settings"]["io_method"].as_str();
+        assert_eq!(io, (*v >= 18).then_some("worker"), "pg{v}: {p}");
+    }
+    assert!(
+        pg("unnamed")["version"]
             .as_str()
-            .unwrap_or("")
-            .to_string()
-    };
-    assert!(version("pg15").starts_with("15."), "{env}");
-    assert!(version("pg18").starts_with("18."), "{env}");
-    assert_eq!(
-        env["pg18"]["postgres"]["settings"]["default_toast_compression"], "lz4",
+            .unwrap()
+            .starts_with("18."),
         "{env}"
     );
+    assert_eq!(pg("lz4uring")["settings"]["io_method"], "io_uring", "{env}");
+    assert_eq!(
+        pg("lz4uring")["settings"]["default_toast_compression"],
+        "lz4"
+    );
+    for c in ["pg18", "unnamed"] {
+        assert_eq!(
+            pg(c)["build"],
+            serde_json::json!(["lz4", "zstd", "liburing"]),
+            "{c}"
+        );
+    }
+    let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
+    assert!(md.contains("with lz4, zstd, liburing"), "{md}");
     s.assert_clean(&[]);
     // 16 is a version pgfleet runs, but not installed on this host.
     if pgfleet_proto::installs::find(16).is_none() {

@@ -978,6 +978,8 @@ fn the_api_refuses_shell_scenarios_full_queues_read_only_writes_and_speaks_tls()
             .contains("where the hours go"),
         "{body}"
     );
+    // A class naming no version runs the default, 18.
+    assert_eq!(plan["postgres_versions"]["local"], 18, "{body}");
     let (code, _, body) = http(
         &api,
         "POST",

@@ -3,24 +3,30 @@
 # packages (debootstrap, then `docker import`), then the controller and
 # agent images from this directory's Dockerfiles with the given binaries.
 #
-#   deploy/images/build.sh [--bin-dir target/release] [--tag dev]
+#   deploy/images/build.sh [--bin-dir target/release] [--tag dev] [--pg-version N]...
 #
 # Images: pgfleet-base:bookworm (Debian 12 minbase with PostgreSQL 15 server,
 # its contrib modules and client (pgbench), lz4, fio, tini), pgfleet-controller:<tag>,
 # pgfleet-agent:<tag>, pgfleet-prometheus:<tag> (Debian's Prometheus, for
-# deploy/compose). The base is built once and reused; pass --rebuild-base
-# to make it again. Needs root (debootstrap) and a Docker daemon.
+# deploy/compose). The agent image also carries each --pg-version (default:
+# 18, what a class without `postgres: {version}` runs) as
+# deploy/postgres/install.sh installs it on this host (made here first when
+# missing), at the same path, so pods and local agents run the same build.
+# The base is built once and reused; pass --rebuild-base to make it again.
+# Needs root (debootstrap) and a Docker daemon.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin_dir="$here/../../target/release"
 tag=dev
 rebuild_base=0
+pg_versions=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin-dir) bin_dir="$2"; shift 2 ;;
     --tag) tag="$2"; shift 2 ;;
     --rebuild-base) rebuild_base=1; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --pg-version) pg_versions+=("$2"); shift 2 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -28,6 +34,11 @@ for b in pgfleet pgfleet-agent; do
   [ -x "$bin_dir/$b" ] || { echo "$bin_dir/$b missing: build it (cargo build --release --workspace --bins) or pass --bin-dir" >&2; exit 2; }
 done
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+[ "${#pg_versions[@]}" -gt 0 ] || pg_versions=(18)
+pg_installs="${PGFLEET_PG_INSTALLS:-/opt/pgfleet/postgres}"
+for v in "${pg_versions[@]}"; do
+  bash "$here/../postgres/install.sh" "$v" --root "$pg_installs" >/dev/null
+done
 
 # A base built before it carried fio (kind fio) is rebuilt.
 if [ "$rebuild_base" = 1 ] || ! docker image inspect pgfleet-base:bookworm >/dev/null 2>&1 \
@@ -59,9 +70,15 @@ fi
 ctx="$(mktemp -d)"
 trap 'rm -rf "$ctx"' EXIT
 cp "$bin_dir/pgfleet" "$bin_dir/pgfleet-agent" "$here"/*.Dockerfile "$ctx/"
+# The installs, at the path their programs were relocated to.
+mkdir -p "$ctx/postgres"
+for v in "${pg_versions[@]}"; do
+  cp -a "$pg_installs/$v" "$ctx/postgres/$v"
+done
 echo "== pgfleet-controller:$tag, pgfleet-agent:$tag"
 docker build -q -t "pgfleet-controller:$tag" -f "$ctx/controller.Dockerfile" "$ctx" >/dev/null
-docker build -q -t "pgfleet-agent:$tag" -f "$ctx/agent.Dockerfile" "$ctx" >/dev/null
+docker build -q -t "pgfleet-agent:$tag" --build-arg "PG_INSTALLS=$pg_installs" \
+  -f "$ctx/agent.Dockerfile" "$ctx" >/dev/null
 # Prometheus for deploy/compose, from Debian's package: the installed one's
 # binary, else the package downloaded and unpacked.
 if dpkg -s prometheus >/dev/null 2>&1; then
@@ -75,4 +92,4 @@ else
   rm -rf "$deb"
 fi
 docker build -q -t "pgfleet-prometheus:$tag" -f "$ctx/prometheus.Dockerfile" "$ctx" >/dev/null
-echo "built pgfleet-controller:$tag, pgfleet-agent:$tag and pgfleet-prometheus:$tag"
+echo "built pgfleet-controller:$tag, pgfleet-agent:$tag (PostgreSQL ${pg_versions[*]}) and pgfleet-prometheus:$tag"

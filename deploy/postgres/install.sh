@@ -67,7 +67,12 @@ if [ "$version" = 19 ]; then
   echo "deb $mirror experimental main" > "$work/etc/apt/sources.list.d/experimental.list"
   mount --bind /proc "$work/proc"
   trap 'umount "$work/proc" 2>/dev/null || true; rm -rf "$work"' EXIT
-  chroot "$work" apt-get update -qq >/dev/null
+  # Signatures are checked; a Release file's Valid-Until is not, as sid's
+  # and experimental's lapse within days and a mirror's copy may be older
+  # than this host's clock.
+  chroot "$work" apt-get -o Acquire::Check-Valid-Until=false update -qq >/dev/null
+  # The package makes no cluster of its own (it would fail in a chroot).
+  echo "create_main_cluster = false" >> "$work/etc/postgresql-common/createcluster.conf"
   chroot "$work" apt-get install -y -qq --no-install-recommends -t experimental \
     "postgresql-19" "postgresql-client-19" >/dev/null
   umount "$work/proc"

@@ -36,6 +36,24 @@ pub struct Postgres {
     pub bin_dir: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
+    /// What the build was configured with of what the experiments use
+    /// (`lz4`, `zstd`, `liburing`; from `pg_config --configure`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub build: Vec<String>,
+}
+
+/// The build options `Postgres::build` reports, of a `pg_config
+/// --configure` text.
+pub fn build_options(configure: &str) -> Vec<String> {
+    ["lz4", "zstd", "liburing"]
+        .iter()
+        .filter(|f| {
+            configure
+                .split(|c: char| c.is_whitespace() || c == '\'')
+                .any(|w| w == format!("--with-{f}"))
+        })
+        .map(|f| f.to_string())
+        .collect()
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -205,6 +223,9 @@ mod tests {
                 settings: [("shared_buffers".to_string(), "128MB".to_string())].into(),
                 bin_dir: None,
                 port: Some(5432),
+                build: build_options(
+                    "'--with-lz4' '--with-zstd' '--with-liburing' '--with-lz4-extra'",
+                ),
             },
             instance: Instance {
                 memory_bytes: 1 << 30,
@@ -221,11 +242,16 @@ mod tests {
         };
         let json = serde_json::to_value(&e).unwrap();
         assert_eq!(json["instance"]["type"], "");
+        assert_eq!(
+            json["postgres"]["build"],
+            serde_json::json!(["lz4", "zstd", "liburing"])
+        );
         assert_eq!(serde_json::from_value::<Environment>(json).unwrap(), e);
         assert_eq!((e.memory_bytes(), e.cpus()), (1 << 30, 1));
         let old: Environment =
             serde_json::from_str(r#"{"postgres": {"version": "15"}, "host": {"cores": 4}}"#)
                 .unwrap();
         assert_eq!((old.postgres.version.as_str(), old.cpus()), ("15", 4));
+        assert!(old.postgres.build.is_empty());
     }
 }

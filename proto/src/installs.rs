@@ -11,6 +11,11 @@ use std::path::{Path, PathBuf};
 /// The major versions a class may ask for.
 pub const SUPPORTED: &[u32] = &[15, 16, 17, 18, 19];
 
+/// The version a class without `postgres: {version}` runs, and an agent
+/// given neither `--pg-version` nor `--pg-bin`: 18, as the source articles
+/// ran it (18.6 from Debian, with lz4, zstd and io_uring).
+pub const DEFAULT: u32 = 18;
+
 /// Where `deploy/postgres/install.sh` puts its installs.
 pub fn installs_root() -> PathBuf {
     std::env::var_os("PGFLEET_PG_INSTALLS")

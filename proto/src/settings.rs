@@ -4,7 +4,7 @@
 //! from PostgreSQL's own metadata, not a list of bad names:
 //!
 //! 1. **Known names only.** The name must be one `pg_settings` lists on
-//!    PostgreSQL 15 or 18 (`data/pg_settings_{15,18}.tsv`: name, type,
+//!    PostgreSQL 15, 17, 18 or 19 (`data/pg_settings_N.tsv`: name, type,
 //!    context, category, as the servers report them; a test compares them
 //!    with live servers). Config-file directives (`include`,
 //!    `include_if_exists`, `include_dir`) and custom or extension names
@@ -19,7 +19,7 @@
 //! 4. **Values** of what is allowed without the opt-in are plain words
 //!    (`plain_value`): no quotes, no line breaks, no `..`.
 //!
-//! A name judged differently by the two versions gets the stricter verdict.
+//! A name judged differently by two versions gets the stricter verdict.
 //! SECURITY.md carries the table `markdown_table` generates (a test keeps it
 //! current).
 
@@ -136,10 +136,12 @@ pub const EXCEPTIONS: &[(&str, &str)] = &[(
 )];
 
 const PG15: &str = include_str!("../data/pg_settings_15.tsv");
+const PG17: &str = include_str!("../data/pg_settings_17.tsv");
 const PG18: &str = include_str!("../data/pg_settings_18.tsv");
+const PG19: &str = include_str!("../data/pg_settings_19.tsv");
 
 /// The PostgreSQL versions whose `pg_settings` the judgement knows.
-pub const VERSIONS: &[(u32, &str)] = &[(15, PG15), (18, PG18)];
+pub const VERSIONS: &[(u32, &str)] = &[(15, PG15), (17, PG17), (18, PG18), (19, PG19)];
 
 /// One row of `pg_settings` (the columns the judgement reads).
 #[derive(Debug, Clone, PartialEq, Eq)]

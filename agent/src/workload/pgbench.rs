@@ -84,6 +84,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                 steady: drift.map(|d| d.steady),
                 drift_pct: drift.map(|d| d.drift_pct),
                 drift_interval_pct: drift.map(|d| d.interval_pct),
+                drift_abs_pct: drift.map(|d| d.drift_pct.abs()),
                 internals,
                 load: loaded,
                 fault_metrics: FaultMetrics::of(&faults),

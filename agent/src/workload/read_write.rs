@@ -333,14 +333,21 @@ async fn random_read(ctx: &CellContext<'_>, p: &Params) -> Result<Metrics> {
 /// 8 KiB pages PostgreSQL has written out so far (all writers), and the
 /// WAL position.
 async fn writes_so_far(client: &Client, version: i32) -> Result<(u64, u64)> {
-    let pages: i64 = if version >= 160000 {
-        client
-            .query_one(
-                "SELECT coalesce(sum(writes * op_bytes) / 8192, 0)::bigint FROM pg_stat_io WHERE object = 'relation'",
-                &[],
-            )
-            .await?
-            .get(0)
+    // pg_stat_io counts writes by operation from 16; 18 gives their bytes
+    // (`write_bytes`) where 16 and 17 give `op_bytes` per operation.
+    let io_query = if version >= 180000 {
+        Some(
+            "SELECT coalesce(sum(write_bytes) / 8192, 0)::bigint FROM pg_stat_io WHERE object = 'relation'",
+        )
+    } else if version >= 160000 {
+        Some(
+            "SELECT coalesce(sum(writes * op_bytes) / 8192, 0)::bigint FROM pg_stat_io WHERE object = 'relation'",
+        )
+    } else {
+        None
+    };
+    let pages: i64 = if let Some(q) = io_query {
+        client.query_one(q, &[]).await?.get(0)
     } else {
         client
             .query_one(

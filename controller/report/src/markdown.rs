@@ -325,12 +325,22 @@ fn environment(md: &mut String, doc: &Report) {
             md,
             "| {name} | {} | {} | {instance} | {} ({}) | {} cores, {mem:.1} GiB | {} |",
             c.agents.join(", "),
-            e.postgres.version,
+            postgres_words(&e.postgres),
             e.storage.profile,
             storage_words(&e.storage),
             e.host.cores,
             settings.join(", ")
         );
+    }
+}
+
+/// The server's version and the build options the experiments use.
+fn postgres_words(p: &pgfleet_proto::environment::Postgres) -> String {
+    let version = pgfleet_proto::escape::markdown(&p.version);
+    if p.build.is_empty() {
+        version
+    } else {
+        format!("{version} with {}", p.build.join(", "))
     }
 }
 

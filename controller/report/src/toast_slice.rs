@@ -10,7 +10,12 @@ use pgfleet_proto::workload::toast_slice::{Metrics, PointParams, StorageMode};
 use super::plot::{Series, line_chart};
 use super::table::{Plots, Row, ms};
 
-const MODES: &[StorageMode] = &[StorageMode::External, StorageMode::Pglz, StorageMode::Lz4];
+const MODES: &[StorageMode] = &[
+    StorageMode::External,
+    StorageMode::Pglz,
+    StorageMode::Lz4,
+    StorageMode::Default,
+];
 
 type R<'a> = Row<'a, PointParams, Metrics>;
 

@@ -579,6 +579,14 @@ impl Scenario {
 }
 
 impl FleetEntry {
+    /// The PostgreSQL major version the class runs: the one it names, else
+    /// `installs::DEFAULT` (a run's `--pg-bin` aside).
+    pub fn postgres_version(&self) -> u32 {
+        self.postgres
+            .as_ref()
+            .and_then(|p| p.version.as_ref())
+            .map_or(pgfleet_proto::installs::DEFAULT, |v| v.value)
+    }
     pub fn count(&self) -> u32 {
         self.count.as_ref().map(|c| c.value).unwrap_or(1)
     }
@@ -779,7 +787,7 @@ pub struct PostgresSpec {
     #[serde(default)]
     pub settings: BTreeMap<String, Spanned<SettingValue>>,
     /// The major version the class runs (`installs::SUPPORTED`); absent:
-    /// what the agent finds (the host's newest).
+    /// `installs::DEFAULT` (18), or the run's `--pg-bin`.
     #[serde(default)]
     pub version: Option<Spanned<u32>>,
 }

@@ -167,6 +167,9 @@ pub struct Agent {
     pub address: String,
     /// Its storage profile (from its registration), for metrics' labels.
     pub profile: String,
+    /// The major version of the PostgreSQL it runs ("18"; from its
+    /// registration), for metrics' labels.
+    pub postgres_major: String,
     /// The dataset store it publishes to and restores from (from its
     /// registration; empty: its own, shared with no one).
     pub dataset_store: String,
@@ -268,6 +271,7 @@ impl Core {
                         why_lost: String::new(),
                         address: String::new(),
                         profile: String::new(),
+                        postgres_major: String::new(),
                         dataset_store: String::new(),
                         kept: None,
                         host: Host::default(),
@@ -496,6 +500,12 @@ impl Core {
             instance_memory_bytes: info.instance_memory_bytes,
         };
         slot.dataset_store = info.dataset_store.clone();
+        slot.postgres_major = info
+            .postgres_version
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap_or("")
+            .to_string();
         slot.profile = info
             .storage
             .as_ref()

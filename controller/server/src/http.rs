@@ -184,6 +184,9 @@ pub struct PlanView {
     pub disk_bytes_per_agent: u64,
     /// `pgfleet validate`'s text of the same plan.
     pub text: String,
+    /// Each class's PostgreSQL major version (the one it names, else 18):
+    /// what its agents must run.
+    pub postgres_versions: std::collections::BTreeMap<String, u32>,
 }
 
 /// A run in full.
@@ -387,6 +390,12 @@ async fn plan(State(s): State<Shared>, Query(q): Query<SubmitQuery>, body: Body)
         wall_seconds: (t.wall_seconds * 10.0).round() / 10.0,
         disk_bytes_per_agent: t.disk_bytes_per_agent,
         text: pgfleet_scenario::plan::describe(&sc, &cells, std::path::Path::new(&name)),
+        postgres_versions: sc
+            .fleet
+            .value
+            .iter()
+            .map(|f| (f.name.value.clone(), f.postgres_version()))
+            .collect(),
     };
     json(StatusCode::OK, &view)
 }

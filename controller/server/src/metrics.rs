@@ -10,7 +10,8 @@
 //! block reads and their time, WAL bytes, syncs and their time, checkpoints,
 //! the cluster's own device's requests and bytes (where it has one),
 //! and the wait events of active backends — labelled `scenario`, `run_id`,
-//! `instance_class`, `storage_profile`, `workload` (no per-cell or
+//! `instance_class`, `storage_profile`, `workload`, `postgres_version`
+//! (the major version the agent runs; no per-cell or
 //! per-client label). A finished cell's figures, as its kind declares them
 //! (`KindInfo::compared`: name, unit, direction), are `pgfleet_cell_result`.
 //! A run's series leave `/metrics` a retention period after it ends.
@@ -36,7 +37,11 @@ pub const RUN_LABELS: &[&str] = &[
     "instance_class",
     "storage_profile",
     "workload",
+    "postgres_version",
 ];
+
+/// A run series' label values, in `RUN_LABELS`' order.
+pub type RunLabels<'a> = [&'a str; 6];
 
 pub struct Metrics {
     registry: Registry,
@@ -425,7 +430,7 @@ impl Metrics {
     }
 
     /// Adds one `pg_stat` sample (the per-second deltas of one cell).
-    pub fn pg_stat(&self, labels: [&str; 5], data: &Json) {
+    pub fn pg_stat(&self, labels: RunLabels<'_>, data: &Json) {
         let owned: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
         self.remember(labels[1], &owned);
         // Per-second deltas an agent reports: bounded, so one message cannot
@@ -506,7 +511,7 @@ impl Metrics {
     /// Adds one live second of a cell's driver (a `live` sample): its
     /// transactions, failures by class, and latencies (each bucket's
     /// count observed at the bucket's geometric middle).
-    pub fn live_second(&self, labels: [&str; 5], data: &Json) {
+    pub fn live_second(&self, labels: RunLabels<'_>, data: &Json) {
         let owned: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
         self.remember(labels[1], &owned);
         let l = &labels[..];
@@ -582,7 +587,7 @@ impl Metrics {
 
     /// A workload's own progress sample: VACUUM's (`vacuum`), the drain's
     /// lag (`lag`), a toast-slice repeat (`repeat`).
-    pub fn progress_sample(&self, labels: [&str; 5], kind: &str, data: &Json) {
+    pub fn progress_sample(&self, labels: RunLabels<'_>, kind: &str, data: &Json) {
         let owned: Vec<String> = labels.iter().map(|s| s.to_string()).collect();
         self.remember(labels[1], &owned);
         let l = &labels[..];
@@ -632,7 +637,7 @@ impl Metrics {
     /// class are two series.
     pub fn cell_result(
         &self,
-        labels: [&str; 5],
+        labels: RunLabels<'_>,
         entry: usize,
         kind: Kind,
         points: &[(Json, Json)],
@@ -863,7 +868,7 @@ fn bounded_label(seen: &mut BTreeSet<String>, value: &str) -> String {
 mod tests {
     use super::*;
 
-    const LABELS: [&str; 5] = ["sc", "run-1", "fast", "nvme", "pgbench"];
+    const LABELS: RunLabels = ["sc", "run-1", "fast", "nvme", "pgbench", "18"];
 
     #[test]
     fn live_seconds_add_up_and_the_histogram_resolves_both_ends() {
@@ -938,12 +943,12 @@ mod tests {
             "device": {"reads": 180.0, "writes": 190.0, "read_bytes": 1474560.0, "write_bytes": 4194304.0}});
         m.pg_stat(LABELS, &sample);
         m.pg_stat(LABELS, &sample);
-        let other = ["sc", "run-1", "slow", "gp3", "pgbench"];
+        let other = ["sc", "run-1", "slow", "gp3", "pgbench", "18"];
         m.pg_stat(
             other,
             &serde_json::json!({"database": {"xact_commit": 5.0}}),
         );
-        let get = |c: &IntCounterVec, l: [&str; 5], d: &str| {
+        let get = |c: &IntCounterVec, l: RunLabels, d: &str| {
             let mut v = l.to_vec();
             v.push(d);
             c.with_label_values(&v).get()
@@ -1044,7 +1049,7 @@ mod tests {
         assert_eq!(m.render().matches("pgfleet_cell_result{").count(), 4);
         // A single point has no point label.
         m.cell_result(
-            ["sc", "run-2", "fast", "nvme", "vacuum-bloat"],
+            ["sc", "run-2", "fast", "nvme", "vacuum-bloat", "18"],
             0,
             Kind::VacuumBloat,
             &[(

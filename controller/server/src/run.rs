@@ -36,18 +36,37 @@ pub struct RunOptions {
 /// Local agents run on this host with its tools: a `kind: fio` entry with
 /// no fio here (or one too old) is refused before anything starts, at the
 /// entry's `kind`. (The agents' `--fio` is `PGFLEET_FIO`, else `fio`.)
-fn check_local_tools(path: &Path, sc: &scenario::Scenario) -> Result<()> {
-    // Each class's PostgreSQL version is installed here.
+fn check_local_tools(path: &Path, sc: &scenario::Scenario, pg_bin: Option<&Path>) -> Result<()> {
+    // Each class's PostgreSQL version is installed here: the one it names,
+    // else the default unless --pg-bin gives the build.
     for (i, f) in sc.fleet.value.iter().enumerate() {
-        if let Some(v) = f.postgres.as_ref().and_then(|p| p.version.as_ref())
-            && pgfleet_proto::installs::find(v.value).is_none()
-        {
+        let named = f.postgres.as_ref().and_then(|p| p.version.as_ref());
+        if named.is_none() && pg_bin.is_some() {
+            continue;
+        }
+        let major = f.postgres_version();
+        if pgfleet_proto::installs::find(major).is_none() {
+            let (line, column, field) = match named {
+                Some(v) => (
+                    v.referenced.line(),
+                    v.referenced.column(),
+                    format!("fleet[{i}].postgres.version"),
+                ),
+                None => (
+                    f.name.referenced.line(),
+                    f.name.referenced.column(),
+                    format!("fleet[{i}] (no postgres.version: the default, {major})"),
+                ),
+            };
             return Err(scenario::ScenarioError {
                 file: path.to_path_buf(),
-                line: v.referenced.line(),
-                column: v.referenced.column(),
-                field: format!("fleet[{i}].postgres.version"),
-                message: pgfleet_proto::installs::missing(v.value),
+                line,
+                column,
+                field,
+                message: format!(
+                    "{}; or give the run --pg-bin DIR to run another build",
+                    pgfleet_proto::installs::missing(major)
+                ),
             }
             .into());
         }
@@ -88,7 +107,7 @@ pub struct RunSummary {
 pub async fn run_scenario(opts: RunOptions, cancel: CancellationToken) -> Result<RunSummary> {
     let yaml = scenario::read(&opts.scenario)?;
     let sc = scenario::parse(&opts.scenario, &yaml)?;
-    check_local_tools(&opts.scenario, &sc)?;
+    check_local_tools(&opts.scenario, &sc, opts.local.pg_bin.as_deref())?;
     let labels = pgfleet_scenario::labels::Labels::parse(&opts.labels)
         .map_err(pgfleet_store::Error::Usage)?;
     // Datasets already in the local agents' store are restored, not built.

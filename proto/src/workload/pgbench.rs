@@ -50,6 +50,13 @@ pub const COMPARED: &[Metric] = &[
         Better::Lower,
         "device I/Os per committed transaction",
     ),
+    // A check's `max` on it requires steady windows (`steady`).
+    Metric::new(
+        "drift_abs_pct",
+        "%",
+        Better::Lower,
+        "how far the window's throughput drifted, either way, in percent of its mean",
+    ),
     fault::COMPARED[0],
     fault::COMPARED[1],
     fault::COMPARED[2],
@@ -297,6 +304,10 @@ pub struct Metrics {
     pub drift_pct: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drift_interval_pct: Option<[f64; 2]>,
+    /// `drift_pct`'s magnitude: what a check bounds (`max: 10` fails a
+    /// window that rose or fell more than 10 %).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift_abs_pct: Option<f64>,
     #[serde(flatten)]
     pub internals: Internals,
     #[serde(flatten)]
@@ -555,8 +566,8 @@ impl KindParams for Params {
 
 /// The real pgbench's verdict on a script: it parses its scripts before it
 /// connects, so pointed at a socket that cannot exist it stops right after
-/// judging. None: no pgbench here (`PGFLEET_PG_BIN`, `PATH`, or Debian's
-/// /usr/lib/postgresql/*/bin).
+/// judging. None: no pgbench here (`PGFLEET_PG_BIN`, the default
+/// version's install, `PATH`, or Debian's /usr/lib/postgresql/*/bin).
 /// The query mode `driver: pgbench` runs a script with: prepared
 /// statements as pgfleet's driver; the simple protocol for a script with
 /// compound commands (`\;`), which pgfleet's driver uses for those alone.
@@ -581,6 +592,10 @@ pub fn pgbench_verdict(script: &str) -> Option<Result<(), String>> {
     let mut candidates: Vec<std::path::PathBuf> = Vec::new();
     if let Some(d) = std::env::var_os("PGFLEET_PG_BIN") {
         candidates.push(std::path::Path::new(&d).join("pgbench"));
+    }
+    // The default version's, which runs a class that names none.
+    if let Some(d) = crate::installs::find(crate::installs::DEFAULT) {
+        candidates.push(d.join("pgbench"));
     }
     for d in std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()) {
         candidates.push(d.join("pgbench"));

@@ -126,7 +126,8 @@ pub struct Spec {
     /// Which probes to run (default: all, in the article's order).
     #[serde(default)]
     pub probes: Option<Vec<Spanned<String>>>,
-    /// Storage modes compared (default external, pglz, lz4).
+    /// Storage modes compared (default external, pglz, lz4; `default`:
+    /// EXTENDED with the server's own default compression).
     #[serde(default)]
     pub storage_modes: Option<Vec<Spanned<String>>>,
     /// threshold: value lengths in characters (default 1500, 2000, 2001).
@@ -310,7 +311,7 @@ impl KindSpec for Spec {
             "storage_modes",
             super::toast_slice::STORAGE_MODES,
             "storage mode",
-            super::toast_slice::STORAGE_MODES,
+            super::toast_slice::DEFAULT_STORAGE_MODES,
         )?;
         let threshold_chars = match &self.threshold_chars {
             None => vec![1500, 2000, 2001],

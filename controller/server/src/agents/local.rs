@@ -228,7 +228,11 @@ impl LocalAgents {
         if let Some(ca) = &access.ca {
             cmd.arg("--ca").arg(ca);
         }
-        // A class's version wins over the run's --pg-bin.
+        // A class's version wins over the run's --pg-bin; neither: the
+        // agent's default (installs::DEFAULT). What the controller was
+        // given decides, not what the agent would inherit.
+        cmd.env_remove("PGFLEET_PG_BIN")
+            .env_remove("PGFLEET_PG_VERSION");
         match f.postgres.as_ref().and_then(|p| p.version.as_ref()) {
             Some(v) => {
                 cmd.args(["--pg-version", &v.value.to_string()]);

@@ -23,6 +23,7 @@ use pgfleet_proto::v1::ControllerMessage;
 use pgfleet_proto::v1::controller_message::Msg as CMsg;
 
 use crate::events::{Event, ToAgent};
+use crate::metrics::RunLabels;
 use crate::writer::Write;
 use pgfleet_scenario::PlannedCell;
 use pgfleet_store::{CellState, Entry, RunStatus, Store};
@@ -643,19 +644,17 @@ impl Scheduler {
     }
 
     /// A cell's series labels: its run, class, `agent_id`'s storage
-    /// profile and its workload.
-    fn series_labels(&self, idx: usize, agent_id: Option<&str>) -> [&str; 5] {
+    /// profile, its workload and `agent_id`'s PostgreSQL major version.
+    fn series_labels(&self, idx: usize, agent_id: Option<&str>) -> RunLabels<'_> {
         let cell = &self.core.cells[idx];
-        let profile = agent_id
-            .and_then(|a| self.core.agents.get(a))
-            .map(|a| a.profile.as_str())
-            .unwrap_or("");
+        let agent = agent_id.and_then(|a| self.core.agents.get(a));
         [
             self.opts.scenario.as_str(),
             self.run_id.as_str(),
             cell.planned.instance_class.as_str(),
-            profile,
+            agent.map(|a| a.profile.as_str()).unwrap_or(""),
             cell.planned.workload().name(),
+            agent.map(|a| a.postgres_major.as_str()).unwrap_or(""),
         ]
     }
 
