@@ -832,6 +832,93 @@ workloads:
     assert!(err.contains("allowed 15, 16, 17, 18, 19"), "{err}");
 }
 
+/// Every kind that runs PostgreSQL runs on the versions the suite does not
+/// run by default (18 is the default, so every other test runs there): 15,
+/// 17 and 19~rc1, each a class of one agent; the logical drain from one
+/// version's publisher to another's subscriber (15 to 17, 17 to 19). Every
+/// cell succeeds, on its class's own server.
+#[test]
+fn every_kind_runs_on_15_17_and_19() {
+    let s = Scratch::new("every-kind");
+    if [15, 17, 19]
+        .iter()
+        .any(|v| pgfleet_proto::installs::find(*v).is_none())
+    {
+        common::skip(
+            "PostgreSQL 15, 17 and 19 are not all installed (deploy/postgres/install.sh N)",
+        );
+        return;
+    }
+    let sc = s.write(
+        "every.yaml",
+        "name: every-kind
+fleet:
+  - { name: pg15, postgres: { version: 15 } }
+  - { name: pg17, postgres: { version: 17 } }
+  - { name: pg19, postgres: { version: 19 } }
+workloads:
+  - { kind: pgbench-init, scale: 1 }
+  - { kind: pgbench, scale: 1, script: random-update, clients: 2, duration_s: 2, warmup_s: 0 }
+  - { kind: vacuum-bloat, scale: 1, bloat_bytes: 8MB }
+  - { kind: logical-drain, on: [pg17], roles: { publisher: pg15 }, scale: 1, backlog_bytes: 4MB }
+  - { kind: logical-drain, on: [pg19], roles: { publisher: pg17 }, scale: 1, backlog_bytes: 4MB }
+  - kind: toast-slice
+    storage_modes: [pglz, lz4]
+    datasets: [mixed]
+    value_bytes: 1048576
+    offsets: [\"50%\"]
+    slice_bytes: 100
+    duration_s: 0.1
+    repeats: 1
+    warmup_s: 0
+  - { kind: toast-probe, probes: [threshold, placement] }
+  - kind: compression-analysis
+    dataset: sql
+    setup_sql: \"CREATE TABLE items AS SELECT i AS id, md5(i::text) AS h FROM generate_series(1, 5000) i\"
+    sample_fractions: [1]
+  - { kind: read-write, rows: 20000, tests: [seq-cold, write], repeats: 1 }
+",
+    );
+    let out = s.run_cmd(&sc, &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let r = s.report();
+    let cells = r["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 7 * 3 + 2, "{}", r["cells"]);
+    for c in cells {
+        assert_eq!(c["state"], "succeeded", "{c}");
+    }
+    let results = r["results"].as_array().unwrap();
+    for class in ["pg15", "pg17", "pg19"] {
+        let kinds: std::collections::BTreeSet<&str> = results
+            .iter()
+            .filter(|x| x["instance_class"] == class)
+            .filter_map(|x| x["workload"].as_str())
+            .collect();
+        for kind in [
+            "pgbench-init",
+            "pgbench",
+            "vacuum-bloat",
+            "toast-slice",
+            "toast-probe",
+            "compression-analysis",
+            "read-write",
+        ] {
+            assert!(kinds.contains(kind), "{class}: no {kind} result: {kinds:?}");
+        }
+        let v = r["environment"]["instance_classes"][class]["postgres"]["version"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        assert!(v.starts_with(&class[2..]), "{class}: {v}");
+    }
+    let drains = results
+        .iter()
+        .filter(|x| x["workload"] == "logical-drain")
+        .count();
+    assert_eq!(drains, 2, "{results:?}");
+    s.assert_clean(&[]);
+}
+
 /// Local agents use this host's fio: a `kind: fio` entry without one is
 /// refused before anything starts, at the entry's `kind`, saying what to
 /// install.

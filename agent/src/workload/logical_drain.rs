@@ -74,8 +74,10 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                 } else {
                     None
                 };
-                let driven = Server::of_workload(&publisher, ctx.cluster.pg.major);
-                let publisher = Server::of(&publisher, ctx.cluster.pg.major);
+                // The publisher may run another major version than this
+                // subscriber: its own, read once connected.
+                let mut driven = Server::of_workload(&publisher, 0);
+                let mut publisher = Server::of(&publisher, 0);
                 let here = ctx.cluster.connect().await?;
                 let there = publisher.connect().await.map_err(|e| Error::Peer {
                     role: PUBLISHER.into(),
@@ -84,6 +86,15 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                         publisher.conninfo_without_password()
                     ),
                 })?;
+                let major: i32 = there
+                    .query_one(
+                        "SELECT current_setting('server_version_num')::int / 10000",
+                        &[],
+                    )
+                    .await?
+                    .get(0);
+                publisher.major = major.max(0) as u32;
+                driven.major = publisher.major;
                 let measured = measure(
                     ctx, p, &publisher, &driven, loaded, &here, &there, preloaded,
                 )

@@ -559,6 +559,20 @@ impl Scenario {
         self.oversubscribe.as_ref().is_some_and(|o| o.value)
     }
 
+    /// The classes that name a PostgreSQL version, and the version: an
+    /// agent of such a class must run it (classes naming none run the
+    /// default, or a local run's `--pg-bin`).
+    pub fn named_postgres_versions(&self) -> BTreeMap<String, u32> {
+        self.fleet
+            .value
+            .iter()
+            .filter_map(|f| {
+                let v = f.postgres.as_ref()?.version.as_ref()?;
+                Some((f.name.value.clone(), v.value))
+            })
+            .collect()
+    }
+
     /// `cleanup:` with its defaults (validated: values parse).
     pub fn cleanup(&self) -> Cleanup {
         let d = Cleanup::default();

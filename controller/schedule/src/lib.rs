@@ -243,6 +243,9 @@ pub struct Core {
     /// host would ask for more CPUs or memory than it has (the scenario's
     /// `oversubscribe: true`); by default such a cell waits.
     pub oversubscribe: bool,
+    /// Classes that name a PostgreSQL major version: their agents must run
+    /// it (checked at registration).
+    pub postgres_versions: BTreeMap<String, u32>,
     /// Datasets (`Share::key`) some cell of this run has in its cluster,
     /// built and published or restored: their held cells may start.
     datasets_ready: BTreeSet<String>,
@@ -298,6 +301,7 @@ impl Core {
             now,
             out: Vec::new(),
             oversubscribe: false,
+            postgres_versions: BTreeMap::new(),
             datasets_ready: BTreeSet::new(),
         }
     }
@@ -473,7 +477,16 @@ impl Core {
                 "agent {id} registered as class {class}, expected {}",
                 a.class
             )),
-            Some(_) => None,
+            Some(_) => self.postgres_versions.get(&class).and_then(|want| {
+                let runs = postgres_major(&info.postgres_version);
+                (runs != want.to_string()).then(|| {
+                    format!(
+                        "agent {id} runs PostgreSQL {}, but class {class} asks for {want} \
+                         (postgres.version): start it with --pg-version {want}",
+                        info.postgres_version
+                    )
+                })
+            }),
         };
         if let Some(reason) = refusal {
             self.observe(Observed::AgentRefused {
@@ -500,12 +513,7 @@ impl Core {
             instance_memory_bytes: info.instance_memory_bytes,
         };
         slot.dataset_store = info.dataset_store.clone();
-        slot.postgres_major = info
-            .postgres_version
-            .split(|c: char| !c.is_ascii_digit())
-            .next()
-            .unwrap_or("")
-            .to_string();
+        slot.postgres_major = postgres_major(&info.postgres_version).to_string();
         slot.profile = info
             .storage
             .as_ref()
@@ -1290,6 +1298,15 @@ fn parse_assignment(planned: &PlannedCell, who: &str) -> Vec<(String, String)> {
     }
 }
 
+/// The major version of a server version ("18.6 (Debian 18.6-3)", "19rc1"
+/// -> "18", "19"): its leading digits.
+pub fn postgres_major(version: &str) -> &str {
+    let end = version
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(version.len());
+    &version[..end]
+}
+
 /// What the store keeps of a registration.
 fn registration(info: &Register) -> pgfleet_records::Registration {
     pgfleet_records::Registration {
@@ -1715,6 +1732,48 @@ mod tests {
             vec![(id(&c, 1), CellState::Failed, "boom".to_string())]
         );
         assert!(c.done());
+    }
+
+    /// A class naming a PostgreSQL version takes only agents running that
+    /// major; one running another is refused, saying what to start.
+    #[test]
+    fn an_agent_on_another_postgres_major_than_its_class_names_is_refused() {
+        assert_eq!(postgres_major("18.6 (Debian 18.6-3)"), "18");
+        assert_eq!(postgres_major("19rc1 (Debian 19~rc1-1)"), "19");
+        assert_eq!(postgres_major(""), "");
+        let t0 = Instant::now();
+        let mut c = core(single(1), &["a-1"], t0);
+        c.postgres_versions = [("a".to_string(), 18)].into();
+        let on = |version: &str| Register {
+            agent_id: "a-1".into(),
+            instance_class: "a".into(),
+            postgres_version: version.into(),
+            ..Default::default()
+        };
+        let e = c.apply(
+            Input::Registered {
+                info: on("15.18 (Debian 15.18-0+deb12u1)"),
+                conn: 1,
+            },
+            t0,
+        );
+        assert!(
+            e.iter().any(|e| matches!(e, Effect::Refuse { reason } if reason.contains("runs PostgreSQL 15.18") && reason.contains("--pg-version 18"))),
+            "{e:?}"
+        );
+        let e = c.apply(
+            Input::Registered {
+                info: on("18.6 (Debian 18.6-3)"),
+                conn: 2,
+            },
+            t0,
+        );
+        assert!(
+            !e.iter().any(|e| matches!(e, Effect::Refuse { .. })),
+            "{e:?}"
+        );
+        assert_eq!(starts(&e).len(), 1, "{e:?}");
+        assert_eq!(c.agents["a-1"].postgres_major, "18");
     }
 
     #[test]

@@ -531,6 +531,7 @@ async fn resume_run(
             metrics: Some(service.metrics.clone()),
             scenario: spec.scenario.name.value.clone(),
             oversubscribe: spec.scenario.oversubscribe(),
+            postgres_versions: spec.scenario.named_postgres_versions(),
             ..Default::default()
         },
         spec.cells,

@@ -296,6 +296,7 @@ impl Runner {
                 metrics: Some(self.metrics.clone()),
                 scenario: spec.scenario.name.value.clone(),
                 oversubscribe: spec.scenario.oversubscribe(),
+                postgres_versions: spec.scenario.named_postgres_versions(),
                 ..Default::default()
             },
             spec.cells,

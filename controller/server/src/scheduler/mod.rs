@@ -54,6 +54,9 @@ pub struct Options {
     /// The scenario's `oversubscribe`: start cells even when the emulated
     /// instances running at once on a host ask for more than it has.
     pub oversubscribe: bool,
+    /// Classes naming a PostgreSQL version: an agent of one running
+    /// another major is refused at registration.
+    pub postgres_versions: std::collections::BTreeMap<String, u32>,
 }
 
 /// What happens in a run, as published to its watchers (`GET
@@ -102,6 +105,7 @@ impl Default for Options {
             metrics: None,
             scenario: String::new(),
             oversubscribe: false,
+            postgres_versions: Default::default(),
         }
     }
 }
@@ -156,6 +160,7 @@ impl Scheduler {
         let sample_writer = crate::writer::spawn(run_id.to_string(), store.clone(), rx, stored_tx);
         let mut core = Core::new(timing, cells, expected, Instant::now());
         core.oversubscribe = opts.oversubscribe;
+        core.postgres_versions = opts.postgres_versions.clone();
         Scheduler {
             run_id: run_id.to_string(),
             store,
