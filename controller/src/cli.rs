@@ -52,6 +52,11 @@ pub enum Command {
         /// Directory for report.json, report.md and plots.
         #[arg(long)]
         out: PathBuf,
+        /// Also write the run's pgbench figures in another result schema:
+        /// `postgresbench` (ClickHouse's PostgresBench: one
+        /// postgresbench-<class>.json per class, its replicas as the runs).
+        #[arg(long, value_enum)]
+        format: Option<ReportFormat>,
         #[command(flatten)]
         remote: OptionalRemote,
     },
@@ -177,6 +182,13 @@ impl Command {
             Command::Cancel { .. } => "cancel",
         }
     }
+}
+
+/// A result schema `pgfleet report --format` writes besides its own.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReportFormat {
+    /// ClickHouse's PostgresBench (`*/results/*.json`).
+    Postgresbench,
 }
 
 /// Where the server is and how to authenticate.

@@ -346,8 +346,9 @@ async fn dispatch(cli: Cli) -> Result<u8, Failure> {
         Command::Report {
             run_id,
             out,
+            format,
             remote,
-        } => report(&run_id, &out, remote, &cli.store).await,
+        } => report(&run_id, &out, format, remote, &cli.store).await,
         Command::Submit(args) => submit(args).await,
         Command::Status { run_id, remote } => status(&run_id, &remote).await,
         Command::Cancel { run_id, remote } => cancel(&run_id, &remote).await,
@@ -507,6 +508,7 @@ fn list(labels: &[String], store: &std::path::Path) -> Result<u8, Failure> {
 async fn report(
     run_id: &str,
     out: &std::path::Path,
+    format: Option<pgfleet_controller::cli::ReportFormat>,
     remote: pgfleet_controller::cli::OptionalRemote,
     store: &std::path::Path,
 ) -> Result<u8, Failure> {
@@ -531,6 +533,25 @@ async fn report(
         }
     }
     println!("{}", out.join("report.md").display());
+    if format == Some(pgfleet_controller::cli::ReportFormat::Postgresbench) {
+        // From report.json as written, whichever way it came.
+        let path = out.join("report.json");
+        let doc: report::Report = std::fs::read_to_string(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+            .map_err(|e| Error::Report(format!("reading {}: {e}", path.display())))?;
+        let written = report::postgresbench::write(&doc, out)
+            .map_err(|e| Error::Report(format!("writing into {}: {e}", out.display())))?;
+        if written.is_empty() {
+            return Err(Error::Usage(format!(
+                "run {run_id} has no pgbench results: --format postgresbench writes pgbench's figures"
+            ))
+            .into());
+        }
+        for p in written {
+            println!("{}", p.display());
+        }
+    }
     Ok(exit::OK)
 }
 

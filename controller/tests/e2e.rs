@@ -1195,6 +1195,64 @@ workloads:
     assert!(tps["ratio"].as_f64().unwrap() > 0.0);
     let md = std::fs::read_to_string(s.out().join("report.md")).unwrap();
     assert!(md.contains("TPS ratio: b / a = **"), "{md}");
+    // The run in ClickHouse PostgresBench's result schema: one file per
+    // class, its figures pgfleet's own.
+    let pb = s.dir.join("postgresbench");
+    let out = std::process::Command::new(common::pgfleet())
+        .arg("--store")
+        .arg(s.store())
+        .args([
+            "report",
+            r["run_id"].as_str().unwrap(),
+            "--format",
+            "postgresbench",
+            "--out",
+        ])
+        .arg(&pb)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    for class in ["a", "b"] {
+        let d: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(pb.join(format!("postgresbench-{class}.json"))).unwrap(),
+        )
+        .unwrap();
+        let x = results
+            .iter()
+            .find(|x| x["workload"] == "pgbench" && x["instance_class"] == class)
+            .unwrap();
+        let b = &d["benchmark"];
+        assert_eq!(
+            (
+                &b["scale_factor"],
+                &b["clients"],
+                &b["threads"],
+                &b["duration"]
+            ),
+            (
+                &serde_json::json!(1),
+                &serde_json::json!(2),
+                &serde_json::json!(1),
+                &serde_json::json!(2.0)
+            ),
+            "{d}"
+        );
+        assert!(
+            d["postgres_version"].as_str().unwrap().starts_with("18."),
+            "{d}"
+        );
+        assert_eq!(d["instance"]["label"], class);
+        let run = &d["results"][0];
+        assert_eq!(run["tps"], x["metrics"]["tps"], "{d}");
+        assert_eq!(run["latency_p99_ms"], x["metrics"]["latency_ms_p99"], "{d}");
+        let p95 = run["latency_p95_ms"].as_f64().unwrap();
+        assert!(
+            p95 >= x["metrics"]["latency_ms_p50"].as_f64().unwrap() * 0.99
+                && p95 <= x["metrics"]["latency_ms_p99"].as_f64().unwrap() * 1.01,
+            "{d}"
+        );
+        assert!(run["latency_stddev_ms"].as_f64().unwrap() > 0.0, "{d}");
+    }
     assert!(md.contains("## pgbench-init: loading"));
     assert!(s.out().join("pgbench-0-random-update-tps.svg").is_file());
     assert!(s.out().join("pgbench-0-random-update-p99.svg").is_file());
@@ -1309,6 +1367,12 @@ workloads:
         metric("nvme", "page_read_ms_avg"),
         metric("gp3", "page_read_ms_avg"),
     );
+    // A 20-s window is judged for drift: its size is the compared metric
+    // a check bounds.
+    for class in ["nvme", "gp3"] {
+        let (drift, size) = (metric(class, "drift_pct"), metric(class, "drift_abs_pct"));
+        assert_eq!(size, drift.abs(), "{class}");
+    }
     eprintln!(
         "tps nvme {nvme:.0} gp3 {gp3:.0}; page read ms nvme {read_nvme:.3} gp3 {read_gp3:.3}"
     );

@@ -1566,8 +1566,13 @@ fn every_at_scale_scenario_pins_its_pods_to_node_pools() {
             let at = format!("{}: {}", f.display(), d["metadata"]["name"]);
             if d["kind"] == "Pod" {
                 let sel = &d["spec"]["nodeSelector"];
-                assert_eq!(
-                    sel["node.kubernetes.io/instance-type"], "m6id.4xlarge",
+                // The seeds' m6id.4xlarge; PostgresBench's 4-vCPU m6id.xlarge.
+                assert!(
+                    ["m6id.4xlarge", "m6id.xlarge"].contains(
+                        &sel["node.kubernetes.io/instance-type"]
+                            .as_str()
+                            .unwrap_or("")
+                    ),
                     "{at}"
                 );
                 assert!(sel["pgfleet.io/pool"].is_string(), "{at}");
@@ -1578,7 +1583,7 @@ fn every_at_scale_scenario_pins_its_pods_to_node_pools() {
                     .as_str()
                     .unwrap();
                 let bytes = kubernetes::parse_quantity(size).unwrap();
-                assert!(bytes >= 800 << 30, "{at}: {size}");
+                assert!(bytes >= 200 << 30, "{at}: {size}");
             }
         }
     }

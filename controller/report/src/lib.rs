@@ -47,6 +47,7 @@ pub mod markdown;
 mod pgbench;
 mod pgbench_init;
 pub mod plot;
+pub mod postgresbench;
 mod read_write;
 pub mod table;
 mod toast_probe;
