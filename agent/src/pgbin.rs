@@ -37,9 +37,9 @@ impl PgBin {
             )));
         }
         let version = server_version(dir)?;
-        // "15.18", "18beta1", "19rc1": the leading digits.
-        let digits: String = version.chars().take_while(char::is_ascii_digit).collect();
-        let major = digits.parse().unwrap_or(0);
+        let major = pgfleet_proto::installs::major(&version)
+            .parse()
+            .unwrap_or(0);
         Ok(PgBin {
             dir: dir.to_path_buf(),
             version,

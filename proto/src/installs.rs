@@ -16,6 +16,15 @@ pub const SUPPORTED: &[u32] = &[15, 16, 17, 18, 19];
 /// ran it (18.6 from Debian, with lz4, zstd and io_uring).
 pub const DEFAULT: u32 = 18;
 
+/// The major version of a server version ("15.18", "18.6 (Debian
+/// 18.6-3)", "19rc1" -> "15", "18", "19"): its leading digits.
+pub fn major(version: &str) -> &str {
+    let end = version
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(version.len());
+    &version[..end]
+}
+
 /// Where `deploy/postgres/install.sh` puts its installs.
 pub fn installs_root() -> PathBuf {
     std::env::var_os("PGFLEET_PG_INSTALLS")

@@ -478,7 +478,7 @@ impl Core {
                 a.class
             )),
             Some(_) => self.postgres_versions.get(&class).and_then(|want| {
-                let runs = postgres_major(&info.postgres_version);
+                let runs = pgfleet_proto::installs::major(&info.postgres_version);
                 (runs != want.to_string()).then(|| {
                     format!(
                         "agent {id} runs PostgreSQL {}, but class {class} asks for {want} \
@@ -513,7 +513,7 @@ impl Core {
             instance_memory_bytes: info.instance_memory_bytes,
         };
         slot.dataset_store = info.dataset_store.clone();
-        slot.postgres_major = postgres_major(&info.postgres_version).to_string();
+        slot.postgres_major = pgfleet_proto::installs::major(&info.postgres_version).to_string();
         slot.profile = info
             .storage
             .as_ref()
@@ -1298,15 +1298,6 @@ fn parse_assignment(planned: &PlannedCell, who: &str) -> Vec<(String, String)> {
     }
 }
 
-/// The major version of a server version ("18.6 (Debian 18.6-3)", "19rc1"
-/// -> "18", "19"): its leading digits.
-pub fn postgres_major(version: &str) -> &str {
-    let end = version
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(version.len());
-    &version[..end]
-}
-
 /// What the store keeps of a registration.
 fn registration(info: &Register) -> pgfleet_records::Registration {
     pgfleet_records::Registration {
@@ -1738,9 +1729,12 @@ mod tests {
     /// major; one running another is refused, saying what to start.
     #[test]
     fn an_agent_on_another_postgres_major_than_its_class_names_is_refused() {
-        assert_eq!(postgres_major("18.6 (Debian 18.6-3)"), "18");
-        assert_eq!(postgres_major("19rc1 (Debian 19~rc1-1)"), "19");
-        assert_eq!(postgres_major(""), "");
+        assert_eq!(pgfleet_proto::installs::major("18.6 (Debian 18.6-3)"), "18");
+        assert_eq!(
+            pgfleet_proto::installs::major("19rc1 (Debian 19~rc1-1)"),
+            "19"
+        );
+        assert_eq!(pgfleet_proto::installs::major(""), "");
         let t0 = Instant::now();
         let mut c = core(single(1), &["a-1"], t0);
         c.postgres_versions = [("a".to_string(), 18)].into();
