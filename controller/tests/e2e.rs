@@ -721,7 +721,10 @@ workloads:
 "
         ),
     );
-    let out = s.run_cmd(&sc, &[]).output().unwrap();
+    // Several agents at once beside another such test on two cores:
+    // a lease of 30 s, as this test is not about leases (at 10 s an
+    // agent starved through its first cell was declared lost, 2 runs in 4).
+    let out = s.run_cmd(&sc, &["--lease-s", "30"]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
     let r = s.report();
     let results = r["results"].as_array().unwrap();
@@ -879,7 +882,10 @@ workloads:
   - { kind: read-write, rows: 20000, tests: [seq-cold, write], repeats: 1 }
 ",
     );
-    let out = s.run_cmd(&sc, &[]).output().unwrap();
+    // Several agents at once beside another such test on two cores:
+    // a lease of 30 s, as this test is not about leases (at 10 s an
+    // agent starved through its first cell was declared lost, 2 runs in 4).
+    let out = s.run_cmd(&sc, &["--lease-s", "30"]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
     let r = s.report();
     let cells = r["cells"].as_array().unwrap();
