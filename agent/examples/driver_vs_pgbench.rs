@@ -248,6 +248,7 @@ async fn driver_rounds(
                 stop_when: None,
                 live: None,
                 reconnect: false,
+                ledger: false,
             };
             let c0 = common::cpu_seconds(libc::RUSAGE_SELF);
             let pgc = cluster.workload_server().config;

@@ -123,6 +123,12 @@ async fn crash_checkpoint_stall_and_degrade_are_injected_and_measured() {
     assert!(first >= rec, "{crash:?}");
     assert!(crash.back_to_90pct_s.unwrap() >= rec, "{crash:?}");
     assert!(crash.transactions_lost > 0.0, "{crash:?}");
+    // The ledger (tpcb-like commits with END): every commit acknowledged
+    // before the kill is there after recovery (synchronous_commit: on).
+    assert!(crash.acknowledged.unwrap() > 10, "{crash:?}");
+    assert_eq!(crash.acknowledged_lost, Some(0), "{crash:?}");
+    assert_eq!(m.fault_metrics.acknowledged_lost, Some(0.0));
+    assert_eq!(ck.acknowledged, None, "only a crash has ledger figures");
     assert!(
         m.failures_by_class.get("connection").copied().unwrap_or(0) >= 1,
         "{:?}",
@@ -252,5 +258,134 @@ async fn a_server_not_back_from_a_crash_fails_the_cell_with_its_log() {
     );
     cl.teardown().await.unwrap();
     assert!(!root.join("clusters/c").exists());
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// gp3's budget: 3,000 IOPS and 125 MiB/s, reads and writes from one.
+const GP3: Caps = Caps {
+    read_iops: 3000,
+    write_iops: 3000,
+    read_mbps: 125,
+    write_mbps: 125,
+    combined: true,
+};
+
+/// The commit ledger under a crash, on an emulated gp3 volume and on this
+/// host's disk (nvme), with `synchronous_commit` on and off, following
+/// tpcb-like's explicit transactions (END) on nvme and random-update's
+/// lone UPDATEs (each its own transaction) on gp3: with on, every
+/// commit the server acknowledged before the kill is there after recovery;
+/// with off, what is lost (commits still in the WAL buffers, which die
+/// with the server's shared memory) is counted and was acknowledged
+/// within a bounded time before the kill (the WAL writer writes them out
+/// every `wal_writer_delay`, 200 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_acknowledged_commit_is_lost_with_synchronous_commit_on() {
+    let gp3 = can_cap();
+    if !gp3 {
+        common::skip("emulated gp3 needs root and cgroup v1 blkio: nvme only");
+    }
+    let root = common::scratch("ledger");
+    let mut seen = Vec::new();
+    for (storage, caps, script) in [
+        ("nvme", Caps::default(), "tpcb-like"),
+        ("gp3", GP3, "random-update"),
+    ] {
+        let p = common::params(&format!(
+            "{{kind: pgbench, scale: 2, script: {script}, clients: 8, duration_s: 8, \
+              faults: [{{kind: crash, at_s: 4}}]}}"
+        ));
+        if storage == "gp3" && !gp3 {
+            continue;
+        }
+        for sync in ["on", "off"] {
+            let mut spec = common::spec(&root, &format!("{storage}-{sync}"), "64MB", caps);
+            spec.settings
+                .insert("synchronous_commit".into(), sync.into());
+            let cl = Cluster::provision(&spec).await.unwrap();
+            let (out, _, _) = run_keeping(&cl, &p, CancellationToken::new()).await;
+            let (_, m): (PointParams, Metrics) = common::typed_points(&out.unwrap()).remove(0);
+            let crash = &m.faults[0];
+            let (acked, lost) = (
+                crash.acknowledged.unwrap(),
+                crash.acknowledged_lost.unwrap(),
+            );
+            seen.push(format!(
+                "{storage} {script} synchronous_commit={sync}: {lost} of {acked} acknowledged lost, \
+                 the earliest {:?} ms before the kill",
+                crash.lost_window_ms
+            ));
+            assert!(acked > 100, "{storage}/{sync}: {crash:?}");
+            match sync {
+                "on" => assert_eq!(lost, 0, "{storage}: {crash:?}"),
+                _ => {
+                    assert!(lost <= acked, "{crash:?}");
+                    // 3 x wal_writer_delay, with room for a busy host.
+                    let w = crash.lost_window_ms.unwrap_or(0.0);
+                    assert!(w < 5_000.0, "{storage}: lost from {w} ms before the kill");
+                }
+            }
+            cl.teardown().await.unwrap();
+        }
+    }
+    eprintln!("{}", seen.join("\n"));
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// The ledger's check against a real table: rows acknowledged but not
+/// there are lost (as a crash would leave them), rows never acknowledged
+/// are not, and rows no client wrote are ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ledger_finds_acknowledged_rows_that_are_gone() {
+    use pgfleet_agent::driver::{Ledger, UNACKNOWLEDGED};
+    let root = common::scratch("ledger-check");
+    let cl = Cluster::provision(&common::spec(&root, "c", "64MB", Caps::default()))
+        .await
+        .unwrap();
+    let (tx, _rx) = tokio::sync::mpsc::channel(16);
+    let ctx = CellContext::new("c", &cl, tx, CancellationToken::new());
+    workload::ledger::prepare(&ctx).await.unwrap();
+    // The clients' role may insert, and nothing else.
+    let w = cl.workload_server().connect().await.unwrap();
+    w.batch_execute(
+        "INSERT INTO pgfleet_ledger.commits VALUES (0, 0), (0, 1), (0, 3), (1, 0), (7, 7), (0, 99)",
+    )
+    .await
+    .unwrap();
+    for denied in [
+        "SELECT * FROM pgfleet_ledger.commits",
+        "DELETE FROM pgfleet_ledger.commits",
+        "TRUNCATE pgfleet_ledger.commits",
+        "CREATE TABLE pgfleet_ledger.mine (x int)",
+    ] {
+        let e = w.batch_execute(denied).await.unwrap_err();
+        let said = e.as_db_error().map(|d| d.message().to_string());
+        assert!(
+            said.as_deref()
+                .is_some_and(|m| m.contains("permission denied")),
+            "{denied}: {e:?}"
+        );
+    }
+    let t0 = std::time::Instant::now();
+    let ledger = Ledger {
+        t0,
+        // Client 0: seq 2 acknowledged and gone, seq 4 gone but never
+        // acknowledged; client 1: seq 1 acknowledged and gone.
+        clients: vec![(0, vec![10, 20, 30, 40, UNACKNOWLEDGED]), (1, vec![15, 25])],
+    };
+    let lost = workload::ledger::lost(&ctx, &ledger).await.unwrap();
+    let ms: Vec<u128> = lost
+        .iter()
+        .map(|t| t.duration_since(t0).as_millis())
+        .collect();
+    assert_eq!(ms, vec![25, 30]);
+    // Made afresh: a reused cluster's rows of before do not count.
+    workload::ledger::prepare(&ctx).await.unwrap();
+    assert_eq!(
+        workload::ledger::lost(&ctx, &ledger).await.unwrap().len(),
+        6
+    );
+    drop(ctx);
+    cl.teardown().await.unwrap();
     std::fs::remove_dir_all(&root).unwrap();
 }

@@ -66,6 +66,165 @@ pub struct DriverConfig {
     /// records the transaction as failed (class `connection`) and connects
     /// again until it can, or the run ends, instead of aborting.
     pub reconnect: bool,
+    /// Keep the commit ledger (see `Ledger`): `LEDGER_TABLE` exists and
+    /// the clients' role may insert into it.
+    pub ledger: bool,
+}
+
+/// The table of the commit ledger: `(client int, seq bigint)`, made by the
+/// agent, insert-only for the clients' role.
+pub const LEDGER_TABLE: &str = "pgfleet_ledger.commits";
+/// `Ledger::clients`' mark of a ledger row whose commit was not
+/// acknowledged (it failed, or the connection went first).
+pub const UNACKNOWLEDGED: u32 = u32::MAX;
+
+/// The commit ledger of a run: before each COMMIT or END the script sends
+/// (outside a pipeline), a client inserts its next row `(client, seq)`
+/// into `LEDGER_TABLE` in that same transaction, and notes when the
+/// server acknowledged the commit. A row whose commit was acknowledged
+/// must be in the table after any crash (with `synchronous_commit: on`).
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    /// When the clients started (after the barrier).
+    pub t0: Instant,
+    /// Per client: for each `seq` (the index), milliseconds from `t0` to
+    /// its commit's acknowledgment, or `UNACKNOWLEDGED`. 4 bytes a
+    /// transaction.
+    pub clients: Vec<(u32, Vec<u32>)>,
+}
+
+/// Whether `sql` (one statement) is what ends a transaction with a commit:
+/// `COMMIT` or `END` (with `WORK` / `TRANSACTION`), not `COMMIT PREPARED`
+/// nor `AND CHAIN`. What it misses only goes without a ledger row.
+pub fn commits(sql: &str) -> bool {
+    let t = sql.trim().trim_end_matches(';').to_ascii_lowercase();
+    let words: Vec<&str> = t.split_whitespace().collect();
+    matches!(
+        words.as_slice(),
+        ["commit" | "end"] | ["commit" | "end", "work" | "transaction"]
+    )
+}
+
+/// Whether `sql` (one statement) writes by its first word: `INSERT`,
+/// `UPDATE`, `DELETE` or `MERGE`. Outside a transaction block such a
+/// statement is a commit of its own, which the ledger follows; what this
+/// misses (a CTE, a function that writes) only goes without a ledger row.
+pub fn writes(sql: &str) -> bool {
+    let first = sql
+        .trim_start()
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .next()
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    matches!(first.as_str(), "insert" | "update" | "delete" | "merge")
+}
+
+/// What the ledger does at a command: nothing, a row in the transaction
+/// the command commits (`COMMIT` / `END`), or a row in the implicit
+/// transaction of a write outside any block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Follow {
+    No,
+    Commit,
+    Write,
+}
+
+impl Follow {
+    fn of(c: &Command) -> Follow {
+        match c {
+            Command::Sql {
+                sql,
+                compound: false,
+                store: None,
+                ..
+            } if commits(sql) => Follow::Commit,
+            Command::Sql {
+                sql,
+                compound: false,
+                store: None,
+                ..
+            } if writes(sql) => Follow::Write,
+            _ => Follow::No,
+        }
+    }
+}
+
+/// Whether the ledger has anything to follow in a script: a commit, or a
+/// statement that writes.
+pub fn script_commits(script: &Script) -> bool {
+    script
+        .commands
+        .iter()
+        .any(|(_, c)| Follow::of(c) != Follow::No)
+}
+
+/// A client's part of the ledger.
+struct ClientLedger {
+    id: u32,
+    /// Per command of the script.
+    follow: Vec<Follow>,
+    prepared: bool,
+    t0: Instant,
+    acked_ms: Vec<u32>,
+}
+
+const LEDGER_STMT: &str = "pgfleet_ledger";
+
+impl ClientLedger {
+    /// Prepares the ledger's INSERT on this connection (once).
+    async fn prepare(&mut self, db: &mut wire::Conn) -> Result<(), wire::WireError> {
+        if !self.prepared {
+            let sql = format!("INSERT INTO {LEDGER_TABLE} (client, seq) VALUES ($1, $2)");
+            db.prepare(LEDGER_STMT, &sql).await?;
+            self.prepared = true;
+        }
+        Ok(())
+    }
+
+    /// The next row's parameters (its seq not acknowledged yet).
+    fn next(&mut self) -> [Var; 2] {
+        let seq = self.acked_ms.len() as i64;
+        self.acked_ms.push(UNACKNOWLEDGED);
+        [
+            Var::Value(Value::Int(i64::from(self.id))),
+            Var::Value(Value::Int(seq)),
+        ]
+    }
+
+    /// The client's next row, in the transaction block about to commit.
+    async fn write(&mut self, db: &mut wire::Conn) -> Result<(), wire::WireError> {
+        self.prepare(db).await?;
+        let row = self.next();
+        db.execute(LEDGER_STMT, &row).await
+    }
+
+    /// Statement `name` outside a transaction block with the client's next
+    /// row: both before one Sync, so one implicit transaction (and one
+    /// round trip, as the statement alone).
+    async fn with(
+        &mut self,
+        db: &mut wire::Conn,
+        name: &str,
+        params: &[Var],
+    ) -> Result<(), wire::WireError> {
+        self.prepare(db).await?;
+        let row = self.next();
+        db.queue_execute(name, params)?;
+        db.queue_execute(LEDGER_STMT, &row)?;
+        db.end_pipeline(0).await
+    }
+
+    /// The commit of the last row written was acknowledged.
+    fn ack(&mut self) {
+        let ms = self
+            .t0
+            .elapsed()
+            .as_millis()
+            .min(u128::from(UNACKNOWLEDGED - 1)) as u32;
+        if let Some(last) = self.acked_ms.last_mut() {
+            *last = ms;
+        }
+    }
 }
 
 /// One second of the measured window as the clients publish it while they
@@ -192,6 +351,8 @@ pub struct DriverResult {
     pub skipped: u64,
     pub late: u64,
     pub per_second: Vec<SecondStat>,
+    /// With `DriverConfig::ledger`.
+    pub ledger: Option<Ledger>,
 }
 
 impl DriverResult {
@@ -347,6 +508,10 @@ pub fn run_blocking(
         skipped: m.skipped,
         late: m.late,
         per_second: m.per_second,
+        ledger: cfg.ledger.then_some(Ledger {
+            t0,
+            clients: m.ledgers,
+        }),
     })
 }
 
@@ -359,6 +524,7 @@ struct ClientStats {
     late: u64,
     per_second: Vec<SecondStat>,
     last_end: Option<Instant>,
+    ledgers: Vec<(u32, Vec<u32>)>,
 }
 
 impl ClientStats {
@@ -372,6 +538,7 @@ impl ClientStats {
             late: 0,
             per_second: Vec::new(),
             last_end: None,
+            ledgers: Vec::new(),
         }
     }
     fn merge(&mut self, o: ClientStats) {
@@ -391,6 +558,7 @@ impl ClientStats {
             self.per_second[i].merge(s);
         }
         self.last_end = self.last_end.max(o.last_end);
+        self.ledgers.extend(o.ledgers);
     }
 }
 
@@ -538,6 +706,7 @@ struct Session<'a> {
     params: Vec<Var>,
     vars: Vars,
     halt: Halt<'a>,
+    ledger: Option<ClientLedger>,
 }
 
 /// When a client must stop whatever it is doing: the run's stop flag
@@ -626,6 +795,9 @@ impl Session<'_> {
             if let Ok(db) = wire::Conn::connect(pg).await {
                 self.db = db;
                 self.prepared.fill(false);
+                if let Some(l) = &mut self.ledger {
+                    l.prepared = false;
+                }
                 return true;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -665,8 +837,23 @@ async fn client(
         params: Vec::new(),
         vars: client_vars(id, cfg, seeds),
         halt: Halt { stop, end: None },
+        ledger: None,
     };
     let t0 = *start.get_or_init(Instant::now);
+    if cfg.ledger {
+        session.ledger = Some(ClientLedger {
+            id,
+            follow: cfg
+                .script
+                .commands
+                .iter()
+                .map(|(_, c)| Follow::of(c))
+                .collect(),
+            prepared: false,
+            t0,
+            acked_ms: Vec::new(),
+        });
+    }
     let warm_end = t0 + cfg.warmup;
     let end = cfg.duration.map(|d| warm_end + d);
     session.halt.end = end;
@@ -733,6 +920,9 @@ async fn client(
         stats.record(&outcome, scheduled, finished, cfg, warm_end);
     }
     live.publish();
+    if let Some(l) = session.ledger {
+        stats.ledgers.push((id, l.acked_ms));
+    }
     Ok(stats)
 }
 
@@ -770,6 +960,7 @@ async fn transaction(
         params,
         vars,
         halt,
+        ledger,
     } = session;
     let commands = &cfg.script.commands;
     // In a pipeline: the Syncs queued so far (\syncpipeline).
@@ -867,9 +1058,35 @@ async fn transaction(
                     }
                     prepared[i] = true;
                 }
-                let ran = match store {
-                    None => db.execute(&names[i], params).await.map(|()| None),
-                    Some(_) => db.execute_rows(&names[i], params).await.map(Some),
+                // A commit the ledger follows: its row in the same
+                // transaction (before the COMMIT; with a write outside a
+                // block, in its implicit transaction).
+                let follow = ledger.as_ref().map_or(Follow::No, |l| l.follow[i]);
+                let ledger = ledger.as_mut().filter(|_| match follow {
+                    Follow::Commit => true,
+                    Follow::Write => db.status() == wire::TxStatus::Idle,
+                    Follow::No => false,
+                });
+                let ran = match (ledger, store) {
+                    (Some(l), _) if follow == Follow::Write => {
+                        let ran = l.with(db, &names[i], params).await;
+                        if ran.is_ok() {
+                            l.ack();
+                        }
+                        ran.map(|()| None)
+                    }
+                    (Some(l), _) => {
+                        if let Err(e) = l.write(db).await {
+                            return Err(classify(&e, &format!("{at}: the commit ledger's row")));
+                        }
+                        let ran = db.execute(&names[i], params).await;
+                        if ran.is_ok() {
+                            l.ack();
+                        }
+                        ran.map(|()| None)
+                    }
+                    (None, None) => db.execute(&names[i], params).await.map(|()| None),
+                    (None, Some(_)) => db.execute_rows(&names[i], params).await.map(Some),
                 };
                 keep(ran, store.as_ref(), vars, at)?;
             }
@@ -1107,6 +1324,51 @@ fn classify(e: &wire::WireError, at: &str) -> TxnError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_ledger_follows_commits_and_lone_writes() {
+        for c in ["COMMIT", "end;", "  Commit Work ;", "END TRANSACTION"] {
+            assert!(commits(c), "{c}");
+        }
+        for c in [
+            "COMMIT PREPARED 'x'",
+            "COMMIT AND CHAIN",
+            "ENDX",
+            "BEGIN",
+            "ROLLBACK",
+        ] {
+            assert!(!commits(c), "{c}");
+        }
+        for w in [
+            "UPDATE t SET a = 1",
+            "insert into t values (1)",
+            "  DELETE FROM t",
+            "MERGE INTO t",
+        ] {
+            assert!(writes(w), "{w}");
+        }
+        for w in [
+            "SELECT 1",
+            "updated",
+            "WITH x AS (UPDATE t SET a = 1) SELECT 1",
+            "",
+        ] {
+            assert!(!writes(w), "{w}");
+        }
+        let script = |text: &str| Script::parse("s", text).unwrap();
+        assert!(script_commits(&script(
+            "BEGIN;\nUPDATE t SET a = 1;\nEND;\n"
+        )));
+        assert!(script_commits(&script("UPDATE t SET a = 1;\n")));
+        assert!(
+            !script_commits(&script("SELECT 1;\n")),
+            "select-only: nothing to follow"
+        );
+        // A write whose rows a \gset keeps runs as the script says.
+        assert!(!script_commits(&script(
+            "UPDATE t SET a = 1 RETURNING a \\gset\n"
+        )));
+    }
 
     #[test]
     fn per_second_quantiles_are_within_a_bucket_and_merge() {

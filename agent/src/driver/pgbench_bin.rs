@@ -273,6 +273,8 @@ pub fn parse_log(
         skipped,
         late,
         per_second,
+        // Faults, and so the ledger, need pgfleet's driver.
+        ledger: None,
     })
 }
 

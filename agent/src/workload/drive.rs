@@ -81,6 +81,12 @@ pub async fn drive_until(
     };
     let mut cfg = driver_config(d, &text, scale, ended.as_ref(), sandbox.as_ref())?;
     cfg.reconnect = crashes;
+    // What a crash must not take: the commits the server acknowledged.
+    // Faults act on the cell's own cluster, the one driven then.
+    cfg.ledger = crashes && driver::script_commits(&cfg.script);
+    if cfg.ledger {
+        super::ledger::prepare(ctx).await?;
+    }
     let live = Arc::new(driver::Live::default());
     cfg.live = Some(live.clone());
     let sampler = Sampler::start(
@@ -128,10 +134,16 @@ pub async fn drive_until(
         Err(e) if ctx.cancel.is_cancelled() => return Err(Error::Cancelled(e.0)),
         Err(e) => return Err(werr(e.0)),
     };
-    let faults = match live.start.get() {
+    let mut faults = match live.start.get() {
         Some(window) => fault::figures(&injected, &result.per_second, *window),
         None => Vec::new(),
     };
+    if let Some(ledger) = &result.ledger
+        && faults.len() == injected.len()
+    {
+        let lost = super::ledger::lost(ctx, ledger).await?;
+        super::ledger::attribute(&mut faults, &injected, ledger, &lost);
+    }
     Ok(Driven {
         result,
         internals: sampler.finish().await?.internals(),
@@ -215,6 +227,7 @@ fn driver_config(
         stop_when: stop.cloned(),
         live: None,
         reconnect: false,
+        ledger: false,
     })
 }
 

@@ -318,6 +318,9 @@ pub fn figures(
                 buffers_written: i.buffers_written,
                 lag_bytes_at_heal: None,
                 catch_up_s: None,
+                acknowledged: None,
+                acknowledged_lost: None,
+                lost_window_ms: None,
             }
         })
         .collect()

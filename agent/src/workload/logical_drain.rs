@@ -418,6 +418,9 @@ async fn drain(
             buffers_written: None,
             lag_bytes_at_heal: Some(c.lag_at_heal),
             catch_up_s: Some(drained_at.saturating_duration_since(c.healed).as_secs_f64()),
+            acknowledged: None,
+            acknowledged_lost: None,
+            lost_window_ms: None,
         })
         .collect();
     ctx.sample("lag", &lag_at(here, there, target, seconds).await?)

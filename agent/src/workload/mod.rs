@@ -16,6 +16,7 @@ pub mod context;
 pub mod drive;
 pub mod fault;
 pub mod fio;
+pub mod ledger;
 pub mod logical_drain;
 pub mod pgbench;
 pub mod pgbench_init;

@@ -36,9 +36,12 @@ pub fn sections(
             "\n#### Fault {}: {label}\n\n\
              Medians over the class's clusters, min–max in brackets. Times are seconds from the fault's start \
              (a crash: the kill); *back to 90 %* is the first whole second after its end at 90 % of the TPS of the \
-             10 s before; *lost* the transactions short of that TPS until then.\n\n\
-             | class | clusters | recovery s | WAL replayed MB | redo s | first txn s | back to 90 % s | tx lost | TPS before | TPS during | p99 during ms | p99 after ms | checkpoint s | buffers written |\n\
-             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+             10 s before; *tx lost* the transactions short of that TPS until then. *Acked lost*: of the commits the server \
+             acknowledged before a crash (the commit ledger: a row per committed transaction, checked after recovery), \
+             those gone after it, and how long before the kill the earliest of them was acknowledged; anything \
+             but 0 with `synchronous_commit: on` is data loss.\n\n\
+             | class | clusters | recovery s | WAL replayed MB | redo s | first txn s | back to 90 % s | tx lost | acked before | acked lost | lost window ms | TPS before | TPS during | p99 during ms | p99 after ms | checkpoint s | buffers written |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
             k + 1
         );
         let mut windows: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
@@ -75,7 +78,7 @@ pub fn sections(
             };
             let _ = writeln!(
                 md,
-                "| {class} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {class} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 of.len(),
                 cell(&|f| f.recovery_s, 2),
                 cell(&|f| f.wal_replayed_bytes.map(|b| b as f64 / 1e6), 1),
@@ -83,6 +86,9 @@ pub fn sections(
                 cell(&|f| f.first_transaction_s, 2),
                 cell(&|f| f.back_to_90pct_s, 1),
                 cell(&|f| Some(f.transactions_lost), 0),
+                cell(&|f| f.acknowledged.map(|n| n as f64), 0),
+                cell(&|f| f.acknowledged_lost.map(|n| n as f64), 0),
+                cell(&|f| f.lost_window_ms, 0),
                 cell(&|f| Some(f.baseline_tps), 0),
                 cell(&|f| f.tps_during, 0),
                 cell(&|f| f.latency_ms_p99_during, 2),

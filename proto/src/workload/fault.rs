@@ -426,6 +426,19 @@ pub struct FaultFigures {
     pub lag_bytes_at_heal: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub catch_up_s: Option<f64>,
+    /// crash, with the commit ledger (a script that commits explicitly):
+    /// commits the server acknowledged since the fault before (the run's
+    /// start for the first) and up to the kill ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acknowledged: Option<u64>,
+    /// ... of which not in the database once it recovered (0 is the only
+    /// right answer with `synchronous_commit: on`) ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acknowledged_lost: Option<u64>,
+    /// ... and how long before the kill the earliest of those was
+    /// acknowledged (the window a crash can take back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_window_ms: Option<f64>,
 }
 
 /// The faults' figures as metrics of the cell (each the worst over the
@@ -453,6 +466,9 @@ pub struct FaultMetrics {
     pub partition_lag_mb: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub catch_up_seconds: Option<f64>,
+    /// The total over the crashes (not the worst: every one is a loss).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acknowledged_lost: Option<f64>,
 }
 
 /// The compared metrics of a partition (in logical-drain's `COMPARED`).
@@ -510,6 +526,12 @@ pub const COMPARED: &[Metric] = &[
         "99th percentile latency during a fault",
     ),
     Metric::new(
+        "acknowledged_lost",
+        "commits",
+        Better::Lower,
+        "crash: commits the server acknowledged that were gone after recovery",
+    ),
+    Metric::new(
         "checkpoint_seconds",
         "s",
         Better::Lower,
@@ -544,6 +566,11 @@ impl FaultMetrics {
             checkpoint_buffers: worst(&|x| x.buffers_written.map(|b| b as f64)),
             partition_lag_mb: worst(&|x| x.lag_bytes_at_heal.map(|b| b as f64 / 1e6)),
             catch_up_seconds: worst(&|x| x.catch_up_s),
+            acknowledged_lost: faults
+                .iter()
+                .filter_map(|x| x.acknowledged_lost)
+                .map(|n| n as f64)
+                .reduce(|a, b| a + b),
         }
     }
 }
@@ -572,6 +599,9 @@ mod tests {
             buffers_written: None,
             lag_bytes_at_heal: None,
             catch_up_s: None,
+            acknowledged: None,
+            acknowledged_lost: (kind == FaultKind::Crash).then_some(lost as u64 / 10),
+            lost_window_ms: None,
         }
     }
 
@@ -586,6 +616,7 @@ mod tests {
         assert_eq!(m.wal_replayed_mb, Some(2.0));
         assert_eq!(m.fault_transactions_lost, Some(90.0));
         assert_eq!(m.checkpoint_seconds, None);
+        assert_eq!(m.acknowledged_lost, Some(5.0), "the crashes' 4 + 1: a sum");
         let none = serde_json::to_value(FaultMetrics::of(&[])).unwrap();
         assert_eq!(none, serde_json::json!({}), "no fault, no figure");
         for c in COMPARED.iter().chain(PARTITION_COMPARED) {
@@ -600,6 +631,7 @@ mod tests {
                 checkpoint_buffers: Some(1.0),
                 partition_lag_mb: Some(1.0),
                 catch_up_seconds: Some(1.0),
+                acknowledged_lost: Some(1.0),
             })
             .unwrap();
             assert!(names.get(c.name).is_some(), "{} is a field", c.name);
