@@ -299,7 +299,7 @@ impl Cluster {
 
     /// initdb, configure, start, wait until it accepts connections.
     pub async fn provision(spec: &ClusterSpec) -> Result<Cluster> {
-        let mut cluster = Cluster::prepare(spec)?;
+        let mut cluster = Cluster::prepare_off_runtime(spec).await?;
         cluster.initdb(spec).await?;
         crate::failpoint::hit("initdb")?;
         cluster.boot(None).await?;
@@ -320,7 +320,7 @@ impl Cluster {
         F: FnOnce(PathBuf) -> Fut,
         Fut: std::future::Future<Output = Result<()>>,
     {
-        let mut cluster = Cluster::prepare(spec)?;
+        let mut cluster = Cluster::prepare_off_runtime(spec).await?;
         restore(cluster.data.clone()).await?;
         cluster.boot(Some(password.to_string())).await?;
         Ok(cluster)
@@ -332,6 +332,17 @@ impl Cluster {
     /// cgroup v1 a blkio cgroup does not see buffered writeback).
     pub fn own_volume(spec: &ClusterSpec) -> bool {
         (spec.account_io || (spec.caps.is_capped() && throttle::v1())) && volume::available()
+    }
+
+    /// `prepare` on a blocking thread: its volume's mkfs and mount take
+    /// seconds on a busy host, which on the runtime's threads would hold
+    /// up the agent's heartbeats (two agents on two cores lost their
+    /// leases at a first cell).
+    async fn prepare_off_runtime(spec: &ClusterSpec) -> Result<Cluster> {
+        let spec = spec.clone();
+        tokio::task::spawn_blocking(move || Cluster::prepare(&spec))
+            .await
+            .map_err(|e| Error::Provision(format!("preparing the cluster's directory: {e}")))?
     }
 
     /// The cluster's directory, empty, owned by its OS user; no server yet.
