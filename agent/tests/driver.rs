@@ -460,6 +460,33 @@ async fn the_sampled_window_is_the_measured_one() {
     std::fs::remove_dir_all(&root).unwrap();
 }
 
+/// `duration_s: auto`: a select-only run on a cluster that holds its data
+/// in memory is steady from its start, so its window ends soon after the
+/// shortest one judged (20 s), well before its longest (120 s), and says
+/// so; the statistics sampled are the window's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auto_window_ends_once_steady() {
+    let (cl, root) = cluster("auto").await;
+    let params = json!({"scale": 1, "script": "select-only", "clients": 2, "threads": 1,
+        "warmup_s": 2.0, "duration_s": "auto", "max_duration_s": 120});
+    let started = std::time::Instant::now();
+    let out = run(&cl, "pgbench", params).await.unwrap();
+    let m = out.points[0].metrics();
+    let window = m["window_s"].as_f64().unwrap();
+    assert!((20.0..40.0).contains(&window), "{m}");
+    assert_eq!(m["steady"], json!(true), "{m}");
+    assert!(started.elapsed().as_secs() < 100, "it stopped early");
+    assert_eq!(out.points[0].params()["until_steady"], json!(true));
+    let tps = m["tps"].as_f64().unwrap();
+    let n = m["transactions"].as_f64().unwrap();
+    assert!(
+        (tps * window - n).abs() <= 1.0 + n * 1e-9,
+        "TPS over the window it ran: {m}"
+    );
+    cl.teardown().await.unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
 #[test]
 fn bigint_aid_from_scale_20000_as_pgbench() {
     use pgfleet_agent::workload::pgbench_init::{InitParams, ddl};

@@ -256,12 +256,29 @@ pub struct Live {
     /// Transactions committed so far, warm-up included (what a fault
     /// watches for the first one after a crash).
     pub committed: std::sync::atomic::AtomicU64,
+    /// Transactions per second of the window so far, as published (kept:
+    /// `take` does not drain it), for `duration_s: auto`.
+    totals: std::sync::Mutex<Vec<u64>>,
 }
 
 impl Live {
     fn add(&self, sec: u64, s: &LiveSecond) {
         let mut m = self.seconds.lock().unwrap_or_else(|p| p.into_inner());
         m.entry(sec).or_default().merge(s);
+        drop(m);
+        let mut t = self.totals.lock().unwrap_or_else(|p| p.into_inner());
+        let i = sec as usize;
+        if t.len() <= i {
+            t.resize(i + 1, 0);
+        }
+        t[i] += s.stat.transactions;
+    }
+
+    /// The transactions of each of the window's first `n` seconds (fewer
+    /// if fewer were published).
+    pub fn totals(&self, n: usize) -> Vec<u64> {
+        let t = self.totals.lock().unwrap_or_else(|p| p.into_inner());
+        t.iter().take(n).copied().collect()
     }
     /// Takes the seconds before `sec` (all with None), in order.
     pub fn take(&self, before: Option<u64>) -> Vec<(u64, LiveSecond)> {

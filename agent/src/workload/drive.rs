@@ -74,7 +74,8 @@ pub async fn drive_until(
     let crashes = d.faults.iter().any(|f| f.kind == FaultKind::Crash);
     // A fault that fails ends the driver early (its clients would wait
     // for a server that is not coming back).
-    let ended = match (stop, d.faults.is_empty()) {
+    // `duration_s: auto` ends the driver early too, once steady.
+    let ended = match (stop, d.faults.is_empty() && !d.until_steady) {
         (Some(s), _) => Some(s.child_token()),
         (None, false) => Some(CancellationToken::new()),
         (None, true) => None,
@@ -102,7 +103,7 @@ pub async fn drive_until(
     .await?;
     let phase: fault::Phase = Default::default();
     let phases_done = CancellationToken::new();
-    let (result, (), injected) = tokio::join!(
+    let (result, (), injected, ()) = tokio::join!(
         async {
             let r = run_driver(
                 ctx,
@@ -126,6 +127,11 @@ pub async fn drive_until(
                 e.cancel();
             }
             r
+        },
+        async {
+            if let (true, Some(e)) = (d.until_steady, &ended) {
+                until_steady(&live, e, &phases_done).await;
+            }
         }
     );
     let injected = injected.map_err(fault::failed)?;
@@ -149,6 +155,40 @@ pub async fn drive_until(
         internals: sampler.finish().await?.internals(),
         faults,
     })
+}
+
+/// `duration_s: auto`: each second from `steady::MIN_SECONDS` into the
+/// window on, judges the window so far (its whole seconds published at
+/// least two seconds ago, so every client has reported them) and ends the
+/// driver (`end`) once it is steady; returns when the driver is `done`.
+async fn until_steady(live: &driver::Live, end: &CancellationToken, done: &CancellationToken) {
+    use pgfleet_proto::workload::steady;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = done.cancelled() => return,
+        }
+        let Some(start) = live.start.get() else {
+            continue;
+        };
+        let complete = start.elapsed().as_secs().saturating_sub(2) as usize;
+        if complete < steady::MIN_SECONDS {
+            continue;
+        }
+        let tps: Vec<f64> = live
+            .totals(complete)
+            .into_iter()
+            .map(|t| t as f64)
+            .collect();
+        if tps.len() == complete && steady::drift(&tps).is_some_and(|d| d.steady) {
+            tracing::info!(
+                seconds = complete,
+                "the window is steady: ending it (duration_s: auto)"
+            );
+            end.cancel();
+            return;
+        }
+    }
 }
 
 /// The driver's configuration from the workload's parameters: the script

@@ -300,6 +300,7 @@ async fn build_backlog(
         driver: "pgfleet".into(),
         allow_shell: false,
         faults: Vec::new(),
+        until_steady: false,
     };
     let builder = drive_until(ctx, driven, None, &drive, p.init.scale, Some(&stop));
     tokio::pin!(builder);

@@ -39,11 +39,12 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
         }
         let d = &p.drive;
         let h = &result.histogram;
-        // Steadiness is judged over whole seconds of a timed window.
+        // Steadiness is judged over whole seconds of a timed window (one
+        // that `duration_s: auto` ended early has a part second last).
         let tps: Vec<f64> = result
             .per_second
             .iter()
-            .take(d.duration_s.unwrap_or(0.0) as usize)
+            .take(d.duration_s.unwrap_or(0.0).min(result.elapsed_s) as usize)
             .map(|s| s.transactions as f64)
             .collect();
         let drift = pgfleet_proto::workload::steady::drift(&tps);
@@ -55,6 +56,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                 clients: d.clients.max(1),
                 threads: d.threads.max(1),
                 duration_s: d.duration_s,
+                until_steady: d.until_steady,
                 transactions_per_client: d.transactions,
                 rate: d.rate,
                 latency_limit_ms: d.latency_limit_ms,
@@ -81,6 +83,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                 skipped: result.skipped,
                 late: result.late,
                 device_ios_per_txn: internals.device_ios_per_transaction(),
+                window_s: d.duration_s.map(|_| result.elapsed_s),
                 steady: drift.map(|d| d.steady),
                 drift_pct: drift.map(|d| d.drift_pct),
                 drift_interval_pct: drift.map(|d| d.interval_pct),

@@ -306,6 +306,7 @@ async fn random_read(ctx: &CellContext<'_>, p: &Params) -> Result<Metrics> {
         driver: "pgfleet".into(),
         allow_shell: false,
         faults: Vec::new(),
+        until_steady: false,
     };
     let before = ctx.cluster.io_bytes();
     let drive::Driven {

@@ -95,6 +95,31 @@ Steady windows (TPS drift over the window under {} %, or not significant): {} of
             format!("; **drifting**: {}.", drifting.join("; "))
         }
     );
+    // `duration_s: auto`: where each window ended, and whether it had to
+    // stop at its longest without settling.
+    let auto: Vec<&&Row<PointParams, Metrics>> =
+        judged.iter().filter(|r| r.params.until_steady).collect();
+    if !auto.is_empty() {
+        let ended: Vec<String> = auto
+            .iter()
+            .map(|r| {
+                let w = r.metrics.window_s.unwrap_or(f64::NAN);
+                let longest = r.params.duration_s.unwrap_or(f64::NAN);
+                let why = if r.metrics.steady == Some(true) {
+                    "steady"
+                } else {
+                    "**not steady by its longest**"
+                };
+                format!("{} {:.0} s of {:.0} ({why})", r.cell_id, w, longest)
+            })
+            .collect();
+        let _ = writeln!(
+            md,
+            "
+Windows of `duration_s: auto` (measured until steady): {}.",
+            ended.join("; ")
+        );
+    }
 }
 
 /// One measured point (a summary): its per-class table, TPS ratios, the

@@ -1842,6 +1842,58 @@ workloads:
         );
     }
 
+    /// `duration_s: auto` measures until the window is steady, at most
+    /// `max_duration_s` (600 by default): the plan's cells carry the
+    /// longest window (their estimate is the worst case).
+    #[test]
+    fn duration_auto_runs_until_steady_within_its_longest() {
+        let plan_of = |text: &str| {
+            let cells = plan(&parse(Path::new("p.yaml"), text).unwrap());
+            let Params::Pgbench(p) = &cells[0].params else {
+                panic!()
+            };
+            p.drive.clone()
+        };
+        let d = plan_of(&PGBENCH.replace("duration_s: 10", "duration_s: auto"));
+        assert!(d.until_steady);
+        assert_eq!(d.duration_s, Some(600.0));
+        assert!(d.check().is_ok());
+        let d =
+            plan_of(&PGBENCH.replace("duration_s: 10", "duration_s: auto\n    max_duration_s: 90"));
+        assert_eq!((d.until_steady, d.duration_s), (true, Some(90.0)));
+        assert!(!plan_of(PGBENCH).until_steady);
+        // Beside seconds (a sweep of both) it has no effect.
+        let d = plan_of(&PGBENCH.replace(
+            "duration_s: 10",
+            "duration_s: [10, auto]\n    max_duration_s: 90",
+        ));
+        assert_eq!((d.until_steady, d.duration_s), (false, Some(10.0)));
+        for (bad, field, says) in [
+            ("duration_s: soon", "duration_s", "`soon` is not a duration"),
+            (
+                "duration_s: auto\n    max_duration_s: 5",
+                "max_duration_s",
+                "out of range",
+            ),
+            (
+                "duration_s: auto\n    driver: pgbench",
+                "duration_s",
+                "pgbench (-T) cannot",
+            ),
+            (
+                "duration_s: auto\n    faults: [{kind: checkpoint, at_s: 5}]",
+                "duration_s",
+                "window of known length",
+            ),
+        ] {
+            let e = err(&PGBENCH.replace("duration_s: 10", bad));
+            assert_eq!(e.field, format!("workloads[0].{field}"), "{bad}: {e}");
+            assert!(e.message.contains(says), "{bad}: {e}");
+            let line = if field == "duration_s" { 11 } else { 12 };
+            assert_eq!(e.line, line, "{bad}: located: {e}");
+        }
+    }
+
     /// A list sweeps a key: one cell per point, the first key outermost,
     /// each point checked by the kind with errors at the element.
     #[test]

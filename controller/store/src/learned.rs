@@ -105,8 +105,10 @@ impl Learned {
                 let part = Part::Data(data_step(&p.how, method), e.capacity.clone());
                 add(part, p.data_seconds, e.model.data, run);
                 let work = p.took_seconds - p.data_seconds;
-                add(Part::Work(e.key.clone()), work, model - e.model.data, run);
-            } else if !e.dataset {
+                if !e.open_ended {
+                    add(Part::Work(e.key.clone()), work, model - e.model.data, run);
+                }
+            } else if !e.dataset && !e.open_ended {
                 add(Part::Work(e.key.clone()), p.took_seconds, model, run);
             }
         }
@@ -343,6 +345,19 @@ mod tests {
 
     /// A pgbench cell keeps its timed window: the rest's correction goes
     /// to its preparation and provisioning.
+    /// A window that ended once steady (`duration_s: auto`) took less than
+    /// its longest for no fault of the model's: it teaches its data
+    /// movement, not the rest.
+    #[test]
+    fn an_open_ended_measurement_teaches_only_its_data_movement() {
+        let mut auto = past("r1", "pgbench cap", "restored", (10.0, 600.0), (20.0, 30.0));
+        auto.estimate.open_ended = true;
+        let l = Learned::of(&[auto]);
+        let c = l.corrections("pgbench cap", "cap", "restored");
+        assert_eq!(c.data.as_ref().map(|f| f.ratio), Some(2.0));
+        assert_eq!(c.work, None, "{c:?}");
+    }
+
     #[test]
     fn a_timed_measurement_keeps_its_length() {
         use pgfleet_proto::workload::Estimate;

@@ -205,6 +205,10 @@ pub struct CellEstimate {
     /// kinds and for cells stored before the key, all of which copied).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub load_method: String,
+    /// Its measurement ends when it is steady (`duration_s: auto`): what
+    /// it took past its data says nothing of the model's error.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub open_ended: bool,
 }
 
 impl CellEstimate {
@@ -218,6 +222,7 @@ impl CellEstimate {
             learned_from: c.learned.runs().into_iter().map(String::from).collect(),
             load_method: pgfleet_scenario::plan::load_method(&c.params)
                 .map_or(String::new(), |m| m.name().to_string()),
+            open_ended: matches!(&c.params, pgfleet_proto::workload::Params::Pgbench(p) if p.drive.until_steady),
         }
     }
 }

@@ -113,8 +113,13 @@ with_load_keys! {
         pub clients: Option<Spanned<u32>>,
         #[serde(default)]
         pub threads: Option<Spanned<u32>>,
+        /// Seconds, or `auto`: measured until the window is steady
+        /// (`steady::drift`), at most `max_duration_s`.
         #[serde(default)]
-        pub duration_s: Option<Spanned<f64>>,
+        pub duration_s: Option<Spanned<Seconds>>,
+        /// With `duration_s: auto`: the longest window (default 600).
+        #[serde(default)]
+        pub max_duration_s: Option<Spanned<f64>>,
         #[serde(default)]
         pub transactions: Option<Spanned<u64>>,
         #[serde(default)]
@@ -149,6 +154,30 @@ with_load_keys! {
     }
 }
 
+/// A duration as a scenario writes it: seconds, or `auto`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum Seconds {
+    Value(f64),
+    Text(String),
+}
+
+/// `duration_s: auto`'s window when `max_duration_s` is not given.
+pub const AUTO_MAX_SECONDS: f64 = 600.0;
+
+impl Seconds {
+    /// The seconds, or None for `auto`.
+    pub fn value(&self) -> Result<Option<f64>, String> {
+        match self {
+            Seconds::Value(v) => Ok(Some(*v)),
+            Seconds::Text(t) if t.trim() == "auto" => Ok(None),
+            Seconds::Text(t) => Err(format!(
+                "`{t}` is not a duration: give seconds (e.g. 60) or auto (until the window is steady)"
+            )),
+        }
+    }
+}
+
 /// The driver's part of a cell: what runs after the load. Also used by
 /// kinds that drive a workload of their own (e.g. a backlog to build).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -175,6 +204,11 @@ pub struct DriveParams {
     /// Faults injected while it runs, in time order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub faults: Vec<Fault>,
+    /// `duration_s: auto`: the window ends once it is steady
+    /// (`steady::drift` over the window so far, judged each second from
+    /// `steady::MIN_SECONDS` on); `duration_s` is then its longest.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub until_steady: bool,
 }
 
 const MAX_SECONDS: f64 = 86_400.0;
@@ -205,6 +239,18 @@ impl DriveParams {
         }
         if !self.faults.is_empty() && (self.driver != "pgfleet" || self.duration_s.is_none()) {
             return Err("faults need driver: pgfleet and duration_s".into());
+        }
+        if self.until_steady {
+            let min = super::steady::MIN_SECONDS as f64;
+            if self.driver != "pgfleet" || !self.faults.is_empty() {
+                return Err("duration_s: auto needs driver: pgfleet and no faults".into());
+            }
+            within(
+                "duration_s (auto's longest)",
+                self.duration_s.unwrap_or(0.0),
+                min,
+                MAX_SECONDS,
+            )?;
         }
         for f in &self.faults {
             f.check()?;
@@ -255,7 +301,11 @@ pub struct PointParams {
     pub scale: u64,
     pub clients: u32,
     pub threads: u32,
+    /// The window (with `until_steady`, its longest).
     pub duration_s: Option<f64>,
+    /// `duration_s: auto` (see `DriveParams::until_steady`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub until_steady: bool,
     pub transactions_per_client: Option<u64>,
     pub rate: Option<f64>,
     pub latency_limit_ms: Option<f64>,
@@ -295,6 +345,10 @@ pub struct Metrics {
     /// transaction over the sampled window; None without such a device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_ios_per_txn: Option<f64>,
+    /// The measured window's seconds (a timed one; with `duration_s:
+    /// auto`, where it ended). None in results stored before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_s: Option<f64>,
     /// Whether the window's throughput held (`steady::drift`); None for a
     /// window too short to judge, and in results stored before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -336,7 +390,59 @@ pub struct Second {
 /// Checks the driver keys (shared with kinds that drive a script).
 #[allow(clippy::too_many_arguments)]
 pub fn check_drive(f: &Field, s: &Spec) -> Checked<DriveParams> {
-    f.in_range(&s.duration_s, "duration_s", 0.001, MAX_SECONDS, " seconds")?;
+    // `duration_s`: seconds, or None for `auto` (until steady).
+    let seconds: Option<Spanned<Option<f64>>> = match &s.duration_s {
+        None => None,
+        Some(d) => Some(Spanned {
+            value: d
+                .value
+                .value()
+                .or_else(|why| f.err(d.referenced, "duration_s", why))?,
+            referenced: d.referenced,
+            defined: d.defined,
+        }),
+    };
+    let fixed: Option<Spanned<f64>> = seconds.as_ref().and_then(|d| {
+        d.value.map(|v| Spanned {
+            value: v,
+            referenced: d.referenced,
+            defined: d.defined,
+        })
+    });
+    let auto = seconds.as_ref().is_some_and(|d| d.value.is_none());
+    f.in_range(&fixed, "duration_s", 0.001, MAX_SECONDS, " seconds")?;
+    let min = super::steady::MIN_SECONDS as f64;
+    f.in_range(
+        &s.max_duration_s,
+        "max_duration_s",
+        min,
+        MAX_SECONDS,
+        " seconds (auto judges windows of 20 s and more)",
+    )?;
+    // `max_duration_s` bounds `auto` only: beside seconds it is allowed
+    // (a sweep `duration_s: [60, auto]` gives both) and has no effect.
+    if let (true, Some(d)) = (auto, &s.duration_s) {
+        if s.driver.as_ref().is_some_and(|d| d.value == "pgbench") {
+            return f.err(d.referenced, "duration_s", "duration_s: auto stops the window once it is steady, which pgbench (-T) cannot: use driver: pgfleet, or give seconds");
+        }
+        if s.faults.as_ref().is_some_and(|v| !v.value.is_empty()) {
+            return f.err(
+                d.referenced,
+                "duration_s",
+                "faults are placed in a window of known length: give duration_s in seconds",
+            );
+        }
+    }
+    let duration = match (&fixed, auto, &s.transactions) {
+        (Some(d), _, _) => Some(d.value),
+        (None, true, _) => Some(
+            s.max_duration_s
+                .as_ref()
+                .map_or(AUTO_MAX_SECONDS, |m| m.value),
+        ),
+        (None, false, None) => Some(60.0),
+        (None, false, Some(_)) => None,
+    };
     f.in_range(&s.warmup_s, "warmup_s", 0.0, MAX_WARMUP_S, " seconds")?;
     f.in_range(&s.clients, "clients", 1, MAX_CLIENTS, "")?;
     let clients = or(&s.clients, 1);
@@ -354,9 +460,9 @@ pub fn check_drive(f: &Field, s: &Spec) -> Checked<DriveParams> {
     let driver = or(&s.driver, "pgfleet".to_string());
     if let Some(d) = &s.driver {
         f.one_of(d, "driver", DRIVERS, "driver")?;
-        let total = or(&s.duration_s, 0.0) + or(&s.warmup_s, 0.0);
+        let total = or(&fixed, 0.0) + or(&s.warmup_s, 0.0);
         if d.value == "pgbench"
-            && let Some(ds) = &s.duration_s
+            && let Some(ds) = &fixed
             && total.fract() != 0.0
         {
             return f.err(
@@ -458,11 +564,8 @@ pub fn check_drive(f: &Field, s: &Spec) -> Checked<DriveParams> {
         script_text: opt(&s.script_text),
         clients,
         threads: or(&s.threads, 1),
-        duration_s: match (&s.duration_s, &s.transactions) {
-            (Some(d), _) => Some(d.value),
-            (None, None) => Some(60.0),
-            (None, Some(_)) => None,
-        },
+        duration_s: duration,
+        until_steady: auto,
         transactions: opt(&s.transactions),
         warmup_s: or(&s.warmup_s, 0.0),
         rate: opt(&s.rate),
@@ -470,17 +573,7 @@ pub fn check_drive(f: &Field, s: &Spec) -> Checked<DriveParams> {
         max_tries: or(&s.max_tries, 10),
         defines,
         seed: opt(&s.seed),
-        faults: fault::check(
-            f,
-            &s.faults,
-            match (&s.duration_s, &s.transactions) {
-                (Some(d), _) => Some(d.value),
-                (None, None) => Some(60.0),
-                (None, Some(_)) => None,
-            },
-            &driver,
-            fault::ON_A_SCRIPT,
-        )?,
+        faults: fault::check(f, &s.faults, duration, &driver, fault::ON_A_SCRIPT)?,
         driver,
         allow_shell: s.allow_shell.as_ref().is_some_and(|a| a.value),
     })
