@@ -217,7 +217,7 @@ async fn run_inner(
             let delivered = env
                 .delivered
                 .get_or_try_init(|| {
-                    workload::fio::probe(&cluster, &env.fio, env.caps, cancel)
+                    workload::probe_storage(&cluster, &env.fio, env.caps, cancel)
                         .instrument(phase("storage probe"))
                 })
                 .await?;

@@ -21,8 +21,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
 use crate::cluster::{Cluster, ClusterSpec, WORKLOAD_ROLE};
-use crate::workload::Loaded;
 use crate::{Error, Result};
+/// A dataset's load figures (`workload::Loaded`, the wire's type).
+use pgfleet_proto::workload::pgbench_init::Metrics as Loaded;
 
 /// How long a kept cluster waits for its next cell.
 pub const IDLE: Duration = Duration::from_secs(60);

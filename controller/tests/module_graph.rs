@@ -187,6 +187,17 @@ fn graph(src: &Path) -> Graph {
                 }
             }
         }
+        // A nested module named from the crate's top (`workload::fio::x`
+        // where `workload` was imported).
+        for c in mods.keys().filter(|c| c.len() >= 2 && *c != m) {
+            let name = format!("{}::", c.join("::"));
+            let named = code
+                .match_indices(&name)
+                .any(|(i, _)| !code[..i].ends_with(|ch: char| ident(ch) || ch == ':'));
+            if named {
+                uses.insert(c.clone());
+            }
+        }
         for path in paths(&code) {
             let segs: Vec<&str> = path.split("::").filter(|s| !s.is_empty()).collect();
             let full: Vec<String> = match segs.first() {
@@ -395,4 +406,138 @@ fn a_circle_is_found_and_a_parent_with_its_child_is_not_one() {
         "use crate::x; // crate::y\n let s = \"crate::z\";\n#[cfg(test)]\nmod tests { use crate::w; }",
     );
     assert_eq!(paths(&code), ["crate::x", "crate::x"]);
+}
+
+/// The agent's layers, top first, as ARCHITECTURE.md's map states them:
+/// a file may use files of its own layer and the layers below it, never
+/// one above. Every top-level module must be placed here (a new one
+/// too: say where it sits, here and in ARCHITECTURE.md).
+const AGENT_LAYERS: &[&[&str]] = &[
+    &["session"],
+    &["cell"],
+    &["workload"],
+    &["direct"],
+    &["keep", "dataset", "hydrate", "remote"],
+    &[
+        "cluster",
+        "driver",
+        "sampler",
+        "sandbox",
+        "assign",
+        "metrics",
+        "pgbin",
+        "host",
+        "blocking",
+        "failpoint",
+        "pglz",
+    ],
+];
+
+/// Inside `workload/`, what every kind may use besides itself: the
+/// dispatch (`mod.rs`), the context and the shared steps. A kind uses no
+/// other kind; outside `workload/`, only the dispatch and the context are
+/// used (the kinds are reached through `workload::run`, `load`, `probe`).
+const WORKLOAD_SHARED: &[&str] = &["context", "drive", "pgbench_init", "fault", "ledger", "documents"];
+
+/// What of `g` goes against `layers` and the workload rules.
+fn against_layers(g: &Graph, layers: &[&[&str]], shared: &[&str]) -> Vec<String> {
+    let layer = |m: &Module| -> Option<usize> {
+        let top = m.first()?;
+        layers.iter().position(|l| l.contains(&top.as_str()))
+    };
+    let mut out = Vec::new();
+    for (from, tos) in g {
+        if from.is_empty() {
+            continue;
+        }
+        let Some(lf) = layer(from) else {
+            out.push(format!("{}: in no layer", name(from)));
+            continue;
+        };
+        for to in tos {
+            let Some(lt) = layer(to) else { continue };
+            if lt < lf {
+                out.push(format!(
+                    "{} uses {}, a layer above it",
+                    name(from),
+                    name(to)
+                ));
+            }
+            let kind = |m: &Module| -> Option<String> {
+                (m.len() >= 2 && m[0] == "workload" && !shared.contains(&m[1].as_str()))
+                    .then(|| m[1].clone())
+            };
+            match (from.first().map(String::as_str), kind(to)) {
+                (Some("workload"), Some(k)) if from.len() >= 2 && from[1] != k => {
+                    out.push(format!(
+                        "{} uses the kind {}: move what both need into a shared step",
+                        name(from),
+                        name(to)
+                    ));
+                }
+                (Some(top), Some(_)) if top != "workload" => {
+                    out.push(format!(
+                        "{} reaches into the kind {}: go through workload's dispatch",
+                        name(from),
+                        name(to)
+                    ));
+                }
+                (Some(top), None)
+                    if top != "workload"
+                        && to.len() >= 2
+                        && to[0] == "workload"
+                        && to[1] != "context" =>
+                {
+                    out.push(format!(
+                        "{} reaches into {}: go through workload's dispatch or its context",
+                        name(from),
+                        name(to)
+                    ));
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_agents_files_keep_its_layers() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../agent/src");
+    let found = against_layers(&graph(&src), AGENT_LAYERS, WORKLOAD_SHARED);
+    assert!(
+        found.is_empty(),
+        "the agent's layers (ARCHITECTURE.md: session → cell → workload → direct → datasets → cluster and the rest):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn a_use_against_the_layers_is_found() {
+    let m = |s: &str| -> Module { s.split("::").map(String::from).collect() };
+    let mut g = Graph::new();
+    for (from, to) in [
+        ("keep", "workload"),
+        ("workload::a", "workload::b"),
+        ("workload::a", "workload::context"),
+        ("cell", "workload::b"),
+        ("cell", "workload"),
+        ("cell", "workload::context"),
+        ("workload::a", "cluster"),
+        ("stray", "cluster"),
+    ] {
+        g.entry(m(from)).or_default().insert(m(to));
+    }
+    let layers: &[&[&str]] = &[&["cell"], &["workload"], &["keep"], &["cluster"]];
+    let found = against_layers(&g, layers, &["context"]);
+    assert_eq!(
+        found,
+        [
+            "cell reaches into the kind workload::b: go through workload's dispatch",
+            "keep uses workload, a layer above it",
+            "stray: in no layer",
+            "workload::a uses the kind workload::b: move what both need into a shared step",
+        ],
+        "{found:#?}"
+    );
 }

@@ -21,7 +21,7 @@ use futures::future::BoxFuture;
 use tokio_postgres::Client;
 
 use super::context::{CellContext, Output};
-use super::{pgbench_init, toast_probe};
+use super::pgbench_init;
 use crate::{Error, Result};
 
 pub use pgfleet_proto::workload::compression_analysis::{
@@ -58,7 +58,7 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, p: &'a Params) -> BoxFuture<'a, Res
                 let own = ctx.cluster.connect_own().await?;
                 own.batch_execute("DROP TABLE IF EXISTS public.orders; CREATE TABLE public.orders (id int PRIMARY KEY, body jsonb)")
                     .await?;
-                toast_probe::load_documents(&own, "public.orders", p.json_documents, (25, 100), 0.42).await?;
+                super::documents::load_documents(&own, "public.orders", p.json_documents, (25, 100), 0.42).await?;
             }
             // Scenario text: as the workload role, never the superuser.
             _ => ctx

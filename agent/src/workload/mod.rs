@@ -13,6 +13,7 @@ use pgfleet_proto::workload::{self as kinds, Params};
 
 pub mod compression_analysis;
 pub mod context;
+pub mod documents;
 pub mod drive;
 pub mod fault;
 pub mod fio;
@@ -56,6 +57,18 @@ pub fn run<'a>(ctx: &'a mut CellContext<'_>, params: &'a Params) -> BoxFuture<'a
         .await
     }
     .boxed()
+}
+
+/// What a class's emulated storage delivers against its caps, measured
+/// once per agent at its first cell (the fio kind's probe), for the
+/// environment and the report.
+pub async fn probe_storage(
+    cluster: &crate::cluster::Cluster,
+    fio: &std::path::Path,
+    caps: crate::cluster::throttle::Caps,
+    cancel: &tokio_util::sync::CancellationToken,
+) -> Result<pgfleet_proto::environment::Delivered> {
+    fio::probe(cluster, fio, caps, cancel).await
 }
 
 /// Loads a cell's dataset, for kinds that declare one
