@@ -436,8 +436,15 @@ const AGENT_LAYERS: &[&[&str]] = &[
 /// Inside `workload/`, what every kind may use besides itself: the
 /// dispatch (`mod.rs`), the context and the shared steps. A kind uses no
 /// other kind; outside `workload/`, only the dispatch and the context are
-/// used (the kinds are reached through `workload::run`, `load`, `probe`).
-const WORKLOAD_SHARED: &[&str] = &["context", "drive", "pgbench_init", "fault", "ledger", "documents"];
+/// used (the kinds are reached through `workload::run`, `load`, `probe_storage`).
+const WORKLOAD_SHARED: &[&str] = &[
+    "context",
+    "drive",
+    "pgbench_init",
+    "fault",
+    "ledger",
+    "documents",
+];
 
 /// What of `g` goes against `layers` and the workload rules.
 fn against_layers(g: &Graph, layers: &[&[&str]], shared: &[&str]) -> Vec<String> {
