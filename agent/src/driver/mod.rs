@@ -166,9 +166,15 @@ struct ClientLedger {
     prepared: bool,
     t0: Instant,
     acked_ms: Vec<u32>,
+    /// Its share of `LEDGER_MAX_ROWS`: past it, commits go without a row.
+    cap: usize,
 }
 
 const LEDGER_STMT: &str = "pgfleet_ledger";
+/// The most ledger rows a run keeps (4 bytes each in the agent: 256 MiB),
+/// shared by its clients, so a long window at a high rate cannot grow the
+/// agent without bound; later commits go without a row (never counted).
+pub const LEDGER_MAX_ROWS: usize = 64 << 20;
 
 impl ClientLedger {
     /// Prepares the ledger's INSERT on this connection (once).
@@ -869,6 +875,7 @@ async fn client(
             prepared: false,
             t0,
             acked_ms: Vec::new(),
+            cap: LEDGER_MAX_ROWS / cfg.clients.max(1) as usize,
         });
     }
     let warm_end = t0 + cfg.warmup;
@@ -1078,7 +1085,10 @@ async fn transaction(
                 // A commit the ledger follows: its row in the same
                 // transaction (before the COMMIT; with a write outside a
                 // block, in its implicit transaction).
-                let follow = ledger.as_ref().map_or(Follow::No, |l| l.follow[i]);
+                let follow = ledger
+                    .as_ref()
+                    .filter(|l| l.acked_ms.len() < l.cap)
+                    .map_or(Follow::No, |l| l.follow[i]);
                 let ledger = ledger.as_mut().filter(|_| match follow {
                     Follow::Commit => true,
                     Follow::Write => db.status() == wire::TxStatus::Idle,

@@ -298,10 +298,6 @@ pub fn figures(
             let lost_to = back.unwrap_or(seconds.len());
             let lost = (first..lost_to).map(|s| baseline - tps(s)).sum::<f64>();
             FaultFigures {
-                kind: i.fault.kind,
-                label: i.fault.label(),
-                start_s,
-                end_s,
                 baseline_tps: baseline,
                 tps_during: Some(during),
                 latency_ms_p99_during: p99(first, last),
@@ -316,11 +312,7 @@ pub fn figures(
                     .map(|t| t.duration_since(i.start).as_secs_f64()),
                 checkpoint_s: i.checkpoint_s,
                 buffers_written: i.buffers_written,
-                lag_bytes_at_heal: None,
-                catch_up_s: None,
-                acknowledged: None,
-                acknowledged_lost: None,
-                lost_window_ms: None,
+                ..FaultFigures::new(i.fault.kind, i.fault.label(), start_s, end_s)
             }
         })
         .collect()

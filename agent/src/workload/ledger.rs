@@ -142,29 +142,7 @@ mod tests {
     }
 
     fn blank(kind: FaultKind) -> FaultFigures {
-        FaultFigures {
-            kind,
-            label: String::new(),
-            start_s: 0.0,
-            end_s: 0.0,
-            baseline_tps: 0.0,
-            tps_during: None,
-            latency_ms_p99_during: None,
-            latency_ms_p99_after: None,
-            back_to_90pct_s: None,
-            transactions_lost: 0.0,
-            recovery_s: None,
-            wal_replayed_bytes: None,
-            redo_s: None,
-            first_transaction_s: None,
-            checkpoint_s: None,
-            buffers_written: None,
-            lag_bytes_at_heal: None,
-            catch_up_s: None,
-            acknowledged: None,
-            acknowledged_lost: None,
-            lost_window_ms: None,
-        }
+        FaultFigures::new(kind, String::new(), 0.0, 0.0)
     }
 
     #[test]

@@ -401,27 +401,14 @@ async fn drain(
     let faults = cuts?
         .into_iter()
         .map(|c| FaultFigures {
-            kind: FaultKind::Partition,
-            label: c.fault.label(),
-            start_s: c.start.duration_since(t0).as_secs_f64(),
-            end_s: c.healed.duration_since(t0).as_secs_f64(),
-            baseline_tps: 0.0,
-            tps_during: None,
-            latency_ms_p99_during: None,
-            latency_ms_p99_after: None,
-            back_to_90pct_s: None,
-            transactions_lost: 0.0,
-            recovery_s: None,
-            wal_replayed_bytes: None,
-            redo_s: None,
-            first_transaction_s: None,
-            checkpoint_s: None,
-            buffers_written: None,
             lag_bytes_at_heal: Some(c.lag_at_heal),
             catch_up_s: Some(drained_at.saturating_duration_since(c.healed).as_secs_f64()),
-            acknowledged: None,
-            acknowledged_lost: None,
-            lost_window_ms: None,
+            ..FaultFigures::new(
+                FaultKind::Partition,
+                c.fault.label(),
+                c.start.duration_since(t0).as_secs_f64(),
+                c.healed.duration_since(t0).as_secs_f64(),
+            )
         })
         .collect();
     ctx.sample("lag", &lag_at(here, there, target, seconds).await?)

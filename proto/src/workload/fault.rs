@@ -441,6 +441,35 @@ pub struct FaultFigures {
     pub lost_window_ms: Option<f64>,
 }
 
+impl FaultFigures {
+    /// A fault of `kind` from `start_s` to `end_s` with no figure yet.
+    pub fn new(kind: FaultKind, label: String, start_s: f64, end_s: f64) -> FaultFigures {
+        FaultFigures {
+            kind,
+            label,
+            start_s,
+            end_s,
+            baseline_tps: 0.0,
+            tps_during: None,
+            latency_ms_p99_during: None,
+            latency_ms_p99_after: None,
+            back_to_90pct_s: None,
+            transactions_lost: 0.0,
+            recovery_s: None,
+            wal_replayed_bytes: None,
+            redo_s: None,
+            first_transaction_s: None,
+            checkpoint_s: None,
+            buffers_written: None,
+            lag_bytes_at_heal: None,
+            catch_up_s: None,
+            acknowledged: None,
+            acknowledged_lost: None,
+            lost_window_ms: None,
+        }
+    }
+}
+
 /// The faults' figures as metrics of the cell (each the worst over the
 /// entry's faults that have it), so classes compare them, checks bound
 /// them, and `compare` and `history` follow them like TPS.
@@ -581,27 +610,13 @@ mod tests {
 
     fn figures(kind: FaultKind, recovery: Option<f64>, lost: f64) -> FaultFigures {
         FaultFigures {
-            kind,
-            label: String::new(),
-            start_s: 10.0,
-            end_s: 11.0,
-            baseline_tps: 100.0,
-            tps_during: None,
-            latency_ms_p99_during: None,
-            latency_ms_p99_after: None,
             back_to_90pct_s: Some(2.0),
             transactions_lost: lost,
             recovery_s: recovery,
             wal_replayed_bytes: recovery.map(|_| 2_000_000),
-            redo_s: None,
-            first_transaction_s: None,
-            checkpoint_s: None,
-            buffers_written: None,
-            lag_bytes_at_heal: None,
-            catch_up_s: None,
-            acknowledged: None,
+            baseline_tps: 100.0,
             acknowledged_lost: (kind == FaultKind::Crash).then_some(lost as u64 / 10),
-            lost_window_ms: None,
+            ..FaultFigures::new(kind, String::new(), 10.0, 11.0)
         }
     }
 

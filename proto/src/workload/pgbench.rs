@@ -390,26 +390,26 @@ pub struct Second {
 /// Checks the driver keys (shared with kinds that drive a script).
 #[allow(clippy::too_many_arguments)]
 pub fn check_drive(f: &Field, s: &Spec) -> Checked<DriveParams> {
-    // `duration_s`: seconds, or None for `auto` (until steady).
-    let seconds: Option<Spanned<Option<f64>>> = match &s.duration_s {
+    // `duration_s`: seconds (`fixed`), or `auto` (until steady).
+    let mut auto = false;
+    let fixed: Option<Spanned<f64>> = match &s.duration_s {
         None => None,
-        Some(d) => Some(Spanned {
-            value: d
-                .value
-                .value()
-                .or_else(|why| f.err(d.referenced, "duration_s", why))?,
-            referenced: d.referenced,
-            defined: d.defined,
-        }),
+        Some(d) => match d
+            .value
+            .value()
+            .or_else(|why| f.err(d.referenced, "duration_s", why))?
+        {
+            Some(value) => Some(Spanned {
+                value,
+                referenced: d.referenced,
+                defined: d.defined,
+            }),
+            None => {
+                auto = true;
+                None
+            }
+        },
     };
-    let fixed: Option<Spanned<f64>> = seconds.as_ref().and_then(|d| {
-        d.value.map(|v| Spanned {
-            value: v,
-            referenced: d.referenced,
-            defined: d.defined,
-        })
-    });
-    let auto = seconds.as_ref().is_some_and(|d| d.value.is_none());
     f.in_range(&fixed, "duration_s", 0.001, MAX_SECONDS, " seconds")?;
     let min = super::steady::MIN_SECONDS as f64;
     f.in_range(
