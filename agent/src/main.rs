@@ -79,6 +79,18 @@ struct RunArgs {
     /// (the device's counters, every 250 ms).
     #[arg(long)]
     combined_io: bool,
+    /// Answer each read after this many microseconds (a network volume's
+    /// round trip; the mean of a draw with a tail), as well as within the
+    /// caps: the clusters' volumes are then served by this agent over FUSE
+    /// (needs root and /dev/fuse). 0: the host's device as it is.
+    #[arg(long, default_value_t = 0)]
+    read_latency_us: u32,
+    /// Each write's latency, in microseconds (see --read-latency-us).
+    #[arg(long, default_value_t = 0)]
+    write_latency_us: u32,
+    /// Each cache flush's (an fsync's), in microseconds.
+    #[arg(long, default_value_t = 0)]
+    flush_latency_us: u32,
     /// Do not apply the caps: run uncapped and report the profile as not emulated.
     #[arg(long)]
     no_emulate: bool,
@@ -377,6 +389,11 @@ fn agent_env(args: &RunArgs, data_root: &std::path::Path) -> anyhow::Result<Agen
         read_mbps: args.read_mbps,
         write_mbps: args.write_mbps,
         combined: args.combined_io,
+        latency: pgfleet_proto::environment::Latency {
+            read_us: args.read_latency_us,
+            write_us: args.write_latency_us,
+            flush_us: args.flush_latency_us,
+        },
     };
     let remote = match &args.dataset_remote {
         Some(url) => Some(Arc::new(pgfleet_agent::remote::Remote::open(url)?)),

@@ -533,6 +533,7 @@ async fn a_low_iops_cap_clearly_lowers_tps() {
         read_mbps: 0,
         write_mbps: 0,
         combined: false,
+        latency: Default::default(),
     };
     let (capped, root2) = capped_cluster("capped", caps).await;
     let rules = "/sys/fs/cgroup/blkio/blkio.throttle.write_iops_device";

@@ -118,6 +118,7 @@ async fn emulated_caps_bind_fio() {
         read_mbps: 0,
         write_mbps: 20,
         combined: false,
+        latency: Default::default(),
     };
     let c = cluster(&root, caps).await;
     let out = run_with(
@@ -205,6 +206,7 @@ async fn a_combined_budget_caps_reads_and_writes_together() {
         read_mbps: 0,
         write_mbps: 0,
         combined,
+        latency: Default::default(),
     };
     let c = cluster(&root, caps(true)).await;
     if c.capped_device().is_none() {
@@ -253,6 +255,7 @@ async fn a_write_cap_binds_a_load_and_its_checkpoint() {
         read_mbps: 0,
         write_mbps: 20,
         combined: false,
+        latency: Default::default(),
     };
     // An emulated instance's memory: its dirty pages are written back by
     // the flushers when it reclaims them.
@@ -368,4 +371,137 @@ async fn a_missing_or_old_fio_is_a_clear_error() {
     );
     c.teardown().await.unwrap();
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// gp3 as the agent serves it (`cluster::ebs`): a QD1 reader gets the
+/// profile's per-I/O latency (1 ms, so about 1,000 IOPS), not the host's
+/// tens of microseconds; sixteen in flight get the budget's 3,000 IOPS and
+/// queue for the rest; a WAL-like write and fdatasync pays a write's
+/// latency. And nothing is left mounted or attached after teardown.
+#[tokio::test]
+async fn an_emulated_network_volume_answers_with_its_latency_within_its_budget() {
+    if !pgfleet_agent::cluster::ebs::available() {
+        common::skip("the emulated network volume needs root and /dev/fuse");
+        return;
+    }
+    let root = common::scratch("fio-served");
+    let caps = Caps {
+        read_iops: 3000,
+        write_iops: 3000,
+        read_mbps: 125,
+        write_mbps: 125,
+        combined: true,
+        latency: pgfleet_proto::environment::Latency {
+            read_us: 1000,
+            write_us: 1000,
+            flush_us: 0,
+        },
+    };
+    let c = cluster(&root, caps).await;
+    let out = run_with(
+        &c,
+        "{kind: fio, jobs: [rand-read, rand-write, wal-fsync], size: 64MiB, runtime_s: 3, ramp_s: 1, queue_depths: [1, 16]}",
+        "fio",
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    let points: Vec<(PointParams, Metrics)> = common::typed_points(&out);
+    for (p, m) in &points {
+        eprintln!(
+            "{} QD{}: {:.0} IOPS, mean {:.3} ms, p50 {:.3} ms, p99 {:.3} ms",
+            p.job, p.queue_depth, m.iops, m.latency_ms_mean, m.latency_ms_p50, m.latency_ms_p99
+        );
+    }
+    let at = |job: &str, qd: u32| {
+        &points
+            .iter()
+            .find(|(p, _)| p.job == job && p.queue_depth == qd)
+            .unwrap_or_else(|| panic!("no {job} at QD{qd}"))
+            .1
+    };
+    for job in ["rand-read", "rand-write"] {
+        let one = at(job, 1);
+        assert!(
+            (0.85..1.25).contains(&one.latency_ms_mean),
+            "{job} QD1: mean {} ms against the profile's 1 ms",
+            one.latency_ms_mean
+        );
+        assert!(
+            (800.0..1150.0).contains(&one.iops),
+            "{job} QD1: {} IOPS",
+            one.iops
+        );
+        let deep = at(job, 16);
+        assert!(
+            (3000.0 * 0.85..3000.0 * 1.1).contains(&deep.iops),
+            "{job} QD16: {} IOPS against the budget's 3,000",
+            deep.iops
+        );
+        assert!(deep.latency_ms_mean > 4.0, "{job} QD16 queues: {deep:?}");
+    }
+    let wal = at("wal-fsync", 1);
+    assert!(
+        (0.9..2.5).contains(&wal.latency_ms_mean),
+        "a write and fdatasync: {} ms",
+        wal.latency_ms_mean
+    );
+    let volume = c.storage_dir().to_path_buf();
+    let served = c.dir().join("ebs");
+    c.teardown().await.unwrap();
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    for gone in [&volume, &served] {
+        assert!(
+            !mounts.contains(&*gone.to_string_lossy()),
+            "{} is still mounted",
+            gone.display()
+        );
+    }
+
+    // The emulation's own cost: nothing added and no budget, the most it
+    // delivers here at QD16, and the agent's CPU per I/O it served (the
+    // test process is the agent; fio runs apart).
+    let free = Caps {
+        latency: pgfleet_proto::environment::Latency {
+            read_us: 1,
+            write_us: 1,
+            flush_us: 0,
+        },
+        ..Caps::default()
+    };
+    let c = cluster(&root, free).await;
+    let cpu0 = cpu_seconds();
+    let before = c.served().expect("a served volume").counted();
+    let out = run_with(
+        &c,
+        "{kind: fio, jobs: [rand-read], size: 64MiB, runtime_s: 3, ramp_s: 1, queue_depths: [16]}",
+        "fio",
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    let cpu = cpu_seconds() - cpu0;
+    let after = c.served().unwrap().counted();
+    let ios = (after.ios[0] + after.ios[1]) - (before.ios[0] + before.ios[1]);
+    let points: Vec<(PointParams, Metrics)> = common::typed_points(&out);
+    let most = points[0].1.iops;
+    eprintln!(
+        "the emulation's most at QD16: {most:.0} IOPS; {:.1} µs of the agent's CPU an I/O ({ios} I/Os)",
+        cpu / ios as f64 * 1e6
+    );
+    assert!(
+        most > 3000.0 * 1.5,
+        "the served volume delivers {most:.0} IOPS at most here: gp3's 3,000 would bind on the emulation"
+    );
+    c.teardown().await.unwrap();
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// This process's CPU time (user and system), in seconds.
+fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) }, 0);
+    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    s(u.ru_utime) + s(u.ru_stime)
 }

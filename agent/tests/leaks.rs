@@ -130,6 +130,7 @@ async fn a_cell_failed_at_each_step_leaves_nothing() {
         read_mbps: 125,
         write_mbps: 125,
         combined: true,
+        latency: Default::default(),
     };
     env.emulated = true;
     env.instance = Instance {

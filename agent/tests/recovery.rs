@@ -23,6 +23,7 @@ const CAPS: Caps = Caps {
     read_mbps: 0,
     write_mbps: 0,
     combined: false,
+    latency: pgfleet_proto::environment::Latency::NONE,
 };
 
 /// The value of device `dev`'s rule in a v1 root blkio throttle file.
@@ -268,6 +269,7 @@ const GP3: Caps = Caps {
     read_mbps: 125,
     write_mbps: 125,
     combined: true,
+    latency: pgfleet_proto::environment::Latency::NONE,
 };
 
 /// The commit ledger under a crash, on an emulated gp3 volume and on this

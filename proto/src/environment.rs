@@ -89,6 +89,36 @@ pub struct Caps {
     /// budget, which the agent splits between them by demand.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub combined: bool,
+    /// What each I/O takes to answer, budget aside (a network volume's
+    /// round trip); zero: the host's device as it is.
+    #[serde(skip_serializing_if = "Latency::is_zero")]
+    pub latency: Latency,
+}
+
+/// A storage profile's per-I/O latency, in microseconds: the mean an I/O
+/// takes from issue to answer when the volume's budget is not binding.
+/// Emulated (agent/src/cluster/ebs.rs) by a volume served from the agent:
+/// each I/O answers after its start (when the budget allows it) plus this.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Latency {
+    pub read_us: u32,
+    pub write_us: u32,
+    /// A cache flush (what an fsync asks of the device after its writes).
+    pub flush_us: u32,
+}
+
+impl Latency {
+    /// None added: the host's device as it is.
+    pub const NONE: Latency = Latency {
+        read_us: 0,
+        write_us: 0,
+        flush_us: 0,
+    };
+
+    pub fn is_zero(&self) -> bool {
+        *self == Latency::default()
+    }
 }
 
 impl Caps {

@@ -126,7 +126,9 @@ impl Cluster {
                 "the class's storage is not emulated (no caps): a stall or degrade cannot change it".into(),
             ));
         }
+        let served = self.volume.as_ref().is_some_and(|v| v.served().is_some());
         let target = match &self.capped_device {
+            Some(_) if served => Target::Served,
             Some(dev) => Target::Device(dev.clone()),
             None => {
                 let cg = self
@@ -155,6 +157,8 @@ impl Cluster {
 }
 
 enum Target {
+    /// The volume the agent serves (`ebs`): its pacer takes the caps.
+    Served,
     /// The cluster's own device, capped device-wide (`cap_device`).
     Device(String),
     /// A block-I/O cgroup and the device its rules name.
@@ -175,6 +179,12 @@ impl CapsWindow<'_> {
     /// Writes `caps`; `back`: the class's own, with its budget.
     fn apply(&mut self, caps: Caps, back: bool) -> Result<()> {
         match &self.target {
+            Target::Served => {
+                if let Some(s) = self.cluster.volume.as_ref().and_then(|v| v.served()) {
+                    s.set_caps(caps);
+                }
+                Ok(())
+            }
             Target::Device(dev) => {
                 // The class's budget thread would rewrite the rules: it stops
                 // for the window, and starts again after.

@@ -27,6 +27,7 @@ use crate::pgbin::PgBin;
 use crate::{Error, Result};
 
 pub mod device;
+pub mod ebs;
 mod fault;
 pub mod identity;
 pub mod throttle;
@@ -265,6 +266,11 @@ impl Cluster {
     pub fn memory_bytes(&self) -> u64 {
         self.spec.memory_bytes
     }
+    /// The agent's side of the cluster's volume when the agent serves it
+    /// (a profile with per-I/O latency, `ebs`).
+    pub fn served(&self) -> Option<&ebs::Served> {
+        self.volume.as_ref().and_then(|v| v.served())
+    }
     /// The cluster's own device (`major:minor`) when its storage caps hold
     /// device-wide, for every writer (cgroup v1 with its own volume).
     pub fn capped_device(&self) -> Option<&str> {
@@ -331,7 +337,10 @@ impl Cluster {
     /// must be exact, and where capped storage must cap every writer (on
     /// cgroup v1 a blkio cgroup does not see buffered writeback).
     pub fn own_volume(spec: &ClusterSpec) -> bool {
-        (spec.account_io || (spec.caps.is_capped() && throttle::v1())) && volume::available()
+        (spec.account_io
+            || ebs::emulates_latency(&spec.caps)
+            || (spec.caps.is_capped() && throttle::v1()))
+            && volume::available()
     }
 
     /// `prepare` on a blocking thread: its volume's mkfs and mount take
@@ -392,11 +401,25 @@ impl Cluster {
         // capped storage must cap everything written to it: on cgroup v1 a
         // blkio cgroup does not see buffered writeback (loads,
         // checkpoints), the volume's device-wide caps do (`boot`).
+        // A profile with per-I/O latency is a volume the agent serves
+        // (`ebs`): its caps and latency hold there, for every writer.
+        let served = ebs::emulates_latency(&spec.caps).then_some(spec.caps);
+        if served.is_some() && !(ebs::available() && volume::available()) {
+            return Err(Error::Provision(
+                "the class's storage profile answers each I/O with a network volume's latency, which the agent emulates with a volume it serves over FUSE: that needs root, /dev/fuse, losetup and mkfs.ext4 (in a pod: a privileged container with /dev/fuse). Run the agent as root, or give the class `profile: custom` caps, which need no FUSE".into(),
+            ));
+        }
         if Cluster::own_volume(spec) {
             // Sparse: it takes the disk the data takes, up to what is free.
             let size = (crate::host::free_bytes(&cluster.dir).unwrap_or(0) / 10 * 9).max(1 << 30);
             let owner = spec.run_as.as_ref().map(|u| (u.uid, u.gid));
-            match volume::Volume::create(&cluster.dir, size, owner) {
+            match volume::Volume::create(&cluster.dir, size, owner, served) {
+                Ok(v) if v.served().is_some() => {
+                    cluster.data = v.dir().join("data");
+                    cluster.capped_device = Some(v.dev_number()?);
+                    cluster.volume = Some(v);
+                }
+                Err(e) if served.is_some() => return Err(e),
                 Ok(v) => {
                     cluster.data = v.dir().join("data");
                     // The caps on the cluster's own device from the first

@@ -18,11 +18,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use super::device::DeviceStat;
+use super::ebs;
 use crate::{Error, Result};
+use pgfleet_proto::environment::Caps;
 
 /// A mounted per-cluster volume; `remove` (or Drop) unmounts, detaches
 /// and deletes it.
-#[derive(Debug)]
 pub struct Volume {
     /// `<cluster dir>/volume.img`
     image: PathBuf,
@@ -30,10 +31,27 @@ pub struct Volume {
     mount: PathBuf,
     /// `/dev/loopN`
     device: String,
+    /// The image served by the agent (an emulated network volume, with its
+    /// profile's latency and budget): the loop device is over `<cluster
+    /// dir>/ebs/disk` instead of the image.
+    served: Option<ebs::Served>,
+}
+
+impl std::fmt::Debug for Volume {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Volume")
+            .field("mount", &self.mount)
+            .field("device", &self.device)
+            .field("served", &self.served.is_some())
+            .finish()
+    }
 }
 
 /// Where the loop device is recorded in the cluster's directory.
 const RECORD: &str = "volume.dev";
+
+/// Where an emulated volume's image is served (`ebs::Served`).
+const SERVED: &str = "ebs";
 
 fn run(cmd: &mut Command, what: &str) -> Result<String> {
     let out = cmd
@@ -73,8 +91,15 @@ fn tool(name: &str) -> Command {
 impl Volume {
     /// Creates `dir/volume.img` (sparse, `size` bytes), attaches it, makes
     /// an ext4 on it and mounts it at `dir/volume`, owned by `owner`.
-    /// Undoes what it did on any error.
-    pub fn create(dir: &Path, size: u64, owner: Option<(u32, u32)>) -> Result<Volume> {
+    /// `served`: the image is served by the agent with these caps and
+    /// latency (`ebs`), and the loop device is over that. Undoes what it
+    /// did on any error.
+    pub fn create(
+        dir: &Path,
+        size: u64,
+        owner: Option<(u32, u32)>,
+        served: Option<Caps>,
+    ) -> Result<Volume> {
         let image = dir.join("volume.img");
         let mount = dir.join("volume");
         let f = std::fs::File::create(&image)
@@ -82,14 +107,32 @@ impl Volume {
         f.set_len(size)
             .map_err(|e| Error::io(format!("sizing {}", image.display()), e))?;
         drop(f);
+        let served = match served.map(|caps| ebs::Served::start(&image, &dir.join(SERVED), caps)) {
+            Some(Err(e)) => {
+                let _ = std::fs::remove_file(&image);
+                return Err(e);
+            }
+            Some(Ok(s)) => Some(s),
+            None => None,
+        };
+        let backing = served.as_ref().map_or(image.clone(), |s| s.disk());
+        // 4 KiB sectors: ext4's blocks, and every I/O the served image
+        // sees is whole pages.
         let device = match run(
             tool("losetup")
-                .args(["--find", "--show", "--direct-io=on"])
-                .arg(&image),
+                .args([
+                    "--find",
+                    "--show",
+                    "--direct-io=on",
+                    "--sector-size",
+                    "4096",
+                ])
+                .arg(&backing),
             "losetup",
         ) {
             Ok(d) => d,
             Err(e) => {
+                drop(served);
                 let _ = std::fs::remove_file(&image);
                 return Err(e);
             }
@@ -98,8 +141,12 @@ impl Volume {
             image,
             mount,
             device,
+            served,
         };
         let made = (|| -> Result<()> {
+            if let Some(s) = &v.served {
+                s.calibrate(Path::new(&v.device))?;
+            }
             std::fs::write(dir.join(RECORD), &v.device)
                 .map_err(|e| Error::io("recording the loop device", e))?;
             crate::failpoint::hit("volume")?;
@@ -165,6 +212,11 @@ impl Volume {
         DeviceStat::read(&self.stat_file())
     }
 
+    /// The agent's side of an emulated network volume, when it is one.
+    pub fn served(&self) -> Option<&ebs::Served> {
+        self.served.as_ref()
+    }
+
     /// Unmounts, detaches and deletes the volume (idempotent).
     pub fn remove(&mut self) -> Result<()> {
         if self.device.is_empty() {
@@ -177,6 +229,8 @@ impl Volume {
             .unwrap_or_default();
         release(&dir, &self.device)?;
         self.device.clear();
+        // Served until the loop device let go of it.
+        drop(self.served.take());
         Ok(())
     }
 }
@@ -198,7 +252,9 @@ fn release(dir: &Path, device: &str) -> Result<()> {
     let name = device.trim_start_matches("/dev/");
     let backing =
         std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).unwrap_or_default();
-    let ours = !name.is_empty() && Path::new(backing.trim()) == image;
+    let backing = Path::new(backing.trim());
+    let ours =
+        !name.is_empty() && (backing == image || backing == dir.join(SERVED).join(ebs::DISK));
     // Its caps go first, whatever happens next: the next user of this
     // loop device starts uncapped even if this one cannot be detached.
     if ours && let Ok(dev) = std::fs::read_to_string(format!("/sys/block/{name}/dev")) {
@@ -218,6 +274,12 @@ fn release(dir: &Path, device: &str) -> Result<()> {
     }
     if ours {
         run(tool("losetup").arg("-d").arg(device), "losetup -d")?;
+    }
+    // A served image whose agent was killed: its FUSE mount answers
+    // nothing any more; lazily unmounted (a live one unmounts itself).
+    let served = dir.join(SERVED);
+    if is_mounted(&served) && std::fs::metadata(&served).is_err() {
+        run(tool("umount").arg("-l").arg(&served), "umount -l")?;
     }
     for f in [image, dir.join(RECORD)] {
         match std::fs::remove_file(&f) {
@@ -244,7 +306,9 @@ fn is_mounted(path: &Path) -> bool {
 pub fn reap(dir: &Path) -> Result<()> {
     match std::fs::read_to_string(dir.join(RECORD)) {
         Ok(device) => release(dir, device.trim()),
-        Err(_) if is_mounted(&dir.join("volume")) => release(dir, ""),
+        Err(_) if is_mounted(&dir.join("volume")) || is_mounted(&dir.join(SERVED)) => {
+            release(dir, "")
+        }
         Err(_) => Ok(()),
     }
 }

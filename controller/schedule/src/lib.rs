@@ -1315,7 +1315,12 @@ fn registration(info: &Register) -> pgfleet_records::Registration {
                     write_iops: s.write_iops,
                     read_mbps: s.read_mbps,
                     write_mbps: s.write_mbps,
-                    combined: false,
+                    combined: s.combined,
+                    latency: pgfleet_proto::environment::Latency {
+                        read_us: s.read_latency_us,
+                        write_us: s.write_latency_us,
+                        flush_us: s.flush_latency_us,
+                    },
                 },
             }),
         cores: u64::from(info.cores),

@@ -415,6 +415,7 @@ impl Capacity {
             read_mbps: 125,
             write_mbps: 125,
             combined: true,
+            latency: Default::default(),
         };
         (two, Capacity { caps: gp3, ..two })
     }
@@ -1240,6 +1241,7 @@ mod tests {
             read_mbps: 0,
             write_mbps: 100_000,
             combined: false,
+            latency: Default::default(),
         };
         let c = Capacity {
             cpus: 2.0,

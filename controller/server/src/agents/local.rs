@@ -325,6 +325,10 @@ fn class_args(cmd: &mut Command, f: &FleetEntry) {
     if caps.combined {
         cmd.arg("--combined-io");
     }
+    let l = caps.latency;
+    cmd.args(["--read-latency-us", &l.read_us.to_string()])
+        .args(["--write-latency-us", &l.write_us.to_string()])
+        .args(["--flush-latency-us", &l.flush_us.to_string()]);
     if !f.emulate() {
         cmd.arg("--no-emulate");
     }
