@@ -149,15 +149,27 @@ async fn a_cell_failed_at_each_step_leaves_nothing() {
     let left = leftovers(&root, "leak-");
     assert!(left.is_empty(), "a succeeded cell left {left:?}");
     assert_eq!(driver_threads(), 0);
-    for step in failpoint::STEPS {
+    // Rate caps on a loop device, then a volume the agent serves (gp3's
+    // latency): the same steps fail, and leave nothing either way.
+    let steps = failpoint::STEPS.iter().map(|s| (s, false));
+    let served = failpoint::STEPS.iter().map(|s| (s, true));
+    for (step, served) in steps.chain(served) {
+        if served {
+            env.caps.latency = pgfleet_proto::environment::Latency {
+                read_us: 1000,
+                write_us: 1000,
+                flush_us: 0,
+            };
+        }
         failpoint::set(Some(step));
-        let cell = format!("leak-{step}");
+        let cell = format!("leak-{step}-{served}");
         let r = common::run_cell(&env, &cell, entry, "fresh").await;
         failpoint::set(None);
         match *step {
             // Inside the volume's creation: the cell goes on without a
-            // volume of its own (its caps on a cgroup instead).
-            "volume" | "mount" => {}
+            // volume of its own (its caps on a cgroup instead), unless the
+            // agent serves it (its latency needs it).
+            "volume" | "mount" if !served => {}
             _ => {
                 assert_eq!(r.status, CellStatus::Failed as i32, "{step}: {r:?}");
                 assert!(

@@ -119,6 +119,25 @@ impl Latency {
     pub fn is_zero(&self) -> bool {
         *self == Latency::default()
     }
+
+    /// (probe, the profile's milliseconds, what it times), in a fixed
+    /// order: what the storage probe measures at queue depth 1 (an fsync's
+    /// write and flush together). Empty without latency.
+    pub fn each(&self) -> Vec<(&'static str, f64, &'static str)> {
+        if self.is_zero() {
+            return Vec::new();
+        }
+        let ms = |us: u32| f64::from(us) / 1000.0;
+        vec![
+            ("read_latency_ms", ms(self.read_us), "an 8 KiB read"),
+            ("write_latency_ms", ms(self.write_us), "an 8 KiB write"),
+            (
+                "fdatasync_latency_ms",
+                ms(self.write_us) + ms(self.flush_us),
+                "a WAL-like write and fdatasync",
+            ),
+        ]
+    }
 }
 
 impl Caps {
@@ -156,6 +175,14 @@ pub struct Delivered {
     pub read_mbps: Option<Probe>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub write_mbps: Option<Probe>,
+    /// Mean milliseconds at queue depth 1, where the profile has latency
+    /// (`Latency::each`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_latency_ms: Option<Probe>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub write_latency_ms: Option<Probe>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fdatasync_latency_ms: Option<Probe>,
 }
 
 impl Delivered {
@@ -166,6 +193,9 @@ impl Delivered {
             "write_iops" => self.write_iops.as_ref(),
             "read_mbps" => self.read_mbps.as_ref(),
             "write_mbps" => self.write_mbps.as_ref(),
+            "read_latency_ms" => self.read_latency_ms.as_ref(),
+            "write_latency_ms" => self.write_latency_ms.as_ref(),
+            "fdatasync_latency_ms" => self.fdatasync_latency_ms.as_ref(),
             _ => None,
         }
     }
@@ -176,6 +206,9 @@ impl Delivered {
             "write_iops" => &mut self.write_iops,
             "read_mbps" => &mut self.read_mbps,
             "write_mbps" => &mut self.write_mbps,
+            "read_latency_ms" => &mut self.read_latency_ms,
+            "write_latency_ms" => &mut self.write_latency_ms,
+            "fdatasync_latency_ms" => &mut self.fdatasync_latency_ms,
             _ => return,
         };
         *slot = Some(probe);

@@ -406,7 +406,7 @@ impl Cluster {
         let served = ebs::emulates_latency(&spec.caps).then_some(spec.caps);
         if served.is_some() && !(ebs::available() && volume::available()) {
             return Err(Error::Provision(
-                "the class's storage profile answers each I/O with a network volume's latency, which the agent emulates with a volume it serves over FUSE: that needs root, /dev/fuse, losetup and mkfs.ext4 (in a pod: a privileged container with /dev/fuse). Run the agent as root, or give the class `profile: custom` caps, which need no FUSE".into(),
+                "the class's storage profile answers each I/O with a network volume's latency, which the agent emulates with a volume it serves over FUSE: that needs root, /dev/fuse, losetup and mkfs.ext4 (in a pod: a privileged container with /dev/fuse). Run the agent as root; or give the class `emulate: false` (the disk as is), or `profile: custom` caps (rates without latency, no FUSE)".into(),
             ));
         }
         if Cluster::own_volume(spec) {
@@ -416,8 +416,10 @@ impl Cluster {
             match volume::Volume::create(&cluster.dir, size, owner, served) {
                 Ok(v) if v.served().is_some() => {
                     cluster.data = v.dir().join("data");
-                    cluster.capped_device = Some(v.dev_number()?);
+                    let dev = v.dev_number();
                     cluster.volume = Some(v);
+                    cluster.capped_device = Some(dev?);
+                    crate::failpoint::hit("caps")?;
                 }
                 Err(e) if served.is_some() => return Err(e),
                 Ok(v) => {

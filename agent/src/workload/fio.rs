@@ -117,6 +117,8 @@ pub const PROBE_SECONDS: f64 = 2.0;
 /// What an emulated storage profile delivers in `cluster`'s cgroups: a
 /// short fio job per capped figure (random 8 KiB reads or writes at queue
 /// depth 16 for IOPS caps, 1 MiB sequential at depth 8 for MiB/s caps),
+/// and where the profile has per-I/O latency, the mean of one 8 KiB read,
+/// one write and one WAL-like write and fdatasync at queue depth 1;
 /// `{<cap>: {asked, delivered}, seconds, fio}`; `{error}` when fio could not
 /// run (the report says the profile was not checked). Only a cancelled
 /// cell is an error.
@@ -159,6 +161,35 @@ pub async fn probe(
         fio: points.first().map(|p| p.metrics.fio.clone()),
         ..Default::default()
     };
+    // A profile with per-I/O latency: what one I/O at a time takes.
+    let latencies = caps.latency.each();
+    if !latencies.is_empty() {
+        let qd1 = Params {
+            jobs: ["rand-read", "rand-write", "wal-fsync"]
+                .map(String::from)
+                .to_vec(),
+            queue_depths: vec![1],
+            ..p.clone()
+        };
+        let timed = match measure(cluster, program, &qd1, cancel, |_, _, _| {}).await {
+            Ok(points) => points,
+            Err(e @ Error::Cancelled(_)) => return Err(e),
+            Err(e) => {
+                out.error = Some(e.to_string());
+                Vec::new()
+            }
+        };
+        for ((probe, asked, _), pt) in latencies.iter().zip(&timed) {
+            out.set(
+                probe,
+                Probe {
+                    asked: *asked,
+                    delivered: pt.metrics.latency_ms_mean,
+                },
+            );
+        }
+        out.seconds = Some(started.elapsed().as_secs_f64());
+    }
     for ((cap, _, asked), pt) in wanted.iter().zip(&points) {
         let delivered = if cap.ends_with("iops") {
             pt.metrics.iops

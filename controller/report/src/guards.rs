@@ -371,6 +371,21 @@ pub fn delivered(classes: &Classes) -> Vec<String> {
                 ));
             }
         }
+        for (probe, _, what) in storage.caps.latency.each() {
+            let Some(p) = d.of(probe).filter(|p| p.asked > 0.0) else {
+                continue;
+            };
+            let (asked, got) = (p.asked, p.delivered);
+            let share = got / asked;
+            if (share - 1.0).abs() > DELIVERED_TOLERANCE {
+                out.push(format!(
+                    "warning: class `{name}`: its storage profile `{profile}` answers {what} in {asked:.2} ms, and one at a time a fio probe on its volume took {got:.2} ms ({:.0} %): \
+                     figures that wait on single I/Os (commits at few clients, one process's reads) follow {}, not the profile",
+                    100.0 * share,
+                    if share > 1.0 { "this host (its disk, or its CPUs busy with other cells)" } else { "an emulation that answered early" }
+                ));
+            }
+        }
     }
     out
 }
@@ -795,6 +810,34 @@ mod tests {
         });
         let w = delivered(&classes(env));
         assert_eq!(w.len(), 3, "{w:#?}");
+        // A profile with latency: each QD1 figure within ±20 % or warned,
+        // slower or faster.
+        let served = |read: f64, fsync: f64| {
+            json!({"storage": {"profile": "gp3", "emulated": true,
+            "caps": {"latency": {"read_us": 1000, "write_us": 1000}},
+            "delivered": {"read_latency_ms": {"asked": 1.0, "delivered": read},
+                          "write_latency_ms": {"asked": 1.0, "delivered": 1.1},
+                          "fdatasync_latency_ms": {"asked": 1.0, "delivered": fsync}}}})
+        };
+        let l = delivered(&classes(json!({
+            "close": served(1.06, 1.15),
+            "slow": served(1.3, 1.1),
+            "early": served(1.0, 0.7),
+        })));
+        assert_eq!(l.len(), 2, "{l:#?}");
+        assert!(
+            l.iter().any(|w| w.contains("class `slow`")
+                && w.contains("an 8 KiB read in 1.00 ms")
+                && w.contains("took 1.30 ms (130 %)")
+                && w.contains("follow this host")),
+            "{l:#?}"
+        );
+        assert!(
+            l.iter().any(|w| w.contains("class `early`")
+                && w.contains("a WAL-like write and fdatasync")
+                && w.contains("answered early")),
+            "{l:#?}"
+        );
         assert!(
             w.iter().any(|w| w.contains("class `slow`")
                 && w.contains("emulates 10000000 read IOPS")

@@ -259,6 +259,29 @@ fn storage_words(storage: &pgfleet_proto::environment::Storage) -> String {
                 ),
                 None => String::new(),
             };
+            // A served volume's per-I/O latency, and what one I/O at a time took.
+            let l = caps.latency;
+            let latency = if l.is_zero() {
+                String::new()
+            } else {
+                let ms = |us: u32| f64::from(us) / 1000.0;
+                let took = match d.filter(|d| d.error.is_none()) {
+                    Some(_) => format!(
+                        " (probe at queue depth 1: {}/{}/{} ms)",
+                        got("read_latency_ms"),
+                        got("write_latency_ms"),
+                        got("fdatasync_latency_ms")
+                    ),
+                    None => String::new(),
+                };
+                format!(
+                    "; {}/{}/{} ms a read/write/flush{took}",
+                    ms(l.read_us),
+                    ms(l.write_us),
+                    ms(l.flush_us)
+                )
+            };
+            let probe = format!("{latency}{probe}");
             let cap = |v: u64| match v {
                 0 => "uncapped".to_string(),
                 n => n.to_string(),
