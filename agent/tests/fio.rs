@@ -224,6 +224,11 @@ async fn a_combined_budget_caps_reads_and_writes_together() {
         r >= budget * 0.8 && r <= budget * 1.15,
         "reads alone under a combined budget of {budget}: {r:.0} IOPS"
     );
+    // Rate caps have no latency to spike: a degrade's latency_ms is refused.
+    let mut spike = caps(true);
+    spike.latency.read_us = 5000;
+    let refused = c.caps_window(spike).err().expect("refused");
+    assert!(refused.to_string().contains("served volume"), "{refused}");
     c.teardown().await.unwrap();
     // The same caps per direction: the mixed load gets both.
     let c = cluster(&root, caps(false)).await;
@@ -446,6 +451,33 @@ async fn an_emulated_network_volume_answers_with_its_latency_within_its_budget()
         "a write and fdatasync: {} ms",
         wal.latency_ms_mean
     );
+    // A degrade's latency spike: the served volume answers 5 ms for its
+    // window, then the class's again.
+    let spike = Caps {
+        latency: pgfleet_proto::environment::Latency {
+            read_us: 5000,
+            write_us: 5000,
+            flush_us: 0,
+        },
+        ..caps
+    };
+    let window = c.caps_window(spike).unwrap();
+    let out = run_with(
+        &c,
+        "{kind: fio, jobs: [rand-read], size: 64MiB, runtime_s: 2, ramp_s: 0, queue_depths: [1]}",
+        "fio",
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    let spiked: Vec<(PointParams, Metrics)> = common::typed_points(&out);
+    assert!(
+        (4.5..6.0).contains(&spiked[0].1.latency_ms_mean),
+        "during a 5 ms latency spike: {:?}",
+        spiked[0].1
+    );
+    window.restore().unwrap();
+    assert_eq!(c.served().unwrap().caps(), caps);
     let volume = c.storage_dir().to_path_buf();
     let served = c.dir().join("ebs");
     c.teardown().await.unwrap();

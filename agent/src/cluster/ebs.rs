@@ -305,6 +305,11 @@ impl Shared {
     fn answer_at(&self, at: f64, answer: Answer) {
         let at = self.epoch + Duration::from_secs_f64(at.max(0.0));
         let mut q = lock(&self.due);
+        // Being dropped: the answering thread may be gone, answer now.
+        if self.stopping.load(Ordering::Acquire) {
+            drop(q);
+            return answer.send();
+        }
         q.0 += 1;
         let seq = q.0;
         q.1.push(Reverse(Due { at, seq, answer }));
@@ -534,6 +539,9 @@ fn read_full(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
     Ok(())
 }
 
+/// How long dropping a served volume waits for its FUSE session to end.
+const UNMOUNT_WAIT: Duration = Duration::from_secs(10);
+
 /// Direct reads of 4 KiB `Served::calibrate` times.
 const CALIBRATION_READS: usize = 200;
 
@@ -683,19 +691,37 @@ impl Served {
 impl Drop for Served {
     fn drop(&mut self) {
         // Nothing waits for its time any more: what is pending is answered
-        // now, so the unmount does not wait on it.
-        self.shared.stopping.store(true, Ordering::Release);
-        self.shared.wake.notify_all();
-        if let Some(session) = self.session.take()
-            && let Err(e) = session.umount_and_join()
+        // now, and what comes later at once. Set under the queue's lock,
+        // so no answer is queued after the answering thread's last look.
         {
-            tracing::warn!(
-                "unmounting the emulated volume at {}: {e}",
-                self.mount.display()
-            );
+            let _q = lock(&self.shared.due);
+            self.shared.stopping.store(true, Ordering::Release);
         }
+        self.shared.wake.notify_all();
         if let Some(t) = self.answering.take() {
             let _ = t.join();
+        }
+        // The session ends when the kernel closes the connection, which a
+        // loop device still attached (a failed detach) holds open: the
+        // unmount is waited for a bounded time, then left to the kernel.
+        if let Some(session) = self.session.take() {
+            let (done, wait) = std::sync::mpsc::channel();
+            let _ = std::thread::Builder::new()
+                .name("volume-unmount".into())
+                .spawn(move || {
+                    let _ = done.send(session.umount_and_join());
+                });
+            match wait.recv_timeout(UNMOUNT_WAIT) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(
+                    "unmounting the emulated volume at {}: {e}",
+                    self.mount.display()
+                ),
+                Err(_) => tracing::warn!(
+                    "the emulated volume at {} is still in use after {UNMOUNT_WAIT:?} (its loop device still attached?): unmounted lazily, its session left to end with it",
+                    self.mount.display()
+                ),
+            }
         }
         let _ = std::fs::remove_dir(&self.mount);
     }

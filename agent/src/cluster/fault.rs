@@ -127,6 +127,11 @@ impl Cluster {
             ));
         }
         let served = self.volume.as_ref().is_some_and(|v| v.served().is_some());
+        if caps.latency != original.latency && !served {
+            return Err(Error::Provision(
+                "a degrade's latency_ms changes a served volume's latency (a profile with latency, gp3), and this cluster's storage is rate caps only".into(),
+            ));
+        }
         let target = match &self.capped_device {
             Some(_) if served => Target::Served,
             Some(dev) => Target::Device(dev.clone()),

@@ -199,6 +199,11 @@ async fn run_one(
                     caps.read_mbps = f.mbps;
                     caps.write_mbps = f.mbps;
                 }
+                if f.latency_ms > 0.0 {
+                    let us = (f.latency_ms * 1000.0).round() as u32;
+                    caps.latency.read_us = us;
+                    caps.latency.write_us = us;
+                }
             }
             let window = ctx.cluster.caps_window(caps)?;
             // Failing here, with the fault's caps on, proves the guard
@@ -357,6 +362,7 @@ mod tests {
             duration_s: 0.0,
             iops: 0,
             mbps: 0,
+            latency_ms: 0.0,
             recovery_timeout_s: 900.0,
         };
         let f = figures(
@@ -391,6 +397,7 @@ mod tests {
             duration_s: 2.0,
             iops: 0,
             mbps: 0,
+            latency_ms: 0.0,
             recovery_timeout_s: 900.0,
         };
         let f = &figures(

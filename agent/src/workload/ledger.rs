@@ -136,6 +136,7 @@ mod tests {
             duration_s: 0.0,
             iops: 0,
             mbps: 0,
+            latency_ms: 0.0,
             recovery_timeout_s: 900.0,
         };
         Injected::new(fault, t, t + Duration::from_secs(1))

@@ -1190,18 +1190,23 @@ workloads:
         let ok = scenario(
             gp3,
             "",
-            "      - { kind: crash, at_s: 20 }\n      - { kind: stall, at_s: 30, duration_s: 5 }\n      - { kind: degrade, at_s: 40, duration_s: 5, iops: 300 }\n",
+            "      - { kind: crash, at_s: 20 }\n      - { kind: stall, at_s: 30, duration_s: 5 }\n      - { kind: degrade, at_s: 40, duration_s: 5, iops: 300 }\n      - { kind: degrade, at_s: 50, duration_s: 5, latency_ms: 20 }\n",
         );
         let s = parse(Path::new("ok.yaml"), &ok).unwrap();
         let cells = plan(&s);
         let Params::Pgbench(p) = &cells[0].params else {
             panic!("a pgbench cell")
         };
-        assert_eq!(p.drive.faults.len(), 3);
+        assert_eq!(p.drive.faults.len(), 4);
         assert_eq!(
             p.drive.faults[2].label(),
             "degrade to 300 IOPS for 5 s at 40 s"
         );
+        assert_eq!(
+            p.drive.faults[3].label(),
+            "degrade to 20 ms an I/O for 5 s at 50 s"
+        );
+        assert_eq!(p.drive.faults[3].latency_ms, 20.0);
         for (storage, extra, faults, line, field, says) in [
             (
                 gp3,
@@ -1306,6 +1311,30 @@ workloads:
                 12,
                 "workloads[0].faults[0].kind",
                 "emulate: false",
+            ),
+            (
+                "{ profile: custom, read_iops: 100 }",
+                "",
+                "      - { kind: degrade, at_s: 20, duration_s: 3, latency_ms: 5 }\n",
+                12,
+                "workloads[0].faults[0].latency_ms",
+                "class `a` has storage `custom` without one",
+            ),
+            (
+                gp3,
+                "",
+                "      - { kind: stall, at_s: 20, duration_s: 3, latency_ms: 5 }\n",
+                12,
+                "workloads[0].faults[0].latency_ms",
+                "degrade's cap",
+            ),
+            (
+                gp3,
+                "",
+                "      - { kind: degrade, at_s: 20, duration_s: 3, latency_ms: 0 }\n",
+                12,
+                "workloads[0].faults[0].latency_ms",
+                "out of range",
             ),
         ] {
             let e = err(&scenario(storage, extra, faults));

@@ -1150,6 +1150,31 @@ fn check_fault_storage(f: &Field, w: &WorkloadEntry, s: &Scenario) -> Result<(),
             );
         }
     }
+    for (j, spec) in w.spec.faults() {
+        let Some(l) = &spec.latency_ms else {
+            continue;
+        };
+        let runs_on = |c: &FleetEntry| {
+            w.on.as_ref()
+                .is_none_or(|on| on.iter().any(|o| o.value == c.name.value))
+        };
+        if let Some(c) = s
+            .fleet
+            .value
+            .iter()
+            .find(|c| runs_on(c) && c.caps().latency.is_zero())
+        {
+            return err(
+                l.referenced,
+                f.at(&format!("faults[{j}].latency_ms")),
+                format!(
+                    "latency_ms changes the per-I/O latency of a volume the agent serves (profile gp3), and class `{}` has storage `{}` without one: run the entry `on:` gp3 classes, or degrade its iops or mbps",
+                    c.name.value,
+                    c.profile()
+                ),
+            );
+        }
+    }
     Ok(())
 }
 

@@ -87,6 +87,10 @@ pub struct FaultSpec {
     /// `degrade`: the MiB/s cap meanwhile, default the class's.
     #[serde(default)]
     pub mbps: Option<Spanned<u64>>,
+    /// `degrade`: each read's and write's latency meanwhile, in ms (a
+    /// latency spike), on a class whose volume has latency (gp3).
+    #[serde(default)]
+    pub latency_ms: Option<Spanned<f64>>,
     /// `crash`: how long the server may take to accept connections again
     /// before the cell fails with PostgreSQL's reason (default 900 s).
     #[serde(default)]
@@ -107,6 +111,9 @@ pub struct Fault {
     pub iops: u64,
     #[serde(default)]
     pub mbps: u64,
+    /// `degrade`: reads' and writes' latency meanwhile, ms (0: the class's).
+    #[serde(default)]
+    pub latency_ms: f64,
     #[serde(default = "default_recovery_timeout")]
     pub recovery_timeout_s: f64,
 }
@@ -124,6 +131,12 @@ impl super::Spec {
     /// The kind each fault of the entry names, as written, with the
     /// fault's index in `faults` (kinds that take no faults have none).
     pub fn fault_kinds(&self) -> impl Iterator<Item = (usize, &Spanned<String>)> {
+        self.faults()
+            .filter_map(|(j, f)| Some((j, f.kind.as_ref()?)))
+    }
+
+    /// The entry's faults as written, with each one's index.
+    pub fn faults(&self) -> impl Iterator<Item = (usize, &FaultSpec)> {
         let list = match self {
             super::Spec::Pgbench(s) => s.faults.as_ref(),
             super::Spec::LogicalDrain(s) => s.faults.as_ref(),
@@ -131,8 +144,8 @@ impl super::Spec {
         };
         list.into_iter()
             .flat_map(|l| l.value.iter())
+            .map(|f| &f.value)
             .enumerate()
-            .filter_map(|(j, f)| Some((j, f.value.kind.as_ref()?)))
     }
 }
 
@@ -150,6 +163,9 @@ impl Fault {
                 }
                 if self.mbps > 0 {
                     caps.push(format!("{} MiB/s", self.mbps));
+                }
+                if self.latency_ms > 0.0 {
+                    caps.push(format!("{} ms an I/O", self.latency_ms));
                 }
                 format!(
                     "degrade to {} for {} at {at}",
@@ -313,26 +329,36 @@ pub fn check(
             }
             (None, false) => 0.0,
         };
-        for (v, name) in [(&fs.iops, "iops"), (&fs.mbps, "mbps")] {
-            if let Some(v) = v
+        let latency = fs.latency_ms.as_ref().map(|l| l.referenced);
+        for (at, name) in [
+            (fs.iops.as_ref().map(|v| v.referenced), "iops"),
+            (fs.mbps.as_ref().map(|v| v.referenced), "mbps"),
+            (latency, "latency_ms"),
+        ] {
+            if let Some(at) = at
                 && k != FaultKind::Degrade
             {
                 return f.err(
-                    v.referenced,
+                    at,
                     &key(name),
                     format!("{name} is a degrade's cap: remove it from a {}", k.name()),
                 );
             }
         }
-        if k == FaultKind::Degrade && fs.iops.is_none() && fs.mbps.is_none() {
+        if k == FaultKind::Degrade
+            && fs.iops.is_none()
+            && fs.mbps.is_none()
+            && fs.latency_ms.is_none()
+        {
             return f.err(
                 kind.referenced,
                 &key("iops"),
-                "a degrade needs its caps: iops, mbps or both",
+                "a degrade needs its caps: iops, mbps, latency_ms, or several",
             );
         }
         f.in_range(&fs.iops, &key("iops"), 1, 10_000_000, "")?;
         f.in_range(&fs.mbps, &key("mbps"), 1, 100_000, " MiB/s")?;
+        f.in_range(&fs.latency_ms, &key("latency_ms"), 0.01, 10_000.0, " ms")?;
         if let Some(t) = &fs.recovery_timeout_s
             && k != FaultKind::Crash
         {
@@ -367,6 +393,7 @@ pub fn check(
             duration_s: duration,
             iops: super::opt(&fs.iops).unwrap_or(0),
             mbps: super::opt(&fs.mbps).unwrap_or(0),
+            latency_ms: super::opt(&fs.latency_ms).unwrap_or(0.0),
             recovery_timeout_s: super::or(&fs.recovery_timeout_s, DEFAULT_RECOVERY_TIMEOUT_S),
         });
     }
@@ -661,6 +688,7 @@ mod tests {
             duration_s: 10.0,
             iops: 300,
             mbps: 0,
+            latency_ms: 0.0,
             recovery_timeout_s: 900.0,
         };
         assert_eq!(f.label(), "degrade to 300 IOPS for 10 s at 30 s");
