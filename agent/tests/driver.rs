@@ -195,7 +195,9 @@ async fn random_update_commits_exactly_what_it_counts() {
     let out = run(
         &cl,
         "pgbench",
-        json!({"scale": 1, "script": "random-update", "clients": 4, "threads": 2, "duration_s": 2.0}),
+        // Four seconds: the sampler looks once a second, and a 2-s window
+        // on a busy host once caught no backend waiting (CI of 3249aac).
+        json!({"scale": 1, "script": "random-update", "clients": 4, "threads": 2, "duration_s": 4.0}),
     )
     .await
     .unwrap();
