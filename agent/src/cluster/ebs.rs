@@ -73,7 +73,7 @@ pub fn available() -> bool {
     nix::unistd::geteuid().is_root() && Path::new("/dev/fuse").exists()
 }
 
-/// What a volume answers each I/O with: its profile's caps and latency.
+/// Whether a profile's volume must be served here: it has per-I/O latency.
 pub fn emulates_latency(caps: &Caps) -> bool {
     !caps.latency.is_zero()
 }

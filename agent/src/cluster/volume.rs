@@ -107,13 +107,15 @@ impl Volume {
         f.set_len(size)
             .map_err(|e| Error::io(format!("sizing {}", image.display()), e))?;
         drop(f);
-        let served = match served.map(|caps| ebs::Served::start(&image, &dir.join(SERVED), caps)) {
-            Some(Err(e)) => {
+        let served = match served
+            .map(|caps| ebs::Served::start(&image, &dir.join(SERVED), caps))
+            .transpose()
+        {
+            Ok(s) => s,
+            Err(e) => {
                 let _ = std::fs::remove_file(&image);
                 return Err(e);
             }
-            Some(Ok(s)) => Some(s),
-            None => None,
         };
         let backing = served.as_ref().map_or(image.clone(), |s| s.disk());
         // 4 KiB sectors: ext4's blocks, and every I/O the served image

@@ -1118,14 +1118,14 @@ fn validate_workload(
 /// A `stall` or `degrade` fault changes the emulated caps of the class it
 /// runs on: every class the entry runs on must have them.
 fn check_fault_storage(f: &Field, w: &WorkloadEntry, s: &Scenario) -> Result<(), Invalid> {
+    let runs_on = |c: &FleetEntry| {
+        w.on.as_ref()
+            .is_none_or(|on| on.iter().any(|o| o.value == c.name.value))
+    };
     for (j, kind) in w.spec.fault_kinds() {
         if !matches!(kind.value.as_str(), "stall" | "degrade") {
             continue;
         }
-        let runs_on = |c: &FleetEntry| {
-            w.on.as_ref()
-                .is_none_or(|on| on.iter().any(|o| o.value == c.name.value))
-        };
         if let Some(c) = s
             .fleet
             .value
@@ -1153,10 +1153,6 @@ fn check_fault_storage(f: &Field, w: &WorkloadEntry, s: &Scenario) -> Result<(),
     for (j, spec) in w.spec.faults() {
         let Some(l) = &spec.latency_ms else {
             continue;
-        };
-        let runs_on = |c: &FleetEntry| {
-            w.on.as_ref()
-                .is_none_or(|on| on.iter().any(|o| o.value == c.name.value))
         };
         if let Some(c) = s
             .fleet
